@@ -1,0 +1,60 @@
+"""Aggregation math shared by the attention-based methods: pure, vectorized tensor functions.
+
+All functions take the round's participants as one ``(m, d)`` matrix ``U`` (one
+flat model per row) and never loop over client pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+_EPS = 1e-12
+
+
+def cosine_similarity_matrix(x: torch.Tensor) -> torch.Tensor:
+    """``(m, m)`` cosine similarities of the rows of ``x`` (one normalized GEMM).
+
+    An all-zero row has similarity 0 with every row (including itself).
+    """
+    xn = x / x.norm(dim=1, keepdim=True).clamp_min(_EPS)
+    return (xn @ xn.T).clamp_(-1.0, 1.0)
+
+
+def layerwise_attention(
+    u: torch.Tensor, components: Sequence[slice], sigma: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FedMCSA's model-components self-attention (paper 004, eqs. 6-8).
+
+    For every component (layer) ``l`` separately::
+
+        psi[l, i, k] = softmax_k( sigma * cos(theta_{i,l}, theta_{k,l}) )   # eq. (7), row softmax
+        w_{i,l}      = sum_k psi[l, i, k] * theta_{k,l}                      # eq. (6)
+
+    Eq. (7) prints the denominator with index ``k``; the text requires the weights
+    of row ``i`` to sum to 1, so this is a row softmax. The softmax subtracts the
+    row maximum, so any ``sigma`` is numerically safe.
+
+    Args:
+        u: ``(m, d)`` models of the round's participants.
+        components: column slices of the components, covering ``[0, d)``.
+        sigma: scale of the similarity, ``> 0``. ``sigma -> 0`` gives the uniform
+            per-layer mean; large ``sigma`` gives every client its own layer back.
+
+    Returns:
+        ``(V, psi)``: the ``(m, d)`` personalized models and the ``(L, m, m)``
+        attention weights.
+    """
+    if sigma <= 0:
+        raise ValueError(f"sigma must be > 0, got {sigma}")
+    covered = sum(sl.stop - sl.start for sl in components)
+    if covered != u.shape[1]:
+        raise ValueError(f"components cover {covered} of {u.shape[1]} columns")
+    out = torch.empty_like(u)
+    weights = u.new_empty((len(components), u.shape[0], u.shape[0]))
+    for l, sl in enumerate(components):
+        block = u[:, sl]
+        weights[l] = torch.softmax(sigma * cosine_similarity_matrix(block), dim=1)
+        out[:, sl] = weights[l] @ block
+    return out, weights

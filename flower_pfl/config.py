@@ -1,0 +1,106 @@
+"""Experiment configuration: every run-config key, its default and what it allows.
+
+``ExperimentConfig.from_mapping`` turns a Flower run config (kebab-case keys) into
+a validated, typed object, and fails with a ``ConfigError`` that names the key
+and the allowed values. ``pyproject.toml``'s ``[tool.flwr.app.config]`` carries
+the same defaults (a test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from .layout import GROUPINGS
+from .models import MODELS
+
+METHODS: tuple[str, ...] = ("fedmcsa", "fedavg", "fedprox", "local")
+DATASETS: tuple[str, ...] = ("synthetic",)
+APIS: tuple[str, ...] = ("message", "legacy")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A run-config value that is missing, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One experiment. Field ``foo_bar`` is run-config key ``foo-bar``."""
+
+    method: str = "fedmcsa"
+    api: str = "message"
+    dataset: str = "synthetic"
+    synthetic_alpha: float = 0.5
+    synthetic_beta: float = 0.5
+    train_fraction: float = 0.75
+    model: str = "mlr"
+    hidden_units: int = 20
+    num_rounds: int = 60
+    clients_per_round: int = 20
+    lr: float = 0.02
+    batch_size: int = 20
+    local_steps: int = 20
+    lam: float = 5.0
+    proximal_mu: float = 0.01
+    sigma: float = 50.0
+    layer_grouping: str = "tensor"
+    eval_every: int = 5
+    seed: int = 0
+    device: str = "auto"
+    output_dir: str = "results"
+
+    def __post_init__(self) -> None:
+        choices = {
+            "method": METHODS, "api": APIS, "dataset": DATASETS, "model": MODELS,
+            "layer_grouping": GROUPINGS, "device": DEVICES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                _fail(name, getattr(self, name), f"one of {', '.join(allowed)}")
+        for name in ("num_rounds", "clients_per_round", "batch_size", "local_steps", "eval_every", "hidden_units"):
+            if getattr(self, name) < 1:
+                _fail(name, getattr(self, name), "an integer >= 1")
+        for name in ("lr", "sigma"):
+            if not getattr(self, name) > 0:
+                _fail(name, getattr(self, name), "a number > 0")
+        for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta"):
+            if not getattr(self, name) >= 0:
+                _fail(name, getattr(self, name), "a number >= 0")
+        if not 0 < self.train_fraction < 1:
+            _fail("train_fraction", self.train_fraction, "a number in (0, 1)")
+        if self.seed < 0:
+            _fail("seed", self.seed, "an integer >= 0")
+        if not self.output_dir:
+            _fail("output_dir", self.output_dir, "a non-empty path")
+
+    @classmethod
+    def from_mapping(cls, run_config: Mapping[str, Any]) -> ExperimentConfig:
+        """Build from a run config; unknown keys are ignored, missing keys take defaults."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            key = _key(f.name)
+            if key in run_config:
+                kwargs[f.name] = _coerce(key, run_config[key], type(getattr(cls, f.name)))
+        return cls(**kwargs)
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The kebab-case run config (e.g. for ``config.json``)."""
+        return {_key(k): v for k, v in asdict(self).items()}
+
+
+def _key(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+def _fail(field_name: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"run config '{_key(field_name)}' = {value!r} is invalid: must be {allowed}")
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    """Accept an int where a float is expected; reject anything else of the wrong type."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f"run config '{key}' = {value!r} is invalid: must be of type {kind.__name__}")
+    return value

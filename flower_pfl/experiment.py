@@ -1,0 +1,87 @@
+"""What a client and the server need from an ``ExperimentConfig``: data, model, solver settings."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import ExperimentConfig
+from .data import ClientData, generate_synthetic, train_test_split
+from .data.synthetic import DIM, NUM_CLASSES
+from .methods.base import PROXIMAL_MU
+from .models import build_model
+from .solvers import LocalResult, local_sgd
+
+#: Solver settings the server sends with every training instruction.
+LR, LOCAL_STEPS, BATCH_SIZE, SERVER_ROUND = "lr", "local-steps", "batch-size", "server-round"
+
+
+def solver_config(cfg: ExperimentConfig) -> dict[str, float | int]:
+    """The local-solver part of the run config, as sent to clients."""
+    return {LR: cfg.lr, LOCAL_STEPS: cfg.local_steps, BATCH_SIZE: cfg.batch_size}
+
+
+@lru_cache(maxsize=4)
+def _synthetic_splits(alpha: float, beta: float, num_users: int, seed: int, train_fraction: float) -> tuple[ClientData, ...]:
+    users = generate_synthetic(alpha, beta, num_users=num_users, seed=seed)
+    rng = np.random.default_rng([seed, 1])
+    return tuple(train_test_split(x, y, train_fraction, rng) for x, y in users)
+
+
+def load_client_data(cfg: ExperimentConfig, partition_id: int, num_partitions: int) -> ClientData:
+    """Client ``partition_id``'s own train/test data (generated once per process and cached)."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+    if cfg.dataset == "synthetic":
+        return _synthetic_splits(cfg.synthetic_alpha, cfg.synthetic_beta, num_partitions, cfg.seed, cfg.train_fraction)[partition_id]
+    raise ValueError(f"unknown dataset {cfg.dataset!r}")
+
+
+def dataset_shape(cfg: ExperimentConfig) -> tuple[int, int]:
+    """``(in_features, num_classes)`` of the configured data set."""
+    if cfg.dataset == "synthetic":
+        return DIM, NUM_CLASSES
+    raise ValueError(f"unknown dataset {cfg.dataset!r}")
+
+
+def make_model(cfg: ExperimentConfig, seed: int | None = None) -> nn.Module:
+    """The configured model; ``seed`` fixes the initialization (the server's starting model)."""
+    in_features, num_classes = dataset_shape(cfg)
+    return build_model(cfg.model, in_features, num_classes, hidden=cfg.hidden_units, seed=seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is the GPU when one is visible, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def client_generator(seed: int, partition_id: int, server_round: int) -> torch.Generator:
+    """Minibatch generator of one client in one round, reproducible from the run seed."""
+    state = np.random.SeedSequence([seed, partition_id, server_round]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def train_client(model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int) -> LocalResult:
+    """Run the local solver the server asked for (``config``) on the client's training split.
+
+    ``proximal-mu`` (or legacy FedProx's ``proximal_mu``) is the proximal weight
+    toward the received model; absent means plain local SGD.
+    """
+    mu = float(config.get(PROXIMAL_MU, config.get("proximal_mu", 0.0)))
+    device = next(model.parameters()).device
+    return local_sgd(
+        model,
+        data.x_train.to(device),
+        data.y_train.to(device),
+        steps=int(config[LOCAL_STEPS]),
+        lr=float(config[LR]),
+        batch_size=int(config[BATCH_SIZE]),
+        prox_mu=mu,
+        generator=client_generator(seed, partition_id, int(config.get(SERVER_ROUND, 0))),
+    )

@@ -1,0 +1,27 @@
+"""What every personalized method provides to the shared server plumbing."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ..layout import ParamLayout
+
+#: Config key of the proximal weight mu in ``min f_i(w) + mu/2 ||w - w_received||^2``
+#: (the key Flower's Message-API FedProx uses; its legacy FedProx uses ``proximal_mu``).
+PROXIMAL_MU = "proximal-mu"
+
+
+class ServerRule(Protocol):
+    """A method's server step and client settings."""
+
+    name: str
+
+    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
+        """``(m, d)`` models to send, from the ``(m, d)`` stored models of the round's participants."""
+        ...
+
+    def client_config(self) -> dict[str, float | int | str]:
+        """Solver settings sent with every training instruction."""
+        ...

@@ -1,0 +1,43 @@
+"""FedMCSA (Guo et al., paper 004): model-components self-attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..attention import layerwise_attention
+from ..layout import GROUPINGS, Grouping, ParamLayout
+from .base import PROXIMAL_MU
+
+
+@dataclass
+class FedMCSARule:
+    """Server: layer-wise attention over the participants' models (eqs. 6-8, Alg. 1 l. 2-5).
+    Client: proximal local SGD toward the received model with weight ``lam`` (eq. 9).
+
+    ``grouping`` chooses the components: ``"tensor"`` (weight and bias separate, as
+    the authors' code) or ``"module"`` (one component per layer).
+    """
+
+    sigma: float = 50.0
+    lam: float = 5.0
+    grouping: Grouping = "tensor"
+    name: str = field(default="fedmcsa", init=False)
+    #: ``(L, m, m)`` attention weights of the last round (diagnostics).
+    last_attention: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {self.sigma}")
+        if not self.lam >= 0:
+            raise ValueError(f"lam must be >= 0, got {self.lam}")
+        if self.grouping not in GROUPINGS:
+            raise ValueError(f"grouping must be one of {GROUPINGS}, got {self.grouping!r}")
+
+    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
+        out, self.last_attention = layerwise_attention(models, layout.component_slices(self.grouping), self.sigma)
+        return out
+
+    def client_config(self) -> dict[str, float | int | str]:
+        return {PROXIMAL_MU: float(self.lam)}

@@ -1,0 +1,89 @@
+"""A run's results folder: config, per-round metrics, summary and learning curve."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from .metrics import summarize_run
+
+logger = logging.getLogger("flower_pfl")
+
+CONFIG, METRICS, SUMMARY, CURVE = "config.json", "metrics.jsonl", "summary.json", "learning_curve.png"
+
+
+class RunRecorder:
+    """Writes results as a run goes, so an interrupted run keeps what it had.
+
+    ``metrics.jsonl`` holds one JSON object per line: ``{"round", "phase", ...}``
+    with ``phase`` ``"train"`` or ``"evaluate"``.
+    """
+
+    def __init__(self, out_dir: str | Path, config: Mapping[str, Any], num_rounds: int, log: Any = None) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.num_rounds = num_rounds
+        self.evaluations: list[dict[str, float]] = []
+        self._log = log or (lambda msg: logger.info(msg))
+        self._t0 = time.perf_counter()
+        self._last_train: dict[str, float] = {}
+        (self.out_dir / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
+        (self.out_dir / METRICS).write_text("")
+
+    def _append(self, row: Mapping[str, Any]) -> None:
+        with (self.out_dir / METRICS).open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def on_train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
+        self._last_train = {k: float(v) for k, v in metrics.items()}
+        self._append({"round": server_round, "phase": "train", "elapsed_s": self.elapsed, **self._last_train})
+
+    def on_evaluate(self, server_round: int, metrics: Mapping[str, Any]) -> None:
+        row = {"round": server_round, **{k: float(v) for k, v in metrics.items()}}
+        self.evaluations.append(row)
+        self._append({"round": server_round, "phase": "evaluate", "elapsed_s": self.elapsed, **row})
+        self._log(
+            f"round {server_round}/{self.num_rounds}: accuracy {row['accuracy']:.4f} "
+            f"(weighted {row['accuracy_weighted']:.4f}, std {row['accuracy_std']:.4f}) "
+            f"[{self.elapsed:.0f}s]"
+        )
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def finish(self, title: str = "", extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``summary.json`` and the learning curve; returns the summary."""
+        summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds) if self.evaluations else {}
+        summary.update({"num_rounds": self.num_rounds, "wall_time_s": self.elapsed,
+                        "seconds_per_round": self.elapsed / max(self.num_rounds, 1), **(extra or {})})
+        (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
+        if self.evaluations:
+            plot_learning_curve(self.evaluations, self.out_dir / CURVE, title)
+        return summary
+
+
+def plot_learning_curve(evaluations: list[Mapping[str, float]], path: Path, title: str = "") -> None:
+    """Mean (band: +-1 std over clients) and sample-weighted accuracy per evaluated round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [e["round"] for e in evaluations]
+    acc = [e["accuracy"] for e in evaluations]
+    std = [e.get("accuracy_std", math.nan) for e in evaluations]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    ax.plot(rounds, acc, label="mean over clients")
+    ax.fill_between(rounds, [a - s for a, s in zip(acc, std)], [a + s for a, s in zip(acc, std)], alpha=0.2, label="±1 std over clients")
+    ax.plot(rounds, [e["accuracy_weighted"] for e in evaluations], "--", label="sample-weighted")
+    ax.set(xlabel="round", ylabel="personalized test accuracy", title=title, ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

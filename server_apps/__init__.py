@@ -1,0 +1,1 @@
+"""Flower ServerApps of flower-pfl."""

@@ -1,0 +1,66 @@
+"""The ServerApp: build the strategy the run config asks for, run it, write the results folder."""
+
+from __future__ import annotations
+
+import random
+import time
+from logging import ERROR, INFO
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.common.logger import log
+from flwr.server import ServerConfig
+from flwr.server.compat import start_grid
+from flwr.serverapp import Grid, ServerApp
+
+from flower_pfl.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment import make_model, solver_config
+from flower_pfl.results import RunRecorder
+
+from .factory import build_legacy_strategy, build_message_strategy
+from .recording import RecordedLegacyStrategy, RecordedStrategy
+
+app = ServerApp()
+
+
+def run_dir(cfg: ExperimentConfig) -> Path:
+    """``<output-dir>/<method>-<dataset>-<model>-seed<seed>-<time>`` (relative paths from the current directory)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(cfg.output_dir).expanduser().resolve() / f"{cfg.method}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    try:
+        cfg = ExperimentConfig.from_mapping(context.run_config)
+    except ConfigError as err:
+        log(ERROR, "%s", err)
+        raise
+    random.seed(cfg.seed)  # Flower's own strategies sample with `random`
+    model = make_model(cfg, seed=cfg.seed)
+    out = run_dir(cfg)
+    recorder = RunRecorder(out, cfg.to_run_config(), cfg.num_rounds, log=lambda msg: log(INFO, "%s", msg))
+    num_nodes = len(list(grid.get_node_ids()))
+    log(INFO, "flower-pfl: %s on %s (%s), %d nodes, results in %s", cfg.method, cfg.dataset, cfg.model, num_nodes, out)
+
+    if cfg.api == "message":
+        strategy = build_message_strategy(cfg, num_nodes)
+        RecordedStrategy(strategy, recorder, cfg.eval_every).start(
+            grid=grid,
+            initial_arrays=ArrayRecord(model.state_dict()),
+            num_rounds=cfg.num_rounds,
+            train_config=ConfigRecord(solver_config(cfg)),
+        )
+    else:
+        initial = [t.detach().cpu().numpy() for t in model.state_dict().values()]
+        strategy = build_legacy_strategy(cfg, initial, num_nodes)
+        start_grid(grid=grid, strategy=RecordedLegacyStrategy(strategy, recorder, cfg.eval_every),
+                   config=ServerConfig(num_rounds=cfg.num_rounds))
+
+    store = getattr(getattr(strategy, "server", None), "store", None)
+    if store is not None:
+        torch.save(store.state_dict(), out / "personalized_models.pt")
+    summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}")
+    log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
+    log(INFO, "flower-pfl: results written to %s", out)

@@ -1,0 +1,72 @@
+"""Build the strategy a run config asks for, for either Flower API."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from logging import WARNING
+
+import numpy as np
+from flwr.common import ndarrays_to_parameters
+from flwr.common.logger import log
+from flwr.server.strategy import Strategy as LegacyStrategy
+from flwr.serverapp.strategy import Strategy as MessageStrategy
+
+import strategies
+import strategies.message
+from flower_pfl.config import ExperimentConfig
+from flower_pfl.experiment import resolve_device, solver_config
+from strategies.metrics import personalized_evaluate_metrics, personalized_evaluate_metrics_legacy, weighted_train_metrics
+
+
+def _participants(cfg: ExperimentConfig, num_nodes: int) -> int:
+    """Clients per round, capped at the nodes connected at start (a simulation never gets more)."""
+    if 0 < num_nodes < cfg.clients_per_round:
+        log(WARNING, "clients-per-round = %d but only %d nodes are connected: using %d", cfg.clients_per_round, num_nodes, num_nodes)
+        return num_nodes
+    return cfg.clients_per_round
+
+
+def _personalized_kwargs(cfg: ExperimentConfig, k: int) -> dict[str, Any]:
+    return {"clients_per_round": k, "seed": cfg.seed, "device": resolve_device(cfg.device)}
+
+
+def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
+    if cfg.method == "fedmcsa":
+        return {"sigma": cfg.sigma, "lam": cfg.lam, "grouping": cfg.layer_grouping}
+    return {}
+
+
+def build_message_strategy(cfg: ExperimentConfig, num_nodes: int) -> MessageStrategy:
+    """Message-API strategy; ``num_nodes`` turns ``clients-per-round`` into Flower's fractions."""
+    k = _participants(cfg, num_nodes)
+    if cfg.method in ("fedavg", "fedprox"):
+        common = dict(
+            fraction_train=min(1.0, k / max(num_nodes, 1)), min_train_nodes=k, min_available_nodes=k,
+            fraction_evaluate=1.0, evaluate_metrics_aggr_fn=personalized_evaluate_metrics,
+        )
+        if cfg.method == "fedprox":
+            return strategies.message.FedProx(proximal_mu=cfg.proximal_mu, **common)
+        return strategies.message.FedAvg(**common)
+    cls = {"fedmcsa": strategies.message.FedMCSA, "local": strategies.message.Local}[cfg.method]
+    return cls(min_available_nodes=k, **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
+
+
+def build_legacy_strategy(cfg: ExperimentConfig, initial: list[np.ndarray], num_nodes: int) -> LegacyStrategy:
+    """Legacy-API strategy (``configure_fit`` / ``aggregate_fit``)."""
+    k = _participants(cfg, num_nodes)
+    params = ndarrays_to_parameters(initial)
+    fit_config: Callable[[int], dict[str, Any]] = lambda _round: dict(solver_config(cfg))  # noqa: E731
+    if cfg.method in ("fedavg", "fedprox"):
+        common = dict(
+            fraction_fit=min(1.0, k / max(num_nodes, 1)), min_fit_clients=k, min_available_clients=k,
+            fraction_evaluate=1.0, initial_parameters=params, on_fit_config_fn=fit_config,
+            fit_metrics_aggregation_fn=weighted_train_metrics,
+            evaluate_metrics_aggregation_fn=personalized_evaluate_metrics_legacy,
+        )
+        if cfg.method == "fedprox":
+            return strategies.FedProx(proximal_mu=cfg.proximal_mu, **common)
+        return strategies.FedAvg(**common)
+    cls = {"fedmcsa": strategies.FedMCSA, "local": strategies.Local}[cfg.method]
+    return cls(initial_parameters=params, min_available_clients=k, on_fit_config_fn=fit_config,
+               **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))

@@ -1,0 +1,86 @@
+"""Wrappers that record any strategy's per-round metrics and thin out evaluation rounds.
+
+They delegate every call to the wrapped strategy, so they work the same for our
+strategies and Flower's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.server.strategy import Strategy as LegacyStrategy
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy as MessageStrategy
+
+from flower_pfl.results import RunRecorder
+
+
+class _Schedule:
+    def __init__(self, recorder: RunRecorder, eval_every: int) -> None:
+        self.recorder, self.eval_every = recorder, eval_every
+
+    def evaluate_now(self, server_round: int) -> bool:
+        return server_round % self.eval_every == 0 or server_round == self.recorder.num_rounds or server_round == 1
+
+
+class RecordedStrategy(MessageStrategy, _Schedule):
+    """Message-API wrapper."""
+
+    def __init__(self, inner: MessageStrategy, recorder: RunRecorder, eval_every: int) -> None:
+        _Schedule.__init__(self, recorder, eval_every)
+        self.inner = inner
+
+    def summary(self) -> None:
+        self.inner.summary()
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        return self.inner.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = self.inner.aggregate_train(server_round, replies)
+        self.recorder.on_train(server_round, dict(metrics or {}))
+        return arrays, metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        return self.inner.configure_evaluate(server_round, arrays, config, grid) if self.evaluate_now(server_round) else []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        metrics = self.inner.aggregate_evaluate(server_round, list(replies))
+        if metrics:
+            self.recorder.on_evaluate(server_round, dict(metrics))
+        return metrics
+
+
+class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
+    """Legacy-API wrapper."""
+
+    def __init__(self, inner: LegacyStrategy, recorder: RunRecorder, eval_every: int) -> None:
+        _Schedule.__init__(self, recorder, eval_every)
+        self.inner = inner
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+    def initialize_parameters(self, client_manager: Any) -> Any:
+        return self.inner.initialize_parameters(client_manager)
+
+    def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
+        return self.inner.configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
+        params, metrics = self.inner.aggregate_fit(server_round, results, failures)
+        self.recorder.on_train(server_round, metrics or {})
+        return params, metrics
+
+    def configure_evaluate(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
+        return self.inner.configure_evaluate(server_round, parameters, client_manager) if self.evaluate_now(server_round) else []
+
+    def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
+        loss, metrics = self.inner.aggregate_evaluate(server_round, results, failures)
+        if metrics:
+            self.recorder.on_evaluate(server_round, metrics)
+        return loss, metrics
+
+    def evaluate(self, server_round: int, parameters: Any) -> Any:
+        return self.inner.evaluate(server_round, parameters)

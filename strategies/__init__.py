@@ -1,0 +1,16 @@
+"""Flower strategies of flower-pfl.
+
+``strategies.<Name>`` are legacy ``flwr.server.strategy.Strategy`` classes
+(``configure_fit`` / ``aggregate_fit``); ``strategies.message.<Name>`` are their
+Message-API twins. Both share all logic through ``PersonalizedServer``.
+FedAvg and FedProx are Flower's own, re-exported for convenience.
+"""
+
+from flwr.server.strategy import FedAvg, FedProx
+
+from .fedmcsa import FedMCSA
+from .legacy import PersonalizedStrategy
+from .local import Local
+from .personalized import PersonalizedServer, UpdateRejected
+
+__all__ = ["FedAvg", "FedMCSA", "FedProx", "Local", "PersonalizedServer", "PersonalizedStrategy", "UpdateRejected"]

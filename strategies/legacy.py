@@ -1,0 +1,123 @@
+"""Legacy-API base class for personalized strategies (``flwr.server.strategy.Strategy``)."""
+
+from __future__ import annotations
+
+from logging import INFO
+from typing import Callable
+
+import torch
+from flwr.common import (
+    EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar,
+    ndarrays_to_parameters, parameters_to_ndarrays,
+)
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from flower_pfl.methods import ServerRule
+
+from .metrics import personalized_evaluate_metrics_legacy, weighted_train_metrics
+from .personalized import PersonalizedServer, UpdateRejected, log_rejected
+
+ConfigFn = Callable[[int], dict[str, Scalar]]
+
+
+class PersonalizedStrategy(Strategy):
+    """Keeps one model per client (keyed by ``ClientProxy.cid``, the node id) on the server.
+
+    ``configure_fit`` sends every sampled client its own model from the ``rule``
+    plus the solver settings (``on_fit_config_fn(round)`` merged with the rule's);
+    ``aggregate_fit`` checks and stores what comes back and returns no global
+    parameters. ``configure_evaluate`` sends every client its stored model.
+    """
+
+    def __init__(
+        self,
+        rule: ServerRule,
+        *,
+        initial_parameters: Parameters,
+        clients_per_round: int = 10,
+        min_available_clients: int = 2,
+        fraction_evaluate: float = 1.0,
+        on_fit_config_fn: ConfigFn | None = None,
+        on_evaluate_config_fn: ConfigFn | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        super().__init__()
+        self.server = PersonalizedServer(rule, clients_per_round, seed=seed, device=device)
+        arrays = parameters_to_ndarrays(initial_parameters)
+        self.server.initialize({str(i): a for i, a in enumerate(arrays)})
+        self.initial_parameters = initial_parameters
+        self.min_available_clients = min_available_clients
+        self.fraction_evaluate = fraction_evaluate
+        self.on_fit_config_fn = on_fit_config_fn
+        self.on_evaluate_config_fn = on_evaluate_config_fn
+
+    @property
+    def rule(self) -> ServerRule:
+        return self.server.rule
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.rule}, clients_per_round={self.server.clients_per_round})"
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return self.initial_parameters
+
+    def _clients(self, client_manager: ClientManager) -> dict[str, ClientProxy]:
+        client_manager.wait_for(self.min_available_clients)
+        return client_manager.all()
+
+    def _parameters(self, vector: torch.Tensor) -> Parameters:
+        return ndarrays_to_parameters(self.server.to_arrays(vector))
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        clients = self._clients(client_manager)
+        ids = self.server.sample(clients)
+        models = self.server.models_for_training(ids)
+        config: dict[str, Scalar] = dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {}
+        config.update(self.rule.client_config())
+        config["server-round"] = server_round
+        log(INFO, "configure_fit: %d personalized models for %d sampled clients", len(ids), len(ids))
+        return [(clients[cid], FitIns(self._parameters(models[i]), dict(config))) for i, cid in enumerate(ids)]
+
+    def aggregate_fit(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[tuple[ClientProxy, FitRes] | BaseException]
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        ids, rows, metrics = [], [], []
+        rejected = 0
+        for proxy, res in results:
+            try:
+                rows.append(self.server.check_update(parameters_to_ndarrays(res.parameters)))
+            except UpdateRejected as err:
+                rejected += 1
+                log_rejected(proxy.cid, server_round, str(err))
+                continue
+            ids.append(proxy.cid)
+            metrics.append((res.num_examples, res.metrics))
+        self.server.commit(ids, rows)
+        out: dict[str, Scalar] = dict(weighted_train_metrics(metrics))
+        out.update({"clients-accepted": len(ids), "clients-rejected": rejected, "clients-failed": len(failures)})
+        return None, out
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if self.fraction_evaluate <= 0:
+            return []
+        clients = self._clients(client_manager)
+        ids = self.server.sample_fraction(clients, self.fraction_evaluate)
+        models = self.server.stored_models(ids)
+        config: dict[str, Scalar] = dict(self.on_evaluate_config_fn(server_round)) if self.on_evaluate_config_fn else {}
+        config["server-round"] = server_round
+        return [(clients[cid], EvaluateIns(self._parameters(models[i]), dict(config))) for i, cid in enumerate(ids)]
+
+    def aggregate_evaluate(
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        if not results:
+            return None, {}
+        metrics = personalized_evaluate_metrics_legacy([(res.num_examples, {**res.metrics, "loss": res.loss}) for _, res in results])
+        return metrics.get("loss"), metrics
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        return None

@@ -1,0 +1,9 @@
+"""Strategies for Flower's Message API (``flwr.serverapp.strategy.Strategy``)."""
+
+from flwr.serverapp.strategy import FedAvg, FedProx
+
+from .fedmcsa import FedMCSA
+from .local import Local
+from .personalized import PersonalizedStrategy
+
+__all__ = ["FedAvg", "FedMCSA", "FedProx", "Local", "PersonalizedStrategy"]

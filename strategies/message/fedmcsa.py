@@ -1,0 +1,24 @@
+"""FedMCSA for the Message API (``@app.main()`` + ``strategy.start``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flower_pfl.layout import Grouping
+from flower_pfl.methods import FedMCSARule
+
+from .personalized import PersonalizedStrategy
+
+
+class FedMCSA(PersonalizedStrategy):
+    """FedMCSA (Guo et al.): layer-wise self-attention over the participants' models.
+
+    Args:
+        sigma: similarity scale of the attention softmax (paper default 50).
+        lam: proximal weight of the client problem, sent as ``proximal-mu`` (paper default 5).
+        grouping: ``"tensor"`` (weight and bias separate) or ``"module"``.
+        **kwargs: see ``PersonalizedStrategy`` (``clients_per_round``, ``min_available_nodes``, ...).
+    """
+
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: Grouping = "tensor", **kwargs: Any) -> None:
+        super().__init__(FedMCSARule(sigma=sigma, lam=lam, grouping=grouping), **kwargs)

@@ -1,0 +1,127 @@
+"""Message-API base class for personalized strategies (``flwr.serverapp.strategy.Strategy``)."""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+from typing import Iterable
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from flower_pfl.methods import ServerRule
+
+from ..metrics import NUM_EXAMPLES, personalized_evaluate_metrics, weighted_train_metrics
+from ..personalized import PersonalizedServer, UpdateRejected, log_rejected
+
+
+class PersonalizedStrategy(Strategy):
+    """Keeps one model per node on the server; the ``rule`` decides what each participant gets.
+
+    ``start(grid=..., initial_arrays=..., train_config=...)`` works as for Flower's
+    own strategies: ``initial_arrays`` is every client's starting model and
+    ``train_config`` (e.g. ``lr``, ``local-steps``, ``batch-size``) is sent to every
+    participant together with the rule's own solver settings. ``aggregate_train``
+    returns no global arrays: the personalized models stay in ``self.server.store``.
+    """
+
+    def __init__(
+        self,
+        rule: ServerRule,
+        *,
+        clients_per_round: int = 10,
+        min_available_nodes: int = 2,
+        fraction_evaluate: float = 1.0,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+    ) -> None:
+        self.server = PersonalizedServer(rule, clients_per_round, seed=seed, device=device)
+        self.min_available_nodes = min_available_nodes
+        self.fraction_evaluate = fraction_evaluate
+        self.arrayrecord_key = arrayrecord_key
+        self.configrecord_key = configrecord_key
+
+    @property
+    def rule(self) -> ServerRule:
+        return self.server.rule
+
+    def summary(self) -> None:
+        log(INFO, "\t├──> Method: %s", self.rule)
+        log(INFO, "\t├──> Clients per round: %s", self.server.clients_per_round)
+        log(INFO, "\t└──> Evaluation: fraction %.2f of nodes, each on its own model", self.fraction_evaluate)
+
+    def _nodes(self, grid: Grid) -> list[int]:
+        while len(nodes := list(grid.get_node_ids())) < self.min_available_nodes:
+            log(INFO, "Waiting for nodes: %d connected, %d needed", len(nodes), self.min_available_nodes)
+            time.sleep(1)
+        return nodes
+
+    def _messages(self, node_ids: list[int], models: torch.Tensor, config: ConfigRecord, kind: str) -> list[Message]:
+        return [
+            Message(
+                content=RecordDict({
+                    self.arrayrecord_key: ArrayRecord(self.server.to_named_arrays(models[i])),
+                    self.configrecord_key: config,
+                }),
+                message_type=kind,
+                dst_node_id=node_id,
+            )
+            for i, node_id in enumerate(node_ids)
+        ]
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self.server.initialize({k: v.numpy() for k, v in arrays.items()})
+        node_ids = self.server.sample(self._nodes(grid))
+        log(INFO, "configure_train: %d personalized models for %d sampled nodes", len(node_ids), len(node_ids))
+        cfg = ConfigRecord({**config, **self.rule.client_config(), "server-round": server_round})
+        return self._messages(node_ids, self.server.models_for_training(node_ids), cfg, MessageType.TRAIN)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        ids, rows, metrics = [], [], []
+        failed = rejected = 0
+        for msg in replies:
+            node_id = msg.metadata.src_node_id
+            if msg.has_error():
+                failed += 1
+                log(INFO, "round %s: node %s failed (%s); its stored model is unchanged", server_round, node_id, msg.error.reason)
+                continue
+            try:
+                vec, n, m = self._parse_train_reply(msg.content)
+            except UpdateRejected as err:
+                rejected += 1
+                log_rejected(node_id, server_round, str(err))
+                continue
+            ids.append(node_id)
+            rows.append(vec)
+            metrics.append((n, m))
+        self.server.commit(ids, rows)
+        out = weighted_train_metrics(metrics)
+        out.update({"clients-accepted": len(ids), "clients-rejected": rejected, "clients-failed": failed})
+        return None, MetricRecord(out)
+
+    def _parse_train_reply(self, content: RecordDict) -> tuple[torch.Tensor, int, dict[str, float]]:
+        if len(content.array_records) != 1 or len(content.metric_records) != 1:
+            raise UpdateRejected("a reply must hold exactly one ArrayRecord and one MetricRecord")
+        record = next(iter(content.array_records.values()))
+        metrics = dict(next(iter(content.metric_records.values())))
+        if NUM_EXAMPLES not in metrics:
+            raise UpdateRejected(f"MetricRecord lacks '{NUM_EXAMPLES}'")
+        vec = self.server.check_update([a.numpy() for a in record.values()], names=list(record.keys()))
+        return vec, int(metrics[NUM_EXAMPLES]), metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        if self.fraction_evaluate <= 0:
+            return []
+        self.server.initialize({k: v.numpy() for k, v in arrays.items()})
+        node_ids = self.server.sample_fraction(self._nodes(grid), self.fraction_evaluate)
+        cfg = ConfigRecord({**config, "server-round": server_round})
+        return self._messages(node_ids, self.server.stored_models(node_ids), cfg, MessageType.EVALUATE)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        good = [msg.content for msg in replies if not msg.has_error() and msg.content.metric_records]
+        return personalized_evaluate_metrics(good) if good else None

@@ -1,0 +1,40 @@
+"""Metric aggregation for Flower's hooks, for our strategies and Flower's alike."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from flwr.app import MetricRecord, RecordDict
+
+from flower_pfl.metrics import round_metrics
+
+ACCURACY, LOSS, NUM_EXAMPLES = "accuracy", "loss", "num-examples"
+
+
+def _from_metrics(metrics: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    rows = list(metrics)
+    return round_metrics(
+        [float(m[ACCURACY]) for m in rows],
+        [int(m[NUM_EXAMPLES]) for m in rows],
+        [float(m[LOSS]) for m in rows] if all(LOSS in m for m in rows) else None,
+    )
+
+
+def personalized_evaluate_metrics(records: list[RecordDict], weighted_by_key: str = NUM_EXAMPLES) -> MetricRecord:
+    """Message-API ``evaluate_metrics_aggr_fn``: mean, weighted mean and std of client accuracies."""
+    metrics = [next(iter(rd.metric_records.values())) for rd in records]
+    return MetricRecord(_from_metrics(metrics))
+
+
+def personalized_evaluate_metrics_legacy(results: list[tuple[int, Mapping[str, float]]]) -> dict[str, float]:
+    """Legacy ``evaluate_metrics_aggregation_fn`` with the same output."""
+    return _from_metrics({**m, NUM_EXAMPLES: n} for n, m in results)
+
+
+def weighted_train_metrics(results: list[tuple[int, Mapping[str, float]]]) -> dict[str, float]:
+    """Sample-weighted mean of every numeric training metric the clients report."""
+    total = sum(n for n, _ in results)
+    if not results or total <= 0:
+        return {}
+    keys = set.intersection(*(set(m) for _, m in results)) - {NUM_EXAMPLES}
+    return {k: float(sum(n * float(m[k]) for n, m in results) / total) for k in sorted(keys)}

@@ -1,0 +1,111 @@
+"""Plumbing shared by every personalized method and by both Flower APIs.
+
+``PersonalizedServer`` keeps one model per client (keyed by the Flower node id),
+samples a round's participants with its own seeded generator, asks the method's
+rule for the models to send, and checks every returned update before it touches
+the store. The legacy and Message-API strategy classes only translate between
+Flower's types and this class.
+"""
+
+from __future__ import annotations
+
+import math
+from logging import WARNING
+from typing import Hashable, Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+from flwr.common.logger import log
+
+from flower_pfl.layout import ParamLayout
+from flower_pfl.methods import ServerRule
+from flower_pfl.store import ClientModelStore
+
+
+class UpdateRejected(ValueError):
+    """A client update that cannot be stored; the message says why."""
+
+
+class PersonalizedServer:
+    """Per-client models and the method's rule, independent of the Flower API."""
+
+    def __init__(self, rule: ServerRule, clients_per_round: int, seed: int = 0, device: str | torch.device = "cpu") -> None:
+        if clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        self.rule = rule
+        self.clients_per_round = clients_per_round
+        self.device = torch.device(device)
+        self._rng = np.random.default_rng(seed)
+        self.layout: ParamLayout | None = None
+        self.store: ClientModelStore | None = None
+
+    @property
+    def initialized(self) -> bool:
+        return self.store is not None
+
+    def initialize(self, arrays: Mapping[str, np.ndarray | torch.Tensor]) -> None:
+        """Set the layout and every client's starting model (only the first call counts)."""
+        if self.store is None:
+            self.layout = ParamLayout.from_arrays(arrays)
+            self.store = ClientModelStore(self.layout.flatten(arrays.values()), device=self.device)
+
+    def _require(self) -> tuple[ParamLayout, ClientModelStore]:
+        if self.layout is None or self.store is None:
+            raise RuntimeError("initialize() must be called with the initial model first")
+        return self.layout, self.store
+
+    def sample(self, available: Iterable[Hashable], k: int | None = None) -> list[Hashable]:
+        """``k`` (default ``clients_per_round``) distinct clients, uniformly, reproducibly."""
+        pool = sorted(available)
+        k = min(self.clients_per_round if k is None else k, len(pool))
+        return [pool[i] for i in sorted(self._rng.choice(len(pool), size=k, replace=False))]
+
+    def sample_fraction(self, available: Iterable[Hashable], fraction: float) -> list[Hashable]:
+        """All clients for ``fraction >= 1``, else ``ceil(fraction * n)`` of them."""
+        pool = sorted(available)
+        return pool if fraction >= 1.0 else self.sample(pool, max(1, math.ceil(fraction * len(pool))))
+
+    def models_for_training(self, ids: Sequence[Hashable]) -> torch.Tensor:
+        """The ``(m, d)`` models the rule makes for this round's participants."""
+        layout, store = self._require()
+        return self.rule.personalize(store.get(ids), layout)
+
+    def stored_models(self, ids: Sequence[Hashable]) -> torch.Tensor:
+        """The clients' current personalized models (what they evaluate)."""
+        return self._require()[1].get(ids)
+
+    def to_named_arrays(self, vector: torch.Tensor) -> dict[str, np.ndarray]:
+        layout, _ = self._require()
+        return dict(zip(layout.names, layout.to_numpy_list(vector)))
+
+    def to_arrays(self, vector: torch.Tensor) -> list[np.ndarray]:
+        return self._require()[0].to_numpy_list(vector)
+
+    def check_update(self, arrays: Sequence[np.ndarray], names: Sequence[str] | None = None) -> torch.Tensor:
+        """A client's returned arrays as a flat vector, or ``UpdateRejected`` with the reason.
+
+        Rejected: other parameter names or count, other shapes, a dtype other
+        than float32, NaN or Inf anywhere.
+        """
+        layout, _ = self._require()
+        if names is not None and tuple(names) != layout.names:
+            raise UpdateRejected(f"parameter names {list(names)} differ from {list(layout.names)}")
+        if len(arrays) != len(layout.shapes):
+            raise UpdateRejected(f"expected {len(layout.shapes)} arrays, got {len(arrays)}")
+        for name, arr, shape in zip(layout.names, arrays, layout.shapes):
+            if tuple(arr.shape) != shape:
+                raise UpdateRejected(f"'{name}' has shape {tuple(arr.shape)}, expected {shape}")
+            if arr.dtype != np.float32:
+                raise UpdateRejected(f"'{name}' has dtype {arr.dtype}, expected float32")
+            if not np.isfinite(arr).all():
+                raise UpdateRejected(f"'{name}' contains NaN or Inf")
+        return layout.flatten(arrays)
+
+    def commit(self, ids: Sequence[Hashable], rows: Sequence[torch.Tensor]) -> None:
+        """Store accepted updates."""
+        if ids:
+            self._require()[1].put(list(ids), torch.stack(list(rows)))
+
+
+def log_rejected(client_id: Hashable, server_round: int, reason: str) -> None:
+    log(WARNING, "round %s: update of client %s rejected (%s); its stored model is unchanged", server_round, client_id, reason)

@@ -1,0 +1,82 @@
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flower_pfl.config import ConfigError, ExperimentConfig
+from flower_pfl.data import generate_synthetic, train_test_split
+from flower_pfl.metrics import round_metrics, summarize_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_synthetic_shapes_sizes_and_determinism():
+    users = generate_synthetic(0.5, 0.5, num_users=20, seed=3)
+    assert len(users) == 20
+    for x, y in users:
+        assert x.dtype == np.float32 and x.shape[1] == 60 and y.dtype == np.int64
+        assert len(x) == len(y) and len(y) >= 250 and len(y) % 5 == 0
+        assert y.min() >= 0 and y.max() < 10
+    again = generate_synthetic(0.5, 0.5, num_users=20, seed=3)
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(users, again))
+    other = generate_synthetic(0.5, 0.5, num_users=20, seed=4)
+    assert not np.array_equal(users[0][1][:50], other[0][1][:50]) or len(users[0][1]) != len(other[0][1])
+
+
+def test_synthetic_labels_follow_a_per_user_linear_model():
+    """y = argmax(x W_i + b_i): a linear classifier fits each user's own data (nearly) perfectly."""
+    x, y = generate_synthetic(0.5, 0.5, num_users=3, seed=0)[0]
+    xb = np.hstack([x, np.ones((len(x), 1))]).astype(np.float64)
+    onehot = np.eye(10)[y]
+    w, *_ = np.linalg.lstsq(xb, onehot, rcond=None)
+    assert (np.argmax(xb @ w, 1) == y).mean() > 0.75
+
+
+def test_split_is_seeded_disjoint_and_covers_everything():
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    y = np.arange(20)
+    a = train_test_split(x, y, 0.75, np.random.default_rng(0))
+    b = train_test_split(x, y, 0.75, np.random.default_rng(0))
+    assert a.num_train == 15 and a.num_test == 5
+    assert sorted(a.y_train.tolist() + a.y_test.tolist()) == list(range(20))
+    assert a.y_train.tolist() == b.y_train.tolist()
+    with pytest.raises(ValueError):
+        train_test_split(x, y, 1.0, np.random.default_rng(0))
+
+
+def test_round_metrics_by_hand():
+    m = round_metrics([1.0, 0.5], [10, 30], loss=[0.2, 0.4])
+    assert m["accuracy"] == 0.75
+    assert m["accuracy_weighted"] == pytest.approx((10 + 15) / 40)
+    assert m["accuracy_std"] == pytest.approx(0.25)
+    assert m["loss"] == pytest.approx(0.3)
+
+
+def test_summary_bmta_and_last_ten_percent():
+    hist = [{"round": r, "accuracy": a, "accuracy_weighted": w, "accuracy_std": 0.0}
+            for r, a, w in [(10, 0.5, 0.4), (50, 0.9, 0.7), (90, 0.8, 0.8), (95, 0.7, 0.6), (100, 0.6, 0.9)]]
+    s = summarize_run(hist, num_rounds=100)
+    assert s["bmta"] == 0.9 and s["bmta_round"] == 50 and s["bmta_weighted"] == 0.9
+    assert s["last10_mean_accuracy"] == pytest.approx(0.65)  # rounds 95 and 100 are in (90, 100]
+    assert s["final_accuracy"] == 0.6
+
+
+def test_config_errors_name_the_key_and_the_allowed_values():
+    for override, fragment in [
+        ({"method": "fedfoo"}, "'method'.*one of fedmcsa"),
+        ({"sigma": 0}, "'sigma'.*> 0"),
+        ({"lam": -1.0}, "'lam'.*>= 0"),
+        ({"num-rounds": 0}, "'num-rounds'.*>= 1"),
+        ({"train-fraction": 1.5}, "'train-fraction'"),
+        ({"local-steps": "many"}, "'local-steps'.*int"),
+        ({"clients-per-round": True}, "'clients-per-round'"),
+    ]:
+        with pytest.raises(ConfigError, match=fragment):
+            ExperimentConfig.from_mapping(override)
+    assert ExperimentConfig.from_mapping({"lr": 1}).lr == 1.0
+
+
+def test_pyproject_run_config_matches_the_defaults():
+    app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert app_config == ExperimentConfig().to_run_config()

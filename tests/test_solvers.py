@@ -1,0 +1,86 @@
+import torch
+
+from flower_pfl.models import MLR
+from flower_pfl.solvers import MinibatchStream, evaluate, local_sgd, proximal_term
+
+
+def _data(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=g)
+    y = (x[:, 0] > 0).long()
+    return x, y
+
+
+def test_proximal_term_gradient_is_nonzero_and_points_to_anchor():
+    w = torch.tensor([1.0, -2.0], requires_grad=True)
+    anchor = [torch.tensor([0.0, 0.0])]
+    term = proximal_term([w], anchor)
+    assert float(term.detach()) == 2.5  # 0.5 * (1 + 4)
+    (grad,) = torch.autograd.grad(term, [w])
+    assert torch.equal(grad, torch.tensor([1.0, -2.0]))  # = w - anchor, nonzero
+    stepped = w.detach() - 0.1 * grad
+    assert (stepped - anchor[0]).norm() < (w.detach() - anchor[0]).norm()
+
+
+def test_minibatches_are_fresh_until_the_data_is_used_up():
+    stream = MinibatchStream(10, 3, torch.Generator().manual_seed(0))
+    first = torch.cat([stream.next() for _ in range(3)])
+    assert len(set(first.tolist())) == 9  # no index repeats within an epoch
+    assert len(stream.next()) == 3  # reshuffled, still full batches
+    assert len(MinibatchStream(2, 5, torch.Generator()).next()) == 2
+
+
+def test_lambda_zero_is_plain_sgd():
+    x, y = _data()
+    torch.manual_seed(0)
+    model = MLR(5, 2)
+    start = torch.cat([p.detach().flatten() for p in model.parameters()])
+    local_sgd(model, x, y, steps=30, lr=0.5, batch_size=8, prox_mu=0.0, generator=torch.Generator().manual_seed(1))
+    end = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert (end - start).norm() > 0.1
+    # plain SGD, by hand: same batches, same steps, no proximal term
+    torch.manual_seed(0)
+    ref = MLR(5, 2)
+    stream = MinibatchStream(64, 8, torch.Generator().manual_seed(1))
+    for _ in range(30):
+        idx = stream.next()
+        loss = torch.nn.functional.cross_entropy(ref(x[idx]), y[idx])
+        grads = torch.autograd.grad(loss, list(ref.parameters()))
+        with torch.no_grad():
+            for p, g in zip(ref.parameters(), grads):
+                p -= 0.5 * g
+    assert torch.allclose(torch.cat([p.flatten() for p in ref.parameters()]), end, atol=1e-6)
+
+
+def test_anchor_is_fixed_for_the_round():
+    x = torch.zeros(8, 3)
+    y = torch.zeros(8, dtype=torch.long)
+    model = torch.nn.Linear(3, 2, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    # zero inputs: the data loss has zero gradient w.r.t. the weight, only the proximal term acts,
+    # but it pulls toward the *initial* weight (itself), so the weight must not move at all.
+    local_sgd(model, x, y, steps=5, lr=0.1, batch_size=4, prox_mu=3.0, generator=torch.Generator())
+    assert torch.equal(model.weight, torch.ones(2, 3))
+
+
+def test_proximal_pull_reduces_drift():
+    x, y = _data()
+    drift = {}
+    for mu in (0.0, 5.0):
+        torch.manual_seed(0)
+        model = MLR(5, 2)
+        start = torch.cat([p.detach().flatten() for p in model.parameters()])
+        local_sgd(model, x, y, steps=40, lr=0.1, batch_size=8, prox_mu=mu, generator=torch.Generator().manual_seed(2))
+        drift[mu] = float((torch.cat([p.detach().flatten() for p in model.parameters()]) - start).norm())
+    assert drift[5.0] < 0.7 * drift[0.0]
+
+
+def test_evaluate_counts_correct_predictions():
+    model = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(2))
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [0.0, 3.0]])
+    y = torch.tensor([0, 1, 1, 1])
+    res = evaluate(model, x, y, batch_size=3)
+    assert res.accuracy == 0.75 and res.num_examples == 4 and res.loss > 0
