@@ -7,7 +7,7 @@ from logging import INFO
 from typing import Iterable
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -65,7 +65,7 @@ class PersonalizedStrategy(Strategy):
         return [
             Message(
                 content=RecordDict({
-                    self.arrayrecord_key: ArrayRecord(self.server.to_named_arrays(models[i])),
+                    self.arrayrecord_key: ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(models[i]).items()}),
                     self.configrecord_key: config,
                 }),
                 message_type=kind,

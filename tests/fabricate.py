@@ -1,0 +1,71 @@
+"""Fabricated Flower objects for driving strategies without Ray or a SuperLink."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
+from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.supercore.task_identity import TaskIdentity
+
+
+def set_task_identity() -> None:
+    """Messages can only be built inside a run; pretend to be a ServerApp task."""
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+
+
+class FakeGrid:
+    """Only what the strategies call: the connected node ids."""
+
+    def __init__(self, node_ids: Iterable[int]) -> None:
+        self.node_ids = list(node_ids)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)
+
+
+class FakeProxy(ClientProxy):
+    def get_properties(self, *a, **k):  # pragma: no cover - never called
+        raise NotImplementedError
+
+    get_parameters = fit = evaluate = reconnect = get_properties
+
+
+def client_manager(cids: Iterable[str]) -> SimpleClientManager:
+    cm = SimpleClientManager()
+    for cid in cids:
+        cm.register(FakeProxy(cid))
+    return cm
+
+
+def train_reply(to: Message, arrays: dict[str, np.ndarray], num_examples: int = 10, loss: float = 0.5) -> Message:
+    """The reply a ClientApp would send to a training message."""
+    content = RecordDict({
+        "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+        "metrics": MetricRecord({"num-examples": num_examples, "train-loss": loss}),
+    })
+    return _reply(to, content)
+
+
+def eval_reply(to: Message, accuracy: float, num_examples: int) -> Message:
+    return _reply(to, RecordDict({"metrics": MetricRecord({"accuracy": accuracy, "num-examples": num_examples, "loss": 1.0})}))
+
+
+def error_reply(to: Message) -> Message:
+    return _reply(to, None, error=Error(code=0, reason="client crashed"))
+
+
+def _reply(to: Message, content: RecordDict | None, error: Error | None = None) -> Message:
+    """A reply as a ClientApp makes it (its ``src_node_id`` is the node that was addressed)."""
+    return Message(content, reply_to=to) if error is None else Message(error, reply_to=to)
+
+
+def fit_res(arrays: list[np.ndarray], num_examples: int = 10) -> FitRes:
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), num_examples, {"train-loss": 0.5})
+
+
+def parameters(arrays: list[np.ndarray]) -> Parameters:
+    return ndarrays_to_parameters(arrays)
