@@ -36,7 +36,7 @@ class ExperimentConfig:
     train_fraction: float = 0.75
     model: str = "mlr"
     hidden_units: int = 20
-    num_rounds: int = 60
+    num_rounds: int = 100
     clients_per_round: int = 20
     lr: float = 0.02
     batch_size: int = 20

@@ -79,7 +79,7 @@ def local_sgd(
         with torch.no_grad():
             for p, g in zip(params, grads):
                 p.add_(g, alpha=-lr)
-        total += float(data_loss)
+        total += float(data_loss.detach())
     return LocalResult(loss=total / max(steps, 1), steps=steps)
 
 

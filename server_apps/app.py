@@ -6,6 +6,7 @@ import random
 import time
 from logging import ERROR, INFO
 from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -32,8 +33,13 @@ def run_dir(cfg: ExperimentConfig) -> Path:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    run_experiment(grid, context.run_config)
+
+
+def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
+    """Run the experiment ``run_config`` describes on ``grid``; returns the results folder."""
     try:
-        cfg = ExperimentConfig.from_mapping(context.run_config)
+        cfg = ExperimentConfig.from_mapping(run_config)
     except ConfigError as err:
         log(ERROR, "%s", err)
         raise
@@ -64,3 +70,4 @@ def main(grid: Grid, context: Context) -> None:
     summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}")
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     log(INFO, "flower-pfl: results written to %s", out)
+    return out

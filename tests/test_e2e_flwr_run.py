@@ -1,0 +1,107 @@
+"""End to end through `flwr run`: a private local SuperLink, Ray-backed virtual clients.
+
+The SuperLink runs with its own FLWR_HOME and ports and is stopped (by PID) at the end.
+`flwr run --stream` exits 0 even when a run failed, so every check reads the run's
+status from `flwr ls` and the files the run wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pids(pattern: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.fixture(scope="module")
+def flwr_env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("flwr_home")
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+    }
+    yield env
+    for pid in _pids(f"flower-superlink.*{home}"):
+        for child in _pids(f"--parent-pid {pid}"):
+            os.kill(child, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + 20
+    while _pids(f"flower-superlink.*{home}") and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _pids(f"flower-superlink.*{home}"), "the test's SuperLink is still running"
+
+
+def _flwr_run(env, run_config: str, nodes: int) -> dict:
+    before = {r["run-id"] for r in _runs(env)}
+    proc = subprocess.run(
+        ["flwr", "run", ".", "--run-config", run_config, "--federation-config", f"num-supernodes={nodes}", "--stream"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    new = [r for r in _runs(env) if r["run-id"] not in before]
+    assert len(new) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {**new[0], "log": proc.stdout + proc.stderr}
+
+
+def _runs(env) -> list[dict]:
+    out = subprocess.run(["flwr", "ls", "--format", "json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    try:
+        return json.loads(out.stdout).get("runs", [])
+    except json.JSONDecodeError:
+        return []  # no SuperLink yet
+
+
+def _results(out_dir: Path) -> Path:
+    (run_dir,) = list(out_dir.iterdir())
+    return run_dir
+
+
+@pytest.mark.parametrize("method,api", [("fedmcsa", "message"), ("fedmcsa", "legacy"), ("fedprox", "message")])
+def test_flwr_run_finishes_and_writes_metrics(flwr_env, tmp_path, method, api):
+    rounds = 3
+    run = _flwr_run(flwr_env, f"method='{method}' api='{api}' num-rounds={rounds} clients-per-round=4 eval-every=1 "
+                              f"output-dir='{tmp_path}'", nodes=6)
+    assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
+    run_dir = _results(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0.0 < summary["bmta"] <= 1.0 and 0.0 < summary["bmta_weighted"] <= 1.0
+    assert summary["evaluated_rounds"] == rounds
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["phase"] == "evaluate"]
+    assert [r["round"] for r in evals] == [1, 2, 3]
+    assert all(r["num_clients"] == 6 for r in evals)  # every client evaluated its own model
+    train = [r for r in rows if r["phase"] == "train"]
+    assert len(train) == rounds and all(r["train-loss"] > 0 for r in train)
+    if method == "fedmcsa":  # our strategies also count accepted / rejected / failed updates
+        assert all(r["clients-accepted"] == 4 for r in train)
+    assert json.loads((run_dir / "config.json").read_text())["method"] == method
+    assert (run_dir / "learning_curve.png").stat().st_size > 1000
+
+
+def test_bad_run_config_stops_the_run_with_a_clear_message(flwr_env, tmp_path):
+    run = _flwr_run(flwr_env, f"sigma=-1.0 output-dir='{tmp_path}'", nodes=2)
+    assert run["status"] == "finished:failed"
+    assert "'sigma'" in run["status-details"] and "> 0" in run["status-details"]
+    assert not list(tmp_path.iterdir())  # nothing half-written
