@@ -63,7 +63,11 @@ def main() -> None:
     ap.add_argument("--proximal-mu", type=float, default=0.01)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fedmcsa_table1")
+    ap.add_argument("--replot", action="store_true", help="only redraw curves.png from an earlier results.json")
     args = ap.parse_args()
+    if args.replot:
+        plot_curves(json.loads((args.out / "results.json").read_text())["runs"], args.out / "curves.png")
+        return
 
     jobs = [
         {"method": m, "model": mdl, "seed": s, "num_nodes": 100,
@@ -111,8 +115,36 @@ def main() -> None:
     print("\n" + table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(table + "\n")
+    plot_curves(runs, args.out / "curves.png")
     (args.out / "results.json").write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)}, "rows": rows,
                                                        "runs": runs}, indent=2, default=str))
+
+
+def plot_curves(runs: list[dict], path: Path) -> None:
+    """Mean personalized accuracy per round over seeds, one panel per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in runs})
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), dpi=120, squeeze=False)
+    for ax, mdl in zip(axes[0], models):
+        for m in LABELS:
+            curves = []
+            for r in (r for r in runs if r["method"] == m and r["model"] == mdl):
+                rows = [json.loads(x) for x in (Path(r["results_dir"]) / "metrics.jsonl").read_text().splitlines()]
+                curves.append([(x["round"], x["accuracy"]) for x in rows if x["phase"] == "evaluate"])
+            if curves:
+                n = min(len(c) for c in curves)
+                acc = np.mean([[a for _, a in c[:n]] for c in curves], axis=0)
+                ax.plot([rnd for rnd, _ in curves[0][:n]], 100 * acc, label=LABELS[m])
+        ax.set(title=f"Synthetic(0.5, 0.5), {mdl.upper()}", xlabel="round", ylabel="mean personalized test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

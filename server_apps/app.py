@@ -64,9 +64,11 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         start_grid(grid=grid, strategy=RecordedLegacyStrategy(strategy, recorder, cfg.eval_every),
                    config=ServerConfig(num_rounds=cfg.num_rounds))
 
-    store = getattr(getattr(strategy, "server", None), "store", None)
-    if store is not None:
-        torch.save(store.state_dict(), out / "personalized_models.pt")
+    server = getattr(strategy, "server", None)  # our strategies' per-client state
+    if server is not None and server.store is not None:
+        torch.save(server.store.state_dict(), out / "personalized_models.pt")
+    if server is not None and len(server.attention):
+        server.attention.save(out / "attention", title=f"{cfg.method}: mean attention over rounds")
     summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}")
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     log(INFO, "flower-pfl: results written to %s", out)

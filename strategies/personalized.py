@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from flwr.common.logger import log
 
+from flower_pfl.diagnostics import AttentionAccumulator
 from flower_pfl.layout import ParamLayout
 from flower_pfl.methods import ServerRule
 from flower_pfl.store import ClientModelStore
@@ -38,6 +39,8 @@ class PersonalizedServer:
         self._rng = np.random.default_rng(seed)
         self.layout: ParamLayout | None = None
         self.store: ClientModelStore | None = None
+        #: client-level attention weights, averaged over the rounds each pair met in
+        self.attention = AttentionAccumulator()
 
     @property
     def initialized(self) -> bool:
@@ -68,7 +71,10 @@ class PersonalizedServer:
     def models_for_training(self, ids: Sequence[Hashable]) -> torch.Tensor:
         """The ``(m, d)`` models the rule makes for this round's participants."""
         layout, store = self._require()
-        return self.rule.personalize(store.get(ids), layout)
+        models, weights = self.rule.personalize(store.get(ids), layout)
+        if weights is not None:
+            self.attention.add(ids, weights)
+        return models
 
     def stored_models(self, ids: Sequence[Hashable]) -> torch.Tensor:
         """The clients' current personalized models (what they evaluate)."""

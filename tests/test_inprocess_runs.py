@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from server_apps.inprocess import run_in_process
@@ -12,16 +13,29 @@ SMALL = {"num-rounds": 12, "clients-per-round": 8, "local-steps": 10, "eval-ever
 
 
 @pytest.fixture(scope="module")
-def summaries(tmp_path_factory):
+def run_dirs(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    return {m: json.loads((run_in_process({**SMALL, "method": m, "output-dir": str(out)}, num_nodes=16) / "summary.json").read_text())
+    return {m: run_in_process({**SMALL, "method": m, "output-dir": str(out)}, num_nodes=16)
             for m in ("fedavg", "fedprox", "local", "fedmcsa")}
+
+
+@pytest.fixture(scope="module")
+def summaries(run_dirs):
+    return {m: json.loads((d / "summary.json").read_text()) for m, d in run_dirs.items()}
 
 
 def test_every_method_finishes_with_metrics(summaries):
     for method, s in summaries.items():
         assert s["evaluated_rounds"] == 5, method  # rounds 1, 3, 6, 9, 12
         assert 0.05 < s["bmta"] <= 1.0, method
+
+
+def test_fedmcsa_saves_its_mean_attention(run_dirs):
+    mean = np.load(run_dirs["fedmcsa"] / "attention.npz")["mean"]
+    assert mean.shape == (16, 16)
+    assert (run_dirs["fedmcsa"] / "attention.png").exists()
+    assert not (run_dirs["local"] / "attention.npz").exists()
+    assert np.nanmin(mean) >= 0 and np.all(np.diag(mean) > 1 / 8)  # own model gets at least its uniform share
 
 
 def test_personalization_pays_off_on_synthetic(summaries):

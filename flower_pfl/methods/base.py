@@ -18,8 +18,9 @@ class ServerRule(Protocol):
 
     name: str
 
-    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
-        """``(m, d)`` models to send, from the ``(m, d)`` stored models of the round's participants."""
+    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Models to send and the client-level ``(m, m)`` attention weights (``None`` if the method has none),
+        from the ``(m, d)`` stored models of the round's participants."""
         ...
 
     def client_config(self) -> dict[str, float | int | str]:

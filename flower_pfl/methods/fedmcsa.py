@@ -24,8 +24,6 @@ class FedMCSARule:
     lam: float = 5.0
     grouping: Grouping = "tensor"
     name: str = field(default="fedmcsa", init=False)
-    #: ``(L, m, m)`` attention weights of the last round (diagnostics).
-    last_attention: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.sigma > 0:
@@ -35,9 +33,10 @@ class FedMCSARule:
         if self.grouping not in GROUPINGS:
             raise ValueError(f"grouping must be one of {GROUPINGS}, got {self.grouping!r}")
 
-    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
-        out, self.last_attention = layerwise_attention(models, layout.component_slices(self.grouping), self.sigma)
-        return out
+    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Personalized models and the attention weights averaged over components."""
+        out, weights = layerwise_attention(models, layout.component_slices(self.grouping), self.sigma)
+        return out, weights.mean(0)
 
     def client_config(self) -> dict[str, float | int | str]:
         return {PROXIMAL_MU: float(self.lam)}

@@ -14,8 +14,8 @@ from .base import PROXIMAL_MU
 class LocalRule:
     name: str = field(default="local", init=False)
 
-    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> torch.Tensor:
-        return models
+    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
+        return models, None
 
     def client_config(self) -> dict[str, float | int | str]:
         return {PROXIMAL_MU: 0.0}

@@ -74,8 +74,12 @@ class PersonalizedStrategy(Strategy):
             for i, node_id in enumerate(node_ids)
         ]
 
+    def _initialize(self, arrays: ArrayRecord) -> None:
+        if not self.server.initialized:
+            self.server.initialize({k: v.numpy() for k, v in arrays.items()})
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self.server.initialize({k: v.numpy() for k, v in arrays.items()})
+        self._initialize(arrays)
         node_ids = self.server.sample(self._nodes(grid))
         log(INFO, "configure_train: %d personalized models for %d sampled nodes", len(node_ids), len(node_ids))
         cfg = ConfigRecord({**config, **self.rule.client_config(), "server-round": server_round})
@@ -117,7 +121,7 @@ class PersonalizedStrategy(Strategy):
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if self.fraction_evaluate <= 0:
             return []
-        self.server.initialize({k: v.numpy() for k, v in arrays.items()})
+        self._initialize(arrays)
         node_ids = self.server.sample_fraction(self._nodes(grid), self.fraction_evaluate)
         cfg = ConfigRecord({**config, "server-round": server_round})
         return self._messages(node_ids, self.server.stored_models(node_ids), cfg, MessageType.EVALUATE)

@@ -1,0 +1,18 @@
+import numpy as np
+import torch
+
+from flower_pfl.diagnostics import AttentionAccumulator
+
+
+def test_running_mean_per_pair_by_hand(tmp_path):
+    acc = AttentionAccumulator()
+    acc.add(["a", "b"], torch.tensor([[0.6, 0.4], [0.2, 0.8]]))
+    acc.add(["b", "c"], torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+    ids, mean = acc.mean()
+    assert ids == ["a", "b", "c"]
+    assert np.allclose(mean[0, :2], [0.6, 0.4]) and np.isnan(mean[0, 2])  # a and c never met
+    assert np.isclose(mean[1, 1], (0.8 + 1.0) / 2)  # b with itself in both rounds
+    assert np.allclose(mean[2, 1:], [0.5, 0.5])
+    acc.save(tmp_path / "attention", title="t")
+    assert (tmp_path / "attention.png").stat().st_size > 1000
+    assert np.array_equal(np.load(tmp_path / "attention.npz")["ids"], ["a", "b", "c"])
