@@ -115,3 +115,10 @@ def evaluate(msg: Message, context: Context) -> Message:
     node = Node.from_context(context)
     node.load({k: v.numpy() for k, v in msg.content["arrays"].items()})
     return Message(content=RecordDict({"metrics": MetricRecord(node.evaluate())}), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the server this node's ``partition-id`` (used only to order nodes reproducibly)."""
+    return Message(content=RecordDict({"metrics": MetricRecord({"partition-id": int(context.node_config["partition-id"])})}),
+                   reply_to=msg)

@@ -73,6 +73,9 @@ def train_client(model: nn.Module, data: ClientData, config: Mapping[str, Any], 
     ``proximal-mu`` (or legacy FedProx's ``proximal_mu``) is the proximal weight
     toward the received model; absent means plain local SGD.
     """
+    missing = [k for k in (LR, LOCAL_STEPS, BATCH_SIZE) if k not in config]
+    if missing:
+        raise ValueError(f"training config lacks {missing}: the server must send {LR}, {LOCAL_STEPS} and {BATCH_SIZE}")
     mu = float(config.get(PROXIMAL_MU, config.get("proximal_mu", 0.0)))
     device = next(model.parameters()).device
     return local_sgd(

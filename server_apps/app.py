@@ -20,6 +20,7 @@ from flower_pfl.experiment import make_model, solver_config
 from flower_pfl.results import RunRecorder
 
 from .factory import build_legacy_strategy, build_message_strategy
+from .node_order import RankedGrid, partition_ranks
 from .recording import RecordedLegacyStrategy, RecordedStrategy
 
 app = ServerApp()
@@ -47,11 +48,13 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     model = make_model(cfg, seed=cfg.seed)
     out = run_dir(cfg)
     recorder = RunRecorder(out, cfg.to_run_config(), cfg.num_rounds, log=lambda msg: log(INFO, "%s", msg))
+    ranks = partition_ranks(grid)
+    grid = RankedGrid(grid, ranks)  # type: ignore[assignment]
     num_nodes = len(list(grid.get_node_ids()))
     log(INFO, "flower-pfl: %s on %s (%s), %d nodes, results in %s", cfg.method, cfg.dataset, cfg.model, num_nodes, out)
 
     if cfg.api == "message":
-        strategy = build_message_strategy(cfg, num_nodes)
+        strategy = build_message_strategy(cfg, num_nodes, ranks)
         RecordedStrategy(strategy, recorder, cfg.eval_every).start(
             grid=grid,
             initial_arrays=ArrayRecord(model.state_dict()),
@@ -60,7 +63,7 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         )
     else:
         initial = [t.detach().cpu().numpy() for t in model.state_dict().values()]
-        strategy = build_legacy_strategy(cfg, initial, num_nodes)
+        strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks)
         start_grid(grid=grid, strategy=RecordedLegacyStrategy(strategy, recorder, cfg.eval_every),
                    config=ServerConfig(num_rounds=cfg.num_rounds))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from logging import WARNING
 
@@ -37,8 +37,9 @@ def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
     return {}
 
 
-def build_message_strategy(cfg: ExperimentConfig, num_nodes: int) -> MessageStrategy:
-    """Message-API strategy; ``num_nodes`` turns ``clients-per-round`` into Flower's fractions."""
+def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping[int, int] | None = None) -> MessageStrategy:
+    """Message-API strategy; ``num_nodes`` turns ``clients-per-round`` into Flower's fractions,
+    ``ranks`` (node id -> partition id) orders our strategies' sampling."""
     k = _participants(cfg, num_nodes)
     if cfg.method in ("fedavg", "fedprox"):
         common = dict(
@@ -49,10 +50,14 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int) -> MessageStra
             return strategies.message.FedProx(proximal_mu=cfg.proximal_mu, **common)
         return strategies.message.FedAvg(**common)
     cls = {"fedmcsa": strategies.message.FedMCSA, "local": strategies.message.Local}[cfg.method]
-    return cls(min_available_nodes=k, **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
+    strategy = cls(min_available_nodes=k, **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
+    strategy.server.node_rank = dict(ranks or {})
+    return strategy
 
 
-def build_legacy_strategy(cfg: ExperimentConfig, initial: list[np.ndarray], num_nodes: int) -> LegacyStrategy:
+def build_legacy_strategy(
+    cfg: ExperimentConfig, initial: list[np.ndarray], num_nodes: int, ranks: Mapping[int, int] | None = None
+) -> LegacyStrategy:
     """Legacy-API strategy (``configure_fit`` / ``aggregate_fit``)."""
     k = _participants(cfg, num_nodes)
     params = ndarrays_to_parameters(initial)
@@ -68,5 +73,7 @@ def build_legacy_strategy(cfg: ExperimentConfig, initial: list[np.ndarray], num_
             return strategies.FedProx(proximal_mu=cfg.proximal_mu, **common)
         return strategies.FedAvg(**common)
     cls = {"fedmcsa": strategies.FedMCSA, "local": strategies.Local}[cfg.method]
-    return cls(initial_parameters=params, min_available_clients=k, on_fit_config_fn=fit_config,
-               **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
+    strategy = cls(initial_parameters=params, min_available_clients=k, on_fit_config_fn=fit_config,
+                   **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
+    strategy.server.node_rank = {str(n): r for n, r in (ranks or {}).items()}  # legacy client ids are strings
+    return strategy

@@ -9,7 +9,7 @@ left out. Benchmarks use it for long runs; tests use it for fast end-to-end chec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -23,15 +23,20 @@ CLIENT_APP_EXCEPTION = 1  # error code in replies of a ClientApp that raised
 class InProcessGrid:
     """The part of ``flwr.serverapp.Grid`` strategies use, served by a local ClientApp."""
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any], first_node_id: int = 1001) -> None:
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
+                 node_ids: Sequence[int] | None = None) -> None:
+        """Node ``node_ids[i]`` (default ``1001 + i``) holds partition ``i``."""
+        node_ids = list(node_ids) if node_ids is not None else [1001 + i for i in range(num_nodes)]
+        if len(node_ids) != num_nodes or len(set(node_ids)) != num_nodes:
+            raise ValueError("need one distinct node id per node")
         self.client_app = client_app
         self.contexts = {
-            first_node_id + i: Context(
-                run_id=1, node_id=first_node_id + i,
+            nid: Context(
+                run_id=1, node_id=nid,
                 node_config={"partition-id": i, "num-partitions": num_nodes},
                 state=RecordDict(), run_config=dict(run_config),
             )
-            for i in range(num_nodes)
+            for i, nid in enumerate(node_ids)
         }
 
     def get_node_ids(self) -> list[int]:
@@ -47,11 +52,11 @@ class InProcessGrid:
         return replies
 
 
-def run_in_process(overrides: Mapping[str, Any], num_nodes: int = 100) -> Path:
+def run_in_process(overrides: Mapping[str, Any], num_nodes: int = 100, node_ids: Sequence[int] | None = None) -> Path:
     """Run one experiment (defaults from ``ExperimentConfig`` plus ``overrides``); returns its results folder."""
     from client_apps.app import app as client_app
     from server_apps.app import run_experiment
 
     run_config = {**ExperimentConfig().to_run_config(), **overrides}
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    return run_experiment(InProcessGrid(client_app, num_nodes, run_config), run_config)  # type: ignore[arg-type]
+    return run_experiment(InProcessGrid(client_app, num_nodes, run_config, node_ids), run_config)  # type: ignore[arg-type]

@@ -41,6 +41,9 @@ class PersonalizedServer:
         self.store: ClientModelStore | None = None
         #: client-level attention weights, averaged over the rounds each pair met in
         self.attention = AttentionAccumulator()
+        #: optional rank of each client for sampling (e.g. its partition id); Flower's
+        #: node ids are random per run, so ranking by something stable makes runs repeatable
+        self.node_rank: dict[Hashable, int] = {}
 
     @property
     def initialized(self) -> bool:
@@ -57,15 +60,18 @@ class PersonalizedServer:
             raise RuntimeError("initialize() must be called with the initial model first")
         return self.layout, self.store
 
+    def _ordered(self, available: Iterable[Hashable]) -> list[Hashable]:
+        return sorted(available, key=lambda cid: (self.node_rank.get(cid, math.inf), cid))
+
     def sample(self, available: Iterable[Hashable], k: int | None = None) -> list[Hashable]:
         """``k`` (default ``clients_per_round``) distinct clients, uniformly, reproducibly."""
-        pool = sorted(available)
+        pool = self._ordered(available)
         k = min(self.clients_per_round if k is None else k, len(pool))
         return [pool[i] for i in sorted(self._rng.choice(len(pool), size=k, replace=False))]
 
     def sample_fraction(self, available: Iterable[Hashable], fraction: float) -> list[Hashable]:
         """All clients for ``fraction >= 1``, else ``ceil(fraction * n)`` of them."""
-        pool = sorted(available)
+        pool = self._ordered(available)
         return pool if fraction >= 1.0 else self.sample(pool, max(1, math.ceil(fraction * len(pool))))
 
     def models_for_training(self, ids: Sequence[Hashable]) -> torch.Tensor:

@@ -44,10 +44,17 @@ def test_personalization_pays_off_on_synthetic(summaries):
     assert summaries["local"]["bmta"] > summaries["fedavg"]["bmta"] + 0.05
 
 
-def test_same_seed_same_numbers(tmp_path):
-    a, b = (json.loads((run_in_process({**SMALL, "num-rounds": 3, "output-dir": str(tmp_path / d)}, num_nodes=6) / "summary.json").read_text())
-            for d in ("a", "b"))
-    assert a["bmta"] == b["bmta"] and a["final_accuracy"] == b["final_accuracy"]
+@pytest.mark.parametrize("method", ["fedmcsa", "fedavg"])
+def test_same_seed_same_numbers_even_with_random_node_ids(tmp_path, method):
+    """A SuperLink gives nodes random ids every run; sampling follows partition ids instead."""
+    rng = np.random.default_rng(0)
+    summaries = []
+    for name, ids in [("a", None), ("b", rng.choice(2**40, 8, replace=False).tolist()),
+                      ("c", rng.choice(2**40, 8, replace=False).tolist())]:
+        out = run_in_process({**SMALL, "method": method, "num-rounds": 4, "clients-per-round": 3,
+                              "output-dir": str(tmp_path / name)}, num_nodes=8, node_ids=ids)
+        summaries.append(json.loads((out / "summary.json").read_text()))
+    assert all(s["bmta"] == summaries[0]["bmta"] and s["final_accuracy"] == summaries[0]["final_accuracy"] for s in summaries)
 
 
 def test_failing_client_does_not_stop_the_round(tmp_path, monkeypatch):

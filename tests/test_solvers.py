@@ -84,3 +84,17 @@ def test_evaluate_counts_correct_predictions():
     y = torch.tensor([0, 1, 1, 1])
     res = evaluate(model, x, y, batch_size=3)
     assert res.accuracy == 0.75 and res.num_examples == 4 and res.loss > 0
+
+
+def test_train_client_names_missing_solver_settings():
+    import pytest
+
+    from flower_pfl.data import ClientData
+    from flower_pfl.experiment import train_client
+
+    x, y = _data(8)
+    data = ClientData(x, y, x, y)
+    with pytest.raises(ValueError, match="local-steps"):
+        train_client(MLR(5, 2), data, {"lr": 0.1, "batch-size": 4}, seed=0, partition_id=0)
+    res = train_client(MLR(5, 2), data, {"lr": 0.1, "batch-size": 4, "local-steps": 2, "proximal_mu": 0.5}, seed=0, partition_id=0)
+    assert res.steps == 2
