@@ -81,7 +81,7 @@ def plot_learning_curve(evaluations: list[Mapping[str, float]], path: Path, titl
     ax.plot(rounds, acc, label="mean over clients")
     ax.fill_between(rounds, [a - s for a, s in zip(acc, std)], [a + s for a, s in zip(acc, std)], alpha=0.2, label="±1 std over clients")
     ax.plot(rounds, [e["accuracy_weighted"] for e in evaluations], "--", label="sample-weighted")
-    ax.set(xlabel="round", ylabel="personalized test accuracy", title=title, ylim=(0, 1))
+    ax.set(xlabel="round", ylabel="test accuracy of each client's model", title=title, ylim=(0, 1))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()

@@ -44,9 +44,12 @@ def flwr_env(tmp_path_factory):
         "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
     }
     yield env
+    port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
     for pid in _pids(f"flower-superlink.*{home}"):
         for child in _pids(f"--parent-pid {pid}"):
             os.kill(child, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
+    for pid in _pids(f"flwr-.*127.0.0.1:{port}"):  # a run that did not finish (flwr-simulation, ...)
         os.kill(pid, signal.SIGTERM)
     deadline = time.time() + 20
     while _pids(f"flower-superlink.*{home}") and time.time() < deadline:
