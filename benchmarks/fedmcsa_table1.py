@@ -7,6 +7,9 @@ beside the paper's numbers) and writes it with the raw per-run summaries.
 
     python -m benchmarks.fedmcsa_table1                     # paper settings, ~35 min on 2 cores
     python -m benchmarks.fedmcsa_table1 --rounds 50 --seeds 0   # quick look
+    # Algorithm 1 (every client trains every round) against the default, at equal rounds:
+    python -m benchmarks.fedmcsa_table1 --methods local fedmcsa --models mlr --rounds 200 \
+        --participation sampled all --out benchmarks/results/fedmcsa_all_clients_train
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ def _run(job: dict) -> dict:
     return {**job, "summary": summary, "results_dir": str(out)}
 
 
+def _label(method: str, participation: str) -> str:
+    return LABELS[method] + (" (all clients train)" if participation == "all" else "")
+
+
 def _fmt(values: list[float]) -> str:
     return f"{100 * np.mean(values):.2f} ± {100 * np.std(values):.2f}"
 
@@ -61,6 +68,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=800)
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--proximal-mu", type=float, default=0.01)
+    ap.add_argument("--participation", nargs="+", choices=["sampled", "all"], default=["sampled"],
+                    help="sampled: only the sampled clients train (default); all: every client, every round "
+                         "(FedMCSA's Algorithm 1; applies to fedmcsa and local)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fedmcsa_table1")
     ap.add_argument("--replot", action="store_true", help="only redraw curves.png from an earlier results.json")
@@ -69,19 +79,20 @@ def main() -> None:
         plot_curves(json.loads((args.out / "results.json").read_text())["runs"], args.out / "curves.png")
         return
 
+    variants = [(m, p) for m in args.methods for p in args.participation if p == "sampled" or m in ("fedmcsa", "local")]
     jobs = [
-        {"method": m, "model": mdl, "seed": s, "num_nodes": 100,
+        {"method": m, "participation": p, "model": mdl, "seed": s, "num_nodes": 100,
          "overrides": {**PAPER_SETTINGS, "method": m, "model": mdl, "seed": s, "num-rounds": args.rounds,
                        "eval-every": args.eval_every, "proximal-mu": args.proximal_mu,
-                       "output-dir": str(args.out / "runs")}}
-        for mdl in args.models for m in args.methods for s in args.seeds
+                       "all-clients-train": p == "all", "output-dir": str(args.out / "runs")}}
+        for mdl in args.models for m, p in variants for s in args.seeds
     ]
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = []
         for r in pool.map(_run, jobs):
             runs.append(r)
-            print(f"[{time.time() - t0:6.0f}s] {r['method']:8s} {r['model']} seed {r['seed']}: "
+            print(f"[{time.time() - t0:6.0f}s] {_label(r['method'], r['participation']):30s} {r['model']} seed {r['seed']}: "
                   f"BMTA {100 * r['summary']['bmta']:.2f} (weighted {100 * r['summary']['bmta_weighted']:.2f}), "
                   f"{r['summary']['seconds_per_round']:.3f} s/round", flush=True)
 
@@ -89,12 +100,12 @@ def main() -> None:
     header = ("| Method | Model | BMTA % (ours) | sample-weighted BMTA % | last-10% mean % | paper BMTA % | Δ vs paper | s/round |\n"
               "|---|---|---|---|---|---|---|---|")
     for mdl in args.models:
-        for m in args.methods:
-            sel = [r["summary"] for r in runs if r["method"] == m and r["model"] == mdl]
+        for m, part in variants:
+            sel = [r["summary"] for r in runs if r["method"] == m and r["model"] == mdl and r["participation"] == part]
             ours = 100 * float(np.mean([s["bmta"] for s in sel]))
             paper = PAPER.get(m, {}).get(mdl)
             rows.append({
-                "method": m, "model": mdl, "seeds": args.seeds,
+                "method": m, "participation": part, "model": mdl, "seeds": args.seeds,
                 "bmta_mean": ours / 100, "bmta_std": float(np.std([s["bmta"] for s in sel])),
                 "bmta_weighted_mean": float(np.mean([s["bmta_weighted"] for s in sel])),
                 "bmta_weighted_std": float(np.std([s["bmta_weighted"] for s in sel])),
@@ -102,7 +113,7 @@ def main() -> None:
                 "seconds_per_round": float(np.mean([s["seconds_per_round"] for s in sel])),
                 "paper_bmta": paper,
             })
-            header += (f"\n| {LABELS[m]} | {mdl.upper()} | {_fmt([s['bmta'] for s in sel])} | "
+            header += (f"\n| {_label(m, part)} | {mdl.upper()} | {_fmt([s['bmta'] for s in sel])} | "
                        f"{_fmt([s['bmta_weighted'] for s in sel])} | {_fmt([s['last10_mean_accuracy'] for s in sel])} | "
                        f"{paper if paper is not None else '—'} | "
                        f"{f'{ours - paper:+.2f}' if paper is not None else '—'} | {rows[-1]['seconds_per_round']:.3f} |")
@@ -130,15 +141,15 @@ def plot_curves(runs: list[dict], path: Path) -> None:
     models = sorted({r["model"] for r in runs})
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), dpi=120, squeeze=False)
     for ax, mdl in zip(axes[0], models):
-        for m in LABELS:
+        for m, part in dict.fromkeys((r["method"], r.get("participation", "sampled")) for r in runs):
             curves = []
-            for r in (r for r in runs if r["method"] == m and r["model"] == mdl):
+            for r in (r for r in runs if r["method"] == m and r["model"] == mdl and r.get("participation", "sampled") == part):
                 rows = [json.loads(x) for x in (Path(r["results_dir"]) / "metrics.jsonl").read_text().splitlines()]
                 curves.append([(x["round"], x["accuracy"]) for x in rows if x["phase"] == "evaluate"])
             if curves:
                 n = min(len(c) for c in curves)
                 acc = np.mean([[a for _, a in c[:n]] for c in curves], axis=0)
-                ax.plot([rnd for rnd, _ in curves[0][:n]], 100 * acc, label=LABELS[m])
+                ax.plot([rnd for rnd, _ in curves[0][:n]], 100 * acc, label=_label(m, part))
         ax.set(title=f"Synthetic(0.5, 0.5), {mdl.upper()}", xlabel="round", ylabel="mean personalized test accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")

@@ -21,9 +21,13 @@ from flwr.clientapp import ClientApp
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
 from flower_pfl.experiment import load_client_data, make_model, resolve_device, train_client
+from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from flower_pfl.solvers import evaluate as evaluate_model
 
 app = ClientApp()
+
+#: key of the remembered proximal anchor in ``context.state``
+ANCHOR_STATE = "proximal-anchor"
 
 
 @dataclass
@@ -34,13 +38,14 @@ class Node:
     partition_id: int
     data: ClientData
     model: torch.nn.Module
+    state: RecordDict
 
     @classmethod
     def from_context(cls, context: Context) -> Node:
         cfg = ExperimentConfig.from_mapping(context.run_config)
         pid = int(context.node_config["partition-id"])
         data = load_client_data(cfg, pid, int(context.node_config["num-partitions"]))
-        return cls(cfg, pid, data, make_model(cfg).to(resolve_device(cfg.device)))
+        return cls(cfg, pid, data, make_model(cfg).to(resolve_device(cfg.device)), context.state)
 
     def load(self, arrays: Mapping[str, Any] | list[np.ndarray]) -> None:
         state = self.model.state_dict()
@@ -54,8 +59,22 @@ class Node:
     def arrays(self) -> list[np.ndarray]:
         return [t.detach().cpu().numpy() for t in self.model.state_dict().values()]
 
+    def _anchor(self, mode: Any) -> list[torch.Tensor] | None:
+        """The proximal anchor the server asked for (``None``: the received model).
+
+        ``set``: remember the received model in the node's state; ``keep``: use the one
+        remembered last (the received model if there is none yet, e.g. after a restart).
+        """
+        params = [p.detach() for p in self.model.parameters()]
+        if mode == ANCHOR_SET:
+            self.state[ANCHOR_STATE] = ArrayRecord([p.cpu().numpy() for p in params])
+        elif mode == ANCHOR_KEEP and ANCHOR_STATE in self.state:
+            return [torch.as_tensor(a) for a in self.state[ANCHOR_STATE].to_numpy_ndarrays()]
+        return None
+
     def fit(self, config: Mapping[str, Any]) -> dict[str, float]:
-        res = train_client(self.model, self.data, config, self.cfg.seed, self.partition_id)
+        anchor = self._anchor(config.get(ANCHOR))
+        res = train_client(self.model, self.data, config, self.cfg.seed, self.partition_id, anchor=anchor)
         return {"train-loss": res.loss, "num-examples": self.data.num_train}
 
     def evaluate(self) -> dict[str, float]:

@@ -45,6 +45,7 @@ class ExperimentConfig:
     proximal_mu: float = 0.01
     sigma: float = 50.0
     layer_grouping: str = "tensor"
+    all_clients_train: bool = False
     eval_every: int = 5
     seed: int = 0
     device: str = "auto"
@@ -101,6 +102,6 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
     """Accept an int where a float is expected; reject anything else of the wrong type."""
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, bool) or not isinstance(value, kind):
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
         raise ConfigError(f"run config '{key}' = {value!r} is invalid: must be of type {kind.__name__}")
     return value

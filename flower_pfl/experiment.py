@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -67,11 +67,14 @@ def client_generator(seed: int, partition_id: int, server_round: int) -> torch.G
     return torch.Generator().manual_seed(int(state))
 
 
-def train_client(model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int) -> LocalResult:
+def train_client(
+    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
+    anchor: Sequence[torch.Tensor] | None = None,
+) -> LocalResult:
     """Run the local solver the server asked for (``config``) on the client's training split.
 
     ``proximal-mu`` (or legacy FedProx's ``proximal_mu``) is the proximal weight
-    toward the received model; absent means plain local SGD.
+    toward ``anchor`` (default: the received model); absent means plain local SGD.
     """
     missing = [k for k in (LR, LOCAL_STEPS, BATCH_SIZE) if k not in config]
     if missing:
@@ -86,5 +89,6 @@ def train_client(model: nn.Module, data: ClientData, config: Mapping[str, Any], 
         lr=float(config[LR]),
         batch_size=int(config[BATCH_SIZE]),
         prox_mu=mu,
+        anchor=anchor,
         generator=client_generator(seed, partition_id, int(config.get(SERVER_ROUND, 0))),
     )

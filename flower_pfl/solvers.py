@@ -56,18 +56,21 @@ def local_sgd(
     lr: float,
     batch_size: int,
     prox_mu: float = 0.0,
+    anchor: Sequence[torch.Tensor] | None = None,
     generator: torch.Generator,
 ) -> LocalResult:
-    """``steps`` SGD steps on fresh minibatches of ``min f_i(w) + mu/2 ||w - w_0||^2``.
+    """``steps`` SGD steps on fresh minibatches of ``min f_i(w) + mu/2 ||w - a||^2``.
 
-    ``w_0`` (the anchor) is the model as received and stays fixed for the whole
+    The anchor ``a`` (default: the model as received) stays fixed for the whole
     round: FedMCSA's client problem (paper 004, eq. 9, Algorithm 1 lines 13-18)
     and FedProx's. ``prox_mu = 0`` is plain local SGD. The model is updated in place.
     """
     if prox_mu < 0:
         raise ValueError(f"prox_mu must be >= 0, got {prox_mu}")
     params = [p for p in model.parameters() if p.requires_grad]
-    anchor = [p.detach().clone() for p in params]
+    anchor = [p.detach().clone() for p in params] if anchor is None else [a.to(params[0].device) for a in anchor]
+    if [tuple(a.shape) for a in anchor] != [tuple(p.shape) for p in params]:
+        raise ValueError("the anchor must have the shapes of the model's parameters")
     stream = MinibatchStream(len(y), batch_size, generator)
     model.train()
     total = 0.0

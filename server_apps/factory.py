@@ -33,7 +33,9 @@ def _personalized_kwargs(cfg: ExperimentConfig, k: int) -> dict[str, Any]:
 
 def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
     if cfg.method == "fedmcsa":
-        return {"sigma": cfg.sigma, "lam": cfg.lam, "grouping": cfg.layer_grouping}
+        return {"sigma": cfg.sigma, "lam": cfg.lam, "grouping": cfg.layer_grouping, "all_clients_train": cfg.all_clients_train}
+    if cfg.method == "local":
+        return {"all_clients_train": cfg.all_clients_train}
     return {}
 
 

@@ -74,13 +74,12 @@ class PersonalizedStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         clients = self._clients(client_manager)
-        ids = self.server.sample(clients)
-        models = self.server.models_for_training(ids)
+        plan = self.server.plan_training(clients)
         config: dict[str, Scalar] = dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {}
-        config.update(self.rule.client_config())
-        config["server-round"] = server_round
-        log(INFO, "configure_fit: %d personalized models for %d sampled clients", len(ids), len(ids))
-        return [(clients[cid], FitIns(self._parameters(models[i]), dict(config))) for i, cid in enumerate(ids)]
+        log(INFO, "configure_fit: %d clients train, %d of them on a new personalized model",
+            len(plan), min(self.server.clients_per_round, len(plan)))
+        return [(clients[ins.client_id], FitIns(self._parameters(ins.model), {**config, **ins.config, "server-round": server_round}))
+                for ins in plan]
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[tuple[ClientProxy, FitRes] | BaseException]

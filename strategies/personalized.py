@@ -10,6 +10,7 @@ Flower's types and this class.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from logging import WARNING
 from typing import Hashable, Iterable, Mapping, Sequence
 
@@ -20,7 +21,17 @@ from flwr.common.logger import log
 from flower_pfl.diagnostics import AttentionAccumulator
 from flower_pfl.layout import ParamLayout
 from flower_pfl.methods import ServerRule
+from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from flower_pfl.store import ClientModelStore
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One client's training instruction: the model to start from and its solver settings."""
+
+    client_id: Hashable
+    model: torch.Tensor
+    config: dict[str, float | int | str]
 
 
 class UpdateRejected(ValueError):
@@ -81,6 +92,22 @@ class PersonalizedServer:
         if weights is not None:
             self.attention.add(ids, weights)
         return models
+
+    def plan_training(self, available: Iterable[Hashable]) -> list[Instruction]:
+        """This round's training instructions: the sampled clients get the rule's models;
+        with ``rule.all_clients_train`` every other client gets its own stored model to
+        continue from, anchored to the model it last received (kept in client state)."""
+        pool = self._ordered(available)
+        sampled = self.sample(pool)
+        settings = self.rule.client_config()
+        models = self.models_for_training(sampled)
+        if not self.rule.all_clients_train:
+            return [Instruction(cid, models[i], settings) for i, cid in enumerate(sampled)]
+        chosen = set(sampled)
+        others = [cid for cid in pool if cid not in chosen]
+        own = self.stored_models(others)
+        return ([Instruction(cid, models[i], {**settings, ANCHOR: ANCHOR_SET}) for i, cid in enumerate(sampled)]
+                + [Instruction(cid, own[j], {**settings, ANCHOR: ANCHOR_KEEP}) for j, cid in enumerate(others)])
 
     def stored_models(self, ids: Sequence[Hashable]) -> torch.Tensor:
         """The clients' current personalized models (what they evaluate)."""

@@ -33,8 +33,9 @@ def _identity():
 
 # ---------------------------------------------------------------- Message API
 
-def _message_strategy(sigma=50.0, lam=5.0, k=3, seed=0):
-    return strategies.message.FedMCSA(sigma=sigma, lam=lam, clients_per_round=k, min_available_nodes=1, seed=seed)
+def _message_strategy(sigma=50.0, lam=5.0, k=3, seed=0, all_clients_train=False):
+    return strategies.message.FedMCSA(sigma=sigma, lam=lam, clients_per_round=k, min_available_nodes=1, seed=seed,
+                                      all_clients_train=all_clients_train)
 
 
 def _run_round(strategy, grid, rnd, make_reply):
@@ -47,7 +48,7 @@ def _run_round(strategy, grid, rnd, make_reply):
 def test_message_each_client_gets_its_own_personalized_model_and_settings():
     grid = fb.FakeGrid(range(10, 16))
     strat = _message_strategy(sigma=50.0, lam=2.5, k=4)
-    # round 1: every node trains to a distinct model (value = node id)
+    # every node trains to a distinct model (value = node id)
     for rnd in (1, 2, 3):
         _run_round(strat, grid, rnd, lambda m: fb.train_reply(m, _arrays(float(m.metadata.dst_node_id))))
     msgs = list(strat.configure_train(4, ArrayRecord(), ConfigRecord({"lr": 0.1}), grid))
@@ -61,6 +62,26 @@ def test_message_each_client_gets_its_own_personalized_model_and_settings():
         assert list(msg.content["arrays"].keys()) == list(NAMES)
         cfg = msg.content["config"]
         assert cfg["proximal-mu"] == 2.5 and cfg["lr"] == 0.1 and cfg["server-round"] == 4
+
+
+def test_message_all_clients_train_as_algorithm_1():
+    """Sampled clients get the attention output and set their anchor; the others continue from
+    their own stored model and keep their anchor; every reply updates the store."""
+    grid = fb.FakeGrid(range(10, 16))
+    strat = _message_strategy(sigma=50.0, k=2, all_clients_train=True)
+    msgs, (_, metrics) = _run_round(strat, grid, 1, lambda m: fb.train_reply(m, _arrays(float(m.metadata.dst_node_id))))
+    assert sorted(m.metadata.dst_node_id for m in msgs) == list(grid.node_ids) and metrics["clients-accepted"] == 6
+    msgs = list(strat.configure_train(2, ArrayRecord(), ConfigRecord(), grid))
+    sampled = [m.metadata.dst_node_id for m in msgs if m.content["config"]["anchor"] == "set"]
+    others = [m for m in msgs if m.content["config"]["anchor"] == "keep"]
+    assert len(sampled) == 2 and len(others) == 4
+    expected, _ = layerwise_attention(strat.server.stored_models(sampled), strat.server.layout.component_slices("tensor"), 50.0)
+    for m in msgs:
+        got = _flat({k: v.numpy() for k, v in m.content["arrays"].items()})
+        nid = m.metadata.dst_node_id
+        want = expected[sampled.index(nid)] if nid in sampled else _flat(_arrays(float(nid)))
+        assert torch.allclose(got, want, atol=1e-5)
+        assert m.content["config"]["proximal-mu"] == 5.0
 
 
 def test_message_large_sigma_sends_each_client_its_own_model_back():
@@ -200,15 +221,16 @@ def test_legacy_bad_updates_are_rejected_without_damage(caplog):
 
 def test_both_apis_compute_the_same_round():
     """Same seed, same results: the legacy and Message classes share all logic."""
-    legacy = _legacy_strategy(sigma=3.0, k=2, seed=5)
-    message = _message_strategy(sigma=3.0, k=2, seed=5)
+    legacy = _legacy_strategy(sigma=3.0, k=2, seed=5, all_clients_train=True)
+    message = _message_strategy(sigma=3.0, k=2, seed=5, all_clients_train=True)
     cm = fb.client_manager([str(i) for i in range(6)])
     grid = fb.FakeGrid(range(6))
     for rnd in (1, 2, 3):
         ins = legacy.configure_fit(rnd, legacy.initial_parameters, cm)
         msgs, _ = _run_round(message, grid, rnd, lambda m: fb.train_reply(m, _arrays(rnd + 0.1 * m.metadata.dst_node_id)))
-        assert [int(p.cid) for p, _ in ins] == [m.metadata.dst_node_id for m in msgs]
+        assert [int(p.cid) for p, _ in ins] == [m.metadata.dst_node_id for m in msgs] and len(msgs) == 6
         for (p, fi), m in zip(ins, msgs):
+            assert fi.config["anchor"] == m.content["config"]["anchor"]
             assert torch.allclose(_flat(parameters_to_ndarrays(fi.parameters)),
                                   _flat({k: v.numpy() for k, v in m.content["arrays"].items()}))
         legacy.aggregate_fit(rnd, [(p, fb.fit_res(list(_arrays(rnd + 0.1 * int(p.cid)).values()))) for p, _ in ins], [])

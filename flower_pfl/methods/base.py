@@ -12,11 +12,20 @@ from ..layout import ParamLayout
 #: (the key Flower's Message-API FedProx uses; its legacy FedProx uses ``proximal_mu``).
 PROXIMAL_MU = "proximal-mu"
 
+#: Config key saying which model the proximal term pulls toward. Absent: the received
+#: model. ``ANCHOR_SET``: the received model, and the client remembers it (client state).
+#: ``ANCHOR_KEEP``: the model the client remembered last (FedMCSA's W_local for clients
+#: that were not sampled this round; Algorithm 1, lines 8-14).
+ANCHOR, ANCHOR_SET, ANCHOR_KEEP = "anchor", "set", "keep"
+
 
 class ServerRule(Protocol):
     """A method's server step and client settings."""
 
     name: str
+    #: True: every client trains every round; those not sampled continue from their own
+    #: model (FedMCSA's Algorithm 1). False: only the sampled clients train.
+    all_clients_train: bool
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Models to send and the client-level ``(m, m)`` attention weights (``None`` if the method has none),

@@ -18,11 +18,16 @@ class FedMCSARule:
 
     ``grouping`` chooses the components: ``"tensor"`` (weight and bias separate, as
     the authors' code) or ``"module"`` (one component per layer).
+    ``all_clients_train`` (Algorithm 1, lines 7-19): every client takes its R steps
+    every round; the sampled ones restart from their new W_i, the others continue
+    from their own model, anchored to the last W they received. Off by default: then
+    only the sampled clients train, Flower's usual partial participation.
     """
 
     sigma: float = 50.0
     lam: float = 5.0
     grouping: Grouping = "tensor"
+    all_clients_train: bool = False
     name: str = field(default="fedmcsa", init=False)
 
     def __post_init__(self) -> None:

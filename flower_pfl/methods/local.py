@@ -12,6 +12,7 @@ from .base import PROXIMAL_MU
 
 @dataclass
 class LocalRule:
+    all_clients_train: bool = False
     name: str = field(default="local", init=False)
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:

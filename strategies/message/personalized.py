@@ -61,18 +61,10 @@ class PersonalizedStrategy(Strategy):
             time.sleep(1)
         return nodes
 
-    def _messages(self, node_ids: list[int], models: torch.Tensor, config: ConfigRecord, kind: str) -> list[Message]:
-        return [
-            Message(
-                content=RecordDict({
-                    self.arrayrecord_key: ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(models[i]).items()}),
-                    self.configrecord_key: config,
-                }),
-                message_type=kind,
-                dst_node_id=node_id,
-            )
-            for i, node_id in enumerate(node_ids)
-        ]
+    def _message(self, node_id: int, model: torch.Tensor, config: ConfigRecord, kind: str) -> Message:
+        arrays = ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(model).items()})
+        return Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config}),
+                       message_type=kind, dst_node_id=node_id)
 
     def _initialize(self, arrays: ArrayRecord) -> None:
         if not self.server.initialized:
@@ -80,10 +72,11 @@ class PersonalizedStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         self._initialize(arrays)
-        node_ids = self.server.sample(self._nodes(grid))
-        log(INFO, "configure_train: %d personalized models for %d sampled nodes", len(node_ids), len(node_ids))
-        cfg = ConfigRecord({**config, **self.rule.client_config(), "server-round": server_round})
-        return self._messages(node_ids, self.server.models_for_training(node_ids), cfg, MessageType.TRAIN)
+        plan = self.server.plan_training(self._nodes(grid))
+        log(INFO, "configure_train: %d nodes train, %d of them on a new personalized model",
+            len(plan), min(self.server.clients_per_round, len(plan)))
+        return [self._message(ins.client_id, ins.model, ConfigRecord({**config, **ins.config, "server-round": server_round}),
+                              MessageType.TRAIN) for ins in plan]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         ids, rows, metrics = [], [], []
@@ -124,7 +117,8 @@ class PersonalizedStrategy(Strategy):
         self._initialize(arrays)
         node_ids = self.server.sample_fraction(self._nodes(grid), self.fraction_evaluate)
         cfg = ConfigRecord({**config, "server-round": server_round})
-        return self._messages(node_ids, self.server.stored_models(node_ids), cfg, MessageType.EVALUATE)
+        models = self.server.stored_models(node_ids)
+        return [self._message(nid, models[i], cfg, MessageType.EVALUATE) for i, nid in enumerate(node_ids)]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         good = [msg.content for msg in replies if not msg.has_error() and msg.content.metric_records]
