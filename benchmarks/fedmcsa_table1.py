@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=800)
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--proximal-mu", type=float, default=0.01)
+    ap.add_argument("--lam", type=float, default=PAPER_SETTINGS["lam"], help="FedMCSA's lambda (paper: 5)")
     ap.add_argument("--participation", nargs="+", choices=["sampled", "all"], default=["sampled"],
                     help="sampled: only the sampled clients train (default); all: every client, every round "
                          "(FedMCSA's Algorithm 1; applies to fedmcsa and local)")
@@ -83,7 +84,7 @@ def main() -> None:
     jobs = [
         {"method": m, "participation": p, "model": mdl, "seed": s, "num_nodes": 100,
          "overrides": {**PAPER_SETTINGS, "method": m, "model": mdl, "seed": s, "num-rounds": args.rounds,
-                       "eval-every": args.eval_every, "proximal-mu": args.proximal_mu,
+                       "eval-every": args.eval_every, "proximal-mu": args.proximal_mu, "lam": args.lam,
                        "all-clients-train": p == "all", "output-dir": str(args.out / "runs")}}
         for mdl in args.models for m, p in variants for s in args.seeds
     ]
@@ -118,7 +119,7 @@ def main() -> None:
                        f"{paper if paper is not None else '—'} | "
                        f"{f'{ours - paper:+.2f}' if paper is not None else '—'} | {rows[-1]['seconds_per_round']:.3f} |")
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch CPU, {args.workers} runs in parallel"
-    note = (f"\n\nSynthetic(0.5, 0.5), 100 clients, S=20, R=20, |D|=20, η=0.02, λ=5, σ=50, FedProx μ={args.proximal_mu}, "
+    note = (f"\n\nSynthetic(0.5, 0.5), 100 clients, S=20, R=20, |D|=20, η=0.02, λ={args.lam:g}, σ=50, FedProx μ={args.proximal_mu}, "
             f"T={args.rounds}, evaluated every {args.eval_every} rounds, seeds {args.seeds}. "
             f"s/round: wall time of one round in one process (training + evaluation of all clients' personalized models), "
             f"{machine}. Total {time.time() - t0:.0f} s.")

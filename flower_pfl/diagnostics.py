@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Hashable, Sequence
+from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -35,15 +35,24 @@ class AttentionAccumulator:
         self._sum[rows, cols] += weights.detach().cpu().to(torch.float64)
         self._count[rows, cols] += 1
 
-    def mean(self) -> tuple[list[Hashable], np.ndarray]:
-        """Client ids (row/column order) and the mean weights (NaN where a pair never met)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return list(self._index), (self._sum / self._count).numpy()
+    def mean(self, rank: Mapping[Hashable, int] | None = None) -> tuple[list[Hashable], np.ndarray]:
+        """Client ids (row/column order) and the mean weights (NaN where a pair never met).
 
-    def save(self, path: Path, title: str = "") -> None:
-        """``<path>.npz`` (ids, mean) and ``<path>.png`` (heatmap)."""
-        ids, mean = self.mean()
-        np.savez(path.with_suffix(".npz"), ids=np.array([str(i) for i in ids]), mean=mean)
+        With ``rank`` (e.g. client id -> partition id) rows and columns follow it;
+        otherwise the order in which clients were first seen.
+        """
+        ids = list(self._index)
+        if rank:
+            ids.sort(key=lambda cid: (rank.get(cid, np.inf), str(cid)))
+        idx = torch.tensor([self._index[c] for c in ids], dtype=torch.long)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return ids, (self._sum[idx][:, idx] / self._count[idx][:, idx]).numpy()
+
+    def save(self, path: Path, title: str = "", rank: Mapping[Hashable, int] | None = None) -> None:
+        """``<path>.npz`` (ids, their rank, mean) and ``<path>.png`` (heatmap), ordered by ``rank``."""
+        ids, mean = self.mean(rank)
+        ranks = np.array([(rank or {}).get(cid, -1) for cid in ids])
+        np.savez(path.with_suffix(".npz"), ids=np.array([str(i) for i in ids]), rank=ranks, mean=mean)
         import matplotlib
 
         matplotlib.use("Agg")
@@ -52,7 +61,8 @@ class AttentionAccumulator:
         fig, ax = plt.subplots(figsize=(5.5, 4.5), dpi=120)
         im = ax.imshow(np.ma.masked_invalid(mean), cmap="viridis", interpolation="nearest")
         fig.colorbar(im, ax=ax, label="mean attention weight")
-        ax.set(title=title, xlabel="attended client", ylabel="client (row sums to 1 per round)")
+        order = "partition id" if rank else "first participation"
+        ax.set(title=title, xlabel=f"attended client (by {order})", ylabel="client (each round's row sums to 1)")
         fig.tight_layout()
         fig.savefig(path.with_suffix(".png"))
         plt.close(fig)

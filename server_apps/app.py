@@ -71,7 +71,7 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     if server is not None and server.store is not None:
         torch.save(server.store.state_dict(), out / "personalized_models.pt")
     if server is not None and len(server.attention):
-        server.attention.save(out / "attention", title=f"{cfg.method}: mean attention over rounds")
+        server.attention.save(out / "attention", title=f"{cfg.method}: mean attention over rounds", rank=server.node_rank)
     summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}")
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     log(INFO, "flower-pfl: results written to %s", out)

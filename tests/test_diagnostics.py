@@ -16,3 +16,12 @@ def test_running_mean_per_pair_by_hand(tmp_path):
     acc.save(tmp_path / "attention", title="t")
     assert (tmp_path / "attention.png").stat().st_size > 1000
     assert np.array_equal(np.load(tmp_path / "attention.npz")["ids"], ["a", "b", "c"])
+
+
+def test_rank_orders_rows_and_columns(tmp_path):
+    acc = AttentionAccumulator()
+    acc.add([10, 20], torch.tensor([[0.9, 0.1], [0.3, 0.7]]))
+    ids, mean = acc.mean(rank={10: 1, 20: 0})
+    assert ids == [20, 10] and np.allclose(mean, [[0.7, 0.3], [0.1, 0.9]])
+    acc.save(tmp_path / "a", rank={10: 1, 20: 0})
+    assert np.load(tmp_path / "a.npz")["rank"].tolist() == [0, 1]
