@@ -6,22 +6,24 @@ from flower_pfl.diagnostics import AttentionAccumulator
 
 def test_running_mean_per_pair_by_hand(tmp_path):
     acc = AttentionAccumulator()
-    acc.add(["a", "b"], torch.tensor([[0.6, 0.4], [0.2, 0.8]]))
-    acc.add(["b", "c"], torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
-    ids, mean = acc.mean()
+    acc.add(["a", "b"], {"w": torch.tensor([[0.6, 0.4], [0.2, 0.8]]), "b": torch.eye(2)})
+    acc.add(["b", "c"], {"w": torch.tensor([[1.0, 0.0], [0.5, 0.5]]), "b": torch.eye(2)})
+    ids, means = acc.mean()
+    mean = means["w"]
     assert ids == ["a", "b", "c"]
     assert np.allclose(mean[0, :2], [0.6, 0.4]) and np.isnan(mean[0, 2])  # a and c never met
     assert np.isclose(mean[1, 1], (0.8 + 1.0) / 2)  # b with itself in both rounds
     assert np.allclose(mean[2, 1:], [0.5, 0.5])
     acc.save(tmp_path / "attention", title="t")
     assert (tmp_path / "attention.png").stat().st_size > 1000
-    assert np.array_equal(np.load(tmp_path / "attention.npz")["ids"], ["a", "b", "c"])
+    saved = np.load(tmp_path / "attention.npz")
+    assert np.array_equal(saved["ids"], ["a", "b", "c"]) and np.allclose(np.diag(saved["b"]), 1.0)
 
 
 def test_rank_orders_rows_and_columns(tmp_path):
     acc = AttentionAccumulator()
-    acc.add([10, 20], torch.tensor([[0.9, 0.1], [0.3, 0.7]]))
-    ids, mean = acc.mean(rank={10: 1, 20: 0})
-    assert ids == [20, 10] and np.allclose(mean, [[0.7, 0.3], [0.1, 0.9]])
+    acc.add([10, 20], {"w": torch.tensor([[0.9, 0.1], [0.3, 0.7]])})
+    ids, means = acc.mean(rank={10: 1, 20: 0})
+    assert ids == [20, 10] and np.allclose(means["w"], [[0.7, 0.3], [0.1, 0.9]])
     acc.save(tmp_path / "a", rank={10: 1, 20: 0})
     assert np.load(tmp_path / "a.npz")["rank"].tolist() == [0, 1]

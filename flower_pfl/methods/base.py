@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Mapping, Protocol
 
 import torch
 
@@ -27,9 +27,11 @@ class ServerRule(Protocol):
     #: model (FedMCSA's Algorithm 1). False: only the sampled clients train.
     all_clients_train: bool
 
-    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Models to send and the client-level ``(m, m)`` attention weights (``None`` if the method has none),
-        from the ``(m, d)`` stored models of the round's participants."""
+    def personalize(
+        self, models: torch.Tensor, layout: ParamLayout
+    ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor] | None]:
+        """Models to send and the ``(m, m)`` attention weights by component (``None`` if the
+        method has none), from the ``(m, d)`` stored models of the round's participants."""
         ...
 
     def client_config(self) -> dict[str, float | int | str]:

@@ -38,10 +38,11 @@ class FedMCSARule:
         if self.grouping not in GROUPINGS:
             raise ValueError(f"grouping must be one of {GROUPINGS}, got {self.grouping!r}")
 
-    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, torch.Tensor]:
-        """Personalized models and the attention weights averaged over components."""
-        out, weights = layerwise_attention(models, layout.component_slices(self.grouping), self.sigma)
-        return out, weights.mean(0)
+    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Personalized models and each component's ``(m, m)`` attention weights."""
+        components = layout.components(self.grouping)
+        out, weights = layerwise_attention(models, [sl for _, sl in components], self.sigma)
+        return out, {name: weights[l] for l, (name, _) in enumerate(components)}
 
     def client_config(self) -> dict[str, float | int | str]:
         return {PROXIMAL_MU: float(self.lam)}
