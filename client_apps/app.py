@@ -65,9 +65,8 @@ class Node:
         ``set``: remember the received model in the node's state; ``keep``: use the one
         remembered last (the received model if there is none yet, e.g. after a restart).
         """
-        params = [p.detach() for p in self.model.parameters()]
         if mode == ANCHOR_SET:
-            self.state[ANCHOR_STATE] = ArrayRecord([p.cpu().numpy() for p in params])
+            self.state[ANCHOR_STATE] = ArrayRecord([p.detach().cpu().numpy() for p in self.model.parameters()])
         elif mode == ANCHOR_KEEP and ANCHOR_STATE in self.state:
             return [torch.as_tensor(a) for a in self.state[ANCHOR_STATE].to_numpy_ndarrays()]
         return None
