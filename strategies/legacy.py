@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from logging import INFO
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from flwr.common import (
@@ -18,7 +18,7 @@ from flwr.server.strategy import Strategy
 from flower_pfl.methods import ServerRule
 
 from .metrics import personalized_evaluate_metrics_legacy, weighted_train_metrics
-from .personalized import PersonalizedServer, UpdateRejected, log_rejected
+from .personalized import PersonalizedServer, UpdateRejected, log_rejected, make_rule
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
 
@@ -32,9 +32,12 @@ class PersonalizedStrategy(Strategy):
     parameters. ``configure_evaluate`` sends every client its stored model.
     """
 
+    #: the method's rule; subclasses set it, and their keyword arguments not listed here go to it
+    rule_class: type | None = None
+
     def __init__(
         self,
-        rule: ServerRule,
+        rule: ServerRule | None = None,
         *,
         initial_parameters: Parameters,
         clients_per_round: int = 10,
@@ -44,9 +47,10 @@ class PersonalizedStrategy(Strategy):
         on_evaluate_config_fn: ConfigFn | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        **rule_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.server = PersonalizedServer(rule, clients_per_round, seed=seed, device=device)
+        self.server = PersonalizedServer(make_rule(self.rule_class, rule, rule_kwargs), clients_per_round, seed=seed, device=device)
         arrays = parameters_to_ndarrays(initial_parameters)
         self.server.initialize({str(i): a for i, a in enumerate(arrays)})
         self.initial_parameters = initial_parameters

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from flower_pfl.methods import LocalRule
 
 from .legacy import PersonalizedStrategy
@@ -12,9 +10,8 @@ from .legacy import PersonalizedStrategy
 class Local(PersonalizedStrategy):
     """Every sampled client trains its own model with plain local SGD; nothing is shared.
 
-    ``all_clients_train=True`` trains every client every round (the same local work as
-    FedMCSA's Algorithm 1).
+    ``all_clients_train=True`` trains every client every round (the local work of FedMCSA's
+    Algorithm 1). Everything else: see ``PersonalizedStrategy``.
     """
 
-    def __init__(self, *, all_clients_train: bool = False, **kwargs: Any) -> None:
-        super().__init__(LocalRule(all_clients_train=all_clients_train), **kwargs)
+    rule_class = LocalRule

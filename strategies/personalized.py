@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from logging import WARNING
-from typing import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -144,6 +144,17 @@ class PersonalizedServer:
         """Store accepted updates."""
         if ids:
             self._require()[1].put(list(ids), torch.stack(list(rows)))
+
+
+def make_rule(rule_class: type | None, rule: ServerRule | None, rule_kwargs: dict[str, Any]) -> ServerRule:
+    """The strategy's rule: ``rule`` as given, or ``rule_class(**rule_kwargs)``."""
+    if rule is not None:
+        if rule_kwargs:
+            raise TypeError(f"pass either a rule or its arguments, not both (got {sorted(rule_kwargs)})")
+        return rule
+    if rule_class is None:
+        raise TypeError("this strategy needs a rule")
+    return rule_class(**rule_kwargs)
 
 
 def log_rejected(client_id: Hashable, server_round: int, reason: str) -> None:

@@ -234,3 +234,14 @@ def test_both_apis_compute_the_same_round():
             assert torch.allclose(_flat(parameters_to_ndarrays(fi.parameters)),
                                   _flat({k: v.numpy() for k, v in m.content["arrays"].items()}))
         legacy.aggregate_fit(rnd, [(p, fb.fit_res(list(_arrays(rnd + 0.1 * int(p.cid)).values()))) for p, _ in ins], [])
+
+
+def test_method_arguments_go_to_the_rule_and_bad_ones_are_refused():
+    strat = strategies.message.FedMCSA(sigma=7.0, lam=0.5, grouping="module", clients_per_round=4)
+    assert (strat.rule.sigma, strat.rule.lam, strat.rule.grouping, strat.server.clients_per_round) == (7.0, 0.5, "module", 4)
+    with pytest.raises(TypeError, match="sigmaa"):
+        strategies.message.FedMCSA(sigmaa=1.0)
+    with pytest.raises(ValueError, match="sigma"):
+        strategies.FedMCSA(sigma=-1.0, initial_parameters=fb.parameters(list(_arrays(0.0).values())))
+    with pytest.raises(TypeError, match="not both"):
+        strategies.message.Local(rule=strategies.message.FedMCSA().rule, all_clients_train=True)

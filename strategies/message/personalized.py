@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from logging import INFO
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -15,7 +15,7 @@ from flwr.serverapp.strategy import Strategy
 from flower_pfl.methods import ServerRule
 
 from ..metrics import NUM_EXAMPLES, personalized_evaluate_metrics, weighted_train_metrics
-from ..personalized import PersonalizedServer, UpdateRejected, log_rejected
+from ..personalized import PersonalizedServer, UpdateRejected, log_rejected, make_rule
 
 
 class PersonalizedStrategy(Strategy):
@@ -28,9 +28,12 @@ class PersonalizedStrategy(Strategy):
     returns no global arrays: the personalized models stay in ``self.server.store``.
     """
 
+    #: the method's rule; subclasses set it, and their keyword arguments not listed here go to it
+    rule_class: type | None = None
+
     def __init__(
         self,
-        rule: ServerRule,
+        rule: ServerRule | None = None,
         *,
         clients_per_round: int = 10,
         min_available_nodes: int = 2,
@@ -39,8 +42,9 @@ class PersonalizedStrategy(Strategy):
         device: str | torch.device = "cpu",
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
+        **rule_kwargs: Any,
     ) -> None:
-        self.server = PersonalizedServer(rule, clients_per_round, seed=seed, device=device)
+        self.server = PersonalizedServer(make_rule(self.rule_class, rule, rule_kwargs), clients_per_round, seed=seed, device=device)
         self.min_available_nodes = min_available_nodes
         self.fraction_evaluate = fraction_evaluate
         self.arrayrecord_key = arrayrecord_key
