@@ -58,3 +58,26 @@ def layerwise_attention(
         weights[l] = torch.softmax(sigma * cosine_similarity_matrix(block), dim=1)
         out[:, sl] = weights[l] @ block
     return out, weights
+
+
+def quantile_threshold_weights(similarity: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """FedACS's thresholded similarity weights (paper 001, eq. 4).
+
+    ``delta`` is the ``p``-quantile of all entries of the ``(m, m)`` similarity
+    matrix ``S`` (diagonal included), recomputed from each round's ``S``. Client
+    ``j`` contributes to row ``i`` iff ``s_ij > delta`` and ``s_ij > 0``, with weight
+    ``s_ij`` normalised over the row; a client always keeps itself (eq. 4 relies on
+    ``s_ii = 1 > delta``; here it also holds for ``delta = 1``). Negative
+    similarities are never kept: eq. 4 with a negative ``s_ij`` would give a
+    negative weight and could make the row sum vanish.
+
+    Returns ``(weights, mask, delta)``; every row of ``weights`` sums to 1.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p must be in [0, 1], got {p}")
+    delta = float(torch.quantile(similarity.flatten().to(torch.float64), p))
+    eye = torch.eye(similarity.shape[0], dtype=torch.bool, device=similarity.device)
+    mask = ((similarity > delta) & (similarity > 0)) | eye
+    weights = torch.where(mask, similarity.clamp_min(0), torch.zeros_like(similarity))
+    weights = torch.where(eye, torch.ones_like(weights), weights)  # s_ii = 1 (also for all-zero rows)
+    return weights / weights.sum(dim=1, keepdim=True), mask, delta

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from .layout import GROUPINGS
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedavg", "fedprox", "local")
+METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "fedavg", "fedprox", "local")
 DATASETS: tuple[str, ...] = ("synthetic",)
 APIS: tuple[str, ...] = ("message", "legacy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
@@ -46,6 +46,7 @@ class ExperimentConfig:
     sigma: float = 50.0
     layer_grouping: str = "tensor"
     all_clients_train: bool = False
+    fedacs_p: float = 0.5
     eval_every: int = 5
     seed: int = 0
     device: str = "auto"
@@ -68,6 +69,8 @@ class ExperimentConfig:
         for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta"):
             if not getattr(self, name) >= 0:
                 _fail(name, getattr(self, name), "a number >= 0")
+        if not 0 <= self.fedacs_p < 1:
+            _fail("fedacs_p", self.fedacs_p, "a number in [0, 1)")
         if not 0 < self.train_fraction < 1:
             _fail("train_fraction", self.train_fraction, "a number in (0, 1)")
         if self.seed < 0:

@@ -34,6 +34,8 @@ def _personalized_kwargs(cfg: ExperimentConfig, k: int) -> dict[str, Any]:
 def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
     if cfg.method == "fedmcsa":
         return {"sigma": cfg.sigma, "lam": cfg.lam, "grouping": cfg.layer_grouping, "all_clients_train": cfg.all_clients_train}
+    if cfg.method == "fedacs":
+        return {"p": cfg.fedacs_p, "all_clients_train": cfg.all_clients_train}
     if cfg.method == "local":
         return {"all_clients_train": cfg.all_clients_train}
     return {}
@@ -51,7 +53,8 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping
         if cfg.method == "fedprox":
             return strategies.message.FedProx(proximal_mu=cfg.proximal_mu, **common)
         return strategies.message.FedAvg(**common)
-    cls = {"fedmcsa": strategies.message.FedMCSA, "local": strategies.message.Local}[cfg.method]
+    cls = {"fedmcsa": strategies.message.FedMCSA, "fedacs": strategies.message.FedACS,
+           "local": strategies.message.Local}[cfg.method]
     strategy = cls(min_available_nodes=k, **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
     strategy.server.node_rank = dict(ranks or {})
     return strategy
@@ -74,7 +77,7 @@ def build_legacy_strategy(
         if cfg.method == "fedprox":
             return strategies.FedProx(proximal_mu=cfg.proximal_mu, **common)
         return strategies.FedAvg(**common)
-    cls = {"fedmcsa": strategies.FedMCSA, "local": strategies.Local}[cfg.method]
+    cls = {"fedmcsa": strategies.FedMCSA, "fedacs": strategies.FedACS, "local": strategies.Local}[cfg.method]
     strategy = cls(initial_parameters=params, min_available_clients=k, on_fit_config_fn=fit_config,
                    **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
     strategy.server.node_rank = {str(n): r for n, r in (ranks or {}).items()}  # legacy client ids are strings

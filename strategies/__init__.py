@@ -8,9 +8,10 @@ FedAvg and FedProx are Flower's own, re-exported for convenience.
 
 from flwr.server.strategy import FedAvg, FedProx
 
+from .fedacs import FedACS
 from .fedmcsa import FedMCSA
 from .legacy import PersonalizedStrategy
 from .local import Local
 from .personalized import PersonalizedServer, UpdateRejected
 
-__all__ = ["FedAvg", "FedMCSA", "FedProx", "Local", "PersonalizedServer", "PersonalizedStrategy", "UpdateRejected"]
+__all__ = ["FedACS", "FedAvg", "FedMCSA", "FedProx", "Local", "PersonalizedServer", "PersonalizedStrategy", "UpdateRejected"]

@@ -16,7 +16,7 @@ SMALL = {"num-rounds": 12, "clients-per-round": 8, "local-steps": 10, "eval-ever
 def run_dirs(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     return {m: run_in_process({**SMALL, "method": m, "output-dir": str(out)}, num_nodes=16)
-            for m in ("fedavg", "fedprox", "local", "fedmcsa")}
+            for m in ("fedavg", "fedprox", "local", "fedmcsa", "fedacs")}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,7 @@ def test_personalization_pays_off_on_synthetic(summaries):
     """Non-IID Synthetic: per-client models beat the single FedAvg model (12 rounds, 16 clients)."""
     assert summaries["fedmcsa"]["bmta"] > summaries["fedavg"]["bmta"] + 0.05
     assert summaries["local"]["bmta"] > summaries["fedavg"]["bmta"] + 0.05
+    assert summaries["fedacs"]["bmta"] > summaries["fedavg"]["bmta"] + 0.05
 
 
 @pytest.mark.parametrize("method", ["fedmcsa", "fedavg"])

@@ -5,7 +5,8 @@ solver settings go with them. Pure tensor code; the Flower wiring is in
 """
 
 from .base import ServerRule
+from .fedacs import FedACSRule
 from .fedmcsa import FedMCSARule
 from .local import LocalRule
 
-__all__ = ["FedMCSARule", "LocalRule", "ServerRule"]
+__all__ = ["FedACSRule", "FedMCSARule", "LocalRule", "ServerRule"]

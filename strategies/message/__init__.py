@@ -2,8 +2,9 @@
 
 from flwr.serverapp.strategy import FedAvg, FedProx
 
+from .fedacs import FedACS
 from .fedmcsa import FedMCSA
 from .local import Local
 from .personalized import PersonalizedStrategy
 
-__all__ = ["FedAvg", "FedMCSA", "FedProx", "Local", "PersonalizedStrategy"]
+__all__ = ["FedACS", "FedAvg", "FedMCSA", "FedProx", "Local", "PersonalizedStrategy"]
