@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
@@ -18,6 +19,13 @@ METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "fedavg", "fedprox", "local")
 DATASETS: tuple[str, ...] = ("synthetic",)
 APIS: tuple[str, ...] = ("message", "legacy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+#: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
+PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
+#: fields that decide a client's data (runs that share them share the generated data)
+DATA_FIELDS: tuple[str, ...] = (
+    "dataset", "synthetic_alpha", "synthetic_beta", "train_fraction", "partition", "dirichlet_alpha",
+    "classes_per_client", "shards_per_client", "train_samples_per_client", "seed",
+)
 
 
 class ConfigError(ValueError):
@@ -34,6 +42,11 @@ class ExperimentConfig:
     synthetic_alpha: float = 0.5
     synthetic_beta: float = 0.5
     train_fraction: float = 0.75
+    partition: str = "natural"
+    dirichlet_alpha: float = 0.5
+    classes_per_client: int = 2
+    shards_per_client: int = 2
+    train_samples_per_client: int = 0
     model: str = "mlr"
     hidden_units: int = 20
     num_rounds: int = 100
@@ -55,12 +68,13 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         choices = {
             "method": METHODS, "api": APIS, "dataset": DATASETS, "model": MODELS,
-            "layer_grouping": GROUPINGS, "device": DEVICES,
+            "layer_grouping": GROUPINGS, "device": DEVICES, "partition": PARTITIONS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 _fail(name, getattr(self, name), f"one of {', '.join(allowed)}")
-        for name in ("num_rounds", "clients_per_round", "batch_size", "local_steps", "eval_every", "hidden_units"):
+        for name in ("num_rounds", "clients_per_round", "batch_size", "local_steps", "eval_every", "hidden_units",
+                     "classes_per_client", "shards_per_client"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "an integer >= 1")
         for name in ("lr", "sigma"):
@@ -69,6 +83,10 @@ class ExperimentConfig:
         for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta"):
             if not getattr(self, name) >= 0:
                 _fail(name, getattr(self, name), "a number >= 0")
+        if not self.dirichlet_alpha > 0:
+            _fail("dirichlet_alpha", self.dirichlet_alpha, "a number > 0")
+        if self.train_samples_per_client < 0:
+            _fail("train_samples_per_client", self.train_samples_per_client, "an integer >= 0 (0 keeps all)")
         if not 0 <= self.fedacs_p < 1:
             _fail("fedacs_p", self.fedacs_p, "a number in [0, 1)")
         if not 0 < self.train_fraction < 1:

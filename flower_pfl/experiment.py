@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
@@ -9,8 +10,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import ExperimentConfig
+from .config import DATA_FIELDS, ExperimentConfig
 from .data import ClientData, generate_synthetic, train_test_split
+from .data.partition import keep_train_samples, partition_indices
 from .data.synthetic import DIM, NUM_CLASSES
 from .methods.base import PROXIMAL_MU
 from .models import build_model
@@ -25,20 +27,43 @@ def solver_config(cfg: ExperimentConfig) -> dict[str, float | int]:
     return {LR: cfg.lr, LOCAL_STEPS: cfg.local_steps, BATCH_SIZE: cfg.batch_size}
 
 
+def _pooled(users: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([x for x, _ in users]), np.concatenate([y for _, y in users])
+
+
 @lru_cache(maxsize=4)
-def _synthetic_splits(alpha: float, beta: float, num_users: int, seed: int, train_fraction: float) -> tuple[ClientData, ...]:
-    users = generate_synthetic(alpha, beta, num_users=num_users, seed=seed)
-    rng = np.random.default_rng([seed, 1])
-    return tuple(train_test_split(x, y, train_fraction, rng) for x, y in users)
+def _client_splits(data: ExperimentConfig, num_partitions: int) -> tuple[ClientData, ...]:
+    """Every client's train/test data for the data fields of ``data`` (see ``data_config``)."""
+    if data.dataset != "synthetic":
+        raise ValueError(f"unknown dataset {data.dataset!r}")
+    users = generate_synthetic(data.synthetic_alpha, data.synthetic_beta, num_users=num_partitions, seed=data.seed)
+    if data.partition != "natural":
+        x, y = _pooled(users)
+        parts = partition_indices(y, num_partitions, data.partition, alpha=data.dirichlet_alpha,
+                                  classes_per_client=data.classes_per_client,
+                                  shards_per_client=data.shards_per_client, seed=data.seed)
+        users = [(x[idx], y[idx]) for idx in parts]
+    split_rng, scarce_rng = np.random.default_rng([data.seed, 1]), np.random.default_rng([data.seed, 2])
+    out = []
+    for x, y in users:
+        client = train_test_split(x, y, data.train_fraction, split_rng)
+        if data.train_samples_per_client:
+            xs, ys = keep_train_samples(client.x_train.numpy(), client.y_train.numpy(), data.train_samples_per_client, scarce_rng)
+            client = ClientData(torch.as_tensor(xs), torch.as_tensor(ys), client.x_test, client.y_test)
+        out.append(client)
+    return tuple(out)
+
+
+def data_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with everything but the data fields at their defaults (the cache key of the data)."""
+    return replace(ExperimentConfig(), **{name: getattr(cfg, name) for name in DATA_FIELDS})
 
 
 def load_client_data(cfg: ExperimentConfig, partition_id: int, num_partitions: int) -> ClientData:
-    """Client ``partition_id``'s own train/test data (generated once per process and cached)."""
+    """Client ``partition_id``'s own train/test data (built once per process and cached)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
-    if cfg.dataset == "synthetic":
-        return _synthetic_splits(cfg.synthetic_alpha, cfg.synthetic_beta, num_partitions, cfg.seed, cfg.train_fraction)[partition_id]
-    raise ValueError(f"unknown dataset {cfg.dataset!r}")
+    return _client_splits(data_config(cfg), num_partitions)[partition_id]
 
 
 def dataset_shape(cfg: ExperimentConfig) -> tuple[int, int]:

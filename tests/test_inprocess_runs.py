@@ -78,3 +78,12 @@ def test_failing_client_does_not_stop_the_round(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["phase"] == "train"]
     assert [r["clients-failed"] for r in train] == [1, 1] and [r["clients-accepted"] for r in train] == [3, 3]
+
+
+def test_data_scarce_dirichlet_run_with_partial_participation(tmp_path):
+    out = run_in_process({**SMALL, "method": "fedacs", "partition": "dirichlet", "dirichlet-alpha": 0.5,
+                          "train-samples-per-client": 50, "num-rounds": 3, "clients-per-round": 4,
+                          "output-dir": str(tmp_path)}, num_nodes=40)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [4, 4, 4]
+    assert all(r["num_clients"] == 40 for r in rows if r["phase"] == "evaluate")

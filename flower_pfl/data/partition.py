@@ -1,0 +1,66 @@
+"""Partitions of a labelled data set over clients, and data scarcity.
+
+The label-based schemes are Flower Datasets' partitioners (``flwr_datasets``, a
+data library that does not depend on the Flower framework), applied to the label
+array of any data set; every scheme is seeded.
+
+- ``iid``: uniform random split.
+- ``dirichlet``: label skew, per class a Dirichlet(alpha) share for each client;
+  redrawn until every client has at least ``MIN_DIRICHLET_SIZE`` samples.
+- ``pathological``: every client gets ``classes_per_client`` classes.
+- ``shards``: sort by label, cut into shards, ``shards_per_client`` shards each
+  (McMahan et al.; IGFL's cross-silo split with 2 shards).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological", "shards")
+MIN_DIRICHLET_SIZE = 10
+
+
+def partition_indices(
+    labels: np.ndarray,
+    num_partitions: int,
+    scheme: str,
+    *,
+    alpha: float = 0.5,
+    classes_per_client: int = 2,
+    shards_per_client: int = 2,
+    seed: int = 0,
+) -> list[np.ndarray]:
+    """Sample indices of every partition, ``num_partitions`` arrays covering disjoint samples."""
+    from datasets import Dataset
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner, ShardPartitioner
+
+    if num_partitions < 1:
+        raise ValueError("num_partitions must be >= 1")
+    if scheme == "iid":
+        part = IidPartitioner(num_partitions=num_partitions)
+    elif scheme == "dirichlet":
+        part = DirichletPartitioner(num_partitions=num_partitions, partition_by="label", alpha=alpha,
+                                    min_partition_size=MIN_DIRICHLET_SIZE, self_balancing=False, seed=seed)
+    elif scheme == "pathological":
+        part = PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
+                                       num_classes_per_partition=classes_per_client, seed=seed)
+    elif scheme == "shards":
+        part = ShardPartitioner(num_partitions=num_partitions, partition_by="label",
+                                num_shards_per_partition=shards_per_client, seed=seed)
+    else:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    labels = np.asarray(labels)
+    if scheme == "iid":  # IidPartitioner splits in order: shuffle first, with the seed
+        order = np.random.default_rng(seed).permutation(len(labels))
+    else:
+        order = np.arange(len(labels))
+    part.dataset = Dataset.from_dict({"label": labels[order], "idx": order})
+    return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(num_partitions)]
+
+
+def keep_train_samples(x: np.ndarray, y: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Data scarcity: at most ``n`` training samples, drawn without replacement (``n = 0``: all)."""
+    if n <= 0 or len(y) <= n:
+        return x, y
+    keep = np.sort(rng.choice(len(y), size=n, replace=False))
+    return x[keep], y[keep]

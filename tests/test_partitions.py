@@ -1,0 +1,64 @@
+"""Partitions over clients (flwr-datasets' partitioners) and data scarcity."""
+
+import numpy as np
+import pytest
+
+from flower_pfl.config import ConfigError, ExperimentConfig
+from flower_pfl.data.partition import SCHEMES, keep_train_samples, partition_indices
+from flower_pfl.experiment import load_client_data
+
+LABELS = np.random.default_rng(0).integers(0, 10, 4000)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_partitions_are_disjoint_complete_and_seeded(scheme):
+    parts = partition_indices(LABELS, 20, scheme, seed=3)
+    joined = np.concatenate(parts)
+    assert len(parts) == 20 and len(joined) == len(LABELS) and len(np.unique(joined)) == len(LABELS)
+    again = partition_indices(LABELS, 20, scheme, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    other = partition_indices(LABELS, 20, scheme, seed=4)
+    assert any(not np.array_equal(a, b) for a, b in zip(parts, other))
+
+
+def test_pathological_gives_k_classes_and_shards_equal_sizes():
+    for k in (1, 2, 3):
+        parts = partition_indices(LABELS, 20, "pathological", classes_per_client=k, seed=0)
+        assert {len(np.unique(LABELS[p])) for p in parts} == {k}
+    shards = partition_indices(LABELS, 20, "shards", shards_per_client=2, seed=0)
+    assert {len(p) for p in shards} == {200}
+    assert max(len(np.unique(LABELS[p])) for p in shards) <= 4  # 2 shards of sorted labels, each may straddle a boundary
+
+
+def test_smaller_dirichlet_alpha_means_stronger_label_skew():
+    def mean_classes(alpha):
+        return np.mean([len(np.unique(LABELS[p])) for p in partition_indices(LABELS, 20, "dirichlet", alpha=alpha, seed=0)])
+    assert mean_classes(0.1) < mean_classes(1.0) < mean_classes(100.0) <= 10
+    assert min(len(p) for p in partition_indices(LABELS, 20, "dirichlet", alpha=0.1, seed=0)) >= 10  # redrawn until so
+
+
+def test_keep_train_samples():
+    x, y = np.arange(20).reshape(10, 2), np.arange(10)
+    xs, ys = keep_train_samples(x, y, 4, np.random.default_rng(0))
+    assert len(ys) == 4 and len(set(ys.tolist())) == 4 and np.array_equal(xs[:, 0] // 2, ys)
+    assert len(keep_train_samples(x, y, 0, np.random.default_rng(0))[1]) == 10
+
+
+def test_client_data_with_partition_and_scarcity():
+    full = ExperimentConfig(partition="dirichlet", dirichlet_alpha=0.5, seed=1)
+    scarce = ExperimentConfig(partition="dirichlet", dirichlet_alpha=0.5, seed=1, train_samples_per_client=50)
+    for pid in (0, 7):
+        a, b = load_client_data(full, pid, 10), load_client_data(scarce, pid, 10)
+        assert b.num_train == min(50, a.num_train) and b.num_test == a.num_test  # test split untouched
+        assert set(b.y_train.tolist()) <= set(a.y_train.tolist())
+    pathological = [load_client_data(ExperimentConfig(partition="pathological", seed=1), pid, 10) for pid in range(10)]
+    assert all(len(set(c.y_train.tolist()) | set(c.y_test.tolist())) == 2 for c in pathological)
+
+
+def test_partition_config_is_validated():
+    with pytest.raises(ConfigError, match="'partition'.*one of natural, iid"):
+        ExperimentConfig.from_mapping({"partition": "zipf"})
+    with pytest.raises(ConfigError, match="'dirichlet-alpha'"):
+        ExperimentConfig.from_mapping({"dirichlet-alpha": 0.0})
+    with pytest.raises(ConfigError, match="'train-samples-per-client'"):
+        ExperimentConfig.from_mapping({"train-samples-per-client": -5})
