@@ -66,17 +66,17 @@ def load_client_data(cfg: ExperimentConfig, partition_id: int, num_partitions: i
     return _client_splits(data_config(cfg), num_partitions)[partition_id]
 
 
-def dataset_shape(cfg: ExperimentConfig) -> tuple[int, int]:
-    """``(in_features, num_classes)`` of the configured data set."""
+def dataset_shape(cfg: ExperimentConfig) -> tuple[tuple[int, ...], int]:
+    """``(input_shape, num_classes)`` of the configured data set (one sample's shape)."""
     if cfg.dataset == "synthetic":
-        return DIM, NUM_CLASSES
+        return (DIM,), NUM_CLASSES
     raise ValueError(f"unknown dataset {cfg.dataset!r}")
 
 
 def make_model(cfg: ExperimentConfig, seed: int | None = None) -> nn.Module:
     """The configured model; ``seed`` fixes the initialization (the server's starting model)."""
-    in_features, num_classes = dataset_shape(cfg)
-    return build_model(cfg.model, in_features, num_classes, hidden=cfg.hidden_units, seed=seed)
+    input_shape, num_classes = dataset_shape(cfg)
+    return build_model(cfg.model, input_shape, num_classes, hidden=cfg.hidden_units, seed=seed)
 
 
 def resolve_device(name: str) -> torch.device:

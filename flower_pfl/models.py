@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-MODELS: tuple[str, ...] = ("mlr", "dnn")
+MODELS: tuple[str, ...] = ("mlr", "dnn", "cnn", "cifar-cnn")
 
 
 class MLR(nn.Module):
@@ -31,12 +33,48 @@ class DNN(nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
-def build_model(name: str, in_features: int, num_classes: int, hidden: int = 20, seed: int | None = None) -> nn.Module:
-    """Build a model by name; ``seed`` fixes its initialization."""
+class ConvNet(nn.Module):
+    """Two 5x5 conv layers, each with ReLU and 2x2 max pooling, then ReLU fully connected layers.
+
+    ``"cnn"``: 32 and 64 channels, one 512-unit layer: McMahan et al.'s CNN for (F)MNIST /
+    EMNIST (1 x 28 x 28). ``"cifar-cnn"``: 64 and 64 channels, 384- and 192-unit layers:
+    McMahan et al.'s CIFAR-10 CNN (3 x 32 x 32).
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int,
+                 channels: tuple[int, int] = (32, 64), hidden: tuple[int, ...] = (512,)) -> None:
+        super().__init__()
+        in_channels, height, width = input_shape
+        self.conv1 = nn.Conv2d(in_channels, channels[0], 5)
+        self.conv2 = nn.Conv2d(channels[0], channels[1], 5)
+        side = lambda n: ((n - 4) // 2 - 4) // 2  # noqa: E731  (two valid 5x5 convs, two 2x2 pools)
+        sizes = [channels[1] * side(height) * side(width), *hidden, num_classes]
+        self.fc = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2).flatten(1)
+        for layer in self.fc[:-1]:
+            x = F.relu(layer(x))
+        return self.fc[-1](x)
+
+
+CONV_NETS = {"cnn": {"channels": (32, 64), "hidden": (512,)}, "cifar-cnn": {"channels": (64, 64), "hidden": (384, 192)}}
+
+
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, hidden: int = 20, seed: int | None = None
+) -> nn.Module:
+    """Build a model by name for inputs of ``input_shape`` (one sample); ``seed`` fixes its initialization."""
     if seed is not None:
         torch.manual_seed(seed)
+    features = int(np.prod(input_shape))
     if name == "mlr":
-        return MLR(in_features, num_classes)
+        return MLR(features, num_classes)
     if name == "dnn":
-        return DNN(in_features, num_classes, hidden)
+        return DNN(features, num_classes, hidden)
+    if name in CONV_NETS:
+        if len(input_shape) != 3:
+            raise ValueError(f"model {name!r} needs image input (channels, height, width), got shape {input_shape}")
+        return ConvNet(input_shape, num_classes, **CONV_NETS[name])
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
