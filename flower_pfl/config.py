@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from .data.images import EMNIST_CLASSES
 from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
 METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "fedavg", "fedprox", "local")
-DATASETS: tuple[str, ...] = ("synthetic",)
+DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10")
 APIS: tuple[str, ...] = ("message", "legacy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 #: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
@@ -25,6 +26,7 @@ PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
 DATA_FIELDS: tuple[str, ...] = (
     "dataset", "synthetic_alpha", "synthetic_beta", "train_fraction", "partition", "dirichlet_alpha",
     "classes_per_client", "shards_per_client", "train_samples_per_client", "seed",
+    "data_dir", "download", "emnist_split",
 )
 
 
@@ -39,6 +41,9 @@ class ExperimentConfig:
     method: str = "fedmcsa"
     api: str = "message"
     dataset: str = "synthetic"
+    data_dir: str = "data"
+    download: bool = False
+    emnist_split: str = "byclass"
     synthetic_alpha: float = 0.5
     synthetic_beta: float = 0.5
     train_fraction: float = 0.75
@@ -69,6 +74,7 @@ class ExperimentConfig:
         choices = {
             "method": METHODS, "api": APIS, "dataset": DATASETS, "model": MODELS,
             "layer_grouping": GROUPINGS, "device": DEVICES, "partition": PARTITIONS,
+            "emnist_split": tuple(EMNIST_CLASSES),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -83,6 +89,8 @@ class ExperimentConfig:
         for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta"):
             if not getattr(self, name) >= 0:
                 _fail(name, getattr(self, name), "a number >= 0")
+        if self.dataset != "synthetic" and self.partition == "natural":
+            _fail("partition", self.partition, f"one of {', '.join(SCHEMES)} for dataset '{self.dataset}' (it has no natural clients)")
         if not self.dirichlet_alpha > 0:
             _fail("dirichlet_alpha", self.dirichlet_alpha, "a number > 0")
         if self.train_samples_per_client < 0:

@@ -12,6 +12,7 @@ from torch import nn
 
 from .config import DATA_FIELDS, ExperimentConfig
 from .data import ClientData, generate_synthetic, train_test_split
+from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, partition_indices
 from .data.synthetic import DIM, NUM_CLASSES
 from .methods.base import PROXIMAL_MU
@@ -34,15 +35,18 @@ def _pooled(users: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.
 @lru_cache(maxsize=4)
 def _client_splits(data: ExperimentConfig, num_partitions: int) -> tuple[ClientData, ...]:
     """Every client's train/test data for the data fields of ``data`` (see ``data_config``)."""
-    if data.dataset != "synthetic":
-        raise ValueError(f"unknown dataset {data.dataset!r}")
-    users = generate_synthetic(data.synthetic_alpha, data.synthetic_beta, num_users=num_partitions, seed=data.seed)
-    if data.partition != "natural":
+    if data.dataset == "synthetic":
+        users = generate_synthetic(data.synthetic_alpha, data.synthetic_beta, num_users=num_partitions, seed=data.seed)
         x, y = _pooled(users)
+    else:
+        users = []  # image data sets have no natural clients (the config refuses partition = natural)
+        x, y = load_image_pool(data.dataset, data.data_dir, download=data.download, emnist_split=data.emnist_split)
+    if data.partition != "natural":
         parts = partition_indices(y, num_partitions, data.partition, alpha=data.dirichlet_alpha,
                                   classes_per_client=data.classes_per_client,
                                   shards_per_client=data.shards_per_client, seed=data.seed)
-        users = [(x[idx], y[idx]) for idx in parts]
+        scale = to_float if x.dtype == np.uint8 else (lambda a: a)
+        users = [(scale(x[idx]), y[idx]) for idx in parts]
     split_rng, scarce_rng = np.random.default_rng([data.seed, 1]), np.random.default_rng([data.seed, 2])
     out = []
     for x, y in users:
@@ -70,7 +74,7 @@ def dataset_shape(cfg: ExperimentConfig) -> tuple[tuple[int, ...], int]:
     """``(input_shape, num_classes)`` of the configured data set (one sample's shape)."""
     if cfg.dataset == "synthetic":
         return (DIM,), NUM_CLASSES
-    raise ValueError(f"unknown dataset {cfg.dataset!r}")
+    return IMAGE_SHAPES[cfg.dataset], num_classes(cfg.dataset, cfg.emnist_split)
 
 
 def make_model(cfg: ExperimentConfig, seed: int | None = None) -> nn.Module:

@@ -58,7 +58,11 @@ class RunRecorder:
 
     def finish(self, title: str = "", extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json`` and the learning curve; returns the summary."""
-        summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds) if self.evaluations else {}
+        if self.evaluations:
+            summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds)
+        else:
+            summary = {"evaluated_rounds": 0, "error": "no client evaluation succeeded; see the run's log"}
+            self._log("no client evaluation succeeded: the summary has no accuracy figures")
         summary.update({"num_rounds": self.num_rounds, "wall_time_s": self.elapsed,
                         "seconds_per_round": self.elapsed / max(self.num_rounds, 1), **(extra or {})})
         (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))

@@ -75,4 +75,6 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}")
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     log(INFO, "flower-pfl: results written to %s", out)
+    if not summary.get("evaluated_rounds"):
+        raise RuntimeError(f"no client evaluation succeeded in this run; see the log (results in {out})")
     return out

@@ -87,3 +87,16 @@ def test_data_scarce_dirichlet_run_with_partial_participation(tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [4, 4, 4]
     assert all(r["num_clients"] == 40 for r in rows if r["phase"] == "evaluate")
+
+
+def test_run_without_any_successful_evaluation_fails_after_writing_results(tmp_path, monkeypatch):
+    import client_apps.app as capp
+
+    def broken(self):
+        raise RuntimeError("test split unreadable")
+
+    monkeypatch.setattr(capp.Node, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="no client evaluation succeeded"):
+        run_in_process({**SMALL, "num-rounds": 2, "output-dir": str(tmp_path)}, num_nodes=4)
+    (run_dir,) = list(tmp_path.iterdir())
+    assert json.loads((run_dir / "summary.json").read_text())["evaluated_rounds"] == 0

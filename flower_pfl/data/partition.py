@@ -7,7 +7,8 @@ array of any data set; every scheme is seeded.
 - ``iid``: uniform random split.
 - ``dirichlet``: label skew, per class a Dirichlet(alpha) share for each client;
   redrawn until every client has at least ``MIN_DIRICHLET_SIZE`` samples.
-- ``pathological``: every client gets ``classes_per_client`` classes.
+- ``pathological``: every client gets ``classes_per_client`` classes (client ``i``'s first
+  class is ``i mod #classes``, so every class is used when there are enough clients).
 - ``shards``: sort by label, cut into shards, ``shards_per_client`` shards each
   (McMahan et al.; IGFL's cross-silo split with 2 shards).
 """
@@ -43,7 +44,8 @@ def partition_indices(
                                     min_partition_size=MIN_DIRICHLET_SIZE, self_balancing=False, seed=seed)
     elif scheme == "pathological":
         part = PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
-                                       num_classes_per_partition=classes_per_client, seed=seed)
+                                       num_classes_per_partition=classes_per_client, seed=seed,
+                                       class_assignment_mode="first-deterministic")
     elif scheme == "shards":
         part = ShardPartitioner(num_partitions=num_partitions, partition_by="label",
                                 num_shards_per_partition=shards_per_client, seed=seed)

@@ -1,0 +1,70 @@
+"""Small image data sets written in the real on-disk formats torchvision reads."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+
+def _idx_images(path: Path, images: np.ndarray) -> None:
+    n, rows, cols = images.shape
+    path.write_bytes(struct.pack(">iiii", 2051, n, rows, cols) + images.astype(np.uint8).tobytes())
+
+
+def _idx_labels(path: Path, labels: np.ndarray) -> None:
+    path.write_bytes(struct.pack(">ii", 2049, len(labels)) + labels.astype(np.uint8).tobytes())
+
+
+def images_for(labels: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Noise plus a brightness that encodes the label, so a model can learn something."""
+    base = (labels.reshape(-1, *[1] * len(shape)) * 20).astype(np.int64)
+    return np.clip(base + rng.integers(0, 40, size=(len(labels), *shape)), 0, 255).astype(np.uint8)
+
+
+def write_fashion_mnist(root: Path, n_train: int, n_test: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    out = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        y = rng.integers(0, 10, n)
+        x = images_for(y, (28, 28), rng)
+        _idx_images(raw / f"{prefix}-images-idx3-ubyte", x)
+        _idx_labels(raw / f"{prefix}-labels-idx1-ubyte", y)
+        out[prefix] = (x, y)
+    return out
+
+
+def write_emnist(root: Path, split: str, n_train: int, n_test: int, classes: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """EMNIST's files hold every image transposed; the returned arrays are upright."""
+    rng = np.random.default_rng(seed)
+    raw = root / "EMNIST" / "raw"
+    raw.mkdir(parents=True)
+    out = {}
+    for part, n in (("train", n_train), ("test", n_test)):
+        y = rng.integers(0, classes, n)
+        x = images_for(y % 10, (28, 28), rng)
+        x[:, 0, :5] = 255  # an asymmetric mark: top rows, left columns
+        _idx_images(raw / f"emnist-{split}-{part}-images-idx3-ubyte", x.transpose(0, 2, 1))
+        _idx_labels(raw / f"emnist-{split}-{part}-labels-idx1-ubyte", y)
+        out[part] = (x, y)
+    return out
+
+
+def write_cifar10(root: Path, per_batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    out = {}
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        y = rng.integers(0, 10, per_batch)
+        x = images_for(y, (3, 32, 32), rng)
+        with (folder / name).open("wb") as fh:
+            pickle.dump({"data": x.reshape(per_batch, -1), "labels": y.tolist()}, fh)
+        out[name] = (x, y)
+    with (folder / "batches.meta").open("wb") as fh:
+        pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, fh)
+    return out
