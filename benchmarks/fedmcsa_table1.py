@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import platform
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.common import fmt, machine, mean_curve, run_jobs, save
 
 #: Table 1, Synthetic (MLR, DNN), BMTA in %, mean of 3 runs. Local is not in the paper.
 PAPER = {
@@ -40,24 +39,8 @@ PAPER_SETTINGS = {
 }
 
 
-def _run(job: dict) -> dict:
-    import torch
-
-    torch.set_num_threads(1)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    from server_apps.inprocess import run_in_process
-
-    out = run_in_process(job["overrides"], num_nodes=job["num_nodes"])
-    summary = json.loads((out / "summary.json").read_text())
-    return {**job, "summary": summary, "results_dir": str(out)}
-
-
 def _label(method: str, participation: str) -> str:
     return LABELS[method] + (" (all clients train)" if participation == "all" else "")
-
-
-def _fmt(values: list[float]) -> str:
-    return f"{100 * np.mean(values):.2f} ± {100 * np.std(values):.2f}"
 
 
 def main() -> None:
@@ -89,13 +72,7 @@ def main() -> None:
         for mdl in args.models for m, p in variants for s in args.seeds
     ]
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        runs = []
-        for r in pool.map(_run, jobs):
-            runs.append(r)
-            print(f"[{time.time() - t0:6.0f}s] {_label(r['method'], r['participation']):30s} {r['model']} seed {r['seed']}: "
-                  f"BMTA {100 * r['summary']['bmta']:.2f} (weighted {100 * r['summary']['bmta_weighted']:.2f}), "
-                  f"{r['summary']['seconds_per_round']:.3f} s/round", flush=True)
+    runs = run_jobs(jobs, args.workers, lambda r: f"{_label(r['method'], r['participation']):30s} {r['model']} seed {r['seed']}")
 
     rows = []
     header = ("| Method | Model | BMTA % (ours) | sample-weighted BMTA % | last-10% mean % | paper BMTA % | Δ vs paper | s/round |\n"
@@ -114,22 +91,18 @@ def main() -> None:
                 "seconds_per_round": float(np.mean([s["seconds_per_round"] for s in sel])),
                 "paper_bmta": paper,
             })
-            header += (f"\n| {_label(m, part)} | {mdl.upper()} | {_fmt([s['bmta'] for s in sel])} | "
-                       f"{_fmt([s['bmta_weighted'] for s in sel])} | {_fmt([s['last10_mean_accuracy'] for s in sel])} | "
+            header += (f"\n| {_label(m, part)} | {mdl.upper()} | {fmt([s['bmta'] for s in sel])} | "
+                       f"{fmt([s['bmta_weighted'] for s in sel])} | {fmt([s['last10_mean_accuracy'] for s in sel])} | "
                        f"{paper if paper is not None else '—'} | "
                        f"{f'{ours - paper:+.2f}' if paper is not None else '—'} | {rows[-1]['seconds_per_round']:.3f} |")
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch CPU, {args.workers} runs in parallel"
     note = (f"\n\nSynthetic(0.5, 0.5), 100 clients, S=20, R=20, |D|=20, η=0.02, λ={args.lam:g}, σ=50, FedProx μ={args.proximal_mu}, "
             f"T={args.rounds}, evaluated every {args.eval_every} rounds, seeds {args.seeds}. "
             f"s/round: wall time of one round in one process (training + evaluation of all clients' personalized models), "
-            f"{machine}. Total {time.time() - t0:.0f} s.")
+            f"{machine(args.workers)}. Total {time.time() - t0:.0f} s.")
     table = header + note
     print("\n" + table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "table.md").write_text(table + "\n")
+    save(args.out, table, {"settings": vars(args) | {"out": str(args.out)}, "rows": rows, "runs": runs})
     plot_curves(runs, args.out / "curves.png")
-    (args.out / "results.json").write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)}, "rows": rows,
-                                                       "runs": runs}, indent=2, default=str))
 
 
 def plot_curves(runs: list[dict], path: Path) -> None:
@@ -143,14 +116,10 @@ def plot_curves(runs: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), dpi=120, squeeze=False)
     for ax, mdl in zip(axes[0], models):
         for m, part in dict.fromkeys((r["method"], r.get("participation", "sampled")) for r in runs):
-            curves = []
-            for r in (r for r in runs if r["method"] == m and r["model"] == mdl and r.get("participation", "sampled") == part):
-                rows = [json.loads(x) for x in (Path(r["results_dir"]) / "metrics.jsonl").read_text().splitlines()]
-                curves.append([(x["round"], x["accuracy"]) for x in rows if x["phase"] == "evaluate"])
-            if curves:
-                n = min(len(c) for c in curves)
-                acc = np.mean([[a for _, a in c[:n]] for c in curves], axis=0)
-                ax.plot([rnd for rnd, _ in curves[0][:n]], 100 * acc, label=_label(m, part))
+            sel = [r for r in runs if r["method"] == m and r["model"] == mdl and r.get("participation", "sampled") == part]
+            if sel:
+                rounds, acc = mean_curve(sel)
+                ax.plot(rounds, 100 * acc, label=_label(m, part))
         ax.set(title=f"Synthetic(0.5, 0.5), {mdl.upper()}", xlabel="round", ylabel="mean personalized test accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")

@@ -137,6 +137,9 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server this node's ``partition-id`` (used only to order nodes reproducibly)."""
-    return Message(content=RecordDict({"metrics": MetricRecord({"partition-id": int(context.node_config["partition-id"])})}),
+    """Tell the server this node's ``partition-id`` (to order nodes reproducibly) and the most
+    frequent label of its training data (only to group clients in diagnostic plots)."""
+    node = Node.from_context(context)
+    dominant = int(torch.bincount(node.data.y_train).argmax()) if node.data.num_train else -1
+    return Message(content=RecordDict({"metrics": MetricRecord({"partition-id": node.partition_id, "dominant-label": dominant})}),
                    reply_to=msg)

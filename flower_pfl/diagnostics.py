@@ -76,3 +76,53 @@ class AttentionAccumulator:
         fig.tight_layout()
         fig.savefig(path.with_suffix(".png"))
         plt.close(fig)
+
+
+def label_grouping(similarity: np.ndarray, mask: np.ndarray, labels: Sequence[int]) -> dict[str, float]:
+    """Does the selection find clients with the same (dominant) label?
+
+    ``kept_same_label``: share of the kept off-diagonal pairs whose two clients share
+    their dominant label; ``chance_same_label``: the same share over all off-diagonal
+    pairs (what a selection blind to the data would give).
+    """
+    lab = np.asarray(labels)
+    same = lab[:, None] == lab[None, :]
+    off = ~np.eye(len(lab), dtype=bool)
+    kept = mask & off
+    return {
+        "kept_same_label": float(same[kept].mean()) if kept.any() else float("nan"),
+        "chance_same_label": float(same[off].mean()) if off.any() else float("nan"),
+        "kept_pairs": int(kept.sum()),
+        "mean_similarity_same_label": float(similarity[same & off].mean()) if (same & off).any() else float("nan"),
+        "mean_similarity_other_label": float(similarity[~same].mean()) if (~same).any() else float("nan"),
+    }
+
+
+def save_similarity_snapshot(path: Path, ids: Sequence[Hashable], similarity: np.ndarray, mask: np.ndarray,
+                             delta: float, labels: Sequence[int], title: str = "") -> dict[str, float]:
+    """One round's similarity matrix and selection mask, clients grouped by dominant label:
+    ``<path>.npz`` and ``<path>.png``. Returns ``label_grouping``'s figures."""
+    order = np.lexsort((np.arange(len(labels)), np.asarray(labels)))
+    s, m, lab = similarity[np.ix_(order, order)], mask[np.ix_(order, order)], np.asarray(labels)[order]
+    stats = label_grouping(similarity, mask, labels)
+    np.savez(path.with_suffix(".npz"), ids=np.array([str(ids[i]) for i in order]), labels=lab,
+             similarity=s, mask=m, delta=delta)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), dpi=110)
+    for ax, data, name in ((axes[0], s, f"cosine similarity (δ = {delta:.3f})"), (axes[1], m, "kept (s > δ)")):
+        im = ax.imshow(data, cmap="viridis", interpolation="nearest")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+        for b in np.flatnonzero(np.diff(lab)) + 0.5:  # label group boundaries
+            ax.axhline(b, color="white", lw=0.6)
+            ax.axvline(b, color="white", lw=0.6)
+        ax.set(title=name, xlabel="client (grouped by dominant label)", ylabel="client")
+    fig.suptitle(f"{title}  same-label share of kept pairs {stats['kept_same_label']:.2f} "
+                 f"(chance {stats['chance_same_label']:.2f})")
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"))
+    plt.close(fig)
+    return stats

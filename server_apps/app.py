@@ -17,10 +17,11 @@ from flwr.serverapp import Grid, ServerApp
 
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import make_model, solver_config
+from flower_pfl.diagnostics import save_similarity_snapshot
 from flower_pfl.results import RunRecorder
 
 from .factory import build_legacy_strategy, build_message_strategy
-from .node_order import RankedGrid, partition_ranks
+from .node_order import RankedGrid, query_nodes
 from .recording import RecordedLegacyStrategy, RecordedStrategy
 
 app = ServerApp()
@@ -30,6 +31,23 @@ def run_dir(cfg: ExperimentConfig) -> Path:
     """``<output-dir>/<method>-<dataset>-<model>-seed<seed>-<time>`` (relative paths from the current directory)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path(cfg.output_dir).expanduser().resolve() / f"{cfg.method}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
+
+
+def _save_diagnostics(server: Any, labels: Mapping[int, int], out: Path, method: str) -> dict[str, Any]:
+    """Attention heatmaps (clients grouped by dominant label) and, for FedACS, the last round's
+    similarity and selection mask. Returns figures for the summary."""
+    label_of = {key: labels.get(int(key), -1) for key in server.node_rank}  # legacy ids are strings
+    by_label = {key: i for i, key in enumerate(sorted(server.node_rank, key=lambda k: (label_of[k], server.node_rank[k])))}
+    if len(server.attention):
+        server.attention.save(out / "attention", title=f"{method}: mean attention over rounds", rank=by_label or None)
+    rule = server.rule
+    if getattr(rule, "last_similarity", None) is None or not server.last_participants:
+        return {}
+    ids = server.last_participants
+    stats = save_similarity_snapshot(out / "similarity_last_round", ids, rule.last_similarity.cpu().numpy(),
+                                     rule.last_mask.cpu().numpy(), rule.last_delta,
+                                     [label_of.get(cid, -1) for cid in ids], title=method)
+    return {f"last_round_{k}": v for k, v in stats.items()}
 
 
 @app.main()
@@ -48,7 +66,9 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     model = make_model(cfg, seed=cfg.seed)
     out = run_dir(cfg)
     recorder = RunRecorder(out, cfg.to_run_config(), cfg.num_rounds, log=lambda msg: log(INFO, "%s", msg))
-    ranks = partition_ranks(grid)
+    info = query_nodes(grid)
+    ranks = {node: i["partition-id"] for node, i in info.items()}
+    labels = {node: i.get("dominant-label", -1) for node, i in info.items()}
     grid = RankedGrid(grid, ranks)  # type: ignore[assignment]
     num_nodes = len(list(grid.get_node_ids()))
     log(INFO, "flower-pfl: %s on %s (%s), %d nodes, results in %s", cfg.method, cfg.dataset, cfg.model, num_nodes, out)
@@ -70,9 +90,8 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     server = getattr(strategy, "server", None)  # our strategies' per-client state
     if server is not None and server.store is not None:
         torch.save(server.store.state_dict(), out / "personalized_models.pt")
-    if server is not None and len(server.attention):
-        server.attention.save(out / "attention", title=f"{cfg.method}: mean attention over rounds", rank=server.node_rank)
-    summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}")
+    extra = _save_diagnostics(server, labels, out, cfg.method) if server is not None else {}
+    summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}", extra=extra)
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     log(INFO, "flower-pfl: results written to %s", out)
     if not summary.get("evaluated_rounds"):

@@ -4,6 +4,8 @@ A SuperLink gives nodes random ids on every run, so "the same seed samples the
 same clients" needs a stable order. Before training the ServerApp asks every node
 for its ``partition-id`` once (a ``query`` message) and ranks nodes by it: our
 strategies sort by that rank, Flower's own see the grid's node ids in that order.
+The same query returns each node's dominant training label, used only to group
+clients in diagnostic plots.
 """
 
 from __future__ import annotations
@@ -17,21 +19,21 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 
-def partition_ranks(grid: Grid, timeout: float = 120.0) -> dict[int, int]:
-    """``node id -> partition-id`` of every node that answers."""
+def query_nodes(grid: Grid, timeout: float = 120.0) -> dict[int, dict[str, int]]:
+    """``node id -> {"partition-id", "dominant-label"}`` of every node that answers."""
     messages = [Message(RecordDict({"config": ConfigRecord()}), message_type=MessageType.QUERY, dst_node_id=n)
                 for n in grid.get_node_ids()]
-    ranks: dict[int, int] = {}
+    info: dict[int, dict[str, int]] = {}
     for reply in grid.send_and_receive(messages, timeout=timeout):
         if reply.has_error() or not reply.content.metric_records:
             continue
         metrics = next(iter(reply.content.metric_records.values()))
         if "partition-id" in metrics:
-            ranks[reply.metadata.src_node_id] = int(metrics["partition-id"])
-    if len(ranks) < len(messages):
+            info[reply.metadata.src_node_id] = {k: int(v) for k, v in metrics.items()}
+    if len(info) < len(messages):
         log(WARNING, "%d of %d nodes did not report a partition-id; they are sampled after the others",
-            len(messages) - len(ranks), len(messages))
-    return ranks
+            len(messages) - len(info), len(messages))
+    return info
 
 
 class RankedGrid:

@@ -55,6 +55,8 @@ class PersonalizedServer:
         #: optional rank of each client for sampling (e.g. its partition id); Flower's
         #: node ids are random per run, so ranking by something stable makes runs repeatable
         self.node_rank: dict[Hashable, int] = {}
+        #: the clients sampled in the last round (their order is the rule's row order)
+        self.last_participants: list[Hashable] = []
 
     @property
     def initialized(self) -> bool:
@@ -98,7 +100,7 @@ class PersonalizedServer:
         with ``rule.all_clients_train`` every other client gets its own stored model to
         continue from, anchored to the model it last received (kept in client state)."""
         pool = self._ordered(available)
-        sampled = self.sample(pool)
+        sampled = self.last_participants = self.sample(pool)
         settings = self.rule.client_config()
         models = self.models_for_training(sampled)
         if not self.rule.all_clients_train:

@@ -27,3 +27,14 @@ def test_rank_orders_rows_and_columns(tmp_path):
     assert ids == [20, 10] and np.allclose(means["w"], [[0.7, 0.3], [0.1, 0.9]])
     acc.save(tmp_path / "a", rank={10: 1, 20: 0})
     assert np.load(tmp_path / "a.npz")["rank"].tolist() == [0, 1]
+
+
+def test_label_grouping_by_hand():
+    from flower_pfl.diagnostics import label_grouping
+
+    sim = np.array([[1.0, 0.9, 0.1], [0.9, 1.0, 0.2], [0.1, 0.2, 1.0]])
+    mask = np.array([[True, True, False], [True, True, False], [False, False, True]])
+    stats = label_grouping(sim, mask, [3, 3, 5])
+    assert stats["kept_same_label"] == 1.0 and stats["kept_pairs"] == 2
+    assert stats["chance_same_label"] == 2 / 6
+    assert stats["mean_similarity_same_label"] == 0.9 and np.isclose(stats["mean_similarity_other_label"], 0.15)

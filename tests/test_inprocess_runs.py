@@ -100,3 +100,14 @@ def test_run_without_any_successful_evaluation_fails_after_writing_results(tmp_p
         run_in_process({**SMALL, "num-rounds": 2, "output-dir": str(tmp_path)}, num_nodes=4)
     (run_dir,) = list(tmp_path.iterdir())
     assert json.loads((run_dir / "summary.json").read_text())["evaluated_rounds"] == 0
+
+
+def test_fedacs_saves_last_round_similarity_grouped_by_label(tmp_path):
+    out = run_in_process({**SMALL, "method": "fedacs", "partition": "pathological", "classes-per-client": 2,
+                          "num-rounds": 4, "clients-per-round": 6, "output-dir": str(tmp_path)}, num_nodes=12)
+    snap = np.load(out / "similarity_last_round.npz")
+    assert snap["similarity"].shape == (6, 6) and snap["mask"].diagonal().all()
+    assert list(snap["labels"]) == sorted(snap["labels"])  # grouped by dominant label
+    assert (out / "similarity_last_round.png").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 <= summary["last_round_chance_same_label"] <= 1

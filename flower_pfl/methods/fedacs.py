@@ -26,7 +26,8 @@ class FedACSRule:
     p: float = 0.5
     all_clients_train: bool = False
     name: str = field(default="fedacs", init=False)
-    #: threshold delta and selection mask of the last round (diagnostics)
+    #: similarity matrix, threshold delta and selection mask of the last round (diagnostics)
+    last_similarity: torch.Tensor | None = field(default=None, init=False, repr=False)
     last_delta: float | None = field(default=None, init=False, repr=False)
     last_mask: torch.Tensor | None = field(default=None, init=False, repr=False)
 
@@ -35,7 +36,8 @@ class FedACSRule:
             raise ValueError(f"p must be in [0, 1), got {self.p}")
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        weights, self.last_mask, self.last_delta = quantile_threshold_weights(cosine_similarity_matrix(models), self.p)
+        self.last_similarity = cosine_similarity_matrix(models)
+        weights, self.last_mask, self.last_delta = quantile_threshold_weights(self.last_similarity, self.p)
         return weights @ models, {"model": weights}
 
     def client_config(self) -> dict[str, float | int | str]:

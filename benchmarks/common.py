@@ -1,0 +1,66 @@
+"""What the benchmark scripts share: a pool of in-process runs, formatting, machine description."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+
+def _run(job: dict) -> dict:
+    """One experiment in a worker process (the real ServerApp/ClientApp code, in-process grid)."""
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    from server_apps.inprocess import run_in_process
+
+    out = run_in_process(job["overrides"], num_nodes=job["num_nodes"])
+    summary = json.loads((out / "summary.json").read_text())
+    return {**job, "summary": summary, "results_dir": str(out)}
+
+
+def run_jobs(jobs: list[dict], workers: int, describe: Callable[[dict], str]) -> list[dict]:
+    """Run every job (each a dict with ``overrides`` and ``num_nodes``) in a process pool, printing progress."""
+    t0 = time.time()
+    runs = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for r in pool.map(_run, jobs):
+            runs.append(r)
+            s = r["summary"]
+            print(f"[{time.time() - t0:6.0f}s] {describe(r)}: BMTA {100 * s['bmta']:.2f} "
+                  f"(weighted {100 * s['bmta_weighted']:.2f}), {s['seconds_per_round']:.3f} s/round", flush=True)
+    return runs
+
+
+def fmt(values: Iterable[float]) -> str:
+    """``mean ± std`` in percent."""
+    v = list(values)
+    return f"{100 * np.mean(v):.2f} ± {100 * np.std(v):.2f}"
+
+
+def machine(workers: int) -> str:
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch CPU, {workers} runs in parallel"
+
+
+def mean_curve(runs: list[dict]) -> tuple[list[int], np.ndarray]:
+    """Rounds and the mean (over runs) personalized accuracy of each evaluated round."""
+    curves = []
+    for r in runs:
+        rows = [json.loads(x) for x in (Path(r["results_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        curves.append([(x["round"], x["accuracy"]) for x in rows if x["phase"] == "evaluate"])
+    n = min(len(c) for c in curves)
+    return [rnd for rnd, _ in curves[0][:n]], np.mean([[a for _, a in c[:n]] for c in curves], axis=0)
+
+
+def save(out: Path, table: str, payload: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(table + "\n")
+    (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
