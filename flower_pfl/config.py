@@ -11,13 +11,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from .data.hub import HUB
 from .data.images import EMNIST_CLASSES
 from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
 METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "fedavg", "fedprox", "local")
-DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10")
+DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
+DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 #: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
@@ -26,7 +28,7 @@ PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
 DATA_FIELDS: tuple[str, ...] = (
     "dataset", "synthetic_alpha", "synthetic_beta", "train_fraction", "partition", "dirichlet_alpha",
     "classes_per_client", "shards_per_client", "train_samples_per_client", "seed",
-    "data_dir", "download", "emnist_split",
+    "data_dir", "download", "emnist_split", "data_source", "hub_dataset",
 )
 
 
@@ -41,6 +43,8 @@ class ExperimentConfig:
     method: str = "fedmcsa"
     api: str = "message"
     dataset: str = "synthetic"
+    data_source: str = "torchvision"
+    hub_dataset: str = ""
     data_dir: str = "data"
     download: bool = False
     emnist_split: str = "byclass"
@@ -74,7 +78,7 @@ class ExperimentConfig:
         choices = {
             "method": METHODS, "api": APIS, "dataset": DATASETS, "model": MODELS,
             "layer_grouping": GROUPINGS, "device": DEVICES, "partition": PARTITIONS,
-            "emnist_split": tuple(EMNIST_CLASSES),
+            "emnist_split": tuple(EMNIST_CLASSES), "data_source": DATA_SOURCES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -89,7 +93,11 @@ class ExperimentConfig:
         for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta"):
             if not getattr(self, name) >= 0:
                 _fail(name, getattr(self, name), "a number >= 0")
-        if self.dataset != "synthetic" and self.partition == "natural":
+        if self.data_source == "flwr-datasets" and self.dataset not in HUB and self.dataset != "synthetic":
+            _fail("dataset", self.dataset, f"one of {', '.join(HUB)} with data-source 'flwr-datasets'")
+        if self.dataset == "femnist" and self.data_source != "flwr-datasets":
+            _fail("data_source", self.data_source, "'flwr-datasets' for dataset 'femnist'")
+        if self.partition == "natural" and self.dataset not in ("synthetic", "femnist"):
             _fail("partition", self.partition, f"one of {', '.join(SCHEMES)} for dataset '{self.dataset}' (it has no natural clients)")
         if not self.dirichlet_alpha > 0:
             _fail("dirichlet_alpha", self.dirichlet_alpha, "a number > 0")

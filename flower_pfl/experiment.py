@@ -12,6 +12,7 @@ from torch import nn
 
 from .config import DATA_FIELDS, ExperimentConfig
 from .data import ClientData, generate_synthetic, train_test_split
+from .data.hub import load_hub_partition
 from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, partition_indices
 from .data.synthetic import DIM, NUM_CLASSES
@@ -48,14 +49,28 @@ def _client_splits(data: ExperimentConfig, num_partitions: int) -> tuple[ClientD
         scale = to_float if x.dtype == np.uint8 else (lambda a: a)
         users = [(scale(x[idx]), y[idx]) for idx in parts]
     split_rng, scarce_rng = np.random.default_rng([data.seed, 1]), np.random.default_rng([data.seed, 2])
-    out = []
-    for x, y in users:
-        client = train_test_split(x, y, data.train_fraction, split_rng)
-        if data.train_samples_per_client:
-            xs, ys = keep_train_samples(client.x_train.numpy(), client.y_train.numpy(), data.train_samples_per_client, scarce_rng)
-            client = ClientData(torch.as_tensor(xs), torch.as_tensor(ys), client.x_test, client.y_test)
-        out.append(client)
-    return tuple(out)
+    return tuple(_client(x, y, data, split_rng, scarce_rng) for x, y in users)
+
+
+def _client(x: np.ndarray, y: np.ndarray, data: ExperimentConfig,
+            split_rng: np.random.Generator, scarce_rng: np.random.Generator) -> ClientData:
+    """One client's own train/test split, then data scarcity (training part only)."""
+    client = train_test_split(x, y, data.train_fraction, split_rng)
+    if data.train_samples_per_client:
+        xs, ys = keep_train_samples(client.x_train.numpy(), client.y_train.numpy(), data.train_samples_per_client, scarce_rng)
+        client = ClientData(torch.as_tensor(xs), torch.as_tensor(ys), client.x_test, client.y_test)
+    return client
+
+
+@lru_cache(maxsize=64)
+def _hub_client(data: ExperimentConfig, num_partitions: int, partition_id: int) -> ClientData:
+    """A client of a ``FederatedDataset``: only its own partition is loaded."""
+    options = {"alpha": data.dirichlet_alpha, "classes_per_client": data.classes_per_client,
+               "shards_per_client": data.shards_per_client}
+    source = data.hub_dataset or ""
+    x, y = load_hub_partition(data.dataset, source, data.partition, partition_id, num_partitions, options, data.seed)
+    rngs = np.random.default_rng([data.seed, 1, partition_id]), np.random.default_rng([data.seed, 2, partition_id])
+    return _client(to_float(x), y, data, *rngs)
 
 
 def data_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -67,6 +82,8 @@ def load_client_data(cfg: ExperimentConfig, partition_id: int, num_partitions: i
     """Client ``partition_id``'s own train/test data (built once per process and cached)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+    if cfg.data_source == "flwr-datasets" and cfg.dataset != "synthetic":
+        return _hub_client(data_config(cfg), num_partitions, partition_id)
     return _client_splits(data_config(cfg), num_partitions)[partition_id]
 
 

@@ -68,3 +68,21 @@ def write_cifar10(root: Path, per_batch: int, seed: int = 0) -> dict[str, np.nda
     with (folder / "batches.meta").open("wb") as fh:
         pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, fh)
     return out
+
+
+def write_hub_folder(root: Path, image_col: str, label_col: str, labels: np.ndarray, shape: tuple[int, ...],
+                     writers: list[str] | None = None, seed: int = 0) -> np.ndarray:
+    """A data set in the Hugging Face layout (``data/train-*.parquet`` with an Image column), as a
+    download of it from the hub would look. Returns the images (uint8, as stored)."""
+    from datasets import ClassLabel, Dataset, Features, Image, Value
+    from PIL import Image as PILImage
+
+    rng = np.random.default_rng(seed)
+    images = images_for(labels % 10, shape, rng)
+    columns = {image_col: [PILImage.fromarray(im) for im in images], label_col: labels.tolist()}
+    features = {image_col: Image(), label_col: ClassLabel(num_classes=int(labels.max()) + 1)}
+    if writers is not None:
+        columns["writer_id"], features["writer_id"] = writers, Value("string")
+    (root / "data").mkdir(parents=True)
+    Dataset.from_dict(columns, features=Features(features)).to_parquet(str(root / "data" / "train-00000-of-00001.parquet"))
+    return images

@@ -12,11 +12,15 @@ from pathlib import Path
 import numpy as np
 
 #: name -> (input shape, number of classes); EMNIST's classes depend on its split
-IMAGE_SHAPES: dict[str, tuple[int, int, int]] = {"fmnist": (1, 28, 28), "emnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+IMAGE_SHAPES: dict[str, tuple[int, int, int]] = {
+    "fmnist": (1, 28, 28), "emnist": (1, 28, 28), "cifar10": (3, 32, 32), "femnist": (1, 28, 28),
+}
 EMNIST_CLASSES: dict[str, int] = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 27, "digits": 10, "mnist": 10}
 
 
 def num_classes(name: str, emnist_split: str = "byclass") -> int:
+    if name == "femnist":
+        return 62
     return EMNIST_CLASSES[emnist_split] if name == "emnist" else 10
 
 

@@ -15,47 +15,47 @@ array of any data set; every scheme is seeded.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological", "shards")
 MIN_DIRICHLET_SIZE = 10
 
 
-def partition_indices(
-    labels: np.ndarray,
-    num_partitions: int,
-    scheme: str,
-    *,
-    alpha: float = 0.5,
-    classes_per_client: int = 2,
-    shards_per_client: int = 2,
-    seed: int = 0,
-) -> list[np.ndarray]:
-    """Sample indices of every partition, ``num_partitions`` arrays covering disjoint samples."""
-    from datasets import Dataset
+def make_partitioner(scheme: str, num_partitions: int, *, label: str = "label", alpha: float = 0.5,
+                     classes_per_client: int = 2, shards_per_client: int = 2, seed: int = 0) -> Any:
+    """The Flower Datasets partitioner for ``scheme`` (partitioning by column ``label``)."""
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner, ShardPartitioner
 
     if num_partitions < 1:
         raise ValueError("num_partitions must be >= 1")
     if scheme == "iid":
-        part = IidPartitioner(num_partitions=num_partitions)
-    elif scheme == "dirichlet":
-        part = DirichletPartitioner(num_partitions=num_partitions, partition_by="label", alpha=alpha,
+        return IidPartitioner(num_partitions=num_partitions)
+    if scheme == "dirichlet":
+        return DirichletPartitioner(num_partitions=num_partitions, partition_by=label, alpha=alpha,
                                     min_partition_size=MIN_DIRICHLET_SIZE, self_balancing=False, seed=seed)
-    elif scheme == "pathological":
-        part = PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
+    if scheme == "pathological":
+        return PathologicalPartitioner(num_partitions=num_partitions, partition_by=label,
                                        num_classes_per_partition=classes_per_client, seed=seed,
                                        class_assignment_mode="first-deterministic")
-    elif scheme == "shards":
-        part = ShardPartitioner(num_partitions=num_partitions, partition_by="label",
+    if scheme == "shards":
+        return ShardPartitioner(num_partitions=num_partitions, partition_by=label,
                                 num_shards_per_partition=shards_per_client, seed=seed)
-    else:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+
+
+def partition_indices(labels: np.ndarray, num_partitions: int, scheme: str, *, seed: int = 0, **options: Any) -> list[np.ndarray]:
+    """Sample indices of every partition: ``num_partitions`` arrays covering disjoint samples.
+
+    ``options``: ``alpha``, ``classes_per_client``, ``shards_per_client`` (see ``make_partitioner``).
+    """
+    from datasets import Dataset
+
+    part = make_partitioner(scheme, num_partitions, seed=seed, **options)
     labels = np.asarray(labels)
-    if scheme == "iid":  # IidPartitioner splits in order: shuffle first, with the seed
-        order = np.random.default_rng(seed).permutation(len(labels))
-    else:
-        order = np.arange(len(labels))
+    # IidPartitioner splits in order: shuffle first, with the seed
+    order = np.random.default_rng(seed).permutation(len(labels)) if scheme == "iid" else np.arange(len(labels))
     part.dataset = Dataset.from_dict({"label": labels[order], "idx": order})
     return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(num_partitions)]
 

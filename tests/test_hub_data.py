@@ -1,0 +1,57 @@
+"""Image data through flwr-datasets' FederatedDataset, on local folders in the hub's layout."""
+
+import json
+
+import numpy as np
+import pytest
+
+import image_files as files
+from flower_pfl.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment import load_client_data
+from server_apps.inprocess import run_in_process
+
+
+def test_fmnist_dirichlet_partitions_cover_the_train_split(tmp_path):
+    labels = np.random.default_rng(0).integers(0, 10, 300)
+    files.write_hub_folder(tmp_path, "image", "label", labels, (28, 28))
+    cfg = ExperimentConfig(dataset="fmnist", data_source="flwr-datasets", hub_dataset=str(tmp_path),
+                           partition="dirichlet", dirichlet_alpha=1.0)
+    clients = [load_client_data(cfg, pid, 5) for pid in range(5)]
+    assert sum(c.num_train + c.num_test for c in clients) == 300
+    assert all(tuple(c.x_train.shape[1:]) == (1, 28, 28) and c.x_train.min() >= -1 and c.x_train.max() <= 1 for c in clients)
+    again = load_client_data(cfg, 3, 5)
+    assert np.array_equal(again.y_test.numpy(), clients[3].y_test.numpy())
+
+
+def test_femnist_natural_partition_is_one_writer_per_client(tmp_path):
+    labels = np.random.default_rng(1).integers(0, 62, 120)
+    writers = [f"writer{i % 6}" for i in range(120)]
+    files.write_hub_folder(tmp_path, "image", "character", labels, (28, 28), writers=writers)
+    cfg = ExperimentConfig(dataset="femnist", data_source="flwr-datasets", hub_dataset=str(tmp_path),
+                           partition="natural", train_samples_per_client=8)
+    sizes = []
+    for pid in range(6):
+        c = load_client_data(cfg, pid, 6)
+        assert c.num_train == 8  # data scarcity applies to natural partitions too
+        sizes.append(c.num_test)
+    assert sum(sizes) == 6 * 5  # 20 samples per writer, 25% of them for testing
+    with pytest.raises(ValueError, match="6 natural partitions"):
+        load_client_data(cfg, 6, 7)
+
+
+def test_source_rules_are_checked_at_start():
+    with pytest.raises(ConfigError, match="'data-source'.*flwr-datasets"):
+        ExperimentConfig.from_mapping({"dataset": "femnist", "partition": "natural"})
+    with pytest.raises(ConfigError, match="'dataset'.*with data-source"):
+        ExperimentConfig.from_mapping({"dataset": "emnist", "data-source": "flwr-datasets", "partition": "iid"})
+
+
+def test_femnist_run_end_to_end(tmp_path):
+    labels = np.random.default_rng(2).integers(0, 62, 160)
+    files.write_hub_folder(tmp_path / "femnist", "image", "character", labels, (28, 28),
+                           writers=[f"w{i % 4}" for i in range(160)])
+    out = run_in_process({"dataset": "femnist", "data-source": "flwr-datasets", "hub-dataset": str(tmp_path / "femnist"),
+                          "partition": "natural", "model": "cnn", "method": "fedmcsa", "num-rounds": 2,
+                          "clients-per-round": 2, "local-steps": 2, "eval-every": 1,
+                          "output-dir": str(tmp_path / "out")}, num_nodes=4)
+    assert json.loads((out / "summary.json").read_text())["evaluated_rounds"] == 2
