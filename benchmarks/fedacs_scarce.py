@@ -29,7 +29,9 @@ DEFAULT_MODEL = {"synthetic": "mlr", "fmnist": "cnn", "emnist": "cnn", "cifar10"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="synthetic", choices=sorted(DEFAULT_MODEL))
-    ap.add_argument("--data-dir", default="data")
+    ap.add_argument("--data-dir", default="data", help="torchvision layout (data-source torchvision)")
+    ap.add_argument("--data-source", default="torchvision", choices=["torchvision", "flwr-datasets"])
+    ap.add_argument("--hub-dataset", default="", help="flwr-datasets: hub id or local folder (default: the usual hub id)")
     ap.add_argument("--model", default=None, help="default: MLR for Synthetic, the papers' CNNs for images")
     ap.add_argument("--methods", nargs="+", default=list(LABELS))
     ap.add_argument("--alphas", nargs="+", type=float, default=list(ALPHAS))
@@ -50,6 +52,7 @@ def main() -> None:
     out = args.out or Path(__file__).parent / "results" / f"fedacs_scarce_{args.dataset}"
 
     common = {"dataset": args.dataset, "data-dir": str(Path(args.data_dir).resolve()), "model": model,
+              "data-source": args.data_source, "hub-dataset": args.hub_dataset,
               "partition": "dirichlet", "train-samples-per-client": args.train_samples,
               "clients-per-round": args.clients_per_round, "num-rounds": args.rounds, "local-steps": args.local_steps,
               "batch-size": args.batch_size, "lr": args.lr, "fedacs-p": args.fedacs_p, "eval-every": args.eval_every,

@@ -108,3 +108,12 @@ def test_bad_run_config_stops_the_run_with_a_clear_message(flwr_env, tmp_path):
     assert run["status"] == "finished:failed"
     assert "'sigma'" in run["status-details"] and "> 0" in run["status-details"]
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_many_clients_partial_participation(flwr_env, tmp_path):
+    run = _flwr_run(flwr_env, f"method='fedacs' train-samples-per-client=50 num-rounds=2 "
+                              f"clients-per-round=50 eval-every=2 output-dir='{tmp_path}'", nodes=500)
+    assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
+    rows = [json.loads(line) for line in (_results(tmp_path) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [50, 50]
+    assert [r["num_clients"] for r in rows if r["phase"] == "evaluate"] == [500, 500]  # rounds 1 and 2

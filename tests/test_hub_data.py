@@ -55,3 +55,14 @@ def test_femnist_run_end_to_end(tmp_path):
                           "clients-per-round": 2, "local-steps": 2, "eval-every": 1,
                           "output-dir": str(tmp_path / "out")}, num_nodes=4)
     assert json.loads((out / "summary.json").read_text())["evaluated_rounds"] == 2
+
+
+def test_cifar10_colour_images_come_channels_first(tmp_path):
+    labels = np.arange(40) % 10
+    stored = files.write_hub_folder(tmp_path, "img", "label", labels, (32, 32, 3))
+    cfg = ExperimentConfig(dataset="cifar10", data_source="flwr-datasets", hub_dataset=str(tmp_path), partition="iid")
+    c = load_client_data(cfg, 0, 2)
+    assert tuple(c.x_train.shape[1:]) == (3, 32, 32)
+    # every sample is one of the stored images, moved to CHW and scaled to [-1, 1]
+    chw = (stored.transpose(0, 3, 1, 2).astype(np.float32) / 127.5) - 1.0
+    assert all(any(np.array_equal(x, s) for s in chw) for x in c.x_test.numpy())
