@@ -36,20 +36,20 @@ def _pooled(users: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.
 @lru_cache(maxsize=4)
 def _client_splits(data: ExperimentConfig, num_partitions: int) -> tuple[ClientData, ...]:
     """Every client's train/test data for the data fields of ``data`` (see ``data_config``)."""
-    if data.dataset == "synthetic":
-        users = generate_synthetic(data.synthetic_alpha, data.synthetic_beta, num_users=num_partitions, seed=data.seed)
-        x, y = _pooled(users)
+    synthetic = data.dataset == "synthetic"
+    users = generate_synthetic(data.synthetic_alpha, data.synthetic_beta, num_users=num_partitions, seed=data.seed) if synthetic else None
+    if data.partition == "natural":  # Synthetic's users (the config refuses natural for the image sets here)
+        shares = users
     else:
-        users = []  # image data sets have no natural clients (the config refuses partition = natural)
-        x, y = load_image_pool(data.dataset, data.data_dir, download=data.download, emnist_split=data.emnist_split)
-    if data.partition != "natural":
+        x, y = _pooled(users) if synthetic else load_image_pool(
+            data.dataset, data.data_dir, download=data.download, emnist_split=data.emnist_split)
         parts = partition_indices(y, num_partitions, data.partition, alpha=data.dirichlet_alpha,
                                   classes_per_client=data.classes_per_client,
                                   shards_per_client=data.shards_per_client, seed=data.seed)
-        scale = to_float if x.dtype == np.uint8 else (lambda a: a)
-        users = [(scale(x[idx]), y[idx]) for idx in parts]
+        scale = (lambda a: a) if synthetic else to_float
+        shares = [(scale(x[idx]), y[idx]) for idx in parts]
     split_rng, scarce_rng = np.random.default_rng([data.seed, 1]), np.random.default_rng([data.seed, 2])
-    return tuple(_client(x, y, data, split_rng, scarce_rng) for x, y in users)
+    return tuple(_client(x, y, data, split_rng, scarce_rng) for x, y in shares)
 
 
 def _client(x: np.ndarray, y: np.ndarray, data: ExperimentConfig,
@@ -67,8 +67,7 @@ def _hub_client(data: ExperimentConfig, num_partitions: int, partition_id: int) 
     """A client of a ``FederatedDataset``: only its own partition is loaded."""
     options = {"alpha": data.dirichlet_alpha, "classes_per_client": data.classes_per_client,
                "shards_per_client": data.shards_per_client}
-    source = data.hub_dataset or ""
-    x, y = load_hub_partition(data.dataset, source, data.partition, partition_id, num_partitions, options, data.seed)
+    x, y = load_hub_partition(data.dataset, data.hub_dataset, data.partition, partition_id, num_partitions, options, data.seed)
     rngs = np.random.default_rng([data.seed, 1, partition_id]), np.random.default_rng([data.seed, 2, partition_id])
     return _client(to_float(x), y, data, *rngs)
 
