@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,45 @@ class LocalResult:
     steps: int
 
 
+def trainable(model: nn.Module) -> list[torch.Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def like_params(tensors: Sequence[torch.Tensor], params: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+    """``tensors`` on the parameters' device, checked to have the parameters' shapes."""
+    if [tuple(t.shape) for t in tensors] != [tuple(p.shape) for p in params]:
+        raise ValueError(f"the {what} must have the shapes of the model's parameters")
+    return [t.to(p.device) for t, p in zip(tensors, params)]
+
+
+def run_steps(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    steps: int,
+    batch_size: int,
+    generator: torch.Generator,
+    update: Callable[[list[torch.Tensor], Sequence[torch.Tensor]], None],
+    regularizer: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
+) -> LocalResult:
+    """The loop every local solver shares: ``steps`` fresh minibatches, the gradient of
+    cross-entropy (plus ``regularizer``), then ``update(params, grads)`` under ``no_grad``."""
+    params = trainable(model)
+    stream = MinibatchStream(len(y), batch_size, generator)
+    model.train()
+    total = 0.0
+    for _ in range(steps):
+        idx = stream.next()
+        data_loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss = data_loss + regularizer(params) if regularizer is not None else data_loss
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            update(params, grads)
+        total += float(data_loss.detach())
+    return LocalResult(loss=total / max(steps, 1), steps=steps)
+
+
 def local_sgd(
     model: nn.Module,
     x: torch.Tensor,
@@ -67,23 +106,16 @@ def local_sgd(
     """
     if prox_mu < 0:
         raise ValueError(f"prox_mu must be >= 0, got {prox_mu}")
-    params = [p for p in model.parameters() if p.requires_grad]
-    anchor = [p.detach().clone() for p in params] if anchor is None else [a.to(params[0].device) for a in anchor]
-    if [tuple(a.shape) for a in anchor] != [tuple(p.shape) for p in params]:
-        raise ValueError("the anchor must have the shapes of the model's parameters")
-    stream = MinibatchStream(len(y), batch_size, generator)
-    model.train()
-    total = 0.0
-    for _ in range(steps):
-        idx = stream.next()
-        data_loss = F.cross_entropy(model(x[idx]), y[idx])
-        loss = data_loss + prox_mu * proximal_term(params, anchor) if prox_mu > 0 else data_loss
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.add_(g, alpha=-lr)
-        total += float(data_loss.detach())
-    return LocalResult(loss=total / max(steps, 1), steps=steps)
+    params = trainable(model)
+    anchor = [p.detach().clone() for p in params] if anchor is None else like_params(anchor, params, "anchor")
+
+    def step(ps: list[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+        for p, g in zip(ps, grads):
+            p.add_(g, alpha=-lr)
+
+    regularizer = (lambda ps: prox_mu * proximal_term(ps, anchor)) if prox_mu > 0 else None
+    return run_steps(model, x, y, steps=steps, batch_size=batch_size, generator=generator, update=step,
+                     regularizer=regularizer)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import Literal, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..solvers import LocalResult, MinibatchStream
+from ..solvers import LocalResult, like_params, run_steps, trainable
 
 AttentionMode = Literal["self", "global", "time"]
 ATTENTION_MODES: tuple[str, ...] = ("self", "global", "time")
@@ -72,23 +71,14 @@ def igfl_local_sgd(
     """
     if num_participants < 1:
         raise ValueError("num_participants must be >= 1")
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trainable(model)
     zeros = [torch.zeros_like(p) for p in params]
-    prev = zeros if previous_delta is None else [d.to(p.device) for d, p in zip(previous_delta, params)]
-    glob = zeros if global_delta is None else [d.to(p.device) for d, p in zip(global_delta, params)]
-    if [tuple(t.shape) for t in (*prev, *glob)] != [tuple(p.shape) for p in params] * 2:
-        raise ValueError("the deltas must have the shapes of the model's parameters")
-    stream = MinibatchStream(len(y), batch_size, generator)
-    model.train()
-    total = 0.0
-    for _ in range(steps):
-        idx = stream.next()
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            for p, g, dp, dg in zip(params, grads, prev, glob):
-                delta_i = -lr * g
-                delta_g = (delta_i - dp / steps) / num_participants + dg / steps
-                p.add_(delta_i + delta_g)
-        total += float(loss.detach())
-    return LocalResult(loss=total / max(steps, 1), steps=steps)
+    prev = zeros if previous_delta is None else like_params(previous_delta, params, "previous delta")
+    glob = zeros if global_delta is None else like_params(global_delta, params, "global delta")
+
+    def step(ps: list[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+        for p, g, dp, dg in zip(ps, grads, prev, glob):
+            delta_i = -lr * g
+            p.add_(delta_i + (delta_i - dp / steps) / num_participants + dg / steps)
+
+    return run_steps(model, x, y, steps=steps, batch_size=batch_size, generator=generator, update=step)
