@@ -20,14 +20,15 @@ from flwr.clientapp import ClientApp
 
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
-from flower_pfl.experiment import load_client_data, make_model, resolve_device, train_client
+from flower_pfl.experiment import load_client_data, make_model, resolve_device, train_client, train_igfl_client
 from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
+from flower_pfl.methods.igfl import CORRECTION as IGFL_CORRECTION
 from flower_pfl.solvers import evaluate as evaluate_model
 
 app = ClientApp()
 
-#: key of the remembered proximal anchor in ``context.state``
-ANCHOR_STATE = "proximal-anchor"
+#: keys in ``context.state``: the remembered proximal anchor, IGFL's last delta
+ANCHOR_STATE, IGFL_STATE = "proximal-anchor", "igfl-delta"
 
 
 @dataclass
@@ -72,9 +73,20 @@ class Node:
         return None
 
     def fit(self, config: Mapping[str, Any]) -> dict[str, float]:
-        anchor = self._anchor(config.get(ANCHOR))
-        res = train_client(self.model, self.data, config, self.cfg.seed, self.partition_id, anchor=anchor)
+        if config.get(IGFL_CORRECTION):
+            res = self._fit_igfl(config)
+        else:
+            anchor = self._anchor(config.get(ANCHOR))
+            res = train_client(self.model, self.data, config, self.cfg.seed, self.partition_id, anchor=anchor)
         return {"train-loss": res.loss, "num-examples": self.data.num_train}
+
+    def _fit_igfl(self, config: Mapping[str, Any]) -> Any:
+        """IGFL-C with this client's last delta from its state (none on its first participation)."""
+        stored = self.state.get(IGFL_STATE)
+        previous = [torch.as_tensor(a) for a in stored.to_numpy_ndarrays()] if stored is not None else None
+        res, delta = train_igfl_client(self.model, self.data, config, self.cfg.seed, self.partition_id, previous)
+        self.state[IGFL_STATE] = ArrayRecord([d.cpu().numpy() for d in delta])
+        return res
 
     def evaluate(self) -> dict[str, float]:
         device = next(self.model.parameters()).device

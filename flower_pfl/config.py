@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from .data.hub import HUB
+from .methods.igfl import ATTENTION_MODES
 from .data.images import EMNIST_CLASSES
 from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "fedavg", "fedprox", "local")
+METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedavg", "fedprox", "local")
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
@@ -69,6 +70,7 @@ class ExperimentConfig:
     layer_grouping: str = "tensor"
     all_clients_train: bool = False
     fedacs_p: float = 0.5
+    igfl_attention: str = "self"
     eval_every: int = 5
     seed: int = 0
     device: str = "auto"
@@ -78,7 +80,7 @@ class ExperimentConfig:
         choices = {
             "method": METHODS, "api": APIS, "dataset": DATASETS, "model": MODELS,
             "layer_grouping": GROUPINGS, "device": DEVICES, "partition": PARTITIONS,
-            "emnist_split": tuple(EMNIST_CLASSES), "data_source": DATA_SOURCES,
+            "emnist_split": tuple(EMNIST_CLASSES), "data_source": DATA_SOURCES, "igfl_attention": ATTENTION_MODES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

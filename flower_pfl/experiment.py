@@ -18,7 +18,8 @@ from .data.partition import keep_train_samples, partition_indices
 from .data.synthetic import DIM, NUM_CLASSES
 from .methods.base import PROXIMAL_MU
 from .models import build_model
-from .solvers import LocalResult, local_sgd
+from .methods.igfl import GLOBAL_DELTA, PARTICIPANTS, decode_vector, igfl_local_sgd
+from .solvers import LocalResult, local_sgd, trainable
 
 #: Solver settings the server sends with every training instruction.
 LR, LOCAL_STEPS, BATCH_SIZE, SERVER_ROUND = "lr", "local-steps", "batch-size", "server-round"
@@ -137,3 +138,23 @@ def train_client(
         anchor=anchor,
         generator=client_generator(seed, partition_id, int(config.get(SERVER_ROUND, 0))),
     )
+
+
+def train_igfl_client(
+    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
+    previous_delta: Sequence[torch.Tensor] | None,
+) -> tuple[LocalResult, list[torch.Tensor]]:
+    """IGFL-C on the client's training split (Algorithm 2): ``config`` carries the solver settings,
+    ``igfl-participants`` and ``igfl-global-delta``; ``previous_delta`` is the client's own last delta
+    (``None`` on its first participation). Returns the result and the new delta ``w^{r,T} - w_ps^r``."""
+    params = trainable(model)
+    received = [p.detach().clone() for p in params]
+    device = params[0].device
+    result = igfl_local_sgd(
+        model, data.x_train.to(device), data.y_train.to(device),
+        steps=int(config[LOCAL_STEPS]), lr=float(config[LR]), batch_size=int(config[BATCH_SIZE]),
+        previous_delta=previous_delta, global_delta=decode_vector(config[GLOBAL_DELTA], received),
+        num_participants=int(config[PARTICIPANTS]),
+        generator=client_generator(seed, partition_id, int(config.get(SERVER_ROUND, 0))),
+    )
+    return result, [p.detach() - r for p, r in zip(params, received)]

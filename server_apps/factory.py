@@ -19,6 +19,17 @@ from flower_pfl.experiment import resolve_device, solver_config
 from strategies.metrics import personalized_evaluate_metrics, personalized_evaluate_metrics_legacy, weighted_train_metrics
 
 
+#: methods that train one global model (evaluated on every client's test split)
+IGFL_VARIANTS = ("igfl", "igfl-c", "igfl-s")
+GLOBAL_METHODS = ("fedavg", "fedprox", *IGFL_VARIANTS)
+
+
+def _igfl_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
+    """IGFL = IGFL-C + IGFL-S; IGFL-C alone averages the deltas; IGFL-S alone has plain clients."""
+    return {"attention": None if cfg.method == "igfl-c" else cfg.igfl_attention,
+            "client_correction": cfg.method != "igfl-s"}
+
+
 def _participants(cfg: ExperimentConfig, num_nodes: int) -> int:
     """Clients per round, capped at the nodes connected at start (a simulation never gets more)."""
     if 0 < num_nodes < cfg.clients_per_round:
@@ -45,13 +56,15 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping
     """Message-API strategy; ``num_nodes`` turns ``clients-per-round`` into Flower's fractions,
     ``ranks`` (node id -> partition id) orders our strategies' sampling."""
     k = _participants(cfg, num_nodes)
-    if cfg.method in ("fedavg", "fedprox"):
+    if cfg.method in GLOBAL_METHODS:
         common = dict(
             fraction_train=min(1.0, k / max(num_nodes, 1)), min_train_nodes=k, min_available_nodes=k,
             fraction_evaluate=1.0, evaluate_metrics_aggr_fn=personalized_evaluate_metrics,
         )
         if cfg.method == "fedprox":
             return strategies.message.FedProx(proximal_mu=cfg.proximal_mu, **common)
+        if cfg.method in IGFL_VARIANTS:
+            return strategies.message.IGFL(**_igfl_kwargs(cfg), **common)
         return strategies.message.FedAvg(**common)
     cls = {"fedmcsa": strategies.message.FedMCSA, "fedacs": strategies.message.FedACS,
            "local": strategies.message.Local}[cfg.method]
@@ -67,7 +80,7 @@ def build_legacy_strategy(
     k = _participants(cfg, num_nodes)
     params = ndarrays_to_parameters(initial)
     fit_config: Callable[[int], dict[str, Any]] = lambda _round: dict(solver_config(cfg))  # noqa: E731
-    if cfg.method in ("fedavg", "fedprox"):
+    if cfg.method in GLOBAL_METHODS:
         common = dict(
             fraction_fit=min(1.0, k / max(num_nodes, 1)), min_fit_clients=k, min_available_clients=k,
             fraction_evaluate=1.0, initial_parameters=params, on_fit_config_fn=fit_config,
@@ -76,6 +89,8 @@ def build_legacy_strategy(
         )
         if cfg.method == "fedprox":
             return strategies.FedProx(proximal_mu=cfg.proximal_mu, **common)
+        if cfg.method in IGFL_VARIANTS:
+            return strategies.IGFL(**_igfl_kwargs(cfg), **common)
         return strategies.FedAvg(**common)
     cls = {"fedmcsa": strategies.FedMCSA, "fedacs": strategies.FedACS, "local": strategies.Local}[cfg.method]
     strategy = cls(initial_parameters=params, min_available_clients=k, on_fit_config_fn=fit_config,

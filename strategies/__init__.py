@@ -10,8 +10,9 @@ from flwr.server.strategy import FedAvg, FedProx
 
 from .fedacs import FedACS
 from .fedmcsa import FedMCSA
+from .igfl import IGFL
 from .legacy import PersonalizedStrategy
 from .local import Local
 from .personalized import PersonalizedServer, UpdateRejected
 
-__all__ = ["FedACS", "FedAvg", "FedMCSA", "FedProx", "Local", "PersonalizedServer", "PersonalizedStrategy", "UpdateRejected"]
+__all__ = ["FedACS", "FedAvg", "FedMCSA", "FedProx", "IGFL", "Local", "PersonalizedServer", "PersonalizedStrategy", "UpdateRejected"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from logging import INFO
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from flwr.common import (
     EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar,
@@ -17,10 +18,29 @@ from flwr.server.strategy import Strategy
 
 from flower_pfl.methods import ServerRule
 
-from .metrics import personalized_evaluate_metrics_legacy, weighted_train_metrics
-from .personalized import PersonalizedServer, UpdateRejected, log_rejected, make_rule
+from .metrics import personalized_evaluate_metrics_legacy
+from .personalized import PersonalizedServer, TrainReplies, UpdateRejected, log_rejected, make_rule
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
+
+
+def collect_fit_results(
+    results: list[tuple[ClientProxy, FitRes]], failures: list[Any], server_round: int,
+    check: Callable[[list[np.ndarray]], torch.Tensor],
+) -> TrainReplies:
+    """Check every ``FitRes`` (its arrays pass ``check``); rejected clients are logged and left out."""
+    batch = TrainReplies(failed=len(failures))
+    for proxy, res in results:
+        try:
+            vector = check(parameters_to_ndarrays(res.parameters))
+        except UpdateRejected as err:
+            batch.rejected += 1
+            log_rejected(proxy.cid, server_round, str(err))
+            continue
+        batch.ids.append(proxy.cid)
+        batch.vectors.append(vector)
+        batch.metrics.append((res.num_examples, res.metrics))
+    return batch
 
 
 class PersonalizedStrategy(Strategy):
@@ -88,21 +108,9 @@ class PersonalizedStrategy(Strategy):
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[tuple[ClientProxy, FitRes] | BaseException]
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        ids, rows, metrics = [], [], []
-        rejected = 0
-        for proxy, res in results:
-            try:
-                rows.append(self.server.check_update(parameters_to_ndarrays(res.parameters)))
-            except UpdateRejected as err:
-                rejected += 1
-                log_rejected(proxy.cid, server_round, str(err))
-                continue
-            ids.append(proxy.cid)
-            metrics.append((res.num_examples, res.metrics))
-        self.server.commit(ids, rows)
-        out: dict[str, Scalar] = dict(weighted_train_metrics(metrics))
-        out.update({"clients-accepted": len(ids), "clients-rejected": rejected, "clients-failed": len(failures)})
-        return None, out
+        batch = collect_fit_results(results, failures, server_round, self.server.check_update)
+        self.server.commit(batch.ids, batch.vectors)
+        return None, dict(batch.metrics_dict())
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self.fraction_evaluate <= 0:

@@ -10,7 +10,7 @@ Flower's types and this class.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
@@ -23,6 +23,25 @@ from flower_pfl.layout import ParamLayout
 from flower_pfl.methods import ServerRule
 from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from flower_pfl.store import ClientModelStore
+
+from .metrics import weighted_train_metrics
+
+
+@dataclass
+class TrainReplies:
+    """A round's accepted updates (ids, flat vectors, (num-examples, metrics)) and what
+    happened to the others."""
+
+    ids: list[Hashable] = field(default_factory=list)
+    vectors: list[torch.Tensor] = field(default_factory=list)
+    metrics: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)
+    failed: int = 0
+    rejected: int = 0
+
+    def metrics_dict(self) -> dict[str, float]:
+        out = weighted_train_metrics(self.metrics)
+        out.update({"clients-accepted": len(self.ids), "clients-rejected": self.rejected, "clients-failed": self.failed})
+        return out
 
 
 @dataclass(frozen=True)
@@ -123,29 +142,33 @@ class PersonalizedServer:
         return self._require()[0].to_numpy_list(vector)
 
     def check_update(self, arrays: Sequence[np.ndarray], names: Sequence[str] | None = None) -> torch.Tensor:
-        """A client's returned arrays as a flat vector, or ``UpdateRejected`` with the reason.
-
-        Rejected: other parameter names or count, other shapes, a dtype other
-        than float32, NaN or Inf anywhere.
-        """
-        layout, _ = self._require()
-        if names is not None and tuple(names) != layout.names:
-            raise UpdateRejected(f"parameter names {list(names)} differ from {list(layout.names)}")
-        if len(arrays) != len(layout.shapes):
-            raise UpdateRejected(f"expected {len(layout.shapes)} arrays, got {len(arrays)}")
-        for name, arr, shape in zip(layout.names, arrays, layout.shapes):
-            if tuple(arr.shape) != shape:
-                raise UpdateRejected(f"'{name}' has shape {tuple(arr.shape)}, expected {shape}")
-            if arr.dtype != np.float32:
-                raise UpdateRejected(f"'{name}' has dtype {arr.dtype}, expected float32")
-            if not np.isfinite(arr).all():
-                raise UpdateRejected(f"'{name}' contains NaN or Inf")
-        return layout.flatten(arrays)
+        """A client's returned arrays as a flat vector, or ``UpdateRejected`` (see ``check_update``)."""
+        return check_update(self._require()[0], arrays, names)
 
     def commit(self, ids: Sequence[Hashable], rows: Sequence[torch.Tensor]) -> None:
         """Store accepted updates."""
         if ids:
             self._require()[1].put(list(ids), torch.stack(list(rows)))
+
+
+def check_update(layout: ParamLayout, arrays: Sequence[np.ndarray], names: Sequence[str] | None = None) -> torch.Tensor:
+    """Returned arrays as a flat vector, or ``UpdateRejected`` with the reason.
+
+    Rejected: other parameter names or count, other shapes, a dtype other than
+    float32, NaN or Inf anywhere.
+    """
+    if names is not None and tuple(names) != layout.names:
+        raise UpdateRejected(f"parameter names {list(names)} differ from {list(layout.names)}")
+    if len(arrays) != len(layout.shapes):
+        raise UpdateRejected(f"expected {len(layout.shapes)} arrays, got {len(arrays)}")
+    for name, arr, shape in zip(layout.names, arrays, layout.shapes):
+        if tuple(arr.shape) != shape:
+            raise UpdateRejected(f"'{name}' has shape {tuple(arr.shape)}, expected {shape}")
+        if arr.dtype != np.float32:
+            raise UpdateRejected(f"'{name}' has dtype {arr.dtype}, expected float32")
+        if not np.isfinite(arr).all():
+            raise UpdateRejected(f"'{name}' contains NaN or Inf")
+    return layout.flatten(arrays)
 
 
 def make_rule(rule_class: type | None, rule: ServerRule | None, rule_kwargs: dict[str, Any]) -> ServerRule:

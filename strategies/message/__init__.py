@@ -4,7 +4,8 @@ from flwr.serverapp.strategy import FedAvg, FedProx
 
 from .fedacs import FedACS
 from .fedmcsa import FedMCSA
+from .igfl import IGFL
 from .local import Local
 from .personalized import PersonalizedStrategy
 
-__all__ = ["FedACS", "FedAvg", "FedMCSA", "FedProx", "Local", "PersonalizedStrategy"]
+__all__ = ["FedACS", "FedAvg", "FedMCSA", "FedProx", "IGFL", "Local", "PersonalizedStrategy"]

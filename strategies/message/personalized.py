@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from logging import INFO
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
@@ -14,8 +15,38 @@ from flwr.serverapp.strategy import Strategy
 
 from flower_pfl.methods import ServerRule
 
-from ..metrics import NUM_EXAMPLES, personalized_evaluate_metrics, weighted_train_metrics
-from ..personalized import PersonalizedServer, UpdateRejected, log_rejected, make_rule
+from ..metrics import NUM_EXAMPLES, personalized_evaluate_metrics
+from ..personalized import PersonalizedServer, TrainReplies, UpdateRejected, log_rejected, make_rule
+
+
+def collect_train_replies(replies: Iterable[Message], server_round: int,
+                          check: Callable[[list[np.ndarray], list[str]], torch.Tensor]) -> TrainReplies:
+    """Check every training reply (one ArrayRecord, one MetricRecord with ``num-examples``; the
+    arrays pass ``check``); failed and rejected clients are logged and left out."""
+    batch = TrainReplies()
+    for msg in replies:
+        node_id = msg.metadata.src_node_id
+        if msg.has_error():
+            batch.failed += 1
+            log(INFO, "round %s: node %s failed (%s); its stored model is unchanged", server_round, node_id, msg.error.reason)
+            continue
+        try:
+            content = msg.content
+            if len(content.array_records) != 1 or len(content.metric_records) != 1:
+                raise UpdateRejected("a reply must hold exactly one ArrayRecord and one MetricRecord")
+            record = next(iter(content.array_records.values()))
+            metrics = dict(next(iter(content.metric_records.values())))
+            if NUM_EXAMPLES not in metrics:
+                raise UpdateRejected(f"MetricRecord lacks '{NUM_EXAMPLES}'")
+            vector = check([a.numpy() for a in record.values()], list(record.keys()))
+        except UpdateRejected as err:
+            batch.rejected += 1
+            log_rejected(node_id, server_round, str(err))
+            continue
+        batch.ids.append(node_id)
+        batch.vectors.append(vector)
+        batch.metrics.append((int(metrics[NUM_EXAMPLES]), metrics))
+    return batch
 
 
 class PersonalizedStrategy(Strategy):
@@ -83,37 +114,9 @@ class PersonalizedStrategy(Strategy):
                               MessageType.TRAIN) for ins in plan]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        ids, rows, metrics = [], [], []
-        failed = rejected = 0
-        for msg in replies:
-            node_id = msg.metadata.src_node_id
-            if msg.has_error():
-                failed += 1
-                log(INFO, "round %s: node %s failed (%s); its stored model is unchanged", server_round, node_id, msg.error.reason)
-                continue
-            try:
-                vec, n, m = self._parse_train_reply(msg.content)
-            except UpdateRejected as err:
-                rejected += 1
-                log_rejected(node_id, server_round, str(err))
-                continue
-            ids.append(node_id)
-            rows.append(vec)
-            metrics.append((n, m))
-        self.server.commit(ids, rows)
-        out = weighted_train_metrics(metrics)
-        out.update({"clients-accepted": len(ids), "clients-rejected": rejected, "clients-failed": failed})
-        return None, MetricRecord(out)
-
-    def _parse_train_reply(self, content: RecordDict) -> tuple[torch.Tensor, int, dict[str, float]]:
-        if len(content.array_records) != 1 or len(content.metric_records) != 1:
-            raise UpdateRejected("a reply must hold exactly one ArrayRecord and one MetricRecord")
-        record = next(iter(content.array_records.values()))
-        metrics = dict(next(iter(content.metric_records.values())))
-        if NUM_EXAMPLES not in metrics:
-            raise UpdateRejected(f"MetricRecord lacks '{NUM_EXAMPLES}'")
-        vec = self.server.check_update([a.numpy() for a in record.values()], names=list(record.keys()))
-        return vec, int(metrics[NUM_EXAMPLES]), metrics
+        batch = collect_train_replies(replies, server_round, self.server.check_update)
+        self.server.commit(batch.ids, batch.vectors)
+        return None, MetricRecord(batch.metrics_dict())
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if self.fraction_evaluate <= 0:
