@@ -18,7 +18,7 @@ from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedavg", "fedprox", "local")
+METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedavg", "fedprox", "fedavgm", "fedadam", "local")
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
@@ -71,6 +71,9 @@ class ExperimentConfig:
     all_clients_train: bool = False
     fedacs_p: float = 0.5
     igfl_attention: str = "self"
+    server_momentum: float = 0.9
+    fedadam_eta: float = 0.01
+    fedadam_tau: float = 0.001
     eval_every: int = 5
     seed: int = 0
     device: str = "auto"
@@ -105,6 +108,11 @@ class ExperimentConfig:
             _fail("dirichlet_alpha", self.dirichlet_alpha, "a number > 0")
         if self.train_samples_per_client < 0:
             _fail("train_samples_per_client", self.train_samples_per_client, "an integer >= 0 (0 keeps all)")
+        if not 0 <= self.server_momentum < 1:
+            _fail("server_momentum", self.server_momentum, "a number in [0, 1)")
+        for name in ("fedadam_eta", "fedadam_tau"):
+            if not getattr(self, name) > 0:
+                _fail(name, getattr(self, name), "a number > 0")
         if not 0 <= self.fedacs_p < 1:
             _fail("fedacs_p", self.fedacs_p, "a number in [0, 1)")
         if not 0 < self.train_fraction < 1:

@@ -21,7 +21,14 @@ from strategies.metrics import personalized_evaluate_metrics, personalized_evalu
 
 #: methods that train one global model (evaluated on every client's test split)
 IGFL_VARIANTS = ("igfl", "igfl-c", "igfl-s")
-GLOBAL_METHODS = ("fedavg", "fedprox", *IGFL_VARIANTS)
+GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", *IGFL_VARIANTS)
+
+
+def _server_optimizer_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
+    """FedAvgM's and FedAdam's server settings (Flower's own strategies)."""
+    if cfg.method == "fedavgm":
+        return {"server_learning_rate": 1.0, "server_momentum": cfg.server_momentum}
+    return {"eta": cfg.fedadam_eta, "eta_l": cfg.lr, "tau": cfg.fedadam_tau}
 
 
 def _igfl_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -65,6 +72,9 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping
             return strategies.message.FedProx(proximal_mu=cfg.proximal_mu, **common)
         if cfg.method in IGFL_VARIANTS:
             return strategies.message.IGFL(**_igfl_kwargs(cfg), **common)
+        if cfg.method in ("fedavgm", "fedadam"):
+            cls = strategies.message.FedAvgM if cfg.method == "fedavgm" else strategies.message.FedAdam
+            return cls(**_server_optimizer_kwargs(cfg), **common)
         return strategies.message.FedAvg(**common)
     cls = {"fedmcsa": strategies.message.FedMCSA, "fedacs": strategies.message.FedACS,
            "local": strategies.message.Local}[cfg.method]
@@ -91,6 +101,9 @@ def build_legacy_strategy(
             return strategies.FedProx(proximal_mu=cfg.proximal_mu, **common)
         if cfg.method in IGFL_VARIANTS:
             return strategies.IGFL(**_igfl_kwargs(cfg), **common)
+        if cfg.method in ("fedavgm", "fedadam"):
+            cls = strategies.FedAvgM if cfg.method == "fedavgm" else strategies.FedAdam
+            return cls(**_server_optimizer_kwargs(cfg), **common)
         return strategies.FedAvg(**common)
     cls = {"fedmcsa": strategies.FedMCSA, "fedacs": strategies.FedACS, "local": strategies.Local}[cfg.method]
     strategy = cls(initial_parameters=params, min_available_clients=k, on_fit_config_fn=fit_config,

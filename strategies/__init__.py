@@ -3,10 +3,10 @@
 ``strategies.<Name>`` are legacy ``flwr.server.strategy.Strategy`` classes
 (``configure_fit`` / ``aggregate_fit``); ``strategies.message.<Name>`` are their
 Message-API twins. Both share all logic through ``PersonalizedServer``.
-FedAvg and FedProx are Flower's own, re-exported for convenience.
+FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenience.
 """
 
-from flwr.server.strategy import FedAvg, FedProx
+from flwr.server.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
 from .fedacs import FedACS
 from .fedmcsa import FedMCSA
@@ -15,4 +15,4 @@ from .legacy import PersonalizedStrategy
 from .local import Local
 from .personalized import PersonalizedServer, UpdateRejected
 
-__all__ = ["FedACS", "FedAvg", "FedMCSA", "FedProx", "IGFL", "Local", "PersonalizedServer", "PersonalizedStrategy", "UpdateRejected"]
+__all__ = ["FedACS", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "IGFL", "Local", "PersonalizedServer", "PersonalizedStrategy", "UpdateRejected"]

@@ -1,6 +1,6 @@
 """Strategies for Flower's Message API (``flwr.serverapp.strategy.Strategy``)."""
 
-from flwr.serverapp.strategy import FedAvg, FedProx
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
 from .fedacs import FedACS
 from .fedmcsa import FedMCSA
@@ -8,4 +8,4 @@ from .igfl import IGFL
 from .local import Local
 from .personalized import PersonalizedStrategy
 
-__all__ = ["FedACS", "FedAvg", "FedMCSA", "FedProx", "IGFL", "Local", "PersonalizedStrategy"]
+__all__ = ["FedACS", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "IGFL", "Local", "PersonalizedStrategy"]
