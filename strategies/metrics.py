@@ -31,10 +31,15 @@ def personalized_evaluate_metrics_legacy(results: list[tuple[int, Mapping[str, f
     return _from_metrics({**m, NUM_EXAMPLES: n} for n, m in results)
 
 
-def weighted_train_metrics(results: list[tuple[int, Mapping[str, float]]]) -> dict[str, float]:
-    """Sample-weighted mean of every numeric training metric the clients report."""
+def _numeric(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def weighted_train_metrics(results: list[tuple[int, Mapping[str, object]]]) -> dict[str, float]:
+    """Sample-weighted mean of every numeric training metric all clients report (others are skipped)."""
     total = sum(n for n, _ in results)
     if not results or total <= 0:
         return {}
-    keys = set.intersection(*(set(m) for _, m in results)) - {NUM_EXAMPLES}
-    return {k: float(sum(n * float(m[k]) for n, m in results) / total) for k in sorted(keys)}
+    keys = {k for k in set.intersection(*(set(m) for _, m in results)) - {NUM_EXAMPLES}
+            if all(_numeric(m[k]) for _, m in results)}
+    return {k: float(sum(n * float(m[k]) for n, m in results) / total) for k in sorted(keys)}  # type: ignore[arg-type]

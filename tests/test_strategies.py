@@ -245,3 +245,11 @@ def test_method_arguments_go_to_the_rule_and_bad_ones_are_refused():
         strategies.FedMCSA(sigma=-1.0, initial_parameters=fb.parameters(list(_arrays(0.0).values())))
     with pytest.raises(TypeError, match="not both"):
         strategies.message.Local(rule=strategies.message.FedMCSA().rule, all_clients_train=True)
+
+
+def test_train_metrics_average_numbers_and_skip_the_rest():
+    from strategies.metrics import weighted_train_metrics
+
+    out = weighted_train_metrics([(10, {"train-loss": 1.0, "note": "ok", "blob": b"x", "flag": True}),
+                                  (30, {"train-loss": 2.0, "note": "hi", "blob": b"y", "flag": False})])
+    assert out == {"train-loss": 1.75}
