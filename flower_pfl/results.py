@@ -30,7 +30,6 @@ class RunRecorder:
         self.evaluations: list[dict[str, float]] = []
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter()
-        self._last_train: dict[str, float] = {}
         (self.out_dir / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
         (self.out_dir / METRICS).write_text("")
 
@@ -39,8 +38,8 @@ class RunRecorder:
             fh.write(json.dumps(row) + "\n")
 
     def on_train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
-        self._last_train = {k: float(v) for k, v in metrics.items()}
-        self._append({"round": server_round, "phase": "train", "elapsed_s": self.elapsed, **self._last_train})
+        self._append({"round": server_round, "phase": "train", "elapsed_s": self.elapsed,
+                      **{k: float(v) for k, v in metrics.items()}})
 
     def on_evaluate(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         row = {"round": server_round, **{k: float(v) for k, v in metrics.items()}}

@@ -19,22 +19,14 @@ from flower_pfl.experiment import resolve_device, solver_config
 from strategies.metrics import personalized_evaluate_metrics, personalized_evaluate_metrics_legacy, weighted_train_metrics
 
 
+#: the strategy class of each method; ``strategies`` and ``strategies.message`` both export these names
+CLASS_NAMES: dict[str, str] = {
+    "fedavg": "FedAvg", "fedprox": "FedProx", "fedavgm": "FedAvgM", "fedadam": "FedAdam",
+    "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL",
+    "fedmcsa": "FedMCSA", "fedacs": "FedACS", "local": "Local",
+}
 #: methods that train one global model (evaluated on every client's test split)
-IGFL_VARIANTS = ("igfl", "igfl-c", "igfl-s")
-GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", *IGFL_VARIANTS)
-
-
-def _server_optimizer_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
-    """FedAvgM's and FedAdam's server settings (Flower's own strategies)."""
-    if cfg.method == "fedavgm":
-        return {"server_learning_rate": 1.0, "server_momentum": cfg.server_momentum}
-    return {"eta": cfg.fedadam_eta, "eta_l": cfg.lr, "tau": cfg.fedadam_tau}
-
-
-def _igfl_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
-    """IGFL = IGFL-C + IGFL-S; IGFL-C alone averages the deltas; IGFL-S alone has plain clients."""
-    return {"attention": None if cfg.method == "igfl-c" else cfg.igfl_attention,
-            "client_correction": cfg.method != "igfl-s"}
+GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", "igfl", "igfl-c", "igfl-s")
 
 
 def _participants(cfg: ExperimentConfig, num_nodes: int) -> int:
@@ -50,12 +42,22 @@ def _personalized_kwargs(cfg: ExperimentConfig, k: int) -> dict[str, Any]:
 
 
 def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
-    if cfg.method == "fedmcsa":
+    """The method's own constructor arguments from the run config."""
+    m = cfg.method
+    if m == "fedmcsa":
         return {"sigma": cfg.sigma, "lam": cfg.lam, "grouping": cfg.layer_grouping, "all_clients_train": cfg.all_clients_train}
-    if cfg.method == "fedacs":
+    if m == "fedacs":
         return {"p": cfg.fedacs_p, "all_clients_train": cfg.all_clients_train}
-    if cfg.method == "local":
+    if m == "local":
         return {"all_clients_train": cfg.all_clients_train}
+    if m == "fedprox":
+        return {"proximal_mu": cfg.proximal_mu}
+    if m == "fedavgm":
+        return {"server_learning_rate": 1.0, "server_momentum": cfg.server_momentum}
+    if m == "fedadam":
+        return {"eta": cfg.fedadam_eta, "eta_l": cfg.lr, "tau": cfg.fedadam_tau}
+    if m in ("igfl", "igfl-c", "igfl-s"):  # IGFL = IGFL-C + IGFL-S; IGFL-C alone averages the deltas
+        return {"attention": None if m == "igfl-c" else cfg.igfl_attention, "client_correction": m != "igfl-s"}
     return {}
 
 
@@ -63,21 +65,10 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping
     """Message-API strategy; ``num_nodes`` turns ``clients-per-round`` into Flower's fractions,
     ``ranks`` (node id -> partition id) orders our strategies' sampling."""
     k = _participants(cfg, num_nodes)
+    cls = getattr(strategies.message, CLASS_NAMES[cfg.method])
     if cfg.method in GLOBAL_METHODS:
-        common = dict(
-            fraction_train=min(1.0, k / max(num_nodes, 1)), min_train_nodes=k, min_available_nodes=k,
-            fraction_evaluate=1.0, evaluate_metrics_aggr_fn=personalized_evaluate_metrics,
-        )
-        if cfg.method == "fedprox":
-            return strategies.message.FedProx(proximal_mu=cfg.proximal_mu, **common)
-        if cfg.method in IGFL_VARIANTS:
-            return strategies.message.IGFL(**_igfl_kwargs(cfg), **common)
-        if cfg.method in ("fedavgm", "fedadam"):
-            cls = strategies.message.FedAvgM if cfg.method == "fedavgm" else strategies.message.FedAdam
-            return cls(**_server_optimizer_kwargs(cfg), **common)
-        return strategies.message.FedAvg(**common)
-    cls = {"fedmcsa": strategies.message.FedMCSA, "fedacs": strategies.message.FedACS,
-           "local": strategies.message.Local}[cfg.method]
+        return cls(fraction_train=min(1.0, k / max(num_nodes, 1)), min_train_nodes=k, min_available_nodes=k,
+                   fraction_evaluate=1.0, evaluate_metrics_aggr_fn=personalized_evaluate_metrics, **_method_kwargs(cfg))
     strategy = cls(min_available_nodes=k, **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
     strategy.server.node_rank = dict(ranks or {})
     return strategy
@@ -90,22 +81,12 @@ def build_legacy_strategy(
     k = _participants(cfg, num_nodes)
     params = ndarrays_to_parameters(initial)
     fit_config: Callable[[int], dict[str, Any]] = lambda _round: dict(solver_config(cfg))  # noqa: E731
+    cls = getattr(strategies, CLASS_NAMES[cfg.method])
     if cfg.method in GLOBAL_METHODS:
-        common = dict(
-            fraction_fit=min(1.0, k / max(num_nodes, 1)), min_fit_clients=k, min_available_clients=k,
-            fraction_evaluate=1.0, initial_parameters=params, on_fit_config_fn=fit_config,
-            fit_metrics_aggregation_fn=weighted_train_metrics,
-            evaluate_metrics_aggregation_fn=personalized_evaluate_metrics_legacy,
-        )
-        if cfg.method == "fedprox":
-            return strategies.FedProx(proximal_mu=cfg.proximal_mu, **common)
-        if cfg.method in IGFL_VARIANTS:
-            return strategies.IGFL(**_igfl_kwargs(cfg), **common)
-        if cfg.method in ("fedavgm", "fedadam"):
-            cls = strategies.FedAvgM if cfg.method == "fedavgm" else strategies.FedAdam
-            return cls(**_server_optimizer_kwargs(cfg), **common)
-        return strategies.FedAvg(**common)
-    cls = {"fedmcsa": strategies.FedMCSA, "fedacs": strategies.FedACS, "local": strategies.Local}[cfg.method]
+        return cls(fraction_fit=min(1.0, k / max(num_nodes, 1)), min_fit_clients=k, min_available_clients=k,
+                   fraction_evaluate=1.0, initial_parameters=params, on_fit_config_fn=fit_config,
+                   fit_metrics_aggregation_fn=weighted_train_metrics,
+                   evaluate_metrics_aggregation_fn=personalized_evaluate_metrics_legacy, **_method_kwargs(cfg))
     strategy = cls(initial_parameters=params, min_available_clients=k, on_fit_config_fn=fit_config,
                    **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
     strategy.server.node_rank = {str(n): r for n, r in (ranks or {}).items()}  # legacy client ids are strings

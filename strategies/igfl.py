@@ -32,7 +32,7 @@ class IGFL(FedAvg):
         self.igfl.initialize({str(i): a for i, a in enumerate(parameters_to_ndarrays(self.initial_parameters))})
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        self._global = self.igfl.layout.flatten(parameters_to_ndarrays(parameters))  # type: ignore[union-attr]
+        self.igfl.begin_round(parameters_to_ndarrays(parameters))
         pairs = super().configure_fit(server_round, parameters, client_manager)
         extras = self.igfl.instructions(len(pairs))
         return [(proxy, FitIns(ins.parameters, {**ins.config, **extras})) for proxy, ins in pairs]
@@ -44,5 +44,5 @@ class IGFL(FedAvg):
         batch = collect_fit_results(results, failures, server_round, partial(check_update, layout))
         if not batch.ids:
             return None, dict(batch.metrics_dict())
-        new = self.igfl.aggregate(self._global, batch.ids, batch.vectors)
+        new = self.igfl.aggregate(batch.ids, batch.vectors)
         return ndarrays_to_parameters(layout.to_numpy_list(new)), dict(batch.metrics_dict())  # type: ignore[union-attr]

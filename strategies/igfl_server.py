@@ -26,6 +26,7 @@ class IGFLServer:
         self.attention = attention
         self.client_correction = client_correction
         self.layout: ParamLayout | None = None
+        self.global_model: torch.Tensor | None = None
         self.global_delta: torch.Tensor | None = None
         self.previous: dict[Hashable, torch.Tensor] = {}
         #: self-attention weights, averaged over the rounds each pair met in (diagnostics)
@@ -36,14 +37,20 @@ class IGFLServer:
             self.layout = ParamLayout.from_arrays(arrays)
             self.global_delta = torch.zeros(self.layout.dim)
 
+    def begin_round(self, global_arrays: Sequence[np.ndarray]) -> None:
+        """Remember the global model this round's participants start from."""
+        assert self.layout is not None, "initialize() first"
+        self.global_model = self.layout.flatten(global_arrays)
+
     def instructions(self, num_participants: int) -> dict[str, bool | int | bytes]:
         """Config entries for this round's participants (``Δw_ps`` is zero before the first update)."""
         assert self.global_delta is not None, "initialize() first"
         return {CORRECTION: self.client_correction, PARTICIPANTS: num_participants,
                 GLOBAL_DELTA: encode_vector(self.global_delta)}
 
-    def aggregate(self, global_model: torch.Tensor, ids: Sequence[Hashable], models: Sequence[torch.Tensor]) -> torch.Tensor:
+    def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor]) -> torch.Tensor:
         """The new global model from the participants' returned models (Algorithm 3, line 7)."""
+        global_model = self.global_model
         deltas = torch.stack(list(models)) - global_model
         if self.attention is None:
             update = deltas.mean(0)

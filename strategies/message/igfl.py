@@ -32,7 +32,7 @@ class IGFL(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         named = {k: v.numpy() for k, v in arrays.items()}
         self.igfl.initialize(named)
-        self._global = self.igfl.layout.flatten(named.values())  # type: ignore[union-attr]
+        self.igfl.begin_round(list(named.values()))
         messages = list(super().configure_train(server_round, arrays, config, grid))
         extras = self.igfl.instructions(len(messages))
         for msg in messages:  # FedAvg gives every message the same config record
@@ -45,6 +45,6 @@ class IGFL(FedAvg):
         batch = collect_train_replies(replies, server_round, partial(check_update, layout))
         if not batch.ids:
             return None, MetricRecord(batch.metrics_dict())
-        new = self.igfl.aggregate(self._global, batch.ids, batch.vectors)
+        new = self.igfl.aggregate(batch.ids, batch.vectors)
         arrays = ArrayRecord({name: Array(a) for name, a in zip(layout.names, layout.to_numpy_list(new))})  # type: ignore[union-attr]
         return arrays, MetricRecord(batch.metrics_dict())
