@@ -13,22 +13,26 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import Client, NumPyClient
 from flwr.client.message_handler.message_handler import handle_legacy_message_from_msgtype
 from flwr.clientapp import ClientApp
 
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
-from flower_pfl.experiment import load_client_data, make_model, resolve_device, train_client, train_igfl_client
+from flower_pfl.experiment import (
+    dataset_shape, load_client_data, make_model, resolve_device, train_client, train_igfl_client, train_scaffold_client,
+)
 from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from flower_pfl.methods.igfl import CORRECTION as IGFL_CORRECTION
+from flower_pfl.methods.scaffold import CONTROL as SCAFFOLD_CONTROL, CONTROL_DELTA as SCAFFOLD_CONTROL_DELTA
 from flower_pfl.solvers import evaluate as evaluate_model
+from flower_pfl.wire import encode_vector
 
 app = ClientApp()
 
-#: keys in ``context.state``: the remembered proximal anchor, IGFL's last delta
-ANCHOR_STATE, IGFL_STATE = "proximal-anchor", "igfl-delta"
+#: keys in ``context.state``: the remembered proximal anchor, IGFL's last delta, SCAFFOLD's ``c_i``
+ANCHOR_STATE, IGFL_STATE, SCAFFOLD_STATE = "proximal-anchor", "igfl-delta", "scaffold-control"
 
 
 @dataclass
@@ -72,21 +76,34 @@ class Node:
             return [torch.as_tensor(a) for a in self.state[ANCHOR_STATE].to_numpy_ndarrays()]
         return None
 
-    def fit(self, config: Mapping[str, Any]) -> dict[str, float]:
+    def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, bytes]]:
+        """Train as ``config`` asks; returns the metrics and the extra bytes the server needs back."""
+        payload: dict[str, bytes] = {}
         if config.get(IGFL_CORRECTION):
             res = self._fit_igfl(config)
+        elif SCAFFOLD_CONTROL in config:
+            res, payload = self._fit_scaffold(config)
         else:
             anchor = self._anchor(config.get(ANCHOR))
             res = train_client(self.model, self.data, config, self.cfg.seed, self.partition_id, anchor=anchor)
-        return {"train-loss": res.loss, "num-examples": self.data.num_train}
+        return {"train-loss": res.loss, "num-examples": self.data.num_train}, payload
+
+    def _stored(self, key: str) -> list[torch.Tensor] | None:
+        record = self.state.get(key)
+        return [torch.as_tensor(a) for a in record.to_numpy_ndarrays()] if record is not None else None
 
     def _fit_igfl(self, config: Mapping[str, Any]) -> Any:
         """IGFL-C with this client's last delta from its state (none on its first participation)."""
-        stored = self.state.get(IGFL_STATE)
-        previous = [torch.as_tensor(a) for a in stored.to_numpy_ndarrays()] if stored is not None else None
-        res, delta = train_igfl_client(self.model, self.data, config, self.cfg.seed, self.partition_id, previous)
+        res, delta = train_igfl_client(self.model, self.data, config, self.cfg.seed, self.partition_id, self._stored(IGFL_STATE))
         self.state[IGFL_STATE] = ArrayRecord([d.cpu().numpy() for d in delta])
         return res
+
+    def _fit_scaffold(self, config: Mapping[str, Any]) -> tuple[Any, dict[str, bytes]]:
+        """SCAFFOLD with this client's ``c_i`` from its state (zero before its first participation)."""
+        res, control, delta = train_scaffold_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
+                                                    self._stored(SCAFFOLD_STATE))
+        self.state[SCAFFOLD_STATE] = ArrayRecord([c.cpu().numpy() for c in control])
+        return res, {SCAFFOLD_CONTROL_DELTA: encode_vector(delta)}
 
     def evaluate(self) -> dict[str, float]:
         device = next(self.model.parameters()).device
@@ -105,8 +122,8 @@ class _LegacyClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
         self.node.load(parameters)
-        metrics = self.node.fit(config)
-        return self.node.arrays(), int(metrics.pop("num-examples")), metrics
+        metrics, payload = self.node.fit(config)
+        return self.node.arrays(), int(metrics.pop("num-examples")), {**metrics, **payload}
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
         self.node.load(parameters)
@@ -130,11 +147,13 @@ def train(msg: Message, context: Context) -> Message:
     node = Node.from_context(context)
     received = msg.content["arrays"]
     node.load({k: v.numpy() for k, v in received.items()})
-    metrics = node.fit(msg.content["config"])
+    metrics, payload = node.fit(msg.content["config"])
     reply = RecordDict({
         "arrays": ArrayRecord({k: Array(a) for k, a in zip(received.keys(), node.arrays())}),
         "metrics": MetricRecord(metrics),
     })
+    if payload:
+        reply["payload"] = ConfigRecord(payload)
     return Message(content=reply, reply_to=msg)
 
 
@@ -149,9 +168,10 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server this node's ``partition-id`` (to order nodes reproducibly) and the most
-    frequent label of its training data (only to group clients in diagnostic plots)."""
+    """Tell the server this node's ``partition-id`` (to order nodes reproducibly) and its training
+    label counts and most frequent label (only to group clients in diagnostic plots)."""
     node = Node.from_context(context)
-    dominant = int(torch.bincount(node.data.y_train).argmax()) if node.data.num_train else -1
-    return Message(content=RecordDict({"metrics": MetricRecord({"partition-id": node.partition_id, "dominant-label": dominant})}),
-                   reply_to=msg)
+    counts = torch.bincount(node.data.y_train, minlength=dataset_shape(node.cfg)[1])
+    dominant = int(counts.argmax()) if node.data.num_train else -1
+    info = {"partition-id": node.partition_id, "dominant-label": dominant, "label-counts": [int(c) for c in counts]}
+    return Message(content=RecordDict({"metrics": MetricRecord(info)}), reply_to=msg)

@@ -18,7 +18,7 @@ from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedavg", "fedprox", "fedavgm", "fedadam", "local")
+METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
@@ -28,7 +28,7 @@ PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
 #: fields that decide a client's data (runs that share them share the generated data)
 DATA_FIELDS: tuple[str, ...] = (
     "dataset", "synthetic_alpha", "synthetic_beta", "train_fraction", "partition", "dirichlet_alpha",
-    "classes_per_client", "shards_per_client", "train_samples_per_client", "seed",
+    "classes_per_client", "shards_per_client", "paired_clients", "train_samples_per_client", "seed",
     "data_dir", "download", "emnist_split", "data_source", "hub_dataset",
 )
 
@@ -56,6 +56,7 @@ class ExperimentConfig:
     dirichlet_alpha: float = 0.5
     classes_per_client: int = 2
     shards_per_client: int = 2
+    paired_clients: bool = False
     train_samples_per_client: int = 0
     model: str = "mlr"
     hidden_units: int = 20
@@ -104,6 +105,8 @@ class ExperimentConfig:
             _fail("data_source", self.data_source, "'flwr-datasets' for dataset 'femnist'")
         if self.partition == "natural" and self.dataset not in ("synthetic", "femnist"):
             _fail("partition", self.partition, f"one of {', '.join(SCHEMES)} for dataset '{self.dataset}' (it has no natural clients)")
+        if self.paired_clients and self.partition == "natural":
+            _fail("paired_clients", self.paired_clients, f"false with partition 'natural' (twins split a partition of {', '.join(SCHEMES)})")
         if not self.dirichlet_alpha > 0:
             _fail("dirichlet_alpha", self.dirichlet_alpha, "a number > 0")
         if self.train_samples_per_client < 0:

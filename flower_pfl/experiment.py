@@ -14,12 +14,14 @@ from .config import DATA_FIELDS, ExperimentConfig
 from .data import ClientData, generate_synthetic, train_test_split
 from .data.hub import load_hub_partition
 from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
-from .data.partition import keep_train_samples, partition_indices
+from .data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
 from .data.synthetic import DIM, NUM_CLASSES
 from .methods.base import PROXIMAL_MU
+from .methods.igfl import GLOBAL_DELTA, PARTICIPANTS, igfl_local_sgd
+from .methods.scaffold import CONTROL, scaffold_local_sgd
 from .models import build_model
-from .methods.igfl import GLOBAL_DELTA, PARTICIPANTS, decode_vector, igfl_local_sgd
 from .solvers import LocalResult, local_sgd, trainable
+from .wire import decode_vector
 
 #: Solver settings the server sends with every training instruction.
 LR, LOCAL_STEPS, BATCH_SIZE, SERVER_ROUND = "lr", "local-steps", "batch-size", "server-round"
@@ -46,7 +48,7 @@ def _client_splits(data: ExperimentConfig, num_partitions: int) -> tuple[ClientD
             data.dataset, data.data_dir, download=data.download, emnist_split=data.emnist_split)
         parts = partition_indices(y, num_partitions, data.partition, alpha=data.dirichlet_alpha,
                                   classes_per_client=data.classes_per_client,
-                                  shards_per_client=data.shards_per_client, seed=data.seed)
+                                  shards_per_client=data.shards_per_client, seed=data.seed, paired=data.paired_clients)
         scale = (lambda a: a) if synthetic else to_float
         shares = [(scale(x[idx]), y[idx]) for idx in parts]
     split_rng, scarce_rng = np.random.default_rng([data.seed, 1]), np.random.default_rng([data.seed, 2])
@@ -68,7 +70,12 @@ def _hub_client(data: ExperimentConfig, num_partitions: int, partition_id: int) 
     """A client of a ``FederatedDataset``: only its own partition is loaded."""
     options = {"alpha": data.dirichlet_alpha, "classes_per_client": data.classes_per_client,
                "shards_per_client": data.shards_per_client}
-    x, y = load_hub_partition(data.dataset, data.hub_dataset, data.partition, partition_id, num_partitions, options, data.seed)
+    paired = data.paired_clients  # twins 2k, 2k+1 split the scheme's k-th partition
+    pid, n = (partition_id // 2, paired_groups(num_partitions)) if paired else (partition_id, num_partitions)
+    x, y = load_hub_partition(data.dataset, data.hub_dataset, data.partition, pid, n, options, data.seed)
+    if paired:
+        keep = twin_share(len(y), partition_id, num_partitions, data.seed)
+        x, y = x[keep], y[keep]
     rngs = np.random.default_rng([data.seed, 1, partition_id]), np.random.default_rng([data.seed, 2, partition_id])
     return _client(to_float(x), y, data, *rngs)
 
@@ -122,22 +129,19 @@ def train_client(
     ``proximal-mu`` (or legacy FedProx's ``proximal_mu``) is the proximal weight
     toward ``anchor`` (default: the received model); absent means plain local SGD.
     """
+    mu = float(config.get(PROXIMAL_MU, config.get("proximal_mu", 0.0)))
+    device = next(model.parameters()).device
+    return local_sgd(model, data.x_train.to(device), data.y_train.to(device), prox_mu=mu, anchor=anchor,
+                     **_solver_args(config, seed, partition_id))
+
+
+def _solver_args(config: Mapping[str, Any], seed: int, partition_id: int) -> dict[str, Any]:
+    """Steps, learning rate, batch size and minibatch generator from a training config."""
     missing = [k for k in (LR, LOCAL_STEPS, BATCH_SIZE) if k not in config]
     if missing:
         raise ValueError(f"training config lacks {missing}: the server must send {LR}, {LOCAL_STEPS} and {BATCH_SIZE}")
-    mu = float(config.get(PROXIMAL_MU, config.get("proximal_mu", 0.0)))
-    device = next(model.parameters()).device
-    return local_sgd(
-        model,
-        data.x_train.to(device),
-        data.y_train.to(device),
-        steps=int(config[LOCAL_STEPS]),
-        lr=float(config[LR]),
-        batch_size=int(config[BATCH_SIZE]),
-        prox_mu=mu,
-        anchor=anchor,
-        generator=client_generator(seed, partition_id, int(config.get(SERVER_ROUND, 0))),
-    )
+    return {"steps": int(config[LOCAL_STEPS]), "lr": float(config[LR]), "batch_size": int(config[BATCH_SIZE]),
+            "generator": client_generator(seed, partition_id, int(config.get(SERVER_ROUND, 0)))}
 
 
 def train_igfl_client(
@@ -152,9 +156,24 @@ def train_igfl_client(
     device = params[0].device
     result = igfl_local_sgd(
         model, data.x_train.to(device), data.y_train.to(device),
-        steps=int(config[LOCAL_STEPS]), lr=float(config[LR]), batch_size=int(config[BATCH_SIZE]),
         previous_delta=previous_delta, global_delta=decode_vector(config[GLOBAL_DELTA], received),
-        num_participants=int(config[PARTICIPANTS]),
-        generator=client_generator(seed, partition_id, int(config.get(SERVER_ROUND, 0))),
+        num_participants=int(config[PARTICIPANTS]), **_solver_args(config, seed, partition_id),
     )
     return result, [p.detach() - r for p, r in zip(params, received)]
+
+
+def train_scaffold_client(
+    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
+    local_control: Sequence[torch.Tensor] | None,
+) -> tuple[LocalResult, list[torch.Tensor], torch.Tensor]:
+    """SCAFFOLD's client step (option II) on the training split: ``config`` carries the solver
+    settings and ``scaffold-control`` (the server's ``c``); ``local_control`` is the client's ``c_i``
+    (``None``: zero, before its first participation). Returns the result, the new ``c_i`` and
+    ``Δc_i`` as one flat vector."""
+    params = trainable(model)
+    device = params[0].device
+    c_global = [t.to(device) for t in decode_vector(config[CONTROL], params)]
+    c_local = [torch.zeros_like(p) for p in params] if local_control is None else [t.to(device) for t in local_control]
+    result, new_local, delta = scaffold_local_sgd(model, data.x_train.to(device), data.y_train.to(device),
+                                                  c_global=c_global, c_local=c_local, **_solver_args(config, seed, partition_id))
+    return result, new_local, torch.cat([d.flatten() for d in delta])

@@ -22,11 +22,11 @@ from strategies.metrics import personalized_evaluate_metrics, personalized_evalu
 #: the strategy class of each method; ``strategies`` and ``strategies.message`` both export these names
 CLASS_NAMES: dict[str, str] = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "fedavgm": "FedAvgM", "fedadam": "FedAdam",
-    "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL",
+    "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL", "scaffold": "SCAFFOLD",
     "fedmcsa": "FedMCSA", "fedacs": "FedACS", "local": "Local",
 }
 #: methods that train one global model (evaluated on every client's test split)
-GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", "igfl", "igfl-c", "igfl-s")
+GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "igfl", "igfl-c", "igfl-s")
 
 
 def _participants(cfg: ExperimentConfig, num_nodes: int) -> int:

@@ -2,7 +2,8 @@
 
 ``strategies.<Name>`` are legacy ``flwr.server.strategy.Strategy`` classes
 (``configure_fit`` / ``aggregate_fit``); ``strategies.message.<Name>`` are their
-Message-API twins. Both share all logic through ``PersonalizedServer``.
+Message-API twins. Personalized methods share their logic through
+``PersonalizedServer``; global-model methods (IGFL, SCAFFOLD) through ``GlobalServer``.
 FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenience.
 """
 
@@ -10,9 +11,13 @@ from flwr.server.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
 from .fedacs import FedACS
 from .fedmcsa import FedMCSA
+from .global_model import GlobalModelStrategy
+from .global_server import GlobalServer
 from .igfl import IGFL
 from .legacy import PersonalizedStrategy
 from .local import Local
 from .personalized import PersonalizedServer, UpdateRejected
+from .scaffold import SCAFFOLD
 
-__all__ = ["FedACS", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "IGFL", "Local", "PersonalizedServer", "PersonalizedStrategy", "UpdateRejected"]
+__all__ = ["FedACS", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "GlobalServer", "IGFL", "Local",
+           "PersonalizedServer", "PersonalizedStrategy", "SCAFFOLD", "UpdateRejected"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from logging import INFO
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -19,20 +19,23 @@ from flwr.server.strategy import Strategy
 from flower_pfl.methods import ServerRule
 
 from .metrics import personalized_evaluate_metrics_legacy
-from .personalized import PersonalizedServer, TrainReplies, UpdateRejected, log_rejected, make_rule
+from .personalized import PersonalizedServer, TrainReplies, UpdateRejected, checked_payload as _payload, log_rejected, make_rule
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
 
 
 def collect_fit_results(
     results: list[tuple[ClientProxy, FitRes]], failures: list[Any], server_round: int,
-    check: Callable[[list[np.ndarray]], torch.Tensor],
+    check: Callable[[list[np.ndarray]], torch.Tensor], check_payload: Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> TrainReplies:
-    """Check every ``FitRes`` (its arrays pass ``check``); rejected clients are logged and left out."""
+    """Check every ``FitRes``: its arrays pass ``check`` and, if given, its metrics (where a
+    client's extra bytes travel) pass ``check_payload``; rejected clients are logged and left out."""
     batch = TrainReplies(failed=len(failures))
     for proxy, res in results:
         try:
             vector = check(parameters_to_ndarrays(res.parameters))
+            if check_payload is not None:
+                batch.payloads.append(_payload(check_payload, res.metrics))
         except UpdateRejected as err:
             batch.rejected += 1
             log_rejected(proxy.cid, server_round, str(err))

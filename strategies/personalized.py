@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from logging import WARNING
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -29,12 +29,14 @@ from .metrics import weighted_train_metrics
 
 @dataclass
 class TrainReplies:
-    """A round's accepted updates (ids, flat vectors, (num-examples, metrics)) and what
-    happened to the others."""
+    """A round's accepted updates (ids, flat vectors, (num-examples, metrics), payloads) and
+    what happened to the others."""
 
     ids: list[Hashable] = field(default_factory=list)
     vectors: list[torch.Tensor] = field(default_factory=list)
     metrics: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)
+    #: what ``check_payload`` made of each accepted client's extras (empty when not asked)
+    payloads: list[Any] = field(default_factory=list)
     failed: int = 0
     rejected: int = 0
 
@@ -184,3 +186,13 @@ def make_rule(rule_class: type | None, rule: ServerRule | None, rule_kwargs: dic
 
 def log_rejected(client_id: Hashable, server_round: int, reason: str) -> None:
     log(WARNING, "round %s: update of client %s rejected (%s); its stored model is unchanged", server_round, client_id, reason)
+
+
+def checked_payload(check: Callable[[Mapping[str, Any]], Any], payload: Mapping[str, Any]) -> Any:
+    """``check(payload)``, with its ``ValueError`` turned into a rejection of the update."""
+    try:
+        return check(payload)
+    except UpdateRejected:
+        raise
+    except ValueError as err:
+        raise UpdateRejected(str(err)) from err

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -41,12 +41,15 @@ def client_manager(cids: Iterable[str]) -> SimpleClientManager:
     return cm
 
 
-def train_reply(to: Message, arrays: dict[str, np.ndarray], num_examples: int = 10, loss: float = 0.5) -> Message:
-    """The reply a ClientApp would send to a training message."""
+def train_reply(to: Message, arrays: dict[str, np.ndarray], num_examples: int = 10, loss: float = 0.5,
+                extras: dict | None = None) -> Message:
+    """The reply a ClientApp would send to a training message (``extras``: a ConfigRecord of bytes)."""
     content = RecordDict({
         "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
         "metrics": MetricRecord({"num-examples": num_examples, "train-loss": loss}),
     })
+    if extras is not None:
+        content["payload"] = ConfigRecord(extras)
     return _reply(to, content)
 
 
@@ -63,8 +66,8 @@ def _reply(to: Message, content: RecordDict | None, error: Error | None = None) 
     return Message(content, reply_to=to) if error is None else Message(error, reply_to=to)
 
 
-def fit_res(arrays: list[np.ndarray], num_examples: int = 10) -> FitRes:
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), num_examples, {"train-loss": 0.5})
+def fit_res(arrays: list[np.ndarray], num_examples: int = 10, extras: dict | None = None) -> FitRes:
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), num_examples, {"train-loss": 0.5, **(extras or {})})
 
 
 def parameters(arrays: list[np.ndarray]) -> Parameters:

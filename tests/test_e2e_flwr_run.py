@@ -81,7 +81,7 @@ def _results(out_dir: Path) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("method,api", [("fedmcsa", "message"), ("fedmcsa", "legacy"), ("fedprox", "message"), ("igfl", "legacy")])
+@pytest.mark.parametrize("method,api", [("fedmcsa", "message"), ("fedmcsa", "legacy"), ("scaffold", "message"), ("igfl", "legacy")])
 def test_flwr_run_finishes_and_writes_metrics(flwr_env, tmp_path, method, api):
     rounds = 3
     run = _flwr_run(flwr_env, f"method='{method}' api='{api}' num-rounds={rounds} clients-per-round=4 eval-every=1 "
@@ -97,7 +97,7 @@ def test_flwr_run_finishes_and_writes_metrics(flwr_env, tmp_path, method, api):
     assert all(r["num_clients"] == 6 for r in evals)  # every client evaluated its own model
     train = [r for r in rows if r["phase"] == "train"]
     assert len(train) == rounds and all(r["train-loss"] > 0 for r in train)
-    if method in ("fedmcsa", "igfl"):  # our strategies also count accepted / rejected / failed updates
+    if method in ("fedmcsa", "scaffold", "igfl"):  # our strategies also count accepted / rejected / failed updates
         assert all(r["clients-accepted"] == 4 for r in train)
     assert json.loads((run_dir / "config.json").read_text())["method"] == method
     assert (run_dir / "learning_curve.png").stat().st_size > 1000

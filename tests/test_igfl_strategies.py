@@ -11,7 +11,8 @@ import strategies
 import strategies.message
 from client_apps.app import IGFL_STATE, Node
 from flower_pfl.config import ExperimentConfig
-from flower_pfl.methods.igfl import afl_global_delta, decode_vector, encode_vector
+from flower_pfl.methods.igfl import afl_global_delta
+from flower_pfl.wire import decode_vector, encode_vector
 
 NAMES = ("fc.weight", "fc.bias")
 
@@ -80,7 +81,7 @@ def test_legacy_igfl_time_attention_round():
     deltas = torch.stack([_flat(returned[p.cid]) - _flat(init) for p, _ in ins])
     expected, _ = afl_global_delta(deltas, torch.zeros_like(deltas), "time")  # first participation: zero
     assert torch.allclose(_flat(parameters_to_ndarrays(params)), _flat(init) + expected, atol=1e-5)
-    assert set(strat.igfl.previous) == {"a", "b"}
+    assert set(strat.server.previous) == {"a", "b"}
 
 
 def test_client_keeps_its_last_delta_in_state():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -19,20 +18,6 @@ ATTENTION_MODES: tuple[str, ...] = ("self", "global", "time")
 
 #: config keys of IGFL's training instructions: run IGFL-C, |S|, and Δw_ps as float32 bytes
 CORRECTION, PARTICIPANTS, GLOBAL_DELTA = "igfl-correction", "igfl-participants", "igfl-global-delta"
-
-
-def encode_vector(vector: torch.Tensor) -> bytes:
-    """A flat vector as little-endian float32 bytes (a config value in both Flower APIs)."""
-    return vector.detach().cpu().numpy().astype("<f4").tobytes()
-
-
-def decode_vector(data: bytes, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """``encode_vector``'s bytes split into tensors shaped like ``like``."""
-    flat = torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
-    sizes = [t.numel() for t in like]
-    if flat.numel() != sum(sizes):
-        raise ValueError(f"expected {sum(sizes)} values, got {flat.numel()}")
-    return [chunk.view_as(t) for chunk, t in zip(flat.split(sizes), like)]
 
 
 def afl_global_delta(deltas: torch.Tensor, previous: torch.Tensor | None, mode: AttentionMode) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,9 @@ from torch import nn
 
 from ..solvers import LocalResult, like_params, run_steps, trainable
 
+#: config key of the server's control variate ``c``; reply key of the client's ``Δc_i`` (float32 bytes)
+CONTROL, CONTROL_DELTA = "scaffold-control", "scaffold-control-delta"
+
 
 def scaffold_local_sgd(
     model: nn.Module,

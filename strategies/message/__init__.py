@@ -4,8 +4,10 @@ from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
 from .fedacs import FedACS
 from .fedmcsa import FedMCSA
+from .global_model import GlobalModelStrategy
 from .igfl import IGFL
 from .local import Local
 from .personalized import PersonalizedStrategy
+from .scaffold import SCAFFOLD
 
-__all__ = ["FedACS", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "IGFL", "Local", "PersonalizedStrategy"]
+__all__ = ["FedACS", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "IGFL", "Local", "PersonalizedStrategy", "SCAFFOLD"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from logging import INFO
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -16,13 +16,16 @@ from flwr.serverapp.strategy import Strategy
 from flower_pfl.methods import ServerRule
 
 from ..metrics import NUM_EXAMPLES, personalized_evaluate_metrics
-from ..personalized import PersonalizedServer, TrainReplies, UpdateRejected, log_rejected, make_rule
+from ..personalized import PersonalizedServer, TrainReplies, UpdateRejected, checked_payload, log_rejected, make_rule
 
 
-def collect_train_replies(replies: Iterable[Message], server_round: int,
-                          check: Callable[[list[np.ndarray], list[str]], torch.Tensor]) -> TrainReplies:
-    """Check every training reply (one ArrayRecord, one MetricRecord with ``num-examples``; the
-    arrays pass ``check``); failed and rejected clients are logged and left out."""
+def collect_train_replies(
+    replies: Iterable[Message], server_round: int, check: Callable[[list[np.ndarray], list[str]], torch.Tensor],
+    check_payload: Callable[[Mapping[str, Any]], Any] | None = None,
+) -> TrainReplies:
+    """Check every training reply: one ArrayRecord whose arrays pass ``check``, one MetricRecord
+    with ``num-examples``, and, if ``check_payload`` is given, ConfigRecords (a client's extra
+    bytes) that pass it. Failed and rejected clients are logged and left out."""
     batch = TrainReplies()
     for msg in replies:
         node_id = msg.metadata.src_node_id
@@ -39,6 +42,9 @@ def collect_train_replies(replies: Iterable[Message], server_round: int,
             if NUM_EXAMPLES not in metrics:
                 raise UpdateRejected(f"MetricRecord lacks '{NUM_EXAMPLES}'")
             vector = check([a.numpy() for a in record.values()], list(record.keys()))
+            if check_payload is not None:
+                extras = {k: v for rec in content.config_records.values() for k, v in rec.items()}
+                batch.payloads.append(checked_payload(check_payload, extras))
         except UpdateRejected as err:
             batch.rejected += 1
             log_rejected(node_id, server_round, str(err))

@@ -1,0 +1,29 @@
+"""Flat float32 vectors as bytes: how server state (Δw_ps, SCAFFOLD's c) and client extras
+(SCAFFOLD's Δc_i) travel in Flower's config records and legacy metrics, the same in both APIs."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+def encode_vector(vector: torch.Tensor) -> bytes:
+    """A flat vector as little-endian float32 bytes."""
+    return vector.detach().cpu().numpy().astype("<f4").tobytes()
+
+
+def decode_flat(data: bytes, size: int) -> torch.Tensor:
+    """``encode_vector``'s bytes as a flat vector of ``size`` values (``ValueError`` otherwise)."""
+    if not isinstance(data, bytes) or len(data) != 4 * size:
+        got = f"{len(data) // 4} values" if isinstance(data, bytes) else type(data).__name__
+        raise ValueError(f"expected {size} float32 values as bytes, got {got}")
+    return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
+
+
+def decode_vector(data: bytes, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``encode_vector``'s bytes split into tensors shaped like ``like``."""
+    sizes = [t.numel() for t in like]
+    flat = decode_flat(data, sum(sizes))
+    return [chunk.view_as(t) for chunk, t in zip(flat.split(sizes), like)]
