@@ -55,8 +55,13 @@ class AttentionAccumulator:
         with np.errstate(invalid="ignore", divide="ignore"):
             return ids, {name: (s[idx][:, idx] / count).numpy() for name, s in self._sums.items()}
 
-    def save(self, path: Path, title: str = "", rank: Mapping[Hashable, int] | None = None) -> None:
-        """``<path>.npz`` (ids, rank, one matrix per component) and ``<path>.png`` (one heatmap each)."""
+    def save(self, path: Path, title: str = "", rank: Mapping[Hashable, int] | None = None,
+             tick_labels: Mapping[Hashable, str] | None = None, order: str = "partition id") -> None:
+        """``<path>.npz`` (ids, rank, one matrix per component) and ``<path>.png`` (one heatmap each).
+
+        ``rank`` orders rows and columns (``order`` names it in the axis labels); ``tick_labels``
+        (e.g. each client's labels) are written on the axes of small matrices.
+        """
         ids, means = self.mean(rank)
         ranks = np.array([(rank or {}).get(cid, -1) for cid in ids])
         np.savez(path.with_suffix(".npz"), ids=np.array([str(i) for i in ids]), rank=ranks, **means)
@@ -65,17 +70,54 @@ class AttentionAccumulator:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        order = "partition id" if rank else "first participation"
+        order = order if rank else "first participation"
         fig, axes = plt.subplots(1, len(means), figsize=(4.6 * len(means), 4.2), dpi=110, squeeze=False)
         for ax, (name, mean) in zip(axes[0], means.items()):
             im = ax.imshow(np.ma.masked_invalid(mean), cmap="viridis", interpolation="nearest", vmin=0)
             fig.colorbar(im, ax=ax, fraction=0.046)
             ax.set(title=f"{name}  (mean self-weight {np.nanmean(np.diag(mean)):.2f})",
                    xlabel=f"attended client (by {order})", ylabel="client")
+            if tick_labels and len(ids) <= 24:
+                names = [tick_labels.get(cid, "?") for cid in ids]
+                ax.set_xticks(range(len(ids)), names, rotation=90, fontsize=7)
+                ax.set_yticks(range(len(ids)), names, fontsize=7)
         fig.suptitle(title)
         fig.tight_layout()
         fig.savefig(path.with_suffix(".png"))
         plt.close(fig)
+
+
+def label_set(counts: Sequence[int], min_share: float = 0.1) -> tuple[int, ...]:
+    """The labels that make up at least ``min_share`` of a client's training data."""
+    c = np.asarray(counts, dtype=float)
+    total = c.sum()
+    return tuple(int(i) for i in np.flatnonzero(c >= min_share * total)) if total > 0 else ()
+
+
+def strongest_partner_agreement(mean: np.ndarray, groups: Sequence[Hashable]) -> dict[str, float]:
+    """How often each client's strongest off-diagonal attention falls on a client of its own
+    group (e.g. the same label set; IGFL's Figure 2 check, where the paper reports 96%).
+
+    ``mean``: ``(n, n)`` attention averaged over rounds (NaN for pairs that never met);
+    ``groups[i]``: client ``i``'s group. ``chance`` is the same rate for a partner drawn
+    uniformly from the clients each row met.
+    """
+    m = np.array(mean, dtype=float)
+    np.fill_diagonal(m, np.nan)
+    index: dict[Hashable, int] = {}
+    g = np.array([index.setdefault(x, len(index)) for x in groups])
+    same = g[:, None] == g[None, :]
+    hits, chance, rows = 0, 0.0, 0
+    for i in range(len(g)):
+        met = np.isfinite(m[i])
+        if not met.any():
+            continue
+        rows += 1
+        hits += bool(same[i, int(np.nanargmax(m[i]))])
+        chance += float(same[i, met].mean())
+    if not rows:
+        return {"strongest_same_group": float("nan"), "chance_same_group": float("nan"), "clients": 0}
+    return {"strongest_same_group": hits / rows, "chance_same_group": chance / rows, "clients": rows}
 
 
 def label_grouping(similarity: np.ndarray, mask: np.ndarray, labels: Sequence[int]) -> dict[str, float]:

@@ -17,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import make_model, solver_config
-from flower_pfl.diagnostics import save_similarity_snapshot
+from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
 from flower_pfl.results import RunRecorder
 
 from .factory import build_legacy_strategy, build_message_strategy
@@ -33,21 +33,34 @@ def run_dir(cfg: ExperimentConfig) -> Path:
     return Path(cfg.output_dir).expanduser().resolve() / f"{cfg.method}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
 
 
-def _save_diagnostics(server: Any, labels: Mapping[int, int], out: Path, method: str) -> dict[str, Any]:
-    """Attention heatmaps (clients grouped by dominant label) and, for FedACS, the last round's
-    similarity and selection mask. Returns figures for the summary."""
-    label_of = {key: labels.get(int(key), -1) for key in server.node_rank}  # legacy ids are strings
-    by_label = {key: i for i, key in enumerate(sorted(server.node_rank, key=lambda k: (label_of[k], server.node_rank[k])))}
-    if len(server.attention):
-        server.attention.save(out / "attention", title=f"{method}: mean attention over rounds", rank=by_label or None)
-    rule = server.rule
-    if getattr(rule, "last_similarity", None) is None or not server.last_participants:
-        return {}
-    ids = server.last_participants
+def _save_diagnostics(state: Any, info: Mapping[int, Mapping[str, Any]], out: Path, method: str) -> dict[str, Any]:
+    """Attention heatmaps averaged over rounds (clients ordered by their label set, then partition
+    id) with how often each client's strongest attention falls on a client with the same labels,
+    and, for FedACS, the last round's similarity and selection mask. Returns figures for the summary."""
+    def about(key: Any) -> Mapping[str, Any]:
+        return info.get(int(key), {})  # legacy client ids are the node ids as strings
+
+    extra: dict[str, Any] = {}
+    attention = getattr(state, "attention", None)
+    if attention is not None and len(attention):
+        ids, _ = attention.mean()
+        labels = {cid: label_set(about(cid).get("label-counts", [])) for cid in ids}
+        order = sorted(ids, key=lambda c: (labels[c], about(c).get("partition-id", -1)))
+        attention.save(out / "attention", title=f"{method}: mean attention over rounds", rank={c: i for i, c in enumerate(order)},
+                       tick_labels={c: ",".join(map(str, labels[c])) for c in ids}, order="label set")
+        ordered, means = attention.mean({c: i for i, c in enumerate(order)})
+        for name, mean in means.items():
+            stats = strongest_partner_agreement(mean, [labels[c] for c in ordered])
+            extra[f"attention_{name}_strongest_same_labels"] = stats["strongest_same_group"]
+            extra[f"attention_{name}_chance_same_labels"] = stats["chance_same_group"]
+    rule = getattr(state, "rule", None)
+    if getattr(rule, "last_similarity", None) is None or not state.last_participants:
+        return extra
+    ids = state.last_participants
     stats = save_similarity_snapshot(out / "similarity_last_round", ids, rule.last_similarity.cpu().numpy(),
                                      rule.last_mask.cpu().numpy(), rule.last_delta,
-                                     [label_of.get(cid, -1) for cid in ids], title=method)
-    return {f"last_round_{k}": v for k, v in stats.items()}
+                                     [about(cid).get("dominant-label", -1) for cid in ids], title=method)
+    return extra | {f"last_round_{k}": v for k, v in stats.items()}
 
 
 @app.main()
@@ -68,7 +81,6 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     recorder = RunRecorder(out, cfg.to_run_config(), cfg.num_rounds, log=lambda msg: log(INFO, "%s", msg))
     info = query_nodes(grid)
     ranks = {node: i["partition-id"] for node, i in info.items()}
-    labels = {node: i.get("dominant-label", -1) for node, i in info.items()}
     grid = RankedGrid(grid, ranks)  # type: ignore[assignment]
     num_nodes = len(list(grid.get_node_ids()))
     log(INFO, "flower-pfl: %s on %s (%s), %d nodes, results in %s", cfg.method, cfg.dataset, cfg.model, num_nodes, out)
@@ -87,10 +99,10 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         start_grid(grid=grid, strategy=RecordedLegacyStrategy(strategy, recorder, cfg.eval_every),
                    config=ServerConfig(num_rounds=cfg.num_rounds))
 
-    server = getattr(strategy, "server", None)  # our strategies' per-client state
-    if server is not None and server.store is not None:
-        torch.save(server.store.state_dict(), out / "personalized_models.pt")
-    extra = _save_diagnostics(server, labels, out, cfg.method) if server is not None else {}
+    state = getattr(strategy, "server", None)  # our strategies' server state (none for Flower's own)
+    if getattr(state, "store", None) is not None:
+        torch.save(state.store.state_dict(), out / "personalized_models.pt")
+    extra = _save_diagnostics(state, info, out, cfg.method) if state is not None else {}
     summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}", extra=extra)
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     log(INFO, "flower-pfl: results written to %s", out)

@@ -4,8 +4,8 @@ A SuperLink gives nodes random ids on every run, so "the same seed samples the
 same clients" needs a stable order. Before training the ServerApp asks every node
 for its ``partition-id`` once (a ``query`` message) and ranks nodes by it: our
 strategies sort by that rank, Flower's own see the grid's node ids in that order.
-The same query returns each node's dominant training label, used only to group
-clients in diagnostic plots.
+The same query returns each node's training label counts (and dominant label), used
+only to group clients in diagnostic plots.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 
-def query_nodes(grid: Grid, timeout: float = 120.0) -> dict[int, dict[str, int]]:
-    """``node id -> {"partition-id", "dominant-label"}`` of every node that answers."""
+def query_nodes(grid: Grid, timeout: float = 120.0) -> dict[int, dict[str, Any]]:
+    """``node id -> {"partition-id", "dominant-label", "label-counts"}`` of every node that answers."""
     messages = [Message(RecordDict({"config": ConfigRecord()}), message_type=MessageType.QUERY, dst_node_id=n)
                 for n in grid.get_node_ids()]
-    info: dict[int, dict[str, int]] = {}
+    info: dict[int, dict[str, Any]] = {}
     for reply in grid.send_and_receive(messages, timeout=timeout):
         if reply.has_error() or not reply.content.metric_records:
             continue
         metrics = next(iter(reply.content.metric_records.values()))
         if "partition-id" in metrics:
-            info[reply.metadata.src_node_id] = {k: int(v) for k, v in metrics.items()}
+            info[reply.metadata.src_node_id] = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
     if len(info) < len(messages):
         log(WARNING, "%d of %d nodes did not report a partition-id; they are sampled after the others",
             len(messages) - len(info), len(messages))

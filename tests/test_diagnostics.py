@@ -38,3 +38,18 @@ def test_label_grouping_by_hand():
     assert stats["kept_same_label"] == 1.0 and stats["kept_pairs"] == 2
     assert stats["chance_same_label"] == 2 / 6
     assert stats["mean_similarity_same_label"] == 0.9 and np.isclose(stats["mean_similarity_other_label"], 0.15)
+
+
+def test_label_set_and_strongest_partner_by_hand():
+    from flower_pfl.diagnostics import label_set, strongest_partner_agreement
+
+    assert label_set([50, 45, 5, 0]) == (0, 1) and label_set([0, 0]) == ()
+    mean = np.array([[0.5, 0.3, 0.2, np.nan],
+                     [0.1, 0.6, 0.05, 0.25],
+                     [0.2, 0.1, 0.4, 0.3],
+                     [np.nan, 0.0, np.nan, 1.0]])  # client 3 met only client 1
+    groups = [(0, 1), (0, 1), (2, 3), (2, 3)]
+    stats = strongest_partner_agreement(mean, groups)
+    # strongest partners: 0 -> 1 (same), 1 -> 3 (other), 2 -> 3 (same), 3 -> 1 (other)
+    assert stats["strongest_same_group"] == 0.5 and stats["clients"] == 4
+    assert np.isclose(stats["chance_same_group"], (1 / 2 + 1 / 3 + 1 / 3 + 0) / 4)

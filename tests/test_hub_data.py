@@ -23,6 +23,19 @@ def test_fmnist_dirichlet_partitions_cover_the_train_split(tmp_path):
     assert np.array_equal(again.y_test.numpy(), clients[3].y_test.numpy())
 
 
+def test_paired_clients_split_one_hub_partition(tmp_path):
+    labels = np.random.default_rng(1).integers(0, 10, 400)
+    files.write_hub_folder(tmp_path, "image", "label", labels, (28, 28))
+    common = {"dataset": "fmnist", "data_source": "flwr-datasets", "hub_dataset": str(tmp_path), "partition": "shards"}
+    twins = [load_client_data(ExperimentConfig(**common, paired_clients=True), pid, 4) for pid in range(4)]
+    groups = [load_client_data(ExperimentConfig(**common), pid, 2) for pid in range(2)]
+    for k, group in enumerate(groups):
+        pair = twins[2 * k: 2 * k + 2]
+        assert sum(c.num_train + c.num_test for c in pair) == group.num_train + group.num_test
+        labels_of = [set(c.y_train.tolist()) | set(c.y_test.tolist()) for c in pair]
+        assert labels_of[0] == labels_of[1] == set(group.y_train.tolist()) | set(group.y_test.tolist())
+
+
 def test_femnist_natural_partition_is_one_writer_per_client(tmp_path):
     labels = np.random.default_rng(1).integers(0, 62, 120)
     writers = [f"writer{i % 6}" for i in range(120)]

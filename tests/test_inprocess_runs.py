@@ -16,7 +16,7 @@ SMALL = {"num-rounds": 12, "clients-per-round": 8, "local-steps": 10, "eval-ever
 def run_dirs(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     return {m: run_in_process({**SMALL, "method": m, "output-dir": str(out)}, num_nodes=16)
-            for m in ("fedavg", "fedprox", "fedavgm", "fedadam", "local", "fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s")}
+            for m in ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local", "fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s")}
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +111,16 @@ def test_fedacs_saves_last_round_similarity_grouped_by_label(tmp_path):
     assert (out / "similarity_last_round.png").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["last_round_chance_same_label"] <= 1
+
+
+def test_igfl_self_attention_heatmap_by_label_set_with_paired_clients(tmp_path):
+    """IGFL's Figure 2 setting: 10 clients in twins that share their two label shards, all train."""
+    out = run_in_process({**SMALL, "method": "igfl-s", "igfl-attention": "self", "partition": "shards", "paired-clients": True,
+                          "num-rounds": 6, "clients-per-round": 10, "output-dir": str(tmp_path)}, num_nodes=10)
+    saved = np.load(out / "attention.npz")
+    mean = saved["model"]
+    assert mean.shape == (10, 10) and np.allclose(mean.sum(1), 1.0, atol=1e-5)  # every row is a softmax
+    summary = json.loads((out / "summary.json").read_text())
+    assert np.isclose(summary["attention_model_chance_same_labels"], 1 / 9)  # each client's twin is the only match
+    assert summary["attention_model_strongest_same_labels"] >= 0.8  # self-attention finds the twin (paper: 96%)
+    assert (out / "attention.png").exists()

@@ -30,6 +30,22 @@ def test_pathological_gives_k_classes_and_shards_equal_sizes():
     assert max(len(np.unique(LABELS[p])) for p in shards) <= 4  # 2 shards of sorted labels, each may straddle a boundary
 
 
+@pytest.mark.parametrize("n", [10, 7])
+def test_paired_clients_are_twins_with_the_same_labels(n):
+    parts = partition_indices(LABELS, n, "shards", shards_per_client=2, seed=2, paired=True)
+    joined = np.concatenate(parts)
+    assert len(parts) == n and len(joined) == len(LABELS) and len(np.unique(joined)) == len(LABELS)
+    groups = partition_indices(LABELS, (n + 1) // 2, "shards", shards_per_client=2, seed=2)
+    for k, group in enumerate(groups):
+        twins = parts[2 * k: 2 * k + 2]
+        assert np.array_equal(np.sort(np.concatenate(twins)), np.sort(group))  # the twins split group k
+        if len(twins) == 2:
+            a, b = (np.bincount(LABELS[t], minlength=10) / len(t) for t in twins)
+            assert abs(len(twins[0]) - len(twins[1])) <= 1 and np.abs(a - b).max() < 0.15  # same label mix
+    with pytest.raises(ConfigError, match="'paired-clients'"):
+        ExperimentConfig.from_mapping({"paired-clients": True})  # the natural partition has no scheme to split
+
+
 def test_smaller_dirichlet_alpha_means_stronger_label_skew():
     def mean_classes(alpha):
         return np.mean([len(np.unique(LABELS[p])) for p in partition_indices(LABELS, 20, "dirichlet", alpha=alpha, seed=0)])

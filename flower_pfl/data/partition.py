@@ -11,6 +11,10 @@ array of any data set; every scheme is seeded.
   class is ``i mod #classes``, so every class is used when there are enough clients).
 - ``shards``: sort by label, cut into shards, ``shards_per_client`` shards each
   (McMahan et al.; IGFL's cross-silo split with 2 shards).
+
+``paired``: clients ``2k`` and ``2k + 1`` split the ``k``-th partition of the scheme
+at random, so every client has a twin with the same label distribution (IGFL's
+"paired population", its Figure 2).
 """
 
 from __future__ import annotations
@@ -45,12 +49,32 @@ def make_partitioner(scheme: str, num_partitions: int, *, label: str = "label", 
     raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
 
 
-def partition_indices(labels: np.ndarray, num_partitions: int, scheme: str, *, seed: int = 0, **options: Any) -> list[np.ndarray]:
+def paired_groups(num_partitions: int) -> int:
+    """How many partitions the scheme makes when clients come in twins."""
+    return (num_partitions + 1) // 2
+
+
+def twin_share(size: int, partition_id: int, num_partitions: int, seed: int = 0) -> np.ndarray:
+    """The indices (into its group's ``size`` samples) client ``partition_id`` keeps when clients
+    ``2k`` and ``2k + 1`` split group ``k`` at random; a client without a twin keeps all."""
+    if partition_id == num_partitions - 1 and num_partitions % 2:
+        return np.arange(size)
+    perm = np.random.default_rng([seed, 3, partition_id // 2]).permutation(size)
+    return np.sort(perm[: size // 2] if partition_id % 2 == 0 else perm[size // 2:])
+
+
+def partition_indices(labels: np.ndarray, num_partitions: int, scheme: str, *, seed: int = 0, paired: bool = False,
+                      **options: Any) -> list[np.ndarray]:
     """Sample indices of every partition: ``num_partitions`` arrays covering disjoint samples.
 
-    ``options``: ``alpha``, ``classes_per_client``, ``shards_per_client`` (see ``make_partitioner``).
+    ``options``: ``alpha``, ``classes_per_client``, ``shards_per_client`` (see ``make_partitioner``);
+    ``paired``: clients come in twins that share one partition of the scheme.
     """
     from datasets import Dataset
+
+    if paired:
+        groups = partition_indices(labels, paired_groups(num_partitions), scheme, seed=seed, **options)
+        return [groups[i // 2][twin_share(len(groups[i // 2]), i, num_partitions, seed)] for i in range(num_partitions)]
 
     part = make_partitioner(scheme, num_partitions, seed=seed, **options)
     labels = np.asarray(labels)
