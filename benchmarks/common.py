@@ -9,7 +9,7 @@ import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -18,9 +18,10 @@ def _run(job: dict) -> dict:
     """One experiment in a worker process (the real ServerApp/ClientApp code, in-process grid)."""
     import torch
 
-    torch.set_num_threads(1)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
     from server_apps.inprocess import run_in_process
+
+    torch.set_num_threads(1)
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # after Flower's logger is set up by the import
 
     out = run_in_process(job["overrides"], num_nodes=job["num_nodes"])
     summary = json.loads((out / "summary.json").read_text())
@@ -50,12 +51,12 @@ def machine(workers: int) -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch CPU, {workers} runs in parallel"
 
 
-def mean_curve(runs: list[dict]) -> tuple[list[int], np.ndarray]:
-    """Rounds and the mean (over runs) personalized accuracy of each evaluated round."""
+def mean_curve(runs: list[dict], key: str = "accuracy") -> tuple[list[int], np.ndarray]:
+    """Rounds and the mean (over runs) of evaluation metric ``key`` in each evaluated round."""
     curves = []
     for r in runs:
         rows = [json.loads(x) for x in (Path(r["results_dir"]) / "metrics.jsonl").read_text().splitlines()]
-        curves.append([(x["round"], x["accuracy"]) for x in rows if x["phase"] == "evaluate"])
+        curves.append([(x["round"], x[key]) for x in rows if x["phase"] == "evaluate"])
     n = min(len(c) for c in curves)
     return [rnd for rnd, _ in curves[0][:n]], np.mean([[a for _, a in c[:n]] for c in curves], axis=0)
 
@@ -64,3 +65,24 @@ def save(out: Path, table: str, payload: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
+
+
+def plot_curves(panels: Mapping[str, Mapping[str, list[dict]]], path: Path, ylabel: str, key: str = "accuracy") -> None:
+    """One panel per title; in each, one line per label: metric ``key`` per round, mean over its runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), dpi=120, squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels.items()):
+        for label, runs in lines.items():
+            if runs:
+                rounds, values = mean_curve(runs, key)
+                ax.plot(rounds, 100 * values, label=label)
+        ax.set(title=title, xlabel="round", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

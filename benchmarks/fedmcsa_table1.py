@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import fmt, machine, mean_curve, run_jobs, save
+from benchmarks.common import fmt, machine, plot_curves as common_plot, run_jobs, save
 
 #: Table 1, Synthetic (MLR, DNN), BMTA in %, mean of 3 runs. Local is not in the paper.
 PAPER = {
@@ -107,25 +107,11 @@ def main() -> None:
 
 def plot_curves(runs: list[dict], path: Path) -> None:
     """Mean personalized accuracy per round over seeds, one panel per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = sorted({r["model"] for r in runs})
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), dpi=120, squeeze=False)
-    for ax, mdl in zip(axes[0], models):
-        for m, part in dict.fromkeys((r["method"], r.get("participation", "sampled")) for r in runs):
-            sel = [r for r in runs if r["method"] == m and r["model"] == mdl and r.get("participation", "sampled") == part]
-            if sel:
-                rounds, acc = mean_curve(sel)
-                ax.plot(rounds, 100 * acc, label=_label(m, part))
-        ax.set(title=f"Synthetic(0.5, 0.5), {mdl.upper()}", xlabel="round", ylabel="mean personalized test accuracy (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    keys = dict.fromkeys((r["method"], r.get("participation", "sampled")) for r in runs)
+    panels = {f"Synthetic(0.5, 0.5), {mdl.upper()}": {
+        _label(m, part): [r for r in runs if r["method"] == m and r["model"] == mdl and r.get("participation", "sampled") == part]
+        for m, part in keys} for mdl in sorted({r["model"] for r in runs})}
+    common_plot(panels, path, "mean personalized test accuracy (%)")
 
 
 if __name__ == "__main__":
