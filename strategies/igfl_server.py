@@ -48,7 +48,7 @@ class IGFLServer(GlobalServer):
         else:
             previous = torch.stack([self.previous.get(cid, torch.zeros_like(global_model)) for cid in ids])
             update, weights = afl_global_delta(deltas, previous, self.attention_mode)  # type: ignore[arg-type]
-            if self.attention_mode == "self":
+            if weights.dim() == 2:  # client-by-client attention (self, time)
                 self.attention.add(ids, {"model": weights})
         self.previous.update(zip(ids, deltas))
         self.global_delta = update

@@ -35,8 +35,9 @@ def test_global_attention_by_hand():
 def test_time_attention_by_hand():
     previous = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # client 1 takes part for the first time
     update, w = afl_global_delta(D, previous, "time")
-    a = _softmax(2.0, 0.0)
-    assert torch.allclose(w, torch.tensor(a)) and torch.allclose(update, torch.tensor([2 * a[0], a[1]]))
+    a, b = _softmax(2.0, 0.0)  # q_0 = (1, 0): <q_0, d0> = 2, <q_0, d1> = 0; q_1 = 0 gives a uniform row
+    assert torch.allclose(w, torch.tensor([[a, b], [0.5, 0.5]]))
+    assert torch.allclose(update, (torch.tensor([2 * a, b]) + torch.tensor([1.0, 0.5])) / 2)
     with pytest.raises(ValueError, match="previous deltas"):
         afl_global_delta(D, None, "time")
 

@@ -79,9 +79,18 @@ def test_legacy_igfl_time_attention_round():
     returned = {"a": list(_arrays(1.0).values()), "b": list(_arrays(3.0, seed=1).values())}
     params, metrics = strat.aggregate_fit(1, [(p, fb.fit_res(returned[p.cid])) for p, _ in ins], [])
     deltas = torch.stack([_flat(returned[p.cid]) - _flat(init) for p, _ in ins])
-    expected, _ = afl_global_delta(deltas, torch.zeros_like(deltas), "time")  # first participation: zero
-    assert torch.allclose(_flat(parameters_to_ndarrays(params)), _flat(init) + expected, atol=1e-5)
+    first = _flat(parameters_to_ndarrays(params))
+    assert torch.allclose(first, _flat(init) + deltas.mean(0), atol=1e-5)  # no previous deltas yet: uniform rows
     assert set(strat.server.previous) == {"a", "b"}
+    ins = strat.configure_fit(2, params, cm)  # round 2: each client's query is its round-1 delta
+    again = {"a": list(_arrays(0.5, seed=2).values()), "b": list(_arrays(-0.2, seed=3).values())}
+    params, _ = strat.aggregate_fit(2, [(p, fb.fit_res(again[p.cid])) for p, _ in ins], [])
+    order = [p.cid for p, _ in ins]
+    previous = torch.stack([_flat(returned[c]) - _flat(init) for c in order])
+    now = torch.stack([_flat(again[c]) - first for c in order])
+    expected, w = afl_global_delta(now, previous, "time")
+    assert not torch.allclose(w, torch.full((2, 2), 0.5))
+    assert torch.allclose(_flat(parameters_to_ndarrays(params)), first + expected, atol=1e-4)
 
 
 def test_client_keeps_its_last_delta_in_state():

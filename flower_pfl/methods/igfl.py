@@ -24,31 +24,33 @@ def afl_global_delta(deltas: torch.Tensor, previous: torch.Tensor | None, mode: 
     """The server's global update ``w_ps^{r+1} - w_ps^r`` from the participants' deltas (Algorithm 3).
 
     ``deltas``: ``(m, d)`` rows ``Δw_j^{r+1}``; ``previous``: ``(m, d)`` rows ``Δw_j^r`` (time attention).
-    Scores are dot products ``ψ(q, Δw) = <q, Δw>`` under a softmax that subtracts the row maximum,
-    so whole-model dot products of any size are safe.
+    Algorithm 3: ``α_ij = softmax_j ψ(q_i, Δw_j^{r+1})`` with ``ψ`` the dot product, ``Δŵ_i = Σ_j α_ij Δw_j``
+    and update ``mean_i Δŵ_i = (mean_i α_i·) Δw``. The softmax subtracts the row maximum, so
+    whole-model dot products of any size are safe. The query ``q_i``:
 
-    - ``self`` (§4.1): ``α_ij = softmax_j <Δw_i, Δw_j>``, ``Δŵ_i = Σ_j α_ij Δw_j``, update = mean_i Δŵ_i.
-    - ``global`` (§4.2): ``α_j = softmax_j <Δw_ps^{r+1}, Δw_j>`` with ``Δw_ps^{r+1}`` the mean delta,
-      update = ``Σ_j α_j Δw_j``.
-    - ``time`` (§4.3, its explicit equation): ``α_j = softmax_j <Δw_j^r, Δw_j^{r+1}>``, each client
-      scored by how its update agrees with its own previous one; update = ``Σ_j α_j Δw_j``.
-      A client without a previous delta has ``Δw_j^r = 0`` (Algorithm 1's initialisation).
+    - ``self`` (Option I, §4.1): ``Δw_i^{r+1}``, the client's own delta;
+    - ``global`` (Option II, §4.2): ``Δw_ps^{r+1}``, the mean delta (one query: weights ``(m,)``);
+    - ``time`` (Option III): ``Δw_i^r``, the client's previous delta, kept by the server; a client
+      without one has ``Δw_i^r = 0`` (Algorithm 1's initialisation), i.e. a uniform row.
+      (§4.3's displayed equation keeps only the diagonal ``α_jj`` of this matrix as ``α_j``;
+      those weights need not sum to one, so Algorithm 3 is followed.)
 
-    Returns ``(update, weights)``; ``weights`` is ``(m, m)`` for ``self``, ``(m,)`` otherwise.
-    With equal deltas every mode gives their mean, i.e. FedAvg.
+    Returns ``(update, weights)``; ``weights`` is ``(m, m)`` for ``self`` and ``time``, ``(m,)`` for
+    ``global``. With equal deltas every mode gives their mean, i.e. FedAvg.
     """
-    if mode == "self":
-        weights = torch.softmax(deltas @ deltas.T, dim=1)
-        return (weights @ deltas).mean(0), weights
     if mode == "global":
         weights = torch.softmax(deltas @ deltas.mean(0), dim=0)
+        return weights @ deltas, weights
+    if mode == "self":
+        queries = deltas
     elif mode == "time":
         if previous is None or previous.shape != deltas.shape:
             raise ValueError("time attention needs the participants' previous deltas, shaped like their deltas")
-        weights = torch.softmax((previous * deltas).sum(1), dim=0)
+        queries = previous
     else:
         raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
-    return weights @ deltas, weights
+    weights = torch.softmax(queries @ deltas.T, dim=1)
+    return weights.mean(0) @ deltas, weights
 
 
 def igfl_local_sgd(
