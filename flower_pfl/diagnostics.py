@@ -20,11 +20,14 @@ class AttentionAccumulator:
         self._index: dict[Hashable, int] = {}
         self._sums: dict[str, torch.Tensor] = {}
         self._count = torch.zeros((0, 0), dtype=torch.float64)
+        #: every round's participants and weights, in order (``save_rounds`` writes them)
+        self.rounds: list[tuple[list[Hashable], dict[str, np.ndarray]]] = []
 
     def __len__(self) -> int:
         return len(self._index)
 
     def add(self, ids: Sequence[Hashable], weights: Mapping[str, torch.Tensor]) -> None:
+        self.rounds.append((list(ids), {k: w.detach().cpu().numpy().astype(np.float32) for k, w in weights.items()}))
         for cid in ids:
             self._index.setdefault(cid, len(self._index))
         n = len(self._index)
@@ -54,6 +57,19 @@ class AttentionAccumulator:
         count = self._count[idx][:, idx]
         with np.errstate(invalid="ignore", divide="ignore"):
             return ids, {name: (s[idx][:, idx] / count).numpy() for name, s in self._sums.items()}
+
+    def save_rounds(self, path: Path) -> None:
+        """``<path>.npz``: ``ids`` ``(R, m)`` (the participants of each round, rows and columns of its
+        matrix; ``""`` pads rounds with fewer), ``num_participants`` ``(R,)`` and per component
+        ``(R, m, m)`` weights (NaN-padded)."""
+        m = max((len(ids) for ids, _ in self.rounds), default=0)
+        ids = np.full((len(self.rounds), m), "", dtype=object)
+        out: dict[str, np.ndarray] = {}
+        for r, (round_ids, weights) in enumerate(self.rounds):
+            ids[r, : len(round_ids)] = [str(c) for c in round_ids]
+            for name, w in weights.items():
+                out.setdefault(name, np.full((len(self.rounds), m, m), np.nan, dtype=np.float32))[r, : w.shape[0], : w.shape[1]] = w
+        np.savez(path.with_suffix(".npz"), ids=ids.astype(str), num_participants=np.array([len(i) for i, _ in self.rounds]), **out)
 
     def save(self, path: Path, title: str = "", rank: Mapping[Hashable, int] | None = None,
              tick_labels: Mapping[Hashable, str] | None = None, order: str = "partition id") -> None:

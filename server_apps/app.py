@@ -46,6 +46,7 @@ def _save_diagnostics(state: Any, info: Mapping[int, Mapping[str, Any]], out: Pa
         ids, _ = attention.mean()
         labels = {cid: label_set(about(cid).get("label-counts", [])) for cid in ids}
         order = sorted(ids, key=lambda c: (labels[c], about(c).get("partition-id", -1)))
+        attention.save_rounds(out / "attention_rounds")
         attention.save(out / "attention", title=f"{method}: mean attention over rounds", rank={c: i for i, c in enumerate(order)},
                        tick_labels={c: ",".join(map(str, labels[c])) for c in ids}, order="label set")
         ordered, means = attention.mean({c: i for i, c in enumerate(order)})

@@ -53,3 +53,14 @@ def test_label_set_and_strongest_partner_by_hand():
     # strongest partners: 0 -> 1 (same), 1 -> 3 (other), 2 -> 3 (same), 3 -> 1 (other)
     assert stats["strongest_same_group"] == 0.5 and stats["clients"] == 4
     assert np.isclose(stats["chance_same_group"], (1 / 2 + 1 / 3 + 1 / 3 + 0) / 4)
+
+
+def test_every_round_is_kept_and_saved(tmp_path):
+    acc = AttentionAccumulator()
+    acc.add([7, 8], {"w": torch.tensor([[0.9, 0.1], [0.4, 0.6]])})
+    acc.add([9, 7, 8], {"w": torch.full((3, 3), 1 / 3)})
+    acc.save_rounds(tmp_path / "rounds")
+    saved = np.load(tmp_path / "rounds.npz")
+    assert saved["ids"].tolist() == [["7", "8", ""], ["9", "7", "8"]] and saved["num_participants"].tolist() == [2, 3]
+    assert np.allclose(saved["w"][0, :2, :2], [[0.9, 0.1], [0.4, 0.6]]) and np.isnan(saved["w"][0, 2]).all()
+    assert np.allclose(saved["w"][1], 1 / 3)

@@ -124,3 +124,5 @@ def test_igfl_self_attention_heatmap_by_label_set_with_paired_clients(tmp_path):
     assert np.isclose(summary["attention_model_chance_same_labels"], 1 / 9)  # each client's twin is the only match
     assert summary["attention_model_strongest_same_labels"] >= 0.8  # self-attention finds the twin (paper: 96%)
     assert (out / "attention.png").exists()
+    rounds = np.load(out / "attention_rounds.npz")
+    assert rounds["model"].shape == (6, 10, 10) and np.allclose(rounds["model"].sum(2), 1.0, atol=1e-5)
