@@ -21,6 +21,14 @@ def test_partitions_are_disjoint_complete_and_seeded(scheme):
     assert any(not np.array_equal(a, b) for a, b in zip(parts, other))
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_clients_share_of_a_class_is_a_random_sample_of_it(scheme):
+    """Index order often means something (pooled Synthetic: one user after another); it must not leak."""
+    parts = partition_indices(LABELS, 20, scheme, seed=1, alpha=1000.0)
+    positions = np.array([p.mean() / len(LABELS) for p in parts])
+    assert np.all(np.abs(positions - 0.5) < 0.15), positions.round(2)  # in index order, client 0 got the first samples
+
+
 def test_pathological_gives_k_classes_and_shards_equal_sizes():
     for k in (1, 2, 3):
         parts = partition_indices(LABELS, 20, "pathological", classes_per_client=k, seed=0)

@@ -78,8 +78,10 @@ def partition_indices(labels: np.ndarray, num_partitions: int, scheme: str, *, s
 
     part = make_partitioner(scheme, num_partitions, seed=seed, **options)
     labels = np.asarray(labels)
-    # IidPartitioner splits in order: shuffle first, with the seed
-    order = np.random.default_rng(seed).permutation(len(labels)) if scheme == "iid" else np.arange(len(labels))
+    # The partitioners cut each class (or the whole set) in index order; shuffle first, with the seed, so a
+    # client's share of a class is a random sample of it (as FederatedDataset does), not the samples that
+    # happen to come first (for pooled Synthetic data: the first users' samples).
+    order = np.random.default_rng(seed).permutation(len(labels))
     part.dataset = Dataset.from_dict({"label": labels[order], "idx": order})
     return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(num_partitions)]
 
