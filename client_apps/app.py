@@ -21,8 +21,10 @@ from flwr.clientapp import ClientApp
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
 from flower_pfl.experiment import (
-    dataset_shape, load_client_data, make_model, resolve_device, train_client, train_igfl_client, train_scaffold_client,
+    dataset_shape, load_client_data, make_model, resolve_device, train_client, train_fedattn_client, train_igfl_client,
+    train_scaffold_client,
 )
+from flower_pfl.methods.fedattn import BIAS_GRADIENT, FEDATTN, REPRESENTATION
 from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from flower_pfl.methods.igfl import CORRECTION as IGFL_CORRECTION
 from flower_pfl.methods.scaffold import CONTROL as SCAFFOLD_CONTROL, CONTROL_DELTA as SCAFFOLD_CONTROL_DELTA
@@ -83,6 +85,9 @@ class Node:
             res = self._fit_igfl(config)
         elif SCAFFOLD_CONTROL in config:
             res, payload = self._fit_scaffold(config)
+        elif config.get(FEDATTN):
+            res, z, gradient = train_fedattn_client(self.model, self.data, config, self.cfg.seed, self.partition_id)
+            payload = {REPRESENTATION: encode_vector(z), BIAS_GRADIENT: encode_vector(gradient)}
         else:
             anchor = self._anchor(config.get(ANCHOR))
             res = train_client(self.model, self.data, config, self.cfg.seed, self.partition_id, anchor=anchor)

@@ -18,7 +18,7 @@ from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
+METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
@@ -72,6 +72,11 @@ class ExperimentConfig:
     all_clients_train: bool = False
     fedacs_p: float = 0.5
     igfl_attention: str = "self"
+    fedattn_k: int = 5
+    fedattn_dk: int = 16
+    fedattn_lr: float = 0.01
+    fedattn_bias_reg: float = 0.0
+    fedattn_warmup: int = 0
     server_momentum: float = 0.9
     fedadam_eta: float = 0.01
     fedadam_tau: float = 0.001
@@ -90,13 +95,13 @@ class ExperimentConfig:
             if getattr(self, name) not in allowed:
                 _fail(name, getattr(self, name), f"one of {', '.join(allowed)}")
         for name in ("num_rounds", "clients_per_round", "batch_size", "local_steps", "eval_every", "hidden_units",
-                     "classes_per_client", "shards_per_client"):
+                     "classes_per_client", "shards_per_client", "fedattn_k", "fedattn_dk"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "an integer >= 1")
-        for name in ("lr", "sigma"):
+        for name in ("lr", "sigma", "fedattn_lr"):
             if not getattr(self, name) > 0:
                 _fail(name, getattr(self, name), "a number > 0")
-        for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta"):
+        for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta", "fedattn_bias_reg"):
             if not getattr(self, name) >= 0:
                 _fail(name, getattr(self, name), "a number >= 0")
         if self.data_source == "flwr-datasets" and self.dataset not in HUB and self.dataset != "synthetic":
@@ -120,6 +125,8 @@ class ExperimentConfig:
             _fail("fedacs_p", self.fedacs_p, "a number in [0, 1)")
         if not 0 < self.train_fraction < 1:
             _fail("train_fraction", self.train_fraction, "a number in (0, 1)")
+        if self.fedattn_warmup < 0:
+            _fail("fedattn_warmup", self.fedattn_warmup, "an integer >= 0")
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
         if not self.output_dir:

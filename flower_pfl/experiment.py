@@ -17,6 +17,7 @@ from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
 from .data.synthetic import DIM, NUM_CLASSES
 from .methods.base import PROXIMAL_MU
+from .methods.fedattn import BIAS_REG, GLOBAL_BIASES, fedattn_local_sgd
 from .methods.igfl import GLOBAL_DELTA, PARTICIPANTS, igfl_local_sgd
 from .methods.scaffold import CONTROL, scaffold_local_sgd
 from .models import build_model
@@ -177,3 +178,19 @@ def train_scaffold_client(
     result, new_local, delta = scaffold_local_sgd(model, data.x_train.to(device), data.y_train.to(device),
                                                   c_global=c_global, c_local=c_local, **_solver_args(config, seed, partition_id))
     return result, new_local, torch.cat([d.flatten() for d in delta])
+
+
+def train_fedattn_client(
+    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
+) -> tuple[LocalResult, torch.Tensor, torch.Tensor]:
+    """FedAttn's local solver on the training split (Algorithm 1, localSolver): ``config`` carries
+    the solver settings and, for the stabiliser, ``fedattn-bias-reg`` and ``fedattn-global-biases``.
+    Returns the result, ``Z_i`` and the gradient with respect to the received biases."""
+    device = next(model.parameters()).device
+    reg = float(config.get(BIAS_REG, 0.0))
+    global_biases = None
+    if reg > 0:
+        biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+        global_biases = [t.to(device) for t in decode_vector(config[GLOBAL_BIASES], biases)]
+    return fedattn_local_sgd(model, data.x_train.to(device), data.y_train.to(device), bias_reg=reg,
+                             global_biases=global_biases, **_solver_args(config, seed, partition_id))

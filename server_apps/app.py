@@ -103,6 +103,8 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     state = getattr(strategy, "server", None)  # our strategies' server state (none for Flower's own)
     if getattr(state, "store", None) is not None:
         torch.save(state.store.state_dict(), out / "personalized_models.pt")
+    if (learned := getattr(state, "state_dict", lambda: {})()):  # e.g. FedAttn's attention module
+        torch.save(learned, out / "server_state.pt")
     extra = _save_diagnostics(state, info, out, cfg.method) if state is not None else {}
     summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}", extra=extra)
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})

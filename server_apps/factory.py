@@ -22,11 +22,12 @@ from strategies.metrics import personalized_evaluate_metrics, personalized_evalu
 #: the strategy class of each method; ``strategies`` and ``strategies.message`` both export these names
 CLASS_NAMES: dict[str, str] = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "fedavgm": "FedAvgM", "fedadam": "FedAdam",
-    "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL", "scaffold": "SCAFFOLD",
+    "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL", "scaffold": "SCAFFOLD", "fedattn": "FedAttn",
     "fedmcsa": "FedMCSA", "fedacs": "FedACS", "local": "Local",
 }
 #: methods that train one global model (evaluated on every client's test split)
-GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "igfl", "igfl-c", "igfl-s")
+#: (FedAttn builds on FedAvg too: it sends each client the global model with its personalized biases)
+GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "igfl", "igfl-c", "igfl-s", "fedattn")
 
 
 def _participants(cfg: ExperimentConfig, num_nodes: int) -> int:
@@ -56,6 +57,9 @@ def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
         return {"server_learning_rate": 1.0, "server_momentum": cfg.server_momentum}
     if m == "fedadam":
         return {"eta": cfg.fedadam_eta, "eta_l": cfg.lr, "tau": cfg.fedadam_tau}
+    if m == "fedattn":
+        return {"k": cfg.fedattn_k, "d_k": cfg.fedattn_dk, "attention_lr": cfg.fedattn_lr, "bias_reg": cfg.fedattn_bias_reg,
+                "warmup_rounds": cfg.fedattn_warmup, "seed": cfg.seed}
     if m in ("igfl", "igfl-c", "igfl-s"):  # IGFL = IGFL-C + IGFL-S; IGFL-C alone averages the deltas
         return {"attention": None if m == "igfl-c" else cfg.igfl_attention, "client_correction": m != "igfl-s"}
     return {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from flwr.common import FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import EvaluateIns, FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
@@ -27,11 +27,19 @@ class GlobalModelStrategy(FedAvg):
         self.server = server
         server.initialize({str(i): a for i, a in enumerate(parameters_to_ndarrays(self.initial_parameters))})
 
+    def _parameters_for(self, proxy: ClientProxy, default: Parameters, training: bool) -> Parameters:
+        own = self.server.client_model(proxy.cid, training)
+        return default if own is None else ndarrays_to_parameters(self.server.layout.to_numpy_list(own))  # type: ignore[union-attr]
+
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         self.server.begin_round(parameters_to_ndarrays(parameters), client_manager.num_available())
         pairs = super().configure_fit(server_round, parameters, client_manager)
         extras = self.server.instructions(len(pairs))
-        return [(proxy, FitIns(ins.parameters, {**ins.config, **extras})) for proxy, ins in pairs]
+        return [(proxy, FitIns(self._parameters_for(proxy, ins.parameters, True), {**ins.config, **extras})) for proxy, ins in pairs]
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        pairs = super().configure_evaluate(server_round, parameters, client_manager)
+        return [(proxy, EvaluateIns(self._parameters_for(proxy, ins.parameters, False), ins.config)) for proxy, ins in pairs]
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[Any]
@@ -40,5 +48,5 @@ class GlobalModelStrategy(FedAvg):
         batch = collect_fit_results(results, failures, server_round, partial(check_update, layout), self.server.check_payload)
         if not batch.ids:
             return None, dict(batch.metrics_dict())
-        new = self.server.aggregate(batch.ids, batch.vectors, batch.payloads)
+        new = self.server.aggregate(batch.ids, batch.vectors, batch.payloads, [n for n, _ in batch.metrics])
         return ndarrays_to_parameters(layout.to_numpy_list(new)), dict(batch.metrics_dict())  # type: ignore[union-attr]

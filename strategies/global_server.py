@@ -3,8 +3,10 @@
 
 A round: ``begin_round`` with the global model the participants start from,
 ``instructions`` adds config entries to every participant's instruction,
-``check_payload`` validates the extra bytes a client returns with its model, and
-``aggregate`` turns the accepted models (and payloads) into the next global model.
+``client_model`` may replace the global model a given client receives (FedAttn's
+personalized biases), ``check_payload`` validates the extra bytes a client returns
+with its model, and ``aggregate`` turns the accepted models (and payloads) into the
+next global model.
 """
 
 from __future__ import annotations
@@ -48,10 +50,20 @@ class GlobalServer:
         """Config entries for this round's participants."""
         return {}
 
+    def client_model(self, client_id: Hashable, training: bool) -> torch.Tensor | None:
+        """The flat model client ``client_id`` gets to train (``training``) or evaluate, when it is
+        not the global model (``None``: the global model)."""
+        return None
+
     def check_payload(self, payload: Mapping[str, Any]) -> Any:
         """Validate what a client returned besides its model; raise ``ValueError`` to reject it."""
         return None
 
-    def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any]) -> torch.Tensor:
-        """The next global model from the accepted models and their checked payloads."""
+    def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any],
+                  num_examples: Sequence[int]) -> torch.Tensor:
+        """The next global model from the accepted models, their checked payloads and sample counts."""
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the server learned besides the global model, to save with the results."""
+        return {}

@@ -38,7 +38,8 @@ class IGFLServer(GlobalServer):
         return {CORRECTION: self.client_correction, PARTICIPANTS: num_participants,
                 GLOBAL_DELTA: encode_vector(self.global_delta)}
 
-    def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any] = ()) -> torch.Tensor:
+    def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any] = (),
+                  num_examples: Sequence[int] = ()) -> torch.Tensor:
         """Algorithm 3, line 7: ``w_ps + Δ`` with ``Δ`` the attention-weighted (or mean) delta."""
         global_model = self.global_model
         assert global_model is not None, "begin_round() first"

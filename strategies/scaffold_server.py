@@ -39,7 +39,8 @@ class ScaffoldServer(GlobalServer):
             raise ValueError(f"'{CONTROL_DELTA}' holds NaN or Inf")
         return delta
 
-    def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any]) -> torch.Tensor:
+    def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any],
+                  num_examples: Sequence[int] = ()) -> torch.Tensor:
         """``x += η_g mean Δy_i``, ``c += |S|/N mean Δc_i`` with ``N`` the connected clients."""
         assert self.global_model is not None and self.control is not None, "begin_round() first"
         delta_y = torch.stack(list(models)) - self.global_model
