@@ -28,9 +28,19 @@ app = ServerApp()
 
 
 def run_dir(cfg: ExperimentConfig) -> Path:
-    """``<output-dir>/<method>-<dataset>-<model>-seed<seed>-<time>`` (relative paths from the current directory)."""
+    """A new folder ``<output-dir>/<method>-<dataset>-<model>-seed<seed>-<time>`` (relative paths from
+    the current directory), with ``-2``, ``-3``, ... when runs start in the same second."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path(cfg.output_dir).expanduser().resolve() / f"{cfg.method}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
+    base = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.method}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()  # atomic: two runs never share a folder
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a results folder next to {base}")
 
 
 def _save_diagnostics(state: Any, info: Mapping[int, Mapping[str, Any]], out: Path, method: str) -> dict[str, Any]:

@@ -127,3 +127,12 @@ def test_igfl_self_attention_heatmap_by_label_set_with_paired_clients(tmp_path):
     assert (out / "attention.png").exists()
     rounds = np.load(out / "attention_rounds.npz")
     assert rounds["model"].shape == (6, 10, 10) and np.allclose(rounds["model"].sum(2), 1.0, atol=1e-5)
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    from flower_pfl.config import ExperimentConfig
+    from server_apps.app import run_dir
+
+    cfg = ExperimentConfig(output_dir=str(tmp_path))
+    folders = {run_dir(cfg) for _ in range(3)}
+    assert len(folders) == 3 and all(f.is_dir() for f in folders)
