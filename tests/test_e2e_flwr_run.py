@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -81,7 +82,8 @@ def _results(out_dir: Path) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("method,api", [("fedmcsa", "message"), ("fedmcsa", "legacy"), ("scaffold", "message"), ("igfl", "legacy")])
+@pytest.mark.parametrize("method,api", [("fedmcsa", "message"), ("fedmcsa", "legacy"), ("scaffold", "message"), ("igfl", "legacy"),
+                                         ("fedattn", "message")])
 def test_flwr_run_finishes_and_writes_metrics(flwr_env, tmp_path, method, api):
     rounds = 3
     run = _flwr_run(flwr_env, f"method='{method}' api='{api}' num-rounds={rounds} clients-per-round=4 eval-every=1 "
@@ -97,10 +99,11 @@ def test_flwr_run_finishes_and_writes_metrics(flwr_env, tmp_path, method, api):
     assert all(r["num_clients"] == 6 for r in evals)  # every client evaluated its own model
     train = [r for r in rows if r["phase"] == "train"]
     assert len(train) == rounds and all(r["train-loss"] > 0 for r in train)
-    if method in ("fedmcsa", "scaffold", "igfl"):  # our strategies also count accepted / rejected / failed updates
-        assert all(r["clients-accepted"] == 4 for r in train)
+    assert all(r["clients-accepted"] == 4 for r in train)  # our strategies count accepted / rejected / failed updates
     assert json.loads((run_dir / "config.json").read_text())["method"] == method
     assert (run_dir / "learning_curve.png").stat().st_size > 1000
+    if method == "fedattn":  # the attention module is saved with the results
+        assert set(torch.load(run_dir / "server_state.pt", weights_only=False)["attention"]) == {"w_q", "w_k", "w_v"}
 
 
 def test_bad_run_config_stops_the_run_with_a_clear_message(flwr_env, tmp_path):
