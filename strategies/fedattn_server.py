@@ -133,6 +133,7 @@ class FedAttnServer(GlobalServer):
         for cid, model, (z, _) in zip(ids, stacked, payloads):
             self.biases[cid] = model[self.mask].clone()  # type: ignore[index]
             self.representations[cid] = z
+        self.global_model = new_global  # what this round's evaluation personalizes
         return new_global
 
     def state_dict(self) -> dict[str, Any]:

@@ -142,6 +142,9 @@ def test_server_round_trip_fedavg_then_each_client_its_own_biases():
                                                     n=10 * m.metadata.dst_node_id) for m in msgs])
     assert metrics["clients-accepted"] == 2
     assert np.allclose(new["fc.weight"].numpy(), (1.0 * 10 + 4.0 * 20) / 30)  # FedAvg, weighted by samples
+    for m in strat.configure_evaluate(1, new, ConfigRecord(), grid):  # evaluated: the new G with the client's biases
+        assert np.allclose(m.content["arrays"]["fc.weight"].numpy(), new["fc.weight"].numpy())
+        assert np.allclose(m.content["arrays"]["fc.bias"].numpy(), returned[m.metadata.dst_node_id]["fc.bias"])
     msgs = list(strat.configure_train(2, new, ConfigRecord({"lr": 0.1}), grid))
     for m in msgs:  # G's weights with the client's own biases (k = 1, W_V = I)
         nid = m.metadata.dst_node_id
