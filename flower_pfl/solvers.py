@@ -97,12 +97,14 @@ def local_sgd(
     prox_mu: float = 0.0,
     anchor: Sequence[torch.Tensor] | None = None,
     generator: torch.Generator,
+    regularizer: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
 ) -> LocalResult:
     """``steps`` SGD steps on fresh minibatches of ``min f_i(w) + mu/2 ||w - a||^2``.
 
     The anchor ``a`` (default: the model as received) stays fixed for the whole
     round: FedMCSA's client problem (paper 004, eq. 9, Algorithm 1 lines 13-18)
-    and FedProx's. ``prox_mu = 0`` is plain local SGD. The model is updated in place.
+    and FedProx's. ``prox_mu = 0`` is plain local SGD. ``regularizer(params)``, if
+    given, is added to the objective as well. The model is updated in place.
     """
     if prox_mu < 0:
         raise ValueError(f"prox_mu must be >= 0, got {prox_mu}")
@@ -113,9 +115,9 @@ def local_sgd(
         for p, g in zip(ps, grads):
             p.add_(g, alpha=-lr)
 
-    regularizer = (lambda ps: prox_mu * proximal_term(ps, anchor)) if prox_mu > 0 else None
+    terms = [t for t in (regularizer, (lambda ps: prox_mu * proximal_term(ps, anchor)) if prox_mu > 0 else None) if t]
     return run_steps(model, x, y, steps=steps, batch_size=batch_size, generator=generator, update=step,
-                     regularizer=regularizer)
+                     regularizer=(lambda ps: sum(t(ps) for t in terms)) if terms else None)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..layout import ParamLayout
-from ..solvers import LocalResult, proximal_term, run_steps, trainable
+from ..solvers import LocalResult, local_sgd, proximal_term, trainable
 
 #: config keys: run FedAttn's client step, the bias regularization weight, the global biases (bytes)
 FEDATTN, BIAS_REG, GLOBAL_BIASES = "fedattn", "fedattn-bias-reg", "fedattn-global-biases"
@@ -143,10 +143,6 @@ def fedattn_local_sgd(
         def regularizer(ps: list[torch.Tensor]) -> torch.Tensor:
             return bias_reg * proximal_term([p for p in ps if id(p) in bias_ids], anchor)
 
-    def step(ps: list[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-        for p, g in zip(ps, grads):
-            p.add_(g, alpha=-lr)
-
-    result = run_steps(model, x, y, steps=steps, batch_size=batch_size, generator=generator, update=step, regularizer=regularizer)
+    result = local_sgd(model, x, y, steps=steps, lr=lr, batch_size=batch_size, generator=generator, regularizer=regularizer)
     gradient = torch.cat([(r - b.detach()).flatten() for r, b in zip(received, biases)]) / (lr * steps)
     return result, last_layer_input(model, x), gradient
