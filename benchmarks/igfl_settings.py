@@ -13,7 +13,7 @@ mean over clients), averaged over the last 10% of rounds, as in the paper; mean 
 over seeds. ``--methods local fedmcsa`` runs personalized methods in the same settings: their
 figure is the same sample-weighted mean, each client using its own model.
 
-    python -m benchmarks.igfl_settings                                   # Synthetic, ~25 min on 2 cores
+    python -m benchmarks.igfl_settings                                   # Synthetic, ~17 min on 2 cores
     python -m benchmarks.igfl_settings --dataset cifar10 --data-dir /data  # when the files are there
 """
 
