@@ -29,6 +29,8 @@ VARIANTS = {
     "FedAttn + bias reg.": ("fedattn", {"fedattn-bias-reg": "BIAS_REG"}),
     "FedAttn + warm-up": ("fedattn", {"fedattn-warmup": "WARMUP"}),
     "FedAttn + both": ("fedattn", {"fedattn-bias-reg": "BIAS_REG", "fedattn-warmup": "WARMUP"}),
+    "FedAttn + fixed W_V": ("fedattn", {"fedattn-learn-values": False}),
+    "FedAttn + all three": ("fedattn", {"fedattn-bias-reg": "BIAS_REG", "fedattn-warmup": "WARMUP", "fedattn-learn-values": False}),
     "FedAvg": ("fedavg", {}),
     "FedMCSA": ("fedmcsa", {}),
     "Local": ("local", {}),
@@ -86,11 +88,11 @@ def main() -> None:
         method, extra = VARIANTS[name]
         for seed in args.seeds:
             jobs.append({"variant": name, "seed": seed, "num_nodes": args.clients,
-                         "overrides": {**common, "method": method, "seed": seed, **{k: values[v] for k, v in extra.items()}}})
+                         "overrides": {**common, "method": method, "seed": seed, **{k: values.get(v, v) for k, v in extra.items()}}})
     t0 = time.time()
     runs = run_jobs(jobs, args.workers, lambda r: f"{r['variant']:20s} seed {r['seed']}")
 
-    table = "| Method | BMTA | last 10% | final | collapses (runs with one) |\n|---|---|---|---|---|"
+    table = "| Method | BMTA | last 10% | final | best − final | collapses (runs with one) |\n|---|---|---|---|---|---|"
     rows = []
     for name in args.variants:
         sel = [r for r in runs if r["variant"] == name]
@@ -98,7 +100,9 @@ def main() -> None:
         rows.append({"variant": name, "bmta": [r["summary"]["bmta"] for r in sel], "collapses": falls,
                      "last10": [r["summary"]["last10_mean_accuracy"] for r in sel]})
         table += (f"\n| {name} | {fmt(r['summary']['bmta'] for r in sel)} | {fmt(r['summary']['last10_mean_accuracy'] for r in sel)} "
-                  f"| {fmt(r['summary']['final_accuracy'] for r in sel)} | {sum(falls)} ({sum(f > 0 for f in falls)}/{len(sel)}) |")
+                  f"| {fmt(r['summary']['final_accuracy'] for r in sel)} "
+                  f"| {fmt(r['summary']['bmta'] - r['summary']['final_accuracy'] for r in sel)} "
+                  f"| {sum(falls)} ({sum(f > 0 for f in falls)}/{len(sel)}) |")
     note = (f"\n\n{args.dataset} (natural clients), {model.upper()}, {args.clients} clients, {args.clients_per_round} per round, "
             f"T={args.rounds}, {args.local_steps} local steps of batch {args.batch_size}, η={args.lr}; FedAttn K={args.k}, "
             f"attention SGD step {args.attention_lr}, stabilisers: bias regularization {args.bias_reg}, warm-up {args.warmup} rounds. "

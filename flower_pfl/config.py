@@ -77,6 +77,7 @@ class ExperimentConfig:
     fedattn_lr: float = 0.01
     fedattn_bias_reg: float = 0.0
     fedattn_warmup: int = 0
+    fedattn_learn_values: bool = True
     server_momentum: float = 0.9
     fedadam_eta: float = 0.01
     fedadam_tau: float = 0.001

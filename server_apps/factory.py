@@ -59,7 +59,7 @@ def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
         return {"eta": cfg.fedadam_eta, "eta_l": cfg.lr, "tau": cfg.fedadam_tau}
     if m == "fedattn":
         return {"k": cfg.fedattn_k, "d_k": cfg.fedattn_dk, "attention_lr": cfg.fedattn_lr, "bias_reg": cfg.fedattn_bias_reg,
-                "warmup_rounds": cfg.fedattn_warmup, "seed": cfg.seed}
+                "warmup_rounds": cfg.fedattn_warmup, "learn_values": cfg.fedattn_learn_values, "seed": cfg.seed}
     if m in ("igfl", "igfl-c", "igfl-s"):  # IGFL = IGFL-C + IGFL-S; IGFL-C alone averages the deltas
         return {"attention": None if m == "igfl-c" else cfg.igfl_attention, "client_correction": m != "igfl-s"}
     return {}

@@ -30,18 +30,20 @@ class FedAttnServer(GlobalServer):
     """``k``: neighbours per client (itself included); ``d_k``: attention key size;
     ``attention_lr``: SGD step of ``W_Q, W_K, W_V``; ``bias_reg``: clients add
     ``bias_reg / 2 ||b − b_G||²`` (stabiliser, 0 = as the paper); ``warmup_rounds``: rounds of plain
-    FedAvg before biases are personalized (stabiliser, 0 = as the paper).
+    FedAvg before biases are personalized (stabiliser, 0 = as the paper); ``learn_values=False``
+    keeps ``W_V = I`` so ``M̃_i`` stays a convex combination of real biases (stabiliser, ``True`` = as
+    the paper).
 
     A client without a representation yet (it has not trained) gets the global biases.
     """
 
     def __init__(self, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0,
-                 warmup_rounds: int = 0, seed: int = 0) -> None:
+                 warmup_rounds: int = 0, learn_values: bool = True, seed: int = 0) -> None:
         super().__init__()
         if k < 1 or d_k < 1 or attention_lr <= 0 or bias_reg < 0 or warmup_rounds < 0:
             raise ValueError("FedAttn needs k >= 1, d_k >= 1, attention_lr > 0, bias_reg >= 0 and warmup_rounds >= 0")
         self.k, self.d_k, self.attention_lr = k, d_k, attention_lr
-        self.bias_reg, self.warmup_rounds, self.seed = bias_reg, warmup_rounds, seed
+        self.bias_reg, self.warmup_rounds, self.learn_values, self.seed = bias_reg, warmup_rounds, learn_values, seed
         self.round = 0
         self.mask: torch.Tensor | None = None
         self.biases: dict[Hashable, torch.Tensor] = {}
@@ -114,8 +116,8 @@ class FedAttnServer(GlobalServer):
     def _ensure_module(self, d_z: int) -> None:
         if self.module is None:
             generator = torch.Generator().manual_seed(self.seed)
-            self.module = BiasAttention(d_z, int(self.mask.sum()), self.d_k, generator)  # type: ignore[union-attr]
-            self.optimizer = torch.optim.SGD(self.module.parameters(), lr=self.attention_lr)
+            self.module = BiasAttention(d_z, int(self.mask.sum()), self.d_k, generator, self.learn_values)  # type: ignore[union-attr]
+            self.optimizer = torch.optim.SGD([p for p in self.module.parameters() if p.requires_grad], lr=self.attention_lr)
 
     def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any],
                   num_examples: Sequence[int]) -> torch.Tensor:

@@ -204,3 +204,15 @@ def test_legacy_fedattn_personalizes_unnamed_biases():
     for proxy, fit_ins in strat.configure_fit(2, params, cm):
         weight, bias = parameters_to_ndarrays(fit_ins.parameters)
         assert np.allclose(weight, 2.0) and np.allclose(bias, returned[proxy.cid]["fc.bias"])
+
+
+def test_fixed_values_keep_w_v_the_identity_and_the_output_a_convex_mix():
+    g = torch.Generator().manual_seed(4)
+    module = fa.BiasAttention(d_z=3, d_bias=2, d_k=2, generator=g, learn_values=False)
+    q, keys, values = torch.randn(2, 3, generator=g), torch.randn(2, 4, 3, generator=g), torch.randn(2, 4, 2, generator=g)
+    opt = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=1.0)
+    w_q = module.w_q.detach().clone()
+    fa.attention_step(module, opt, q, keys, values, torch.randn(2, 2, generator=g) * 100)
+    assert torch.equal(module.w_v, torch.eye(2)) and not torch.equal(module.w_q, w_q)
+    out, _ = module(q, keys, values)
+    assert torch.all(out <= values.max(1).values + 1e-6) and torch.all(out >= values.min(1).values - 1e-6)

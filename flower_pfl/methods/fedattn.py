@@ -62,12 +62,15 @@ def nearest_neighbours(points: torch.Tensor, queries: torch.Tensor, k: int) -> t
 class BiasAttention(nn.Module):
     """Scaled dot-product attention from client representations to biases (Def. 3.1)."""
 
-    def __init__(self, d_z: int, d_bias: int, d_k: int, generator: torch.Generator | None = None) -> None:
+    def __init__(self, d_z: int, d_bias: int, d_k: int, generator: torch.Generator | None = None,
+                 learn_values: bool = True) -> None:
+        """``learn_values=False`` keeps ``W_V = I`` (a stabiliser): ``M̃_i`` is then always a convex
+        combination of the neighbours' biases, so the attention can only re-weight real biases."""
         super().__init__()
         self.d_k = d_k
         self.w_q = nn.Parameter(torch.randn(d_z, d_k, generator=generator) / math.sqrt(d_z))
         self.w_k = nn.Parameter(torch.randn(d_z, d_k, generator=generator) / math.sqrt(d_z))
-        self.w_v = nn.Parameter(torch.eye(d_bias))
+        self.w_v = nn.Parameter(torch.eye(d_bias), requires_grad=learn_values)
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``query (m, d_z)``, ``keys (m, K, d_z)``, ``values (m, K, d_bias)`` -> ``(M̃ (m, d_bias), weights (m, K))``."""
