@@ -81,3 +81,33 @@ def quantile_threshold_weights(similarity: torch.Tensor, p: float) -> tuple[torc
     weights = torch.where(mask, similarity.clamp_min(0), torch.zeros_like(similarity))
     weights = torch.where(eye, torch.ones_like(weights), weights)  # s_ii = 1 (also for all-zero rows)
     return weights / weights.sum(dim=1, keepdim=True), mask, delta
+
+
+def fedamp_weights(u: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tensor:
+    """FedAMP's message-passing weights (Huang et al. 2021): for ``j != i``
+    ``xi_ij = alpha_k * A'(||w_i - w_j||^2)`` with ``A'(x) = exp(-x / sigma) / sigma`` (the
+    derivative of the attention-inducing ``A(x) = 1 - exp(-x / sigma)``), and
+    ``xi_ii = 1 - sum_{j != i} xi_ij``. One ``cdist``; rows sum to 1.
+
+    Raises ``ValueError`` when a self weight would be negative (``alpha_k`` too large for ``sigma``).
+    """
+    d2 = torch.cdist(u.double(), u.double()) ** 2
+    xi = alpha_k * torch.exp(-d2 / sigma) / sigma
+    xi.fill_diagonal_(0.0)
+    self_weight = 1.0 - xi.sum(1)
+    if (self_weight < 0).any():
+        raise ValueError(f"FedAMP's self weight 1 - sum_j xi_ij is negative (min {float(self_weight.min()):.3g}): "
+                         f"alpha_k = {alpha_k} is too large for sigma = {sigma}")
+    return (xi + torch.diag(self_weight)).to(u.dtype)
+
+
+def heuristic_fedamp_weights(u: torch.Tensor, sigma: float, self_weight: float) -> torch.Tensor:
+    """HeurFedAMP: ``xi_ii = self_weight``; for ``j != i``, ``xi_ij`` proportional to
+    ``exp(sigma * cos(w_i, w_j))`` and scaled so the row sums to 1. With one participant
+    the row is ``[1]``."""
+    m = u.shape[0]
+    if m == 1:
+        return torch.ones(1, 1, dtype=u.dtype)
+    scores = sigma * cosine_similarity_matrix(u)
+    scores.fill_diagonal_(float("-inf"))
+    return torch.softmax(scores, dim=1) * (1.0 - self_weight) + self_weight * torch.eye(m, dtype=u.dtype)

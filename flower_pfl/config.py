@@ -18,7 +18,7 @@ from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
+METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedamp", "heurfedamp", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
@@ -72,6 +72,11 @@ class ExperimentConfig:
     all_clients_train: bool = False
     fedacs_p: float = 0.5
     igfl_attention: str = "self"
+    fedamp_alpha_k: float = 0.05
+    fedamp_sigma: float = 1.0
+    fedamp_lambda: float = 1.0
+    heurfedamp_sigma: float = 10.0
+    heurfedamp_self_weight: float = 0.3
     fedattn_k: int = 5
     fedattn_dk: int = 16
     fedattn_lr: float = 0.01
@@ -99,7 +104,7 @@ class ExperimentConfig:
                      "classes_per_client", "shards_per_client", "fedattn_k", "fedattn_dk"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "an integer >= 1")
-        for name in ("lr", "sigma", "fedattn_lr"):
+        for name in ("lr", "sigma", "fedattn_lr", "fedamp_alpha_k", "fedamp_sigma", "fedamp_lambda", "heurfedamp_sigma"):
             if not getattr(self, name) > 0:
                 _fail(name, getattr(self, name), "a number > 0")
         for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta", "fedattn_bias_reg"):
@@ -126,6 +131,8 @@ class ExperimentConfig:
             _fail("fedacs_p", self.fedacs_p, "a number in [0, 1)")
         if not 0 < self.train_fraction < 1:
             _fail("train_fraction", self.train_fraction, "a number in (0, 1)")
+        if not 0 <= self.heurfedamp_self_weight <= 1:
+            _fail("heurfedamp_self_weight", self.heurfedamp_self_weight, "a number in [0, 1]")
         if self.fedattn_warmup < 0:
             _fail("fedattn_warmup", self.fedattn_warmup, "an integer >= 0")
         if self.seed < 0:

@@ -23,7 +23,7 @@ from strategies.metrics import personalized_evaluate_metrics, personalized_evalu
 CLASS_NAMES: dict[str, str] = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "fedavgm": "FedAvgM", "fedadam": "FedAdam",
     "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL", "scaffold": "SCAFFOLD", "fedattn": "FedAttn",
-    "fedmcsa": "FedMCSA", "fedacs": "FedACS", "local": "Local",
+    "fedmcsa": "FedMCSA", "fedacs": "FedACS", "local": "Local", "fedamp": "FedAMP", "heurfedamp": "HeurFedAMP",
 }
 #: methods that train one global model (evaluated on every client's test split)
 #: (FedAttn builds on FedAvg too: it sends each client the global model with its personalized biases)
@@ -49,6 +49,12 @@ def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
         return {"sigma": cfg.sigma, "lam": cfg.lam, "grouping": cfg.layer_grouping, "all_clients_train": cfg.all_clients_train}
     if m == "fedacs":
         return {"p": cfg.fedacs_p, "all_clients_train": cfg.all_clients_train}
+    if m == "fedamp":
+        return {"alpha_k": cfg.fedamp_alpha_k, "sigma": cfg.fedamp_sigma, "lam": cfg.fedamp_lambda,
+                "all_clients_train": cfg.all_clients_train}
+    if m == "heurfedamp":
+        return {"alpha_k": cfg.fedamp_alpha_k, "sigma": cfg.heurfedamp_sigma, "lam": cfg.fedamp_lambda,
+                "self_weight": cfg.heurfedamp_self_weight, "all_clients_train": cfg.all_clients_train}
     if m == "local":
         return {"all_clients_train": cfg.all_clients_train}
     if m == "fedprox":

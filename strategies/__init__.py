@@ -10,6 +10,7 @@ FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenien
 from flwr.server.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
 from .fedacs import FedACS
+from .fedamp import FedAMP, HeurFedAMP
 from .fedattn import FedAttn
 from .fedmcsa import FedMCSA
 from .global_model import GlobalModelStrategy
@@ -20,5 +21,5 @@ from .local import Local
 from .personalized import PersonalizedServer, UpdateRejected
 from .scaffold import SCAFFOLD
 
-__all__ = ["FedACS", "FedAttn", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "GlobalServer", "IGFL", "Local",
+__all__ = ["FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "GlobalServer", "IGFL", "Local",
            "PersonalizedServer", "PersonalizedStrategy", "SCAFFOLD", "UpdateRejected"]

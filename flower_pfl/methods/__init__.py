@@ -6,7 +6,8 @@ solver settings go with them. Pure tensor code; the Flower wiring is in
 
 from .base import ServerRule
 from .fedacs import FedACSRule
+from .fedamp import FedAMPRule, HeurFedAMPRule
 from .fedmcsa import FedMCSARule
 from .local import LocalRule
 
-__all__ = ["FedACSRule", "FedMCSARule", "LocalRule", "ServerRule"]
+__all__ = ["FedACSRule", "FedAMPRule", "FedMCSARule", "HeurFedAMPRule", "LocalRule", "ServerRule"]

@@ -3,6 +3,7 @@
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
 from .fedacs import FedACS
+from .fedamp import FedAMP, HeurFedAMP
 from .fedattn import FedAttn
 from .fedmcsa import FedMCSA
 from .global_model import GlobalModelStrategy
@@ -11,4 +12,4 @@ from .local import Local
 from .personalized import PersonalizedStrategy
 from .scaffold import SCAFFOLD
 
-__all__ = ["FedACS", "FedAttn", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "IGFL", "Local", "PersonalizedStrategy", "SCAFFOLD"]
+__all__ = ["FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "IGFL", "Local", "PersonalizedStrategy", "SCAFFOLD"]
