@@ -131,6 +131,9 @@ class ExperimentConfig:
             _fail("fedacs_p", self.fedacs_p, "a number in [0, 1)")
         if not 0 < self.train_fraction < 1:
             _fail("train_fraction", self.train_fraction, "a number in (0, 1)")
+        if self.method == "fedamp" and (self.clients_per_round - 1) * self.fedamp_alpha_k / self.fedamp_sigma > 1:
+            _fail("fedamp_alpha_k", self.fedamp_alpha_k, f"at most fedamp-sigma / (clients-per-round - 1) = "
+                  f"{self.fedamp_sigma / (self.clients_per_round - 1):.4g}, so no self weight can turn negative")
         if not 0 <= self.heurfedamp_self_weight <= 1:
             _fail("heurfedamp_self_weight", self.heurfedamp_self_weight, "a number in [0, 1]")
         if self.fedattn_warmup < 0:

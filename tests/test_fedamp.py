@@ -79,3 +79,11 @@ def test_rules_validate_their_settings():
         HeurFedAMPRule(self_weight=1.5)
     assert HeurFedAMPRule().client_config() == {PROXIMAL_MU: 1.0 / 0.05}
     assert np.isclose(HeurFedAMPRule(sigma=5.0).sigma, 5.0)
+
+
+def test_run_config_refuses_fedamp_weights_that_could_turn_a_self_weight_negative():
+    from flower_pfl.config import ConfigError, ExperimentConfig
+
+    with pytest.raises(ConfigError, match="'fedamp-alpha-k'.*at most"):
+        ExperimentConfig.from_mapping({"method": "fedamp", "clients-per-round": 21, "fedamp-alpha-k": 0.1, "fedamp-sigma": 1.0})
+    assert ExperimentConfig.from_mapping({"method": "fedamp", "clients-per-round": 11, "fedamp-alpha-k": 0.1}).fedamp_alpha_k == 0.1
