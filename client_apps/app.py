@@ -21,9 +21,12 @@ from flwr.clientapp import ClientApp
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
 from flower_pfl.experiment import (
-    dataset_shape, load_client_data, make_model, resolve_device, train_client, train_fedattn_client, train_igfl_client,
-    train_scaffold_client,
+    dataset_shape, load_client_data, make_model, resolve_device, train_client, train_ditto_client, train_fedattn_client,
+    train_igfl_client, train_per_fedavg_client, train_scaffold_client,
 )
+from flower_pfl.layout import load_flat_
+from flower_pfl.methods.ditto import LAMBDA as DITTO_LAMBDA
+from flower_pfl.methods.per_fedavg import ADAPT as PER_FEDAVG_ADAPT, ALPHA as PER_FEDAVG_ALPHA, adapt_one_step
 from flower_pfl.methods.fedattn import BIAS_GRADIENT, FEDATTN, REPRESENTATION
 from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from flower_pfl.methods.igfl import CORRECTION as IGFL_CORRECTION
@@ -33,8 +36,9 @@ from flower_pfl.wire import encode_vector
 
 app = ClientApp()
 
-#: keys in ``context.state``: the remembered proximal anchor, IGFL's last delta, SCAFFOLD's ``c_i``
-ANCHOR_STATE, IGFL_STATE, SCAFFOLD_STATE = "proximal-anchor", "igfl-delta", "scaffold-control"
+#: keys in ``context.state``: the remembered proximal anchor, IGFL's last delta, SCAFFOLD's ``c_i``,
+#: Ditto's personal model
+ANCHOR_STATE, IGFL_STATE, SCAFFOLD_STATE, DITTO_STATE = "proximal-anchor", "igfl-delta", "scaffold-control", "ditto-personal"
 
 
 @dataclass
@@ -85,6 +89,14 @@ class Node:
             res = self._fit_igfl(config)
         elif SCAFFOLD_CONTROL in config:
             res, payload = self._fit_scaffold(config)
+        elif DITTO_LAMBDA in config:
+            stored = self._stored(DITTO_STATE)
+            res, personal = train_ditto_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
+                                               float(config[DITTO_LAMBDA]), stored[0] if stored else None)
+            self.state[DITTO_STATE] = ArrayRecord([personal.cpu().numpy()])
+        elif PER_FEDAVG_ALPHA in config:
+            res = train_per_fedavg_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
+                                          float(config[PER_FEDAVG_ALPHA]))
         elif config.get(FEDATTN):
             res, z, gradient = train_fedattn_client(self.model, self.data, config, self.cfg.seed, self.partition_id)
             payload = {REPRESENTATION: encode_vector(z), BIAS_GRADIENT: encode_vector(gradient)}
@@ -110,8 +122,16 @@ class Node:
         self.state[SCAFFOLD_STATE] = ArrayRecord([c.cpu().numpy() for c in control])
         return res, {SCAFFOLD_CONTROL_DELTA: encode_vector(delta)}
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, float]:
+        """Evaluate on the test split the model this method personalizes from the received one:
+        Ditto's personal model from the node's state, Per-FedAvg's one step on the training split;
+        otherwise the received model itself."""
+        config = config or {}
         device = next(self.model.parameters()).device
+        if DITTO_LAMBDA in config and (personal := self._stored(DITTO_STATE)):
+            load_flat_(self.model, personal[0].to(device))
+        elif PER_FEDAVG_ADAPT in config:
+            adapt_one_step(self.model, self.data.x_train.to(device), self.data.y_train.to(device), float(config[PER_FEDAVG_ADAPT]))
         res = evaluate_model(self.model, self.data.x_test.to(device), self.data.y_test.to(device))
         return {"loss": res.loss, "accuracy": res.accuracy, "num-examples": res.num_examples,
                 "partition-id": self.partition_id}
@@ -132,7 +152,7 @@ class _LegacyClient(NumPyClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
         self.node.load(parameters)
-        metrics = self.node.evaluate()
+        metrics = self.node.evaluate(config)
         return float(metrics.pop("loss")), int(metrics.pop("num-examples")), metrics
 
 
@@ -168,7 +188,8 @@ def evaluate(msg: Message, context: Context) -> Message:
         return _legacy(msg, context)
     node = Node.from_context(context)
     node.load({k: v.numpy() for k, v in msg.content["arrays"].items()})
-    return Message(content=RecordDict({"metrics": MetricRecord(node.evaluate())}), reply_to=msg)
+    config = msg.content["config"] if "config" in msg.content.config_records else {}
+    return Message(content=RecordDict({"metrics": MetricRecord(node.evaluate(config))}), reply_to=msg)
 
 
 @app.query()

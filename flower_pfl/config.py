@@ -18,7 +18,7 @@ from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedamp", "heurfedamp", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
+METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedamp", "heurfedamp", "ditto", "per-fedavg", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
@@ -72,6 +72,8 @@ class ExperimentConfig:
     all_clients_train: bool = False
     fedacs_p: float = 0.5
     igfl_attention: str = "self"
+    ditto_lambda: float = 1.0
+    per_fedavg_alpha: float = 0.01
     fedamp_alpha_k: float = 0.05
     fedamp_sigma: float = 1.0
     fedamp_lambda: float = 1.0
@@ -104,10 +106,10 @@ class ExperimentConfig:
                      "classes_per_client", "shards_per_client", "fedattn_k", "fedattn_dk"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "an integer >= 1")
-        for name in ("lr", "sigma", "fedattn_lr", "fedamp_alpha_k", "fedamp_sigma", "fedamp_lambda", "heurfedamp_sigma"):
+        for name in ("lr", "sigma", "fedattn_lr", "per_fedavg_alpha", "fedamp_alpha_k", "fedamp_sigma", "fedamp_lambda", "heurfedamp_sigma"):
             if not getattr(self, name) > 0:
                 _fail(name, getattr(self, name), "a number > 0")
-        for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta", "fedattn_bias_reg"):
+        for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta", "fedattn_bias_reg", "ditto_lambda"):
             if not getattr(self, name) >= 0:
                 _fail(name, getattr(self, name), "a number >= 0")
         if self.data_source == "flwr-datasets" and self.dataset not in HUB and self.dataset != "synthetic":

@@ -16,9 +16,12 @@ from .data.hub import load_hub_partition
 from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
 from .data.synthetic import DIM, NUM_CLASSES
+from .layout import flatten_module, load_flat_
 from .methods.base import PROXIMAL_MU
+from .methods.ditto import ditto_personal_step
 from .methods.fedattn import BIAS_REG, GLOBAL_BIASES, fedattn_local_sgd
 from .methods.igfl import GLOBAL_DELTA, PARTICIPANTS, igfl_local_sgd
+from .methods.per_fedavg import per_fedavg_local_sgd
 from .methods.scaffold import CONTROL, scaffold_local_sgd
 from .models import build_model
 from .solvers import LocalResult, local_sgd, trainable
@@ -194,3 +197,31 @@ def train_fedattn_client(
         global_biases = [t.to(device) for t in decode_vector(config[GLOBAL_BIASES], biases)]
     return fedattn_local_sgd(model, data.x_train.to(device), data.y_train.to(device), bias_reg=reg,
                              global_biases=global_biases, **_solver_args(config, seed, partition_id))
+
+
+def train_ditto_client(
+    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int, lam: float,
+    personal: torch.Tensor | None,
+) -> tuple[LocalResult, torch.Tensor]:
+    """Ditto's round on the training split: the personal model (flat ``personal``, ``None`` before
+    the first round: the received model) takes proximal steps toward the received global model, then
+    ``model`` (reset to the received model) takes plain local SGD steps. Returns the global step's
+    result (``model`` holds its update) and the new personal model."""
+    device = next(model.parameters()).device
+    received = [p.detach().clone() for p in trainable(model)]
+    start = flatten_module(model)
+    x, y = data.x_train.to(device), data.y_train.to(device)
+    args = _solver_args(config, seed, partition_id)
+    _, new_personal = ditto_personal_step(model, personal, received, x, y, lam=lam, **args)
+    load_flat_(model, start.to(device))
+    return local_sgd(model, x, y, **_solver_args(config, seed, partition_id)), new_personal  # fresh minibatch stream
+
+
+def train_per_fedavg_client(
+    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int, alpha: float,
+) -> LocalResult:
+    """Per-FedAvg's first-order MAML steps on the training split (``lr`` is the outer step β)."""
+    device = next(model.parameters()).device
+    args = _solver_args(config, seed, partition_id)
+    return per_fedavg_local_sgd(model, data.x_train.to(device), data.y_train.to(device), steps=args["steps"], alpha=alpha,
+                                beta=args["lr"], batch_size=args["batch_size"], generator=args["generator"])

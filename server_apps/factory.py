@@ -22,12 +22,12 @@ from strategies.metrics import personalized_evaluate_metrics, personalized_evalu
 #: the strategy class of each method; ``strategies`` and ``strategies.message`` both export these names
 CLASS_NAMES: dict[str, str] = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "fedavgm": "FedAvgM", "fedadam": "FedAdam",
-    "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL", "scaffold": "SCAFFOLD", "fedattn": "FedAttn",
+    "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL", "scaffold": "SCAFFOLD", "fedattn": "FedAttn", "ditto": "Ditto", "per-fedavg": "PerFedAvg",
     "fedmcsa": "FedMCSA", "fedacs": "FedACS", "local": "Local", "fedamp": "FedAMP", "heurfedamp": "HeurFedAMP",
 }
 #: methods that train one global model (evaluated on every client's test split)
-#: (FedAttn builds on FedAvg too: it sends each client the global model with its personalized biases)
-GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "igfl", "igfl-c", "igfl-s", "fedattn")
+#: (FedAttn, Ditto and Per-FedAvg build on FedAvg too; their clients evaluate a model personalized from it)
+GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "igfl", "igfl-c", "igfl-s", "fedattn", "ditto", "per-fedavg")
 
 
 def _participants(cfg: ExperimentConfig, num_nodes: int) -> int:
@@ -63,6 +63,10 @@ def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
         return {"server_learning_rate": 1.0, "server_momentum": cfg.server_momentum}
     if m == "fedadam":
         return {"eta": cfg.fedadam_eta, "eta_l": cfg.lr, "tau": cfg.fedadam_tau}
+    if m == "ditto":
+        return {"lam": cfg.ditto_lambda}
+    if m == "per-fedavg":
+        return {"alpha": cfg.per_fedavg_alpha}
     if m == "fedattn":
         return {"k": cfg.fedattn_k, "d_k": cfg.fedattn_dk, "attention_lr": cfg.fedattn_lr, "bias_reg": cfg.fedattn_bias_reg,
                 "warmup_rounds": cfg.fedattn_warmup, "learn_values": cfg.fedattn_learn_values, "seed": cfg.seed}

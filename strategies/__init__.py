@@ -9,6 +9,7 @@ FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenien
 
 from flwr.server.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
+from .client_personalized import Ditto, PerFedAvg
 from .fedacs import FedACS
 from .fedamp import FedAMP, HeurFedAMP
 from .fedattn import FedAttn
@@ -21,5 +22,5 @@ from .local import Local
 from .personalized import PersonalizedServer, UpdateRejected
 from .scaffold import SCAFFOLD
 
-__all__ = ["FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "GlobalServer", "IGFL", "Local",
-           "PersonalizedServer", "PersonalizedStrategy", "SCAFFOLD", "UpdateRejected"]
+__all__ = ["Ditto", "FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "GlobalServer", "IGFL", "Local",
+           "PersonalizedServer", "PerFedAvg", "PersonalizedStrategy", "SCAFFOLD", "UpdateRejected"]

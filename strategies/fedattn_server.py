@@ -14,7 +14,7 @@ from flower_pfl.methods.fedattn import (
 )
 from flower_pfl.wire import decode_flat, encode_vector
 
-from .global_server import GlobalServer
+from .global_server import GlobalServer, weighted_mean
 
 
 @dataclass
@@ -123,9 +123,8 @@ class FedAttnServer(GlobalServer):
                   num_examples: Sequence[int]) -> torch.Tensor:
         """``G``: FedAvg of the returned models (weighted by samples); each client's ``M_i`` and ``Z_i``
         are stored; the attention takes one step on the gradients of the clients it personalized."""
-        weights = torch.tensor([float(n) for n in num_examples]) if num_examples else torch.ones(len(ids))
         stacked = torch.stack(list(models))
-        new_global = (weights / weights.sum()) @ stacked
+        new_global = weighted_mean(models, num_examples)
         self._ensure_module(self.d_z)
         trained = [i for i, cid in enumerate(ids) if cid in self._sent]
         if trained:

@@ -39,7 +39,9 @@ class GlobalModelStrategy(FedAvg):
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         pairs = super().configure_evaluate(server_round, parameters, client_manager)
-        return [(proxy, EvaluateIns(self._parameters_for(proxy, ins.parameters, False), ins.config)) for proxy, ins in pairs]
+        extras = self.server.evaluation_config()
+        return [(proxy, EvaluateIns(self._parameters_for(proxy, ins.parameters, False), {**ins.config, **extras}))
+                for proxy, ins in pairs]
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[Any]

@@ -55,6 +55,10 @@ class GlobalServer:
         not the global model (``None``: the global model)."""
         return None
 
+    def evaluation_config(self) -> dict[str, Any]:
+        """Config entries for evaluation messages (e.g. how a client builds its personalized model)."""
+        return {}
+
     def check_payload(self, payload: Mapping[str, Any]) -> Any:
         """Validate what a client returned besides its model; raise ``ValueError`` to reject it."""
         return None
@@ -67,3 +71,19 @@ class GlobalServer:
     def state_dict(self) -> dict[str, Any]:
         """What the server learned besides the global model, to save with the results."""
         return {}
+
+
+def weighted_mean(models: Sequence[torch.Tensor], num_examples: Sequence[int]) -> torch.Tensor:
+    """FedAvg: the models' mean weighted by their clients' sample counts (uniform without counts)."""
+    stacked = torch.stack(list(models))
+    weights = torch.tensor([float(n) for n in num_examples]) if num_examples else torch.ones(len(stacked))
+    return (weights / weights.sum()) @ stacked
+
+
+class FedAvgServer(GlobalServer):
+    """FedAvg's aggregation; subclasses add what their clients need in ``instructions`` and
+    ``evaluation_config`` (Ditto, Per-FedAvg)."""
+
+    def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any],
+                  num_examples: Sequence[int]) -> torch.Tensor:
+        return weighted_mean(models, num_examples)

@@ -36,7 +36,9 @@ class GlobalModelStrategy(FedAvg):
         return self._personalize(messages, training=True)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        return self._personalize(list(super().configure_evaluate(server_round, arrays, config, grid)), training=False)
+        extras = self.server.evaluation_config()
+        return self._personalize(list(super().configure_evaluate(server_round, arrays, ConfigRecord({**config, **extras}), grid)),
+                                 training=False)
 
     def _personalize(self, messages: list[Message], training: bool) -> list[Message]:
         """Give each node the model ``server.client_model`` has for it, where it has one (in a
