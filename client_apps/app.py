@@ -22,11 +22,13 @@ from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
 from flower_pfl.experiment import (
     dataset_shape, load_client_data, make_model, resolve_device, train_client, train_ditto_client, train_fedattn_client,
-    train_igfl_client, train_per_fedavg_client, train_scaffold_client,
+    train_igfl_client, train_per_fedavg_client, train_pfedme_client, train_scaffold_client,
 )
 from flower_pfl.layout import load_flat_
 from flower_pfl.methods.ditto import LAMBDA as DITTO_LAMBDA
 from flower_pfl.methods.per_fedavg import ADAPT as PER_FEDAVG_ADAPT, ALPHA as PER_FEDAVG_ALPHA, adapt_one_step
+from flower_pfl.methods.pfedme import EVALUATE_BOTH as PFEDME_PM_GM, LAMBDA as PFEDME_LAMBDA
+from flower_pfl.metrics import GLOBAL_ACCURACY
 from flower_pfl.methods.fedattn import BIAS_GRADIENT, FEDATTN, REPRESENTATION
 from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from flower_pfl.methods.igfl import CORRECTION as IGFL_CORRECTION
@@ -37,8 +39,9 @@ from flower_pfl.wire import encode_vector
 app = ClientApp()
 
 #: keys in ``context.state``: the remembered proximal anchor, IGFL's last delta, SCAFFOLD's ``c_i``,
-#: Ditto's personal model
-ANCHOR_STATE, IGFL_STATE, SCAFFOLD_STATE, DITTO_STATE = "proximal-anchor", "igfl-delta", "scaffold-control", "ditto-personal"
+#: Ditto's personal model, pFedMe's personalized model θ_i
+ANCHOR_STATE, IGFL_STATE, SCAFFOLD_STATE = "proximal-anchor", "igfl-delta", "scaffold-control"
+DITTO_STATE, PFEDME_STATE = "ditto-personal", "pfedme-theta"
 
 
 @dataclass
@@ -94,6 +97,9 @@ class Node:
             res, personal = train_ditto_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
                                                float(config[DITTO_LAMBDA]), stored[0] if stored else None)
             self.state[DITTO_STATE] = ArrayRecord([personal.cpu().numpy()])
+        elif PFEDME_LAMBDA in config:
+            res, theta = train_pfedme_client(self.model, self.data, config, self.cfg.seed, self.partition_id)
+            self.state[PFEDME_STATE] = ArrayRecord([theta.cpu().numpy()])
         elif PER_FEDAVG_ALPHA in config:
             res = train_per_fedavg_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
                                           float(config[PER_FEDAVG_ALPHA]))
@@ -124,17 +130,25 @@ class Node:
 
     def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, float]:
         """Evaluate on the test split the model this method personalizes from the received one:
-        Ditto's personal model from the node's state, Per-FedAvg's one step on the training split;
-        otherwise the received model itself."""
+        Ditto's personal model or pFedMe's θ_i from the node's state (pFedMe also reports the received
+        global model), Per-FedAvg's one step on the training split; otherwise the received model."""
         config = config or {}
         device = next(self.model.parameters()).device
-        if DITTO_LAMBDA in config and (personal := self._stored(DITTO_STATE)):
-            load_flat_(self.model, personal[0].to(device))
+        extra: dict[str, float] = {}
+        if PFEDME_PM_GM in config:
+            extra[GLOBAL_ACCURACY] = self._test().accuracy
+        personal = DITTO_STATE if DITTO_LAMBDA in config else PFEDME_STATE if PFEDME_PM_GM in config else None
+        if personal is not None and (stored := self._stored(personal)):
+            load_flat_(self.model, stored[0].to(device))
         elif PER_FEDAVG_ADAPT in config:
             adapt_one_step(self.model, self.data.x_train.to(device), self.data.y_train.to(device), float(config[PER_FEDAVG_ADAPT]))
-        res = evaluate_model(self.model, self.data.x_test.to(device), self.data.y_test.to(device))
+        res = self._test()
         return {"loss": res.loss, "accuracy": res.accuracy, "num-examples": res.num_examples,
-                "partition-id": self.partition_id}
+                "partition-id": self.partition_id, **extra}
+
+    def _test(self) -> Any:
+        device = next(self.model.parameters()).device
+        return evaluate_model(self.model, self.data.x_test.to(device), self.data.y_test.to(device))
 
 
 def _is_legacy(msg: Message) -> bool:

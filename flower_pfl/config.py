@@ -18,7 +18,7 @@ from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedamp", "heurfedamp", "ditto", "per-fedavg", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
+METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedamp", "heurfedamp", "ditto", "per-fedavg", "pfedme", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
@@ -74,6 +74,10 @@ class ExperimentConfig:
     igfl_attention: str = "self"
     ditto_lambda: float = 1.0
     per_fedavg_alpha: float = 0.01
+    pfedme_beta: float = 1.0
+    pfedme_lambda: float = 15.0
+    pfedme_personal_lr: float = 0.01
+    pfedme_inner_steps: int = 5
     fedamp_alpha_k: float = 0.05
     fedamp_sigma: float = 1.0
     fedamp_lambda: float = 1.0
@@ -103,10 +107,10 @@ class ExperimentConfig:
             if getattr(self, name) not in allowed:
                 _fail(name, getattr(self, name), f"one of {', '.join(allowed)}")
         for name in ("num_rounds", "clients_per_round", "batch_size", "local_steps", "eval_every", "hidden_units",
-                     "classes_per_client", "shards_per_client", "fedattn_k", "fedattn_dk"):
+                     "classes_per_client", "shards_per_client", "fedattn_k", "fedattn_dk", "pfedme_inner_steps"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "an integer >= 1")
-        for name in ("lr", "sigma", "fedattn_lr", "per_fedavg_alpha", "fedamp_alpha_k", "fedamp_sigma", "fedamp_lambda", "heurfedamp_sigma"):
+        for name in ("lr", "sigma", "fedattn_lr", "per_fedavg_alpha", "pfedme_lambda", "pfedme_personal_lr", "fedamp_alpha_k", "fedamp_sigma", "fedamp_lambda", "heurfedamp_sigma"):
             if not getattr(self, name) > 0:
                 _fail(name, getattr(self, name), "a number > 0")
         for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta", "fedattn_bias_reg", "ditto_lambda"):
@@ -136,6 +140,8 @@ class ExperimentConfig:
         if self.method == "fedamp" and (self.clients_per_round - 1) * self.fedamp_alpha_k / self.fedamp_sigma > 1:
             _fail("fedamp_alpha_k", self.fedamp_alpha_k, f"at most fedamp-sigma / (clients-per-round - 1) = "
                   f"{self.fedamp_sigma / (self.clients_per_round - 1):.4g}, so no self weight can turn negative")
+        if not 0 < self.pfedme_beta <= 2:
+            _fail("pfedme_beta", self.pfedme_beta, "a number in (0, 2]")
         if not 0 <= self.heurfedamp_self_weight <= 1:
             _fail("heurfedamp_self_weight", self.heurfedamp_self_weight, "a number in [0, 1]")
         if self.fedattn_warmup < 0:

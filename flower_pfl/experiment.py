@@ -16,12 +16,13 @@ from .data.hub import load_hub_partition
 from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
 from .data.synthetic import DIM, NUM_CLASSES
-from .layout import flatten_module, load_flat_
+from .layout import ParamLayout, flatten_module, load_flat_
 from .methods.base import PROXIMAL_MU
 from .methods.ditto import ditto_personal_step
 from .methods.fedattn import BIAS_REG, GLOBAL_BIASES, fedattn_local_sgd
 from .methods.igfl import GLOBAL_DELTA, PARTICIPANTS, igfl_local_sgd
 from .methods.per_fedavg import per_fedavg_local_sgd
+from .methods.pfedme import INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR, pfedme_local_sgd
 from .methods.scaffold import CONTROL, scaffold_local_sgd
 from .models import build_model
 from .solvers import LocalResult, local_sgd, trainable
@@ -225,3 +226,17 @@ def train_per_fedavg_client(
     args = _solver_args(config, seed, partition_id)
     return per_fedavg_local_sgd(model, data.x_train.to(device), data.y_train.to(device), steps=args["steps"], alpha=alpha,
                                 beta=args["lr"], batch_size=args["batch_size"], generator=args["generator"])
+
+
+def train_pfedme_client(
+    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
+) -> tuple[LocalResult, torch.Tensor]:
+    """pFedMe's client update on the training split (``config`` carries ``pfedme-lambda``,
+    ``pfedme-personal-lr`` and ``pfedme-inner-steps``). Returns the result and θ_i as a flat vector."""
+    device = next(model.parameters()).device
+    result, theta = pfedme_local_sgd(model, data.x_train.to(device), data.y_train.to(device), lam=float(config[PFEDME_LAMBDA]),
+                                     personal_lr=float(config[PERSONAL_LR]), inner_steps=int(config[INNER_STEPS]),
+                                     **_solver_args(config, seed, partition_id))
+    state = dict(model.state_dict())
+    state.update(zip((n for n, p in model.named_parameters() if p.requires_grad), theta))
+    return result, ParamLayout.from_arrays(state).flatten(state.values())

@@ -36,6 +36,10 @@ def round_metrics(accuracy: Sequence[float], num_examples: Sequence[int], loss: 
     return out
 
 
+#: a client's accuracy of the global model, reported beside its personalized one (pFedMe's GM)
+GLOBAL_ACCURACY = "global-accuracy"
+
+
 def summarize_run(history: Sequence[Mapping[str, float]], num_rounds: int) -> dict[str, float]:
     """Run summary from evaluated rounds (dicts with ``round`` and ``round_metrics`` keys).
 
@@ -52,7 +56,11 @@ def summarize_run(history: Sequence[Mapping[str, float]], num_rounds: int) -> di
     if not tail.any():
         tail = rounds == rounds.max()
     best = int(acc.argmax())
-    return {
+    extra: dict[str, float] = {}
+    if all("global_accuracy" in h for h in history):  # methods that report their global model too (pFedMe's GM)
+        gacc = np.array([h["global_accuracy"] for h in history])
+        extra = {"bmta_global": float(gacc.max()), "last10_mean_global_accuracy": float(gacc[tail].mean())}
+    return extra | {
         "bmta": float(acc.max()),
         "bmta_round": int(rounds[best]),
         "bmta_weighted": float(wacc.max()),

@@ -9,7 +9,7 @@ FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenien
 
 from flwr.server.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
-from .client_personalized import Ditto, PerFedAvg
+from .client_personalized import Ditto, PerFedAvg, PFedMe
 from .fedacs import FedACS
 from .fedamp import FedAMP, HeurFedAMP
 from .fedattn import FedAttn
@@ -23,4 +23,4 @@ from .personalized import PersonalizedServer, UpdateRejected
 from .scaffold import SCAFFOLD
 
 __all__ = ["Ditto", "FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "GlobalServer", "IGFL", "Local",
-           "PersonalizedServer", "PerFedAvg", "PersonalizedStrategy", "SCAFFOLD", "UpdateRejected"]
+           "PersonalizedServer", "PerFedAvg", "PFedMe", "PersonalizedStrategy", "SCAFFOLD", "UpdateRejected"]

@@ -1,10 +1,10 @@
-"""Ditto and Per-FedAvg for the legacy Flower API."""
+"""Ditto, Per-FedAvg and pFedMe for the legacy Flower API."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .client_personalized_servers import DittoServer, PerFedAvgServer
+from .client_personalized_servers import DittoServer, PerFedAvgServer, PFedMeServer
 from .global_model import GlobalModelStrategy
 
 
@@ -23,3 +23,14 @@ class PerFedAvg(GlobalModelStrategy):
 
     def __init__(self, *, alpha: float = 0.01, **kwargs: Any) -> None:
         super().__init__(PerFedAvgServer(alpha), **kwargs)
+
+
+class PFedMe(GlobalModelStrategy):
+    """pFedMe (Dinh et al. 2020): a global model ``w ← (1 − β) w + β · mean w_i``; every client keeps
+    its personalized θ_i (Moreau envelope, ``lam``, ``personal_lr``, ``inner_steps`` K) and reports the
+    accuracy of θ_i (PM, ``accuracy``) and of the global model (GM, ``global-accuracy``). Other
+    arguments are Flower's FedAvg's."""
+
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5,
+                 **kwargs: Any) -> None:
+        super().__init__(PFedMeServer(beta, lam, personal_lr, inner_steps), **kwargs)

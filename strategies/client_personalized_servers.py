@@ -1,14 +1,18 @@
 """Server side of the methods whose personalized model the client makes: the server trains a global
-model by FedAvg and tells clients how to personalize it (Ditto, Per-FedAvg)."""
+model (FedAvg, or pFedMe's β-mixed average) and tells clients how to personalize it (Ditto,
+Per-FedAvg, pFedMe)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Hashable, Sequence
+
+import torch
 
 from flower_pfl.methods.ditto import LAMBDA
 from flower_pfl.methods.per_fedavg import ADAPT, ALPHA
+from flower_pfl.methods.pfedme import EVALUATE_BOTH, INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR
 
-from .global_server import FedAvgServer
+from .global_server import FedAvgServer, weighted_mean
 
 
 class DittoServer(FedAvgServer):
@@ -43,3 +47,25 @@ class PerFedAvgServer(FedAvgServer):
 
     def evaluation_config(self) -> dict[str, Any]:
         return {ADAPT: self.alpha}
+
+
+class PFedMeServer(FedAvgServer):
+    """pFedMe: ``w ← (1 − β) w + β · mean_i w_i`` (sample-weighted); clients solve for their
+    personalized θ_i with ``lam``, ``personal_lr`` and ``inner_steps`` (K) and report the accuracy
+    of θ_i (PM) and of the global model (GM)."""
+
+    def __init__(self, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5) -> None:
+        super().__init__()
+        if not 0 < beta <= 2 or lam <= 0 or personal_lr <= 0 or inner_steps < 1:
+            raise ValueError("pFedMe needs 0 < beta <= 2, lam > 0, personal_lr > 0 and inner_steps >= 1")
+        self.beta, self.lam, self.personal_lr, self.inner_steps = beta, lam, personal_lr, inner_steps
+
+    def instructions(self, num_participants: int) -> dict[str, Any]:
+        return {PFEDME_LAMBDA: self.lam, PERSONAL_LR: self.personal_lr, INNER_STEPS: self.inner_steps}
+
+    def evaluation_config(self) -> dict[str, Any]:
+        return {EVALUATE_BOTH: True}
+
+    def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any],
+                  num_examples: Sequence[int]) -> torch.Tensor:
+        return (1 - self.beta) * self.global_model + self.beta * weighted_mean(models, num_examples)  # type: ignore[operator]

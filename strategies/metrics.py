@@ -6,18 +6,22 @@ from typing import Iterable, Mapping
 
 from flwr.app import MetricRecord, RecordDict
 
-from flower_pfl.metrics import round_metrics
+from flower_pfl.metrics import GLOBAL_ACCURACY, round_metrics
 
 ACCURACY, LOSS, NUM_EXAMPLES = "accuracy", "loss", "num-examples"
 
 
 def _from_metrics(metrics: Iterable[Mapping[str, float]]) -> dict[str, float]:
     rows = list(metrics)
-    return round_metrics(
-        [float(m[ACCURACY]) for m in rows],
-        [int(m[NUM_EXAMPLES]) for m in rows],
+    sizes = [int(m[NUM_EXAMPLES]) for m in rows]
+    out = round_metrics(
+        [float(m[ACCURACY]) for m in rows], sizes,
         [float(m[LOSS]) for m in rows] if all(LOSS in m for m in rows) else None,
     )
+    if rows and all(GLOBAL_ACCURACY in m for m in rows):
+        glob = round_metrics([float(m[GLOBAL_ACCURACY]) for m in rows], sizes)
+        out.update({"global_accuracy": glob["accuracy"], "global_accuracy_weighted": glob["accuracy_weighted"]})
+    return out
 
 
 def personalized_evaluate_metrics(records: list[RecordDict], weighted_by_key: str = NUM_EXAMPLES) -> MetricRecord:

@@ -1,10 +1,10 @@
-"""Ditto and Per-FedAvg for the Message API (``@app.main()`` + ``strategy.start``)."""
+"""Ditto, Per-FedAvg and pFedMe for the Message API (``@app.main()`` + ``strategy.start``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..client_personalized_servers import DittoServer, PerFedAvgServer
+from ..client_personalized_servers import DittoServer, PerFedAvgServer, PFedMeServer
 from .global_model import GlobalModelStrategy
 
 
@@ -20,3 +20,11 @@ class PerFedAvg(GlobalModelStrategy):
 
     def __init__(self, *, alpha: float = 0.01, **kwargs: Any) -> None:
         super().__init__(PerFedAvgServer(alpha), **kwargs)
+
+
+class PFedMe(GlobalModelStrategy):
+    """``strategies.PFedMe`` for the Message API: the same method and arguments."""
+
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5,
+                 **kwargs: Any) -> None:
+        super().__init__(PFedMeServer(beta, lam, personal_lr, inner_steps), **kwargs)
