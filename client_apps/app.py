@@ -21,10 +21,11 @@ from flwr.clientapp import ClientApp
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
 from flower_pfl.experiment import (
-    dataset_shape, load_client_data, make_model, resolve_device, train_client, train_ditto_client, train_fedattn_client,
+    dataset_shape, load_client_data, make_model, resolve_device, train_apfl_client, train_client, train_ditto_client, train_fedattn_client,
     train_igfl_client, train_per_fedavg_client, train_pfedme_client, train_scaffold_client,
 )
-from flower_pfl.layout import load_flat_
+from flower_pfl.layout import flatten_module, load_flat_
+from flower_pfl.methods.apfl import ALPHA_LR as APFL_ALPHA_LR, EVALUATE_MIXED as APFL_MIXED, Mixture
 from flower_pfl.methods.ditto import LAMBDA as DITTO_LAMBDA
 from flower_pfl.methods.per_fedavg import ADAPT as PER_FEDAVG_ADAPT, ALPHA as PER_FEDAVG_ALPHA, adapt_one_step
 from flower_pfl.methods.pfedme import EVALUATE_BOTH as PFEDME_PM_GM, LAMBDA as PFEDME_LAMBDA
@@ -41,7 +42,8 @@ app = ClientApp()
 #: keys in ``context.state``: the remembered proximal anchor, IGFL's last delta, SCAFFOLD's ``c_i``,
 #: Ditto's personal model, pFedMe's personalized model θ_i
 ANCHOR_STATE, IGFL_STATE, SCAFFOLD_STATE = "proximal-anchor", "igfl-delta", "scaffold-control"
-DITTO_STATE, PFEDME_STATE = "ditto-personal", "pfedme-theta"
+#: APFL's personal model and α
+DITTO_STATE, PFEDME_STATE, APFL_STATE = "ditto-personal", "pfedme-theta", "apfl-personal"
 
 
 @dataclass
@@ -100,6 +102,8 @@ class Node:
         elif PFEDME_LAMBDA in config:
             res, theta = train_pfedme_client(self.model, self.data, config, self.cfg.seed, self.partition_id)
             self.state[PFEDME_STATE] = ArrayRecord([theta.cpu().numpy()])
+        elif APFL_ALPHA_LR in config:
+            res = self._fit_apfl(config)
         elif PER_FEDAVG_ALPHA in config:
             res = train_per_fedavg_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
                                           float(config[PER_FEDAVG_ALPHA]))
@@ -114,6 +118,27 @@ class Node:
     def _stored(self, key: str) -> list[torch.Tensor] | None:
         record = self.state.get(key)
         return [torch.as_tensor(a) for a in record.to_numpy_ndarrays()] if record is not None else None
+
+    def _personal_apfl(self) -> tuple[torch.nn.Module, float] | None:
+        """APFL's personal model and α from the node's state (``None`` before its first round)."""
+        stored = self._stored(APFL_STATE)
+        if stored is None:
+            return None
+        personal = make_model(self.cfg).to(next(self.model.parameters()).device)
+        load_flat_(personal, stored[0])
+        return personal, float(stored[1][0])
+
+    def _fit_apfl(self, config: Mapping[str, Any]) -> Any:
+        """APFL: the personal model starts as a copy of the first global model it receives."""
+        known = self._personal_apfl()
+        if known is None:
+            personal = make_model(self.cfg).to(next(self.model.parameters()).device)
+            personal.load_state_dict(self.model.state_dict())
+            known = (personal, None)  # type: ignore[assignment]
+        personal, alpha = known
+        res, alpha = train_apfl_client(self.model, personal, self.data, config, self.cfg.seed, self.partition_id, alpha)
+        self.state[APFL_STATE] = ArrayRecord([flatten_module(personal).cpu().numpy(), np.array([alpha], np.float32)])
+        return res
 
     def _fit_igfl(self, config: Mapping[str, Any]) -> Any:
         """IGFL-C with this client's last delta from its state (none on its first participation)."""
@@ -131,7 +156,8 @@ class Node:
     def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, float]:
         """Evaluate on the test split the model this method personalizes from the received one:
         Ditto's personal model or pFedMe's θ_i from the node's state (pFedMe also reports the received
-        global model), Per-FedAvg's one step on the training split; otherwise the received model."""
+        global model), APFL's mixture of its personal model and the received one, Per-FedAvg's one step
+        on the training split; otherwise the received model."""
         config = config or {}
         device = next(self.model.parameters()).device
         extra: dict[str, float] = {}
@@ -142,13 +168,17 @@ class Node:
             load_flat_(self.model, stored[0].to(device))
         elif PER_FEDAVG_ADAPT in config:
             adapt_one_step(self.model, self.data.x_train.to(device), self.data.y_train.to(device), float(config[PER_FEDAVG_ADAPT]))
-        res = self._test()
+        res = self._test(self._mixture() if APFL_MIXED in config else None)
         return {"loss": res.loss, "accuracy": res.accuracy, "num-examples": res.num_examples,
                 "partition-id": self.partition_id, **extra}
 
-    def _test(self) -> Any:
+    def _mixture(self) -> torch.nn.Module | None:
+        known = self._personal_apfl()
+        return Mixture(known[0], self.model, known[1]) if known is not None else None
+
+    def _test(self, model: torch.nn.Module | None = None) -> Any:
         device = next(self.model.parameters()).device
-        return evaluate_model(self.model, self.data.x_test.to(device), self.data.y_test.to(device))
+        return evaluate_model(model or self.model, self.data.x_test.to(device), self.data.y_test.to(device))
 
 
 def _is_legacy(msg: Message) -> bool:

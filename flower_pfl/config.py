@@ -18,7 +18,7 @@ from .data.partition import SCHEMES
 from .layout import GROUPINGS
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedamp", "heurfedamp", "ditto", "per-fedavg", "pfedme", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
+METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedamp", "heurfedamp", "ditto", "per-fedavg", "pfedme", "apfl", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
@@ -74,6 +74,8 @@ class ExperimentConfig:
     igfl_attention: str = "self"
     ditto_lambda: float = 1.0
     per_fedavg_alpha: float = 0.01
+    apfl_alpha_init: float = 0.5
+    apfl_alpha_lr: float = 0.02
     pfedme_beta: float = 1.0
     pfedme_lambda: float = 15.0
     pfedme_personal_lr: float = 0.01
@@ -140,6 +142,10 @@ class ExperimentConfig:
         if self.method == "fedamp" and (self.clients_per_round - 1) * self.fedamp_alpha_k / self.fedamp_sigma > 1:
             _fail("fedamp_alpha_k", self.fedamp_alpha_k, f"at most fedamp-sigma / (clients-per-round - 1) = "
                   f"{self.fedamp_sigma / (self.clients_per_round - 1):.4g}, so no self weight can turn negative")
+        if not 0 <= self.apfl_alpha_init <= 1:
+            _fail("apfl_alpha_init", self.apfl_alpha_init, "a number in [0, 1]")
+        if self.apfl_alpha_lr < 0:
+            _fail("apfl_alpha_lr", self.apfl_alpha_lr, "a number >= 0")
         if not 0 < self.pfedme_beta <= 2:
             _fail("pfedme_beta", self.pfedme_beta, "a number in (0, 2]")
         if not 0 <= self.heurfedamp_self_weight <= 1:

@@ -17,6 +17,7 @@ from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
 from .data.synthetic import DIM, NUM_CLASSES
 from .layout import ParamLayout, flatten_module, load_flat_
+from .methods.apfl import ALPHA_INIT, ALPHA_LR, apfl_local_sgd
 from .methods.base import PROXIMAL_MU
 from .methods.ditto import ditto_personal_step
 from .methods.fedattn import BIAS_REG, GLOBAL_BIASES, fedattn_local_sgd
@@ -240,3 +241,16 @@ def train_pfedme_client(
     state = dict(model.state_dict())
     state.update(zip((n for n, p in model.named_parameters() if p.requires_grad), theta))
     return result, ParamLayout.from_arrays(state).flatten(state.values())
+
+
+def train_apfl_client(
+    model: nn.Module, personal: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
+    alpha: float | None,
+) -> tuple[LocalResult, float]:
+    """APFL's local steps on the training split: ``model`` is the global model (its update is the
+    reply), ``personal`` the client's own; ``alpha`` ``None`` starts from ``apfl-alpha-init``.
+    Returns the result and the new α."""
+    device = next(model.parameters()).device
+    args = _solver_args(config, seed, partition_id)
+    return apfl_local_sgd(model, personal, float(config[ALPHA_INIT]) if alpha is None else alpha, data.x_train.to(device),
+                          data.y_train.to(device), alpha_lr=float(config[ALPHA_LR]), **args)

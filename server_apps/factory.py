@@ -22,12 +22,12 @@ from strategies.metrics import personalized_evaluate_metrics, personalized_evalu
 #: the strategy class of each method; ``strategies`` and ``strategies.message`` both export these names
 CLASS_NAMES: dict[str, str] = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "fedavgm": "FedAvgM", "fedadam": "FedAdam",
-    "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL", "scaffold": "SCAFFOLD", "fedattn": "FedAttn", "ditto": "Ditto", "per-fedavg": "PerFedAvg", "pfedme": "PFedMe",
+    "igfl": "IGFL", "igfl-c": "IGFL", "igfl-s": "IGFL", "scaffold": "SCAFFOLD", "fedattn": "FedAttn", "ditto": "Ditto", "per-fedavg": "PerFedAvg", "pfedme": "PFedMe", "apfl": "APFL",
     "fedmcsa": "FedMCSA", "fedacs": "FedACS", "local": "Local", "fedamp": "FedAMP", "heurfedamp": "HeurFedAMP",
 }
 #: methods that train one global model (evaluated on every client's test split)
 #: (FedAttn, Ditto and Per-FedAvg build on FedAvg too; their clients evaluate a model personalized from it)
-GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "igfl", "igfl-c", "igfl-s", "fedattn", "ditto", "per-fedavg", "pfedme")
+GLOBAL_METHODS = ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "igfl", "igfl-c", "igfl-s", "fedattn", "ditto", "per-fedavg", "pfedme", "apfl")
 
 
 def _participants(cfg: ExperimentConfig, num_nodes: int) -> int:
@@ -65,6 +65,8 @@ def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
         return {"eta": cfg.fedadam_eta, "eta_l": cfg.lr, "tau": cfg.fedadam_tau}
     if m == "ditto":
         return {"lam": cfg.ditto_lambda}
+    if m == "apfl":
+        return {"alpha_init": cfg.apfl_alpha_init, "alpha_lr": cfg.apfl_alpha_lr}
     if m == "pfedme":
         return {"beta": cfg.pfedme_beta, "lam": cfg.pfedme_lambda, "personal_lr": cfg.pfedme_personal_lr,
                 "inner_steps": cfg.pfedme_inner_steps}

@@ -9,7 +9,7 @@ FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenien
 
 from flwr.server.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
-from .client_personalized import Ditto, PerFedAvg, PFedMe
+from .client_personalized import APFL, Ditto, PerFedAvg, PFedMe
 from .fedacs import FedACS
 from .fedamp import FedAMP, HeurFedAMP
 from .fedattn import FedAttn
@@ -22,5 +22,5 @@ from .local import Local
 from .personalized import PersonalizedServer, UpdateRejected
 from .scaffold import SCAFFOLD
 
-__all__ = ["Ditto", "FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "GlobalServer", "IGFL", "Local",
+__all__ = ["APFL", "Ditto", "FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "GlobalServer", "IGFL", "Local",
            "PersonalizedServer", "PerFedAvg", "PFedMe", "PersonalizedStrategy", "SCAFFOLD", "UpdateRejected"]

@@ -1,10 +1,10 @@
-"""Ditto, Per-FedAvg and pFedMe for the legacy Flower API."""
+"""Ditto, Per-FedAvg, pFedMe and APFL for the legacy Flower API."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .client_personalized_servers import DittoServer, PerFedAvgServer, PFedMeServer
+from .client_personalized_servers import APFLServer, DittoServer, PerFedAvgServer, PFedMeServer
 from .global_model import GlobalModelStrategy
 
 
@@ -34,3 +34,12 @@ class PFedMe(GlobalModelStrategy):
     def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5,
                  **kwargs: Any) -> None:
         super().__init__(PFedMeServer(beta, lam, personal_lr, inner_steps), **kwargs)
+
+
+class APFL(GlobalModelStrategy):
+    """APFL (Deng et al. 2020): FedAvg plus, on every client, a personal model and a mixing weight α
+    (``alpha_init``, stepped with ``alpha_lr`` and clipped to [0, 1]); clients evaluate
+    ``α v(x) + (1 − α) w(x)``. Other arguments are Flower's FedAvg's."""
+
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, **kwargs: Any) -> None:
+        super().__init__(APFLServer(alpha_init, alpha_lr), **kwargs)

@@ -1,6 +1,6 @@
 """Server side of the methods whose personalized model the client makes: the server trains a global
 model (FedAvg, or pFedMe's β-mixed average) and tells clients how to personalize it (Ditto,
-Per-FedAvg, pFedMe)."""
+Per-FedAvg, pFedMe, APFL)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Hashable, Sequence
 
 import torch
 
+from flower_pfl.methods.apfl import ALPHA_INIT, ALPHA_LR, EVALUATE_MIXED
 from flower_pfl.methods.ditto import LAMBDA
 from flower_pfl.methods.per_fedavg import ADAPT, ALPHA
 from flower_pfl.methods.pfedme import EVALUATE_BOTH, INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR
@@ -69,3 +70,20 @@ class PFedMeServer(FedAvgServer):
     def aggregate(self, ids: Sequence[Hashable], models: Sequence[torch.Tensor], payloads: Sequence[Any],
                   num_examples: Sequence[int]) -> torch.Tensor:
         return (1 - self.beta) * self.global_model + self.beta * weighted_mean(models, num_examples)  # type: ignore[operator]
+
+
+class APFLServer(FedAvgServer):
+    """APFL: clients keep a personal model and a mixing weight α (starting at ``alpha_init``,
+    stepped with ``alpha_lr``) and evaluate the mixture ``α v(x) + (1 − α) w(x)``."""
+
+    def __init__(self, alpha_init: float = 0.5, alpha_lr: float = 0.02) -> None:
+        super().__init__()
+        if not 0 <= alpha_init <= 1 or alpha_lr < 0:
+            raise ValueError("APFL needs 0 <= alpha_init <= 1 and alpha_lr >= 0")
+        self.alpha_init, self.alpha_lr = alpha_init, alpha_lr
+
+    def instructions(self, num_participants: int) -> dict[str, Any]:
+        return {ALPHA_LR: self.alpha_lr, ALPHA_INIT: self.alpha_init}
+
+    def evaluation_config(self) -> dict[str, Any]:
+        return {EVALUATE_MIXED: True}

@@ -17,7 +17,7 @@ def run_dirs(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     return {m: run_in_process({**SMALL, "method": m, "output-dir": str(out)}, num_nodes=16)
             for m in ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local", "fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s",
-                      "fedattn", "fedamp", "heurfedamp", "ditto", "per-fedavg", "pfedme")}
+                      "fedattn", "fedamp", "heurfedamp", "ditto", "per-fedavg", "pfedme", "apfl")}
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
-from .client_personalized import Ditto, PerFedAvg, PFedMe
+from .client_personalized import APFL, Ditto, PerFedAvg, PFedMe
 from .fedacs import FedACS
 from .fedamp import FedAMP, HeurFedAMP
 from .fedattn import FedAttn
@@ -13,4 +13,4 @@ from .local import Local
 from .personalized import PersonalizedStrategy
 from .scaffold import SCAFFOLD
 
-__all__ = ["Ditto", "FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "IGFL", "Local", "PerFedAvg", "PFedMe", "PersonalizedStrategy", "SCAFFOLD"]
+__all__ = ["APFL", "Ditto", "FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "IGFL", "Local", "PerFedAvg", "PFedMe", "PersonalizedStrategy", "SCAFFOLD"]
