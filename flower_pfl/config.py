@@ -22,6 +22,8 @@ METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fe
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
+#: server aggregation of fedavg / pfedme: their own, or FedMCSA's layer-wise attention (its Table 2)
+AGGREGATIONS: tuple[str, ...] = ("default", "mcsa")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 #: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
 PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
@@ -42,6 +44,7 @@ class ExperimentConfig:
     """One experiment. Field ``foo_bar`` is run-config key ``foo-bar``."""
 
     method: str = "fedmcsa"
+    aggregation: str = "default"
     api: str = "message"
     dataset: str = "synthetic"
     data_source: str = "torchvision"
@@ -101,7 +104,7 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         choices = {
-            "method": METHODS, "api": APIS, "dataset": DATASETS, "model": MODELS,
+            "method": METHODS, "aggregation": AGGREGATIONS, "api": APIS, "dataset": DATASETS, "model": MODELS,
             "layer_grouping": GROUPINGS, "device": DEVICES, "partition": PARTITIONS,
             "emnist_split": tuple(EMNIST_CLASSES), "data_source": DATA_SOURCES, "igfl_attention": ATTENTION_MODES,
         }
@@ -142,6 +145,8 @@ class ExperimentConfig:
         if self.method == "fedamp" and (self.clients_per_round - 1) * self.fedamp_alpha_k / self.fedamp_sigma > 1:
             _fail("fedamp_alpha_k", self.fedamp_alpha_k, f"at most fedamp-sigma / (clients-per-round - 1) = "
                   f"{self.fedamp_sigma / (self.clients_per_round - 1):.4g}, so no self weight can turn negative")
+        if self.aggregation == "mcsa" and self.method not in ("fedavg", "pfedme"):
+            _fail("aggregation", self.aggregation, "'default' for this method ('mcsa' transfers to fedavg and pfedme)")
         if not 0 <= self.apfl_alpha_init <= 1:
             _fail("apfl_alpha_init", self.apfl_alpha_init, "a number in [0, 1]")
         if self.apfl_alpha_lr < 0:

@@ -31,7 +31,8 @@ def run_dir(cfg: ExperimentConfig) -> Path:
     """A new folder ``<output-dir>/<method>-<dataset>-<model>-seed<seed>-<time>`` (relative paths from
     the current directory), with ``-2``, ``-3``, ... when runs start in the same second."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.method}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
+    method = cfg.method if cfg.aggregation == "default" else f"{cfg.method}+{cfg.aggregation}"
+    base = Path(cfg.output_dir).expanduser().resolve() / f"{method}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
     base.parent.mkdir(parents=True, exist_ok=True)
     for n in range(1, 10_000):
         path = base if n == 1 else base.with_name(f"{base.name}-{n}")

@@ -16,6 +16,7 @@ import strategies
 import strategies.message
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.experiment import resolve_device, solver_config
+from strategies.client_personalized_servers import PFedMeServer
 from strategies.metrics import personalized_evaluate_metrics, personalized_evaluate_metrics_legacy, weighted_train_metrics
 
 
@@ -80,15 +81,33 @@ def _method_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
     return {}
 
 
+def _choice(cfg: ExperimentConfig) -> tuple[str, dict[str, Any], bool]:
+    """The strategy class name, its method arguments, and whether it trains a global model.
+
+    ``aggregation = "mcsa"`` (FedMCSA's Table 2) keeps the method's client rule and replaces its
+    averaging by FedMCSA's layer-wise attention over per-client models: FedAvg+MCSA is FedMCSA
+    without the proximal term, pFedMe+MCSA sends pFedMe's client settings instead.
+    """
+    if cfg.aggregation == "mcsa":
+        mcsa = {"sigma": cfg.sigma, "grouping": cfg.layer_grouping, "all_clients_train": cfg.all_clients_train}
+        if cfg.method == "pfedme":
+            pfedme = PFedMeServer(**_method_kwargs(cfg))
+            return "FedMCSA", {**mcsa, "client_settings": pfedme.instructions(0),
+                               "evaluation_settings": pfedme.evaluation_config()}, False
+        return "FedMCSA", {**mcsa, "lam": 0.0}, False
+    return CLASS_NAMES[cfg.method], _method_kwargs(cfg), cfg.method in GLOBAL_METHODS
+
+
 def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping[int, int] | None = None) -> MessageStrategy:
     """Message-API strategy; ``num_nodes`` turns ``clients-per-round`` into Flower's fractions,
     ``ranks`` (node id -> partition id) orders our strategies' sampling."""
     k = _participants(cfg, num_nodes)
-    cls = getattr(strategies.message, CLASS_NAMES[cfg.method])
-    if cfg.method in GLOBAL_METHODS:
+    name, kwargs, global_model = _choice(cfg)
+    cls = getattr(strategies.message, name)
+    if global_model:
         return cls(fraction_train=min(1.0, k / max(num_nodes, 1)), min_train_nodes=k, min_available_nodes=k,
-                   fraction_evaluate=1.0, evaluate_metrics_aggr_fn=personalized_evaluate_metrics, **_method_kwargs(cfg))
-    strategy = cls(min_available_nodes=k, **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
+                   fraction_evaluate=1.0, evaluate_metrics_aggr_fn=personalized_evaluate_metrics, **kwargs)
+    strategy = cls(min_available_nodes=k, **_personalized_kwargs(cfg, k), **kwargs)
     strategy.server.node_rank = dict(ranks or {})
     return strategy
 
@@ -100,13 +119,14 @@ def build_legacy_strategy(
     k = _participants(cfg, num_nodes)
     params = ndarrays_to_parameters(initial)
     fit_config: Callable[[int], dict[str, Any]] = lambda _round: dict(solver_config(cfg))  # noqa: E731
-    cls = getattr(strategies, CLASS_NAMES[cfg.method])
-    if cfg.method in GLOBAL_METHODS:
+    name, kwargs, global_model = _choice(cfg)
+    cls = getattr(strategies, name)
+    if global_model:
         return cls(fraction_fit=min(1.0, k / max(num_nodes, 1)), min_fit_clients=k, min_available_clients=k,
                    fraction_evaluate=1.0, initial_parameters=params, on_fit_config_fn=fit_config,
                    fit_metrics_aggregation_fn=weighted_train_metrics,
-                   evaluate_metrics_aggregation_fn=personalized_evaluate_metrics_legacy, **_method_kwargs(cfg))
+                   evaluate_metrics_aggregation_fn=personalized_evaluate_metrics_legacy, **kwargs)
     strategy = cls(initial_parameters=params, min_available_clients=k, on_fit_config_fn=fit_config,
-                   **_personalized_kwargs(cfg, k), **_method_kwargs(cfg))
+                   **_personalized_kwargs(cfg, k), **kwargs)
     strategy.server.node_rank = {str(n): r for n, r in (ranks or {}).items()}  # legacy client ids are strings
     return strategy

@@ -17,6 +17,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from flower_pfl.methods import ServerRule
+from flower_pfl.methods.base import evaluation_config
 
 from .metrics import personalized_evaluate_metrics_legacy
 from .personalized import PersonalizedServer, TrainReplies, UpdateRejected, checked_payload as _payload, log_rejected, make_rule
@@ -122,6 +123,7 @@ class PersonalizedStrategy(Strategy):
         ids = self.server.sample_fraction(clients, self.fraction_evaluate)
         models = self.server.stored_models(ids)
         config: dict[str, Scalar] = dict(self.on_evaluate_config_fn(server_round)) if self.on_evaluate_config_fn else {}
+        config.update(evaluation_config(self.rule))
         config["server-round"] = server_round
         return [(clients[cid], EvaluateIns(self._parameters(models[i]), dict(config))) for i, cid in enumerate(ids)]
 

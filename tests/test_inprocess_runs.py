@@ -136,3 +136,11 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     cfg = ExperimentConfig(output_dir=str(tmp_path))
     folders = {run_dir(cfg) for _ in range(3)}
     assert len(folders) == 3 and all(f.is_dir() for f in folders)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "pfedme"])
+def test_mcsa_transfer_runs(tmp_path, method):
+    out = run_in_process({**SMALL, "method": method, "aggregation": "mcsa", "num-rounds": 3, "output-dir": str(tmp_path)},
+                         num_nodes=8)
+    assert out.name.startswith(f"{method}+mcsa-") and (out / "attention.npz").exists()
+    assert json.loads((out / "summary.json").read_text())["evaluated_rounds"] == 2

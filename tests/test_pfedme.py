@@ -72,3 +72,23 @@ def test_client_reports_pm_and_gm_and_they_aggregate():
     agg = personalized_evaluate_metrics_legacy([(10, {"accuracy": 0.8, "global-accuracy": 0.5, "loss": 1.0}),
                                                 (30, {"accuracy": 0.6, "global-accuracy": 0.3, "loss": 1.0})])
     assert np.isclose(agg["global_accuracy"], 0.4) and np.isclose(agg["global_accuracy_weighted"], 0.35)
+
+
+def test_mechanism_transfer_variants_are_fedmcsa_with_the_methods_client_rule():
+    """FedMCSA's Table 2: FedAvg+MCSA and pFedMe+MCSA by run config, not by new classes."""
+    import pytest
+
+    from flower_pfl.config import ConfigError
+    from server_apps.factory import build_message_strategy
+
+    fb.set_task_identity()
+    fedavg = build_message_strategy(ExperimentConfig(method="fedavg", aggregation="mcsa"), 4)
+    assert type(fedavg).__name__ == "FedMCSA" and fedavg.rule.client_config() == {"proximal-mu": 0.0}
+    pfedme = build_message_strategy(ExperimentConfig(method="pfedme", aggregation="mcsa", pfedme_lambda=9.0), 4)
+    assert type(pfedme).__name__ == "FedMCSA" and pfedme.rule.client_config() == {
+        "pfedme-lambda": 9.0, "pfedme-personal-lr": 0.01, "pfedme-inner-steps": 5}
+    arrays = ArrayRecord({"fc.weight": fb.Array(np.zeros((2, 3), np.float32)), "fc.bias": fb.Array(np.zeros(2, np.float32))})
+    msgs = list(pfedme.configure_evaluate(1, arrays, ConfigRecord(), fb.FakeGrid([1, 2, 3, 4])))
+    assert all(m.content["config"]["pfedme-pm-gm"] is True for m in msgs)  # the client reports θ_i
+    with pytest.raises(ConfigError, match="'aggregation'"):
+        ExperimentConfig.from_mapping({"method": "fedacs", "aggregation": "mcsa"})

@@ -37,3 +37,9 @@ class ServerRule(Protocol):
     def client_config(self) -> dict[str, float | int | str]:
         """Solver settings sent with every training instruction."""
         ...
+
+
+def evaluation_config(rule: object) -> dict:
+    """Settings a rule sends with evaluation instructions (optional; most rules have none)."""
+    method = getattr(rule, "evaluation_config", None)
+    return dict(method()) if method is not None else {}

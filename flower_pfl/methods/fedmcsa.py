@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import torch
 
@@ -28,6 +29,10 @@ class FedMCSARule:
     lam: float = 5.0
     grouping: Grouping = "tensor"
     all_clients_train: bool = False
+    #: mechanism transfer (the paper's Table 2, e.g. pFedMe+MCSA): another method's client settings
+    #: in place of the proximal step, and the evaluation settings that go with them
+    client_settings: Mapping[str, Any] | None = None
+    evaluation_settings: Mapping[str, Any] | None = None
     name: str = field(default="fedmcsa", init=False)
 
     def __post_init__(self) -> None:
@@ -45,4 +50,7 @@ class FedMCSARule:
         return out, {name: weights[l] for l, (name, _) in enumerate(components)}
 
     def client_config(self) -> dict[str, float | int | str]:
-        return {PROXIMAL_MU: float(self.lam)}
+        return dict(self.client_settings) if self.client_settings is not None else {PROXIMAL_MU: float(self.lam)}
+
+    def evaluation_config(self) -> dict[str, Any]:
+        return dict(self.evaluation_settings or {})

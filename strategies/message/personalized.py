@@ -14,6 +14,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from flower_pfl.methods import ServerRule
+from flower_pfl.methods.base import evaluation_config
 
 from ..metrics import NUM_EXAMPLES, personalized_evaluate_metrics
 from ..personalized import PersonalizedServer, TrainReplies, UpdateRejected, checked_payload, log_rejected, make_rule
@@ -129,7 +130,7 @@ class PersonalizedStrategy(Strategy):
             return []
         self._initialize(arrays)
         node_ids = self.server.sample_fraction(self._nodes(grid), self.fraction_evaluate)
-        cfg = ConfigRecord({**config, "server-round": server_round})
+        cfg = ConfigRecord({**config, **evaluation_config(self.rule), "server-round": server_round})
         models = self.server.stored_models(node_ids)
         return [self._message(nid, models[i], cfg, MessageType.EVALUATE) for i, nid in enumerate(node_ids)]
 
