@@ -24,13 +24,23 @@ import numpy as np
 
 from benchmarks.common import fmt, machine, plot_curves as common_plot, run_jobs, save
 
-#: Table 1, Synthetic (MLR, DNN), BMTA in %, mean of 3 runs. Local is not in the paper.
+#: Table 1, Synthetic (MLR, DNN), BMTA in %, mean of 3 runs; "+mcsa" rows from Table 2 (its own FedAvg
+#: and pFedMe rows there: 77.26 / 83.55 and 83.56 / 86.04). Local, Ditto, APFL, FedAMP are not in the paper.
 PAPER = {
     "fedavg": {"mlr": 78.04, "dnn": 84.30},
     "fedprox": {"mlr": 77.51, "dnn": 84.01},
+    "per-fedavg": {"mlr": 85.15, "dnn": 88.50},
+    "pfedme": {"mlr": 84.97, "dnn": 87.01},
+    "pfedme (GM)": {"mlr": 76.37, "dnn": 82.70},
+    "heurfedamp": {"mlr": 84.42, "dnn": 84.00},
     "fedmcsa": {"mlr": 95.27, "dnn": 96.26},
+    "fedavg+mcsa": {"mlr": 94.32, "dnn": 95.52},
+    "pfedme+mcsa": {"mlr": 93.86, "dnn": 93.49},
 }
-LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "fedmcsa": "FedMCSA"}
+LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "fedmcsa": "FedMCSA", "per-fedavg": "Per-FedAvg",
+          "pfedme": "pFedMe (PM)", "pfedme (GM)": "pFedMe (GM)", "heurfedamp": "HeurFedAMP", "fedamp": "FedAMP",
+          "ditto": "Ditto", "apfl": "APFL", "fedavg+mcsa": "FedAvg+MCSA", "pfedme+mcsa": "pFedMe+MCSA (PM)",
+          "pfedme+mcsa (GM)": "pFedMe+MCSA (server model)"}
 #: Section 5.1.4: SGD, eta 0.02, lambda 5, sigma 50, S 20, |D| 20, R 20, T 800, 75/25 split.
 PAPER_SETTINGS = {
     "dataset": "synthetic", "synthetic-alpha": 0.5, "synthetic-beta": 0.5, "train-fraction": 0.75,
@@ -41,6 +51,20 @@ PAPER_SETTINGS = {
 
 def _label(method: str, participation: str) -> str:
     return LABELS[method] + (" (all clients train)" if participation == "all" else "")
+
+
+def _figures(summary: dict, global_model: bool) -> dict:
+    """A run's figures; for ``global_model``, those of the global model pFedMe reports beside (GM)."""
+    if not global_model:
+        return summary
+    return {"bmta": summary["bmta_global"], "bmta_weighted": float("nan"),
+            "last10_mean_accuracy": summary["last10_mean_global_accuracy"], "seconds_per_round": summary["seconds_per_round"]}
+
+
+def _method_config(method: str) -> dict[str, str]:
+    """``"fedavg+mcsa"`` is method ``fedavg`` with ``aggregation = mcsa`` (FedMCSA's Table 2)."""
+    base, _, aggregation = method.partition("+")
+    return {"method": base, "aggregation": aggregation or "default"}
 
 
 def main() -> None:
@@ -66,7 +90,7 @@ def main() -> None:
     variants = [(m, p) for m in args.methods for p in args.participation if p == "sampled" or m in ("fedmcsa", "local")]
     jobs = [
         {"method": m, "participation": p, "model": mdl, "seed": s, "num_nodes": 100,
-         "overrides": {**PAPER_SETTINGS, "method": m, "model": mdl, "seed": s, "num-rounds": args.rounds,
+         "overrides": {**PAPER_SETTINGS, **_method_config(m), "model": mdl, "seed": s, "num-rounds": args.rounds,
                        "eval-every": args.eval_every, "proximal-mu": args.proximal_mu, "lam": args.lam,
                        "all-clients-train": p == "all", "output-dir": str(args.out / "runs")}}
         for mdl in args.models for m, p in variants for s in args.seeds
@@ -77,13 +101,16 @@ def main() -> None:
     rows = []
     header = ("| Method | Model | BMTA % (ours) | sample-weighted BMTA % | last-10% mean % | paper BMTA % | Δ vs paper | s/round |\n"
               "|---|---|---|---|---|---|---|---|")
+    # pFedMe's runs give two rows: its personalized models (PM, bmta) and its global model (GM, bmta_global)
+    rowdefs = [(m, part, m, False) for m, part in variants]
+    rowdefs += [(m, part, f"{m} (GM)", True) for m, part in variants if m.startswith("pfedme")]
     for mdl in args.models:
-        for m, part in variants:
-            sel = [r["summary"] for r in runs if r["method"] == m and r["model"] == mdl and r["participation"] == part]
+        for m, part, name, gm in rowdefs:
+            sel = [_figures(r["summary"], gm) for r in runs if r["method"] == m and r["model"] == mdl and r["participation"] == part]
             ours = 100 * float(np.mean([s["bmta"] for s in sel]))
-            paper = PAPER.get(m, {}).get(mdl)
+            paper = PAPER.get(name, {}).get(mdl)
             rows.append({
-                "method": m, "participation": part, "model": mdl, "seeds": args.seeds,
+                "method": name, "participation": part, "model": mdl, "seeds": args.seeds,
                 "bmta_mean": ours / 100, "bmta_std": float(np.std([s["bmta"] for s in sel])),
                 "bmta_weighted_mean": float(np.mean([s["bmta_weighted"] for s in sel])),
                 "bmta_weighted_std": float(np.std([s["bmta_weighted"] for s in sel])),
@@ -91,7 +118,7 @@ def main() -> None:
                 "seconds_per_round": float(np.mean([s["seconds_per_round"] for s in sel])),
                 "paper_bmta": paper,
             })
-            header += (f"\n| {_label(m, part)} | {mdl.upper()} | {fmt([s['bmta'] for s in sel])} | "
+            header += (f"\n| {_label(name, part)} | {mdl.upper()} | {fmt([s['bmta'] for s in sel])} | "
                        f"{fmt([s['bmta_weighted'] for s in sel])} | {fmt([s['last10_mean_accuracy'] for s in sel])} | "
                        f"{paper if paper is not None else '—'} | "
                        f"{f'{ours - paper:+.2f}' if paper is not None else '—'} | {rows[-1]['seconds_per_round']:.3f} |")
