@@ -22,8 +22,9 @@ METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fe
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
-#: server aggregation of fedavg / pfedme: their own, or FedMCSA's layer-wise attention (its Table 2)
-AGGREGATIONS: tuple[str, ...] = ("default", "mcsa")
+#: FedMCSA's Table 2: "mcsa" gives fedavg / pfedme FedMCSA's layer-wise attention; "mean" gives fedmcsa
+#: plain averaging instead of it (FedMCSA^-MCSA)
+AGGREGATIONS: tuple[str, ...] = ("default", "mcsa", "mean")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 #: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
 PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
@@ -147,6 +148,8 @@ class ExperimentConfig:
                   f"{self.fedamp_sigma / (self.clients_per_round - 1):.4g}, so no self weight can turn negative")
         if self.aggregation == "mcsa" and self.method not in ("fedavg", "pfedme"):
             _fail("aggregation", self.aggregation, "'default' for this method ('mcsa' transfers to fedavg and pfedme)")
+        if self.aggregation == "mean" and self.method != "fedmcsa":
+            _fail("aggregation", self.aggregation, "'default' for this method ('mean' replaces fedmcsa's attention)")
         if not 0 <= self.apfl_alpha_init <= 1:
             _fail("apfl_alpha_init", self.apfl_alpha_init, "a number in [0, 1]")
         if self.apfl_alpha_lr < 0:

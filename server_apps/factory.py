@@ -87,7 +87,10 @@ def _choice(cfg: ExperimentConfig) -> tuple[str, dict[str, Any], bool]:
     ``aggregation = "mcsa"`` (FedMCSA's Table 2) keeps the method's client rule and replaces its
     averaging by FedMCSA's layer-wise attention over per-client models: FedAvg+MCSA is FedMCSA
     without the proximal term, pFedMe+MCSA sends pFedMe's client settings instead.
+    ``aggregation = "mean"`` on FedMCSA (its FedMCSA^-MCSA) averages instead: FedProx with μ = λ.
     """
+    if cfg.aggregation == "mean":  # FedMCSA^-MCSA: its proximal client toward the plain average, i.e. FedProx
+        return "FedProx", {"proximal_mu": cfg.lam}, True
     if cfg.aggregation == "mcsa":
         mcsa = {"sigma": cfg.sigma, "grouping": cfg.layer_grouping, "all_clients_train": cfg.all_clients_train}
         if cfg.method == "pfedme":

@@ -92,3 +92,7 @@ def test_mechanism_transfer_variants_are_fedmcsa_with_the_methods_client_rule():
     assert all(m.content["config"]["pfedme-pm-gm"] is True for m in msgs)  # the client reports θ_i
     with pytest.raises(ConfigError, match="'aggregation'"):
         ExperimentConfig.from_mapping({"method": "fedacs", "aggregation": "mcsa"})
+    ablation = build_message_strategy(ExperimentConfig(method="fedmcsa", aggregation="mean", lam=5.0), 4)
+    assert type(ablation).__name__ == "FedProx" and ablation.proximal_mu == 5.0  # FedMCSA^-MCSA
+    with pytest.raises(ConfigError, match="'aggregation'"):
+        ExperimentConfig.from_mapping({"method": "fedavg", "aggregation": "mean"})
