@@ -110,3 +110,20 @@ def test_message_ditto_sends_lambda_to_train_and_evaluate(_identity):
     assert np.allclose(new["fc.weight"].numpy(), (1 * 10 + 2 * 20) / 30)  # FedAvg, weighted by samples
     evals = list(strat.configure_evaluate(1, new, ConfigRecord(), grid))
     assert all(m.content["config"]["ditto-lambda"] == 0.5 for m in evals)
+
+
+def test_dittos_regularizer_pulls_the_personal_model_toward_the_global_one():
+    from flower_pfl.methods.ditto import ditto_personal_step
+
+    x, y = _data()
+    torch.manual_seed(1)
+    model = MLR(4, 2)
+    received = [p.detach().clone() for p in model.parameters()]
+    personal = flatten_module(model) + 1.0  # the personal model sits away from w
+
+    def distance(lam: float) -> float:
+        _, v = ditto_personal_step(model, personal, received, x, y, lam=lam, steps=10, lr=0.05, batch_size=8,
+                                   generator=torch.Generator().manual_seed(3))
+        return float(((v - torch.cat([r.flatten() for r in received])) ** 2).sum())
+
+    assert distance(5.0) < 0.5 * distance(0.0)
