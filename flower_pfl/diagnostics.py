@@ -26,6 +26,11 @@ class AttentionAccumulator:
     def __len__(self) -> int:
         return len(self._index)
 
+    @property
+    def clients(self) -> list[Hashable]:
+        """The clients seen so far, in order of first participation."""
+        return list(self._index)
+
     def add(self, ids: Sequence[Hashable], weights: Mapping[str, torch.Tensor]) -> None:
         self.rounds.append((list(ids), {k: w.detach().cpu().numpy().astype(np.float32) for k, w in weights.items()}))
         for cid in ids:

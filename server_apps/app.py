@@ -54,7 +54,7 @@ def _save_diagnostics(state: Any, info: Mapping[int, Mapping[str, Any]], out: Pa
     extra: dict[str, Any] = {}
     attention = getattr(state, "attention", None)
     if attention is not None and len(attention):
-        ids, _ = attention.mean()
+        ids = attention.clients
         labels = {cid: label_set(about(cid).get("label-counts", [])) for cid in ids}
         order = sorted(ids, key=lambda c: (labels[c], about(c).get("partition-id", -1)))
         attention.save_rounds(out / "attention_rounds")

@@ -124,7 +124,7 @@ class FedAttnServer(GlobalServer):
         """``G``: FedAvg of the returned models (weighted by samples); each client's ``M_i`` and ``Z_i``
         are stored; the attention takes one step on the gradients of the clients it personalized."""
         stacked = torch.stack(list(models))
-        new_global = weighted_mean(models, num_examples)
+        new_global = weighted_mean(stacked, num_examples)
         self._ensure_module(self.d_z)
         trained = [i for i, cid in enumerate(ids) if cid in self._sent]
         if trained:

@@ -73,9 +73,10 @@ class GlobalServer:
         return {}
 
 
-def weighted_mean(models: Sequence[torch.Tensor], num_examples: Sequence[int]) -> torch.Tensor:
-    """FedAvg: the models' mean weighted by their clients' sample counts (uniform without counts)."""
-    stacked = torch.stack(list(models))
+def weighted_mean(models: Sequence[torch.Tensor] | torch.Tensor, num_examples: Sequence[int]) -> torch.Tensor:
+    """FedAvg: the models' mean weighted by their clients' sample counts (uniform without counts);
+    ``models`` may already be stacked into one ``(m, d)`` tensor."""
+    stacked = models if isinstance(models, torch.Tensor) else torch.stack(list(models))
     weights = torch.tensor([float(n) for n in num_examples]) if num_examples else torch.ones(len(stacked))
     return (weights / weights.sum()) @ stacked
 
