@@ -18,6 +18,9 @@ from flwr.client import Client, NumPyClient
 from flwr.client.message_handler.message_handler import handle_legacy_message_from_msgtype
 from flwr.clientapp import ClientApp
 
+from flower_pfl.client_rules import (
+    ANCHOR_STATE, APFL_STATE, DITTO_STATE, IGFL_STATE, PFEDME_STATE, SCAFFOLD_STATE, client_method, keep, proximal_anchor, stored,
+)
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
 from flower_pfl.experiment import (
@@ -25,26 +28,18 @@ from flower_pfl.experiment import (
     train_igfl_client, train_per_fedavg_client, train_pfedme_client, train_scaffold_client,
 )
 from flower_pfl.layout import flatten_module, load_flat_
-from flower_pfl.methods.apfl import ALPHA_LR as APFL_ALPHA_LR, EVALUATE_MIXED as APFL_MIXED, Mixture
+from flower_pfl.methods.apfl import EVALUATE_MIXED as APFL_MIXED, Mixture
 from flower_pfl.methods.ditto import LAMBDA as DITTO_LAMBDA
 from flower_pfl.methods.per_fedavg import ADAPT as PER_FEDAVG_ADAPT, ALPHA as PER_FEDAVG_ALPHA, adapt_one_step
 from flower_pfl.methods.pfedme import EVALUATE_BOTH as PFEDME_PM_GM, LAMBDA as PFEDME_LAMBDA
 from flower_pfl.metrics import GLOBAL_ACCURACY
-from flower_pfl.methods.fedattn import BIAS_GRADIENT, FEDATTN, REPRESENTATION
-from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
-from flower_pfl.methods.igfl import CORRECTION as IGFL_CORRECTION
-from flower_pfl.methods.scaffold import CONTROL as SCAFFOLD_CONTROL, CONTROL_DELTA as SCAFFOLD_CONTROL_DELTA
+from flower_pfl.methods.fedattn import BIAS_GRADIENT, REPRESENTATION
+from flower_pfl.methods.base import ANCHOR
+from flower_pfl.methods.scaffold import CONTROL_DELTA as SCAFFOLD_CONTROL_DELTA
 from flower_pfl.solvers import evaluate as evaluate_model
 from flower_pfl.wire import encode_vector
 
 app = ClientApp()
-
-#: keys in ``context.state``: the remembered proximal anchor, IGFL's last delta, SCAFFOLD's ``c_i``,
-#: Ditto's personal model, pFedMe's personalized model θ_i
-ANCHOR_STATE, IGFL_STATE, SCAFFOLD_STATE = "proximal-anchor", "igfl-delta", "scaffold-control"
-#: APFL's personal model and α
-DITTO_STATE, PFEDME_STATE, APFL_STATE = "ditto-personal", "pfedme-theta", "apfl-personal"
-
 
 @dataclass
 class Node:
@@ -75,49 +70,37 @@ class Node:
     def arrays(self) -> list[np.ndarray]:
         return [t.detach().cpu().numpy() for t in self.model.state_dict().values()]
 
-    def _anchor(self, mode: Any) -> list[torch.Tensor] | None:
-        """The proximal anchor the server asked for (``None``: the received model).
-
-        ``set``: remember the received model in the node's state; ``keep``: use the one
-        remembered last (the received model if there is none yet, e.g. after a restart).
-        """
-        if mode == ANCHOR_SET:
-            self.state[ANCHOR_STATE] = ArrayRecord([p.detach().cpu().numpy() for p in self.model.parameters()])
-        elif mode == ANCHOR_KEEP and ANCHOR_STATE in self.state:
-            return [torch.as_tensor(a) for a in self.state[ANCHOR_STATE].to_numpy_ndarrays()]
-        return None
-
     def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, bytes]]:
         """Train as ``config`` asks; returns the metrics and the extra bytes the server needs back."""
         payload: dict[str, bytes] = {}
-        if config.get(IGFL_CORRECTION):
+        method = client_method(config)
+        if method == "igfl-c":
             res = self._fit_igfl(config)
-        elif SCAFFOLD_CONTROL in config:
+        elif method == "scaffold":
             res, payload = self._fit_scaffold(config)
-        elif DITTO_LAMBDA in config:
-            stored = self._stored(DITTO_STATE)
-            res, personal = train_ditto_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
-                                               float(config[DITTO_LAMBDA]), stored[0] if stored else None)
-            self.state[DITTO_STATE] = ArrayRecord([personal.cpu().numpy()])
-        elif PFEDME_LAMBDA in config:
+        elif method == "ditto":
+            personal = self._stored(DITTO_STATE)
+            res, new = train_ditto_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
+                                          float(config[DITTO_LAMBDA]), personal[0] if personal else None)
+            keep(self.state, DITTO_STATE, [new])
+        elif method == "pfedme":
             res, theta = train_pfedme_client(self.model, self.data, config, self.cfg.seed, self.partition_id)
-            self.state[PFEDME_STATE] = ArrayRecord([theta.cpu().numpy()])
-        elif APFL_ALPHA_LR in config:
+            keep(self.state, PFEDME_STATE, [theta])
+        elif method == "apfl":
             res = self._fit_apfl(config)
-        elif PER_FEDAVG_ALPHA in config:
+        elif method == "per-fedavg":
             res = train_per_fedavg_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
                                           float(config[PER_FEDAVG_ALPHA]))
-        elif config.get(FEDATTN):
+        elif method == "fedattn":
             res, z, gradient = train_fedattn_client(self.model, self.data, config, self.cfg.seed, self.partition_id)
             payload = {REPRESENTATION: encode_vector(z), BIAS_GRADIENT: encode_vector(gradient)}
         else:
-            anchor = self._anchor(config.get(ANCHOR))
+            anchor = proximal_anchor(config.get(ANCHOR), [p.detach() for p in self.model.parameters()], self.state)
             res = train_client(self.model, self.data, config, self.cfg.seed, self.partition_id, anchor=anchor)
         return {"train-loss": res.loss, "num-examples": self.data.num_train}, payload
 
     def _stored(self, key: str) -> list[torch.Tensor] | None:
-        record = self.state.get(key)
-        return [torch.as_tensor(a) for a in record.to_numpy_ndarrays()] if record is not None else None
+        return stored(self.state, key)
 
     def _personal_apfl(self) -> tuple[torch.nn.Module, float] | None:
         """APFL's personal model and α from the node's state (``None`` before its first round)."""
@@ -137,20 +120,20 @@ class Node:
             known = (personal, None)  # type: ignore[assignment]
         personal, alpha = known
         res, alpha = train_apfl_client(self.model, personal, self.data, config, self.cfg.seed, self.partition_id, alpha)
-        self.state[APFL_STATE] = ArrayRecord([flatten_module(personal).cpu().numpy(), np.array([alpha], np.float32)])
+        keep(self.state, APFL_STATE, [flatten_module(personal), torch.tensor([alpha], dtype=torch.float32)])
         return res
 
     def _fit_igfl(self, config: Mapping[str, Any]) -> Any:
         """IGFL-C with this client's last delta from its state (none on its first participation)."""
         res, delta = train_igfl_client(self.model, self.data, config, self.cfg.seed, self.partition_id, self._stored(IGFL_STATE))
-        self.state[IGFL_STATE] = ArrayRecord([d.cpu().numpy() for d in delta])
+        keep(self.state, IGFL_STATE, delta)
         return res
 
     def _fit_scaffold(self, config: Mapping[str, Any]) -> tuple[Any, dict[str, bytes]]:
         """SCAFFOLD with this client's ``c_i`` from its state (zero before its first participation)."""
         res, control, delta = train_scaffold_client(self.model, self.data, config, self.cfg.seed, self.partition_id,
                                                     self._stored(SCAFFOLD_STATE))
-        self.state[SCAFFOLD_STATE] = ArrayRecord([c.cpu().numpy() for c in control])
+        keep(self.state, SCAFFOLD_STATE, control)
         return res, {SCAFFOLD_CONTROL_DELTA: encode_vector(delta)}
 
     def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, float]:

@@ -53,6 +53,14 @@ def afl_global_delta(deltas: torch.Tensor, previous: torch.Tensor | None, mode: 
     return weights.mean(0) @ deltas, weights
 
 
+def corrected_step(grad: torch.Tensor, previous_delta: torch.Tensor, global_delta: torch.Tensor, *,
+                   lr: float, steps: int, num_participants: int) -> torch.Tensor:
+    """IGFL-C's step ``Δ_I + Δ_G`` for one tensor (Algorithm 2, lines 5-6): ``Δ_I = −η g``,
+    ``Δ_G = (Δ_I − Δw_i^r / T) / |S| + Δw_ps / T``."""
+    delta_i = -lr * grad
+    return delta_i + (delta_i - previous_delta / steps) / num_participants + global_delta / steps
+
+
 def igfl_local_sgd(
     model: nn.Module,
     x: torch.Tensor,
@@ -83,7 +91,6 @@ def igfl_local_sgd(
 
     def step(ps: list[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
         for p, g, dp, dg in zip(ps, grads, prev, glob):
-            delta_i = -lr * g
-            p.add_(delta_i + (delta_i - dp / steps) / num_participants + dg / steps)
+            p.add_(corrected_step(g, dp, dg, lr=lr, steps=steps, num_participants=num_participants))
 
     return run_steps(model, x, y, steps=steps, batch_size=batch_size, generator=generator, update=step)

@@ -9,6 +9,8 @@ The reference optimizer adds a hidden weight decay; there is none here.
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +22,21 @@ from ..solvers import LocalResult, MinibatchStream, trainable
 LAMBDA, PERSONAL_LR, INNER_STEPS, EVALUATE_BOTH = "pfedme-lambda", "pfedme-personal-lr", "pfedme-inner-steps", "pfedme-pm-gm"
 
 
+def personalize(model: nn.Module, theta: Sequence[torch.Tensor], loss_of: Callable[[torch.Tensor], torch.Tensor],
+                inputs: torch.Tensor, *, lam: float, personal_lr: float, inner_steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """``K = inner_steps`` gradient steps on ``loss_of(θ(inputs)) + λ/2 ||θ − w||²`` from ``θ``
+    (eq. 7 solved approximately; ``w``: the model's parameters). Returns the new θ and its last loss."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = trainable(model)
+    for _ in range(inner_steps):
+        leaves = [t.detach().requires_grad_(True) for t in theta]
+        loss = loss_of(functional_call(model, dict(zip(names, leaves)), (inputs,)))
+        grads = torch.autograd.grad(loss, leaves)
+        with torch.no_grad():
+            theta = [t - personal_lr * (g + lam * (t - w)) for t, g, w in zip(leaves, grads, params)]
+    return [t.detach() for t in theta], loss.detach()
+
+
 def pfedme_local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float, batch_size: int,
                      generator: torch.Generator, lam: float, personal_lr: float, inner_steps: int,
                      ) -> tuple[LocalResult, list[torch.Tensor]]:
@@ -27,7 +44,6 @@ def pfedme_local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, step
     loss of θ on its minibatches) and the last personalized model θ (one tensor per parameter)."""
     if lam <= 0 or personal_lr <= 0 or inner_steps < 1:
         raise ValueError("pFedMe needs lam > 0, personal_lr > 0 and inner_steps >= 1")
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = trainable(model)
     theta = [p.detach().clone() for p in params]
     stream = MinibatchStream(len(y), batch_size, generator)
@@ -35,12 +51,8 @@ def pfedme_local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, step
     total = 0.0
     for _ in range(steps):
         idx = stream.next()
-        for _ in range(inner_steps):
-            leaves = [t.requires_grad_(True) for t in theta]
-            loss = F.cross_entropy(functional_call(model, dict(zip(names, leaves)), (x[idx],)), y[idx])
-            grads = torch.autograd.grad(loss, leaves)
-            with torch.no_grad():
-                theta = [t - personal_lr * (g + lam * (t - w)) for t, g, w in zip(leaves, grads, params)]
+        theta, loss = personalize(model, theta, lambda out: F.cross_entropy(out, y[idx]), x[idx], lam=lam,
+                                  personal_lr=personal_lr, inner_steps=inner_steps)
         with torch.no_grad():
             for w, t in zip(params, theta):
                 w.sub_(lr * lam * (w - t))

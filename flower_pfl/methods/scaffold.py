@@ -41,8 +41,14 @@ def scaffold_local_sgd(
             p.sub_(lr * (g + cg - cl))
 
     result = run_steps(model, x, y, steps=steps, batch_size=batch_size, generator=generator, update=step)
-    new_ci = [cl - cg + (x0 - p.detach()) / (steps * lr) for cl, cg, x0, p in zip(ci, c, start, params)]
+    new_ci = new_control(ci, c, start, params, steps=steps, lr=lr)
     return result, new_ci, [n - o for n, o in zip(new_ci, ci)]
+
+
+def new_control(c_local: Sequence[torch.Tensor], c_global: Sequence[torch.Tensor], start: Sequence[torch.Tensor],
+                end: Sequence[torch.Tensor], *, steps: int, lr: float) -> list[torch.Tensor]:
+    """Option II: ``c_i^+ = c_i − c + (x − y) / (K η)`` from the received ``x`` and the trained ``y``."""
+    return [cl - cg + (x0 - p.detach()) / (steps * lr) for cl, cg, x0, p in zip(c_local, c_global, start, end)]
 
 
 def scaffold_server_update(
