@@ -37,9 +37,13 @@ from flower_pfl.methods.fedattn import BIAS_GRADIENT, REPRESENTATION
 from flower_pfl.methods.base import ANCHOR
 from flower_pfl.methods.scaffold import CONTROL_DELTA as SCAFFOLD_CONTROL_DELTA
 from flower_pfl.solvers import evaluate as evaluate_model
-from flower_pfl.wire import encode_vector
+from flower_pfl.wire import encode_vector, fingerprint
 
 app = ClientApp()
+
+#: evaluation metric: ``fingerprint`` of the model the node received (see the trust model in README)
+MODEL_FINGERPRINT = "model-fingerprint"
+
 
 @dataclass
 class Node:
@@ -50,6 +54,8 @@ class Node:
     data: ClientData
     model: torch.nn.Module
     state: RecordDict
+    #: ``fingerprint`` of the arrays last loaded
+    received: int = 0
 
     @classmethod
     def from_context(cls, context: Context) -> Node:
@@ -66,6 +72,7 @@ class Node:
         with torch.no_grad():
             for target, value in zip(state.values(), values):
                 target.copy_(torch.as_tensor(np.asarray(value)))
+        self.received = fingerprint(np.asarray(v) for v in values)
 
     def arrays(self) -> list[np.ndarray]:
         return [t.detach().cpu().numpy() for t in self.model.state_dict().values()]
@@ -153,7 +160,7 @@ class Node:
             adapt_one_step(self.model, self.data.x_train.to(device), self.data.y_train.to(device), float(config[PER_FEDAVG_ADAPT]))
         res = self._test(self._mixture() if APFL_MIXED in config else None)
         return {"loss": res.loss, "accuracy": res.accuracy, "num-examples": res.num_examples,
-                "partition-id": self.partition_id, **extra}
+                "partition-id": self.partition_id, MODEL_FINGERPRINT: self.received, **extra}
 
     def _mixture(self) -> torch.nn.Module | None:
         known = self._personal_apfl()

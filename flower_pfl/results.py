@@ -14,6 +14,8 @@ from .metrics import summarize_run
 logger = logging.getLogger("flower_pfl")
 
 CONFIG, METRICS, SUMMARY, CURVE = "config.json", "metrics.jsonl", "summary.json", "learning_curve.png"
+#: one JSON object per client evaluation: ``{"round", "node-id", "partition-id", "accuracy", ...}``
+CLIENTS = "clients.jsonl"
 
 
 class RunRecorder:
@@ -33,9 +35,14 @@ class RunRecorder:
         (self.out_dir / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
         (self.out_dir / METRICS).write_text("")
 
-    def _append(self, row: Mapping[str, Any]) -> None:
-        with (self.out_dir / METRICS).open("a") as fh:
+    def _append(self, row: Mapping[str, Any], name: str = METRICS) -> None:
+        with (self.out_dir / name).open("a") as fh:
             fh.write(json.dumps(row) + "\n")
+
+    def on_client_evaluations(self, server_round: int, rows: list[Mapping[str, Any]]) -> None:
+        """Every client's own evaluation (``clients.jsonl``): the distribution behind the round's means."""
+        with (self.out_dir / CLIENTS).open("a") as fh:
+            fh.writelines(json.dumps({"round": server_round, **row}) + "\n" for row in sorted(rows, key=lambda r: str(r.get("node-id"))))
 
     def on_train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         self._append({"round": server_round, "phase": "train", "elapsed_s": self.elapsed,

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import zlib
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -27,3 +28,15 @@ def decode_vector(data: bytes, like: Sequence[torch.Tensor]) -> list[torch.Tenso
     sizes = [t.numel() for t in like]
     flat = decode_flat(data, sum(sizes))
     return [chunk.view_as(t) for chunk, t in zip(flat.split(sizes), like)]
+
+
+def fingerprint(arrays: Iterable[np.ndarray | torch.Tensor]) -> int:
+    """CRC-32 of the arrays' float32 bytes, in order (the same for a model's arrays and its flat vector).
+
+    A client reports it for the model it received, so the server's records show which model each
+    client evaluated without the model travelling back."""
+    crc = 0
+    for a in arrays:
+        a = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
+        crc = zlib.crc32(np.ascontiguousarray(a, dtype="<f4").tobytes(), crc)
+    return crc

@@ -16,6 +16,11 @@ from flwr.serverapp.strategy import Strategy as MessageStrategy
 from flower_pfl.results import RunRecorder
 
 
+def _plain(metrics: Any) -> dict[str, Any]:
+    """A client's numeric metrics as JSON values (lists and bytes are left out)."""
+    return {k: v for k, v in dict(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 class _Schedule:
     def __init__(self, recorder: RunRecorder, eval_every: int) -> None:
         self.recorder, self.eval_every = recorder, eval_every
@@ -46,7 +51,11 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         return self.inner.configure_evaluate(server_round, arrays, config, grid) if self.evaluate_now(server_round) else []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        metrics = self.inner.aggregate_evaluate(server_round, list(replies))
+        replies = list(replies)
+        self.recorder.on_client_evaluations(server_round, [
+            {"node-id": msg.metadata.src_node_id, **_plain(next(iter(msg.content.metric_records.values())))}
+            for msg in replies if not msg.has_error() and msg.content.metric_records])
+        metrics = self.inner.aggregate_evaluate(server_round, replies)
         if metrics:
             self.recorder.on_evaluate(server_round, dict(metrics))
         return metrics
@@ -77,6 +86,9 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         return self.inner.configure_evaluate(server_round, parameters, client_manager) if self.evaluate_now(server_round) else []
 
     def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
+        self.recorder.on_client_evaluations(server_round, [
+            {"node-id": int(proxy.cid), "loss": res.loss, "num-examples": res.num_examples, **_plain(res.metrics)}
+            for proxy, res in results])
         loss, metrics = self.inner.aggregate_evaluate(server_round, results, failures)
         if metrics:
             self.recorder.on_evaluate(server_round, metrics)

@@ -1,0 +1,186 @@
+"""A real deployment on 127.0.0.1: one flower-superlink and flower-supernodes started as
+separate processes, driven with the `flwr` CLI, every process stopped at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    """Processes started by ``pid`` (directly, or told its pid, as Flower's superexec is)."""
+    out = subprocess.run(["pgrep", "-f", f"--parent-pid {pid}"], capture_output=True, text=True).stdout.split()
+    out += subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return sorted({int(p) for p in out})
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped has stopped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+class LocalDeployment:
+    """``with LocalDeployment(tmp, nodes=2, tls=..., auth=...) as d: d.run(...)``.
+
+    ``tls``: certificates from ``flower_pfl.credentials``; ``auth``: SuperNode authentication
+    (needs TLS), every SuperNode registered with ``flwr supernode register`` before it starts.
+    """
+
+    def __init__(self, work: Path, nodes: int = 2, tls: bool = False, auth: bool = False) -> None:
+        if auth and not tls:
+            raise ValueError("SuperNode authentication needs TLS")
+        self.work, self.nodes, self.tls, self.auth = Path(work), nodes, tls, auth
+        self.port = free_port()
+        self.home = self.work / "flwr_home"
+        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
+                    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        self.started: set[int] = set()
+
+    # ------------------------------------------------------------------ processes
+    def _start(self, name: str, args: Sequence[str]) -> subprocess.Popen:
+        log = self.work / f"{name}.log"
+        self.logs.append(log)
+        proc = subprocess.Popen(list(args), cwd=self.work, env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append(proc)
+        self.started.add(proc.pid)
+        return proc
+
+    def __enter__(self) -> LocalDeployment:
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(exist_ok=True)
+        from flower_pfl.credentials import write_node_key, write_tls_certificates
+
+        link = ["flower-superlink", "--port", str(self.port)]
+        if self.tls:
+            self.certs = write_tls_certificates(self.work / "certs")
+            link += ["--ssl-ca-certfile", str(self.certs["ca"]), "--ssl-certfile", str(self.certs["certificate"]),
+                     "--ssl-keyfile", str(self.certs["key"])]
+        else:
+            link.append("--insecure")
+        if self.auth:
+            link.append("--enable-supernode-auth")
+        self._write_connection()
+        try:
+            self._start("superlink", link)
+            self._wait_healthy()
+            for i in range(self.nodes):
+                key = None
+                if self.auth:
+                    key, public = write_node_key(self.work / "keys" / f"node{i}")
+                    self.flwr("supernode", "register", str(public), "deploy")
+                self.start_supernode(f"supernode{i}", i, key)
+            self._wait_online()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def start_supernode(self, name: str, partition_id: int, key: Path | None = None, retries: int = 30) -> subprocess.Popen:
+        """One more SuperNode (``key``: its authentication key, whether registered or not)."""
+        node = ["flower-supernode", "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
+                "--node-config", f"partition-id={partition_id} num-partitions={self.nodes}", "--max-retries", str(retries)]
+        node += ["--root-certificates", str(self.certs["ca"])] if self.tls else ["--insecure"]
+        if key is not None:
+            node += ["--auth-supernode-private-key", str(key)]
+        return self._start(name, node)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop every process this deployment started, and their children (superexec, apps)."""
+        family = {pid: _children(pid) for pid in self.started}
+        everyone = set(self.started) | {c for kids in family.values() for c in kids}
+        for pid in everyone:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 20
+        while any(_alive(p) for p in everyone) and time.time() < deadline:
+            for proc in self.procs:
+                proc.poll()
+            time.sleep(0.3)
+        for pid in everyone:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait(timeout=10)
+        self.left_running = [p for p in everyone if _alive(p)]
+
+    # ------------------------------------------------------------------ CLI
+    def _write_connection(self) -> None:
+        lines = ["[superlink]", 'default = "deploy"', "", "[superlink.deploy]", f'address = "127.0.0.1:{self.port}"']
+        lines += [f'root-certificates = "{self.work / "certs" / "ca.crt"}"'] if self.tls else ["insecure = true"]
+        (self.home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    def flwr(self, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+        proc = subprocess.run(["flwr", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"flwr {' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}\n{self.log_tail()}")
+        return proc
+
+    def _wait_healthy(self, timeout: float = 60) -> None:
+        scheme = "https" if self.tls else "http"
+        context = ssl.create_default_context(cafile=str(self.certs["ca"])) if self.tls else None
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.port}/health", timeout=2, context=context) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"the SuperLink did not become healthy\n{self.log_tail()}")
+
+    def supernodes(self) -> list[dict]:
+        out = self.flwr("supernode", "ls", "deploy", "--format", "json").stdout
+        return json.loads(out).get("nodes", [])
+
+    def _wait_online(self, timeout: float = 90) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if sum(n.get("status") == "online" for n in self.supernodes()) == self.nodes:
+                return
+            time.sleep(1)
+        raise TimeoutError(f"not every SuperNode came online: {self.supernodes()}\n{self.log_tail()}")
+
+    def run(self, run_config: str, app: Path = ROOT, timeout: int = 600) -> dict:
+        """``flwr run`` to the end; returns the run's entry of ``flwr ls`` (its status is the truth:
+        ``flwr run --stream`` exits 0 even when the run failed) with the streamed log."""
+        before = {r["run-id"] for r in self.runs()}
+        proc = subprocess.run(["flwr", "run", str(app), "deploy", "--stream", "--run-config", run_config], cwd=ROOT,
+                              env=self.env, capture_output=True, text=True, timeout=timeout)
+        new = [r for r in self.runs() if r["run-id"] not in before]
+        if len(new) != 1:
+            raise RuntimeError(f"expected one new run\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}\n{self.log_tail()}")
+        return {**new[0], "log": proc.stdout + proc.stderr}
+
+    def runs(self) -> list[dict]:
+        return json.loads(self.flwr("ls", "deploy", "--format", "json").stdout).get("runs", [])
+
+    def log_tail(self, chars: int = 1500) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text()[-chars:]}" for log in self.logs if log.exists())

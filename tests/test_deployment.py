@@ -1,0 +1,50 @@
+"""Deployment: the app against a real SuperLink and SuperNodes (separate processes on 127.0.0.1),
+plain, with TLS, and with SuperNode authentication."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deployment import LocalDeployment
+from flower_pfl.credentials import write_node_key
+from flower_pfl.wire import fingerprint
+
+pytestmark = pytest.mark.e2e
+
+
+def _check_fedmcsa_run(run: dict, out) -> None:
+    """Finished; two rounds of metrics; each node evaluated the personalized model stored for it."""
+    assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
+    (run_dir,) = list(out.iterdir())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows if r["phase"] == "train"] == [1, 2]
+    assert all(r["clients-accepted"] == 2 for r in rows if r["phase"] == "train")
+    assert [r["round"] for r in rows if r["phase"] == "evaluate"] == [1, 2]
+    store = torch.load(run_dir / "personalized_models.pt", weights_only=False)
+    stored = {int(i): fingerprint([row]) for i, row in zip(store["ids"], store["rows"])}
+    last = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
+    last = {r["node-id"]: r for r in last if r["round"] == 2}
+    assert sorted(r["partition-id"] for r in last.values()) == [0, 1]
+    assert {nid: r["model-fingerprint"] for nid, r in last.items()} == stored  # its own model, nobody else's
+    assert len(set(stored.values())) == 2  # and the two personalized models differ
+
+
+RUN = "method='fedmcsa' num-rounds=2 clients-per-round=2 eval-every=1 output-dir='{out}'"
+
+
+@pytest.mark.parametrize("tls,auth", [(False, False), (True, False), (True, True)], ids=["insecure", "tls", "tls+auth"])
+def test_two_rounds_of_fedmcsa_on_a_real_superlink_and_supernodes(tmp_path, tls, auth):
+    out = tmp_path / "results"
+    with LocalDeployment(tmp_path / "deployment", nodes=2, tls=tls, auth=auth) as deployment:
+        run = deployment.run(RUN.format(out=out))
+        if auth:  # a SuperNode whose key was never registered is turned away
+            key, _ = write_node_key(tmp_path / "stranger")
+            stranger = deployment.start_supernode("stranger", 0, key, retries=2)
+            assert stranger.wait(timeout=120) != 0
+            assert "Failed to activate SuperNode" in (tmp_path / "deployment" / "stranger.log").read_text()
+            assert sum(n["status"] == "online" for n in deployment.supernodes()) == 2
+    assert not deployment.left_running, "processes of the deployment are still running"
+    _check_fedmcsa_run(run, out)
