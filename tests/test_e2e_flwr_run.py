@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from flower_pfl.wire import fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -58,10 +61,10 @@ def flwr_env(tmp_path_factory):
     assert not _pids(f"flower-superlink.*{home}"), "the test's SuperLink is still running"
 
 
-def _flwr_run(env, run_config: str, nodes: int) -> dict:
+def _flwr_run(env, run_config: str, nodes: int, app: Path = ROOT) -> dict:
     before = {r["run-id"] for r in _runs(env)}
     proc = subprocess.run(
-        ["flwr", "run", ".", "--run-config", run_config, "--federation-config", f"num-supernodes={nodes}", "--stream"],
+        ["flwr", "run", str(app), "--run-config", run_config, "--federation-config", f"num-supernodes={nodes}", "--stream"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     new = [r for r in _runs(env) if r["run-id"] not in before]
@@ -100,6 +103,12 @@ def test_flwr_run_finishes_and_writes_metrics(flwr_env, tmp_path, method, api):
     train = [r for r in rows if r["phase"] == "train"]
     assert len(train) == rounds and all(r["train-loss"] > 0 for r in train)
     assert all(r["clients-accepted"] == 4 for r in train)  # our strategies count accepted / rejected / failed updates
+    clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
+    assert len(clients) == 6 * rounds and {r["partition-id"] for r in clients} == set(range(6))
+    if (run_dir / "personalized_models.pt").exists():  # each node evaluated the model stored for it
+        store = torch.load(run_dir / "personalized_models.pt", weights_only=False)
+        stored = {int(i): fingerprint([row]) for i, row in zip(store["ids"], store["rows"])}
+        assert {r["node-id"]: r["model-fingerprint"] for r in clients if r["round"] == rounds} == stored
     assert json.loads((run_dir / "config.json").read_text())["method"] == method
     assert (run_dir / "learning_curve.png").stat().st_size > 1000
     if method == "fedattn":  # the attention module is saved with the results
@@ -120,3 +129,27 @@ def test_many_clients_partial_participation(flwr_env, tmp_path):
     rows = [json.loads(line) for line in (_results(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [50, 50]
     assert [r["num_clients"] for r in rows if r["phase"] == "evaluate"] == [500, 500]  # rounds 1 and 2
+
+
+def _accuracies(log: str, pattern: str) -> list[float]:
+    return [float(a) for a in re.findall(pattern, log)]
+
+
+def test_own_legacy_app_with_fedacs_swapped_in(flwr_env):
+    """examples/legacy_app: a NumPyClient with plain SGD; the ServerApp's FedAvg replaced by FedACS."""
+    run = _flwr_run(flwr_env, "num-rounds=3", nodes=6, app=ROOT / "examples" / "legacy_app")
+    assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
+    assert "History (metrics, distributed, evaluate)" in run["log"], run["log"][-3000:]
+    assert "'accuracy'" in run["log"] and "'clients-accepted'" in run["log"]
+
+
+@pytest.mark.parametrize("method", ["fedmcsa", "scaffold"])
+def test_own_message_app_with_a_client_side_rule(flwr_env, method):
+    """examples/message_app: the user's own loop with ``ClientRule`` hooks (FedMCSA's proximal
+    term; SCAFFOLD's correction, whose Δc_i travels back in the reply)."""
+    run = _flwr_run(flwr_env, f"method='{method}' num-rounds=3 clients-per-round=6", nodes=6, app=ROOT / "examples" / "message_app")
+    assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
+    accuracies = _accuracies(run["log"], r"message-app: round \d+ accuracy ([0-9.]+)")
+    assert len(accuracies) == 3, run["log"][-3000:]
+    # every update, and every control-variate delta, was accepted
+    assert "'clients-accepted': 6" in run["log"] and "'clients-rejected': 0" in run["log"] and "rejected (" not in run["log"]

@@ -1,0 +1,41 @@
+"""The user's ClientApp: load the received arrays, train with the method's rule, reply."""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from flower_pfl.client_rules import ClientRule
+from message_app.task import Net, load_data, test, train
+
+app = ClientApp()
+
+
+def _model(msg: Message):
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return model
+
+
+@app.train()
+def train_fn(msg: Message, context: Context) -> Message:
+    model = _model(msg)
+    x, y, _, _ = load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
+    config = msg.content["config"]
+    rule = ClientRule.from_config(config, model, context.state)  # e.g. FedMCSA's proximal term, SCAFFOLD's c - c_i
+    loss = train(model, x, y, float(config["lr"]), int(config["local-steps"]), rule)
+    extras = rule.finish(model, x)  # bytes the strategy needs back, e.g. SCAFFOLD's delta c_i
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                          "metrics": MetricRecord({"train-loss": loss, "num-examples": len(y)})})
+    if extras:
+        content["extras"] = ConfigRecord(extras)
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate_fn(msg: Message, context: Context) -> Message:
+    model = _model(msg)
+    _, _, x_test, y_test = load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
+    loss, accuracy = test(model, x_test, y_test)
+    metrics = MetricRecord({"loss": loss, "accuracy": accuracy, "num-examples": len(y_test)})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
