@@ -18,7 +18,7 @@ from flwr.client import Client, NumPyClient
 from flwr.client.message_handler.message_handler import handle_legacy_message_from_msgtype
 from flwr.clientapp import ClientApp
 
-from flower_pfl.client_rules import (
+from client_apps.rules import (
     ANCHOR_STATE, APFL_STATE, DITTO_STATE, IGFL_STATE, PFEDME_STATE, SCAFFOLD_STATE, client_method, keep, proximal_anchor, stored,
 )
 from flower_pfl.config import ExperimentConfig

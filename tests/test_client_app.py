@@ -5,7 +5,7 @@ import torch
 from flwr.app import Context, RecordDict
 
 from client_apps.app import ANCHOR_STATE, Node
-from flower_pfl.client_rules import proximal_anchor
+from client_apps.rules import proximal_anchor
 from flower_pfl.config import ExperimentConfig
 
 

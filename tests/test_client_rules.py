@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 
-from flower_pfl.client_rules import (
+from client_apps.rules import (
     ANCHOR_STATE, IGFL_STATE, PFEDME_STATE, SCAFFOLD_STATE, ClientRule, FedAttnRule, IGFLCorrection, PFedMeRule, Proximal,
     ScaffoldCorrection, client_method,
 )

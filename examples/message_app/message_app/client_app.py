@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flower_pfl.client_rules import ClientRule
+from client_apps.rules import ClientRule
 from message_app.task import Net, load_data, test, train
 
 app = ClientApp()

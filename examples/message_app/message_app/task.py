@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.client_rules import ClientRule
+from client_apps.rules import ClientRule
 
 DIM, CLASSES = 10, 4
 

@@ -42,16 +42,16 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 from torch import nn
 
-from .methods.apfl import ALPHA_LR as APFL_ALPHA_LR
-from .methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, PROXIMAL_MU
-from .methods.ditto import LAMBDA as DITTO_LAMBDA
-from .methods.fedattn import BIAS_GRADIENT, BIAS_REG, FEDATTN, GLOBAL_BIASES, REPRESENTATION, last_layer_input
-from .methods.igfl import CORRECTION as IGFL_CORRECTION, GLOBAL_DELTA, PARTICIPANTS, corrected_step
-from .methods.per_fedavg import ALPHA as PER_FEDAVG_ALPHA
-from .methods.pfedme import INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR, personalize
-from .methods.scaffold import CONTROL as SCAFFOLD_CONTROL, CONTROL_DELTA, new_control
-from .solvers import trainable
-from .wire import decode_vector, encode_vector
+from flower_pfl.methods.apfl import ALPHA_LR as APFL_ALPHA_LR
+from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, PROXIMAL_MU
+from flower_pfl.methods.ditto import LAMBDA as DITTO_LAMBDA
+from flower_pfl.methods.fedattn import BIAS_GRADIENT, BIAS_REG, FEDATTN, GLOBAL_BIASES, REPRESENTATION, last_layer_input
+from flower_pfl.methods.igfl import CORRECTION as IGFL_CORRECTION, GLOBAL_DELTA, PARTICIPANTS, corrected_step
+from flower_pfl.methods.per_fedavg import ALPHA as PER_FEDAVG_ALPHA
+from flower_pfl.methods.pfedme import INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR, personalize
+from flower_pfl.methods.scaffold import CONTROL as SCAFFOLD_CONTROL, CONTROL_DELTA, new_control
+from flower_pfl.solvers import trainable
+from flower_pfl.wire import decode_vector, encode_vector
 
 #: ``context.state`` keys: the remembered proximal anchor, IGFL's last delta, SCAFFOLD's ``c_i``,
 #: Ditto's personal model, pFedMe's θ_i, APFL's personal model and α
