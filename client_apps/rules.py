@@ -15,7 +15,9 @@ training instruction's config and gives two hooks for an ordinary PyTorch loop::
     extras = rule.finish(model, train_inputs)  # bytes the strategy needs back (often none)
 
 Send ``extras`` back as a ``ConfigRecord`` in the reply (Message API) or inside the fit
-metrics (legacy API). The corrections assume plain SGD with the instruction's ``lr``:
+metrics (legacy API). The IGFL-C, SCAFFOLD, FedAttn and pFedMe rules assume plain SGD steps of the
+instruction's ``lr`` (no momentum, weight decay, schedule or clipping); pass the optimizer to
+``from_config`` to have that checked. The rules:
 
 - proximal term ``μ/2 ||w − a||²`` (FedMCSA, FedProx, FedAMP, HeurFedAMP; the anchor ``a`` is the
   received model, or the one the client remembered for FedMCSA's clients that were not sampled);
@@ -35,7 +37,7 @@ between rounds on a SuperNode and in simulation alike.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, MutableMapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, MutableMapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +50,9 @@ from flower_pfl.methods.ditto import LAMBDA as DITTO_LAMBDA
 from flower_pfl.methods.fedattn import BIAS_GRADIENT, BIAS_REG, FEDATTN, GLOBAL_BIASES, REPRESENTATION, last_layer_input
 from flower_pfl.methods.igfl import CORRECTION as IGFL_CORRECTION, GLOBAL_DELTA, PARTICIPANTS, corrected_step
 from flower_pfl.methods.per_fedavg import ALPHA as PER_FEDAVG_ALPHA
-from flower_pfl.methods.pfedme import INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR, personalize
+from flower_pfl.methods.pfedme import INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR, personalize, personalized_vector
 from flower_pfl.methods.scaffold import CONTROL as SCAFFOLD_CONTROL, CONTROL_DELTA, new_control
-from flower_pfl.solvers import trainable
+from flower_pfl.solvers import like_params, trainable
 from flower_pfl.wire import decode_vector, encode_vector
 
 #: ``context.state`` keys: the remembered proximal anchor, IGFL's last delta, SCAFFOLD's ``c_i``,
@@ -88,6 +90,7 @@ def stored(state: State | None, key: str) -> list[torch.Tensor] | None:
 
 
 def keep(state: State | None, key: str, tensors: Iterable[torch.Tensor]) -> None:
+    """Keep ``tensors`` under ``key`` in the client's state (nothing without a state)."""
     if state is not None:
         state[key] = ArrayRecord([t.detach().cpu().numpy() for t in tensors])
 
@@ -114,21 +117,50 @@ def _setting(config: Mapping[str, Any], key: str, method: str) -> Any:
 class ClientRule:
     """Plain local training: no gradient change, nothing to send back."""
 
-    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None) -> None:
-        self.config, self.state = config, state
+    #: the rule keeps something in the client's state between rounds (so it needs ``context.state``)
+    needs_state = False
+    #: the rule's arithmetic assumes plain SGD steps of size ``config["lr"]``
+    needs_plain_sgd = False
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> None:
+        if self.needs_state and state is None:
+            raise ValueError(f"{type(self).__name__} keeps client state between rounds: pass context.state")
+        self.config, self.state, self.loss_fn = config, state, loss_fn
         self.received = [p.detach().clone() for p in trainable(model)]
         self.steps = 0
 
     @staticmethod
-    def from_config(config: Mapping[str, Any], model: nn.Module, state: State | None = None) -> ClientRule:
-        """The rule a training instruction asks for; call it after loading the received model."""
+    def from_config(config: Mapping[str, Any], model: nn.Module, state: State | None = None,
+                    optimizer: torch.optim.Optimizer | None = None,
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> ClientRule:
+        """The rule a training instruction asks for; call it after loading the received model.
+
+        ``state``: the node's ``context.state``; ``optimizer``: checked to be what the rule assumes
+        (plain SGD, no momentum or weight decay, ``lr`` as sent) when given; ``loss_fn(logits, y)``:
+        your loss, for rules that evaluate it themselves (pFedMe's inner problem).
+        """
         method = client_method(config)
         rules: dict[str, type[ClientRule]] = {"igfl-c": IGFLCorrection, "scaffold": ScaffoldCorrection, "pfedme": PFedMeRule,
                                               "fedattn": FedAttnRule, "local-sgd": Proximal if proximal_mu(config) > 0 else ClientRule}
         if method not in rules:
             raise ValueError(f"{method}'s client trains a second model or takes a second minibatch per step; "
                              "use client_apps.app's ClientApp for it")
-        return rules[method](model, config, state)
+        rule = rules[method](model, config, state, loss_fn)
+        if optimizer is not None and rule.needs_plain_sgd:
+            rule.check_optimizer(optimizer)
+        return rule
+
+    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse an optimizer whose steps are not the plain SGD steps of size ``lr`` the rule assumes."""
+        name = type(self).__name__
+        if type(optimizer) is not torch.optim.SGD:
+            raise ValueError(f"{name} assumes plain SGD steps; got {type(optimizer).__name__}")
+        for group in optimizer.param_groups:
+            if group.get("momentum", 0) or group.get("weight_decay", 0) or group.get("nesterov", False):
+                raise ValueError(f"{name} assumes SGD without momentum or weight decay")
+            if abs(float(group["lr"]) - self.lr) > 1e-12 * max(1.0, self.lr):
+                raise ValueError(f"{name} assumes the step size the server sent (lr = {self.lr}); the optimizer uses {group['lr']}")
 
     def adjust_gradients(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Call after ``loss.backward()`` and before ``optimizer.step()``."""
@@ -147,6 +179,7 @@ class ClientRule:
 
     @property
     def lr(self) -> float:
+        """The step size the server sent (``config["lr"]``)."""
         lr = float(_setting(self.config, LR, type(self).__name__))
         if lr <= 0:
             raise ValueError(f"{type(self).__name__} needs lr > 0, got {lr}")
@@ -156,11 +189,13 @@ class ClientRule:
 class Proximal(ClientRule):
     """``μ (w − a)`` added to the gradient: the proximal term ``μ/2 ||w − a||²`` (FedMCSA eq. 9, FedProx)."""
 
-    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None) -> None:
-        super().__init__(model, config, state)
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None, loss_fn: Any = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
         self.mu = proximal_mu(config)
+        if config.get(ANCHOR) in (ANCHOR_SET, ANCHOR_KEEP) and state is None:
+            raise ValueError("this proximal rule remembers its anchor between rounds: pass context.state")
         anchor = proximal_anchor(config.get(ANCHOR), self.received, state)
-        self.anchor = [a.to(r.device) for a, r in zip(anchor, self.received)] if anchor is not None else self.received
+        self.anchor = like_params(anchor, self.received, "anchor") if anchor is not None else self.received
 
     def _gradient_terms(self, model: nn.Module, batch: Any) -> Sequence[torch.Tensor | None]:
         return [self.mu * (p - a) for p, a in zip(trainable(model), self.anchor)]
@@ -169,13 +204,14 @@ class Proximal(ClientRule):
 class IGFLCorrection(ClientRule):
     """IGFL-C (Algorithm 2): the gradient is replaced by the one whose SGD step is ``Δ_I + Δ_G``."""
 
-    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None) -> None:
-        super().__init__(model, config, state)
-        zeros = [torch.zeros_like(r) for r in self.received]
+    needs_state = needs_plain_sgd = True
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None, loss_fn: Any = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
         prev = stored(state, IGFL_STATE)
-        self.previous = zeros if prev is None else [t.to(r.device) for t, r in zip(prev, self.received)]
-        glob = decode_vector(_setting(config, GLOBAL_DELTA, "IGFL-C"), self.received)
-        self.global_delta = [t.to(r.device) for t, r in zip(glob, self.received)]
+        self.previous = [torch.zeros_like(r) for r in self.received] if prev is None else like_params(prev, self.received, "last delta")
+        self.global_delta = like_params(decode_vector(_setting(config, GLOBAL_DELTA, "IGFL-C"), self.received), self.received,
+                                        "global delta")
         self.participants = int(_setting(config, PARTICIPANTS, "IGFL-C"))
         self.total_steps = int(_setting(config, LOCAL_STEPS, "IGFL-C"))
 
@@ -197,12 +233,14 @@ class IGFLCorrection(ClientRule):
 class ScaffoldCorrection(ClientRule):
     """SCAFFOLD, option II: gradient ``g + c − c_i``; ``finish`` updates ``c_i`` and returns ``Δc_i``."""
 
-    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None) -> None:
-        super().__init__(model, config, state)
+    needs_state = needs_plain_sgd = True
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None, loss_fn: Any = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
         c = decode_vector(_setting(config, SCAFFOLD_CONTROL, "SCAFFOLD"), self.received)
-        self.c_global = [t.to(r.device) for t, r in zip(c, self.received)]
+        self.c_global = like_params(c, self.received, "global control variate")
         ci = stored(state, SCAFFOLD_STATE)
-        self.c_local = [torch.zeros_like(r) for r in self.received] if ci is None else [t.to(r.device) for t, r in zip(ci, self.received)]
+        self.c_local = [torch.zeros_like(r) for r in self.received] if ci is None else like_params(ci, self.received, "control variate")
 
     def _gradient_terms(self, model: nn.Module, batch: Any) -> Sequence[torch.Tensor | None]:
         return [cg - cl for cg, cl in zip(self.c_global, self.c_local)]
@@ -219,8 +257,10 @@ class FedAttnRule(ClientRule):
     """FedAttn's client (Algorithm 1, localSolver): optional stabiliser ``ρ (b − b_G)`` on the biases;
     ``finish(model, inputs)`` returns ``Z_i`` and the mean bias gradient ``(M̃_i − M_i) / (η T)``."""
 
-    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None) -> None:
-        super().__init__(model, config, state)
+    needs_plain_sgd = True
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None, loss_fn: Any = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
         self.is_bias = [n.endswith("bias") for n, p in model.named_parameters() if p.requires_grad]
         self.reg = float(config.get(BIAS_REG, 0.0))
         biases = [r for r, b in zip(self.received, self.is_bias) if b]
@@ -230,7 +270,8 @@ class FedAttnRule(ClientRule):
         if self.reg <= 0:
             return []
         anchors = iter(self.global_biases)
-        return [self.reg * (p - next(anchors).to(p.device)) if b else None for p, b in zip(trainable(model), self.is_bias)]
+        return [self.reg * (p - next(anchors).to(device=p.device, dtype=p.dtype)) if b else None
+                for p, b in zip(trainable(model), self.is_bias)]
 
     def finish(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
         if inputs is None:
@@ -246,10 +287,13 @@ class FedAttnRule(ClientRule):
 
 class PFedMeRule(ClientRule):
     """pFedMe (Algorithm 1): per step, θ_i from ``K`` steps on the minibatch's ``f(θ) + λ/2 ||θ − w||²``,
-    then the gradient of ``w`` is ``λ (w − θ_i)``. ``finish`` keeps θ_i in the state (``pfedme-theta``)."""
+    then the gradient of ``w`` is ``λ (w − θ_i)`` (your own gradient is discarded). ``finish`` keeps θ_i
+    in the state (``pfedme-theta``)."""
 
-    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None) -> None:
-        super().__init__(model, config, state)
+    needs_plain_sgd = True
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: State | None, loss_fn: Any = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
         self.lam = float(_setting(config, PFEDME_LAMBDA, "pFedMe"))
         self.personal_lr = float(_setting(config, PERSONAL_LR, "pFedMe"))
         self.inner_steps = int(_setting(config, INNER_STEPS, "pFedMe"))
@@ -259,7 +303,7 @@ class PFedMeRule(ClientRule):
         if batch is None:
             raise ValueError("pFedMe solves its inner problem on the minibatch: pass (x, y) to adjust_gradients")
         x, y = batch
-        self.theta, _ = personalize(model, self.theta, lambda out: F.cross_entropy(out, y), x, lam=self.lam,
+        self.theta, _ = personalize(model, self.theta, lambda out: self.loss_fn(out, y), x, lam=self.lam,
                                     personal_lr=self.personal_lr, inner_steps=self.inner_steps)
         self.steps += 1
         with torch.no_grad():
@@ -267,8 +311,5 @@ class PFedMeRule(ClientRule):
                 p.grad = self.lam * (p - t)
 
     def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
-        state = dict(model.state_dict())
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        state.update(zip(names, self.theta))
-        keep(self.state, PFEDME_STATE, [torch.cat([t.flatten() for t in state.values()])])
+        keep(self.state, PFEDME_STATE, [personalized_vector(model, self.theta)])
         return {}

@@ -16,14 +16,14 @@ from .data.hub import load_hub_partition
 from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
 from .data.synthetic import DIM, NUM_CLASSES
-from .layout import ParamLayout, flatten_module, load_flat_
+from .layout import flatten_module, load_flat_
 from .methods.apfl import ALPHA_INIT, ALPHA_LR, apfl_local_sgd
 from .methods.base import PROXIMAL_MU
 from .methods.ditto import ditto_personal_step
 from .methods.fedattn import BIAS_REG, GLOBAL_BIASES, fedattn_local_sgd
 from .methods.igfl import GLOBAL_DELTA, PARTICIPANTS, igfl_local_sgd
 from .methods.per_fedavg import per_fedavg_local_sgd
-from .methods.pfedme import INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR, pfedme_local_sgd
+from .methods.pfedme import INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR, personalized_vector, pfedme_local_sgd
 from .methods.scaffold import CONTROL, scaffold_local_sgd
 from .models import build_model
 from .solvers import LocalResult, local_sgd, trainable
@@ -238,9 +238,7 @@ def train_pfedme_client(
     result, theta = pfedme_local_sgd(model, data.x_train.to(device), data.y_train.to(device), lam=float(config[PFEDME_LAMBDA]),
                                      personal_lr=float(config[PERSONAL_LR]), inner_steps=int(config[INNER_STEPS]),
                                      **_solver_args(config, seed, partition_id))
-    state = dict(model.state_dict())
-    state.update(zip((n for n, p in model.named_parameters() if p.requires_grad), theta))
-    return result, ParamLayout.from_arrays(state).flatten(state.values())
+    return result, personalized_vector(model, theta)
 
 
 def train_apfl_client(

@@ -52,10 +52,10 @@ def trainable(model: nn.Module) -> list[torch.Tensor]:
 
 
 def like_params(tensors: Sequence[torch.Tensor], params: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
-    """``tensors`` on the parameters' device, checked to have the parameters' shapes."""
+    """``tensors`` on the parameters' device and dtype, checked to have the parameters' shapes."""
     if [tuple(t.shape) for t in tensors] != [tuple(p.shape) for p in params]:
         raise ValueError(f"the {what} must have the shapes of the model's parameters")
-    return [t.to(p.device) for t, p in zip(tensors, params)]
+    return [t.to(device=p.device, dtype=p.dtype) for t, p in zip(tensors, params)]
 
 
 def run_steps(

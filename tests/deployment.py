@@ -18,16 +18,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
+    """A port nobody listens on now (the process started next binds it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _children(pid: int) -> list[int]:
-    """Processes started by ``pid`` (directly, or told its pid, as Flower's superexec is)."""
-    out = subprocess.run(["pgrep", "-f", f"--parent-pid {pid}"], capture_output=True, text=True).stdout.split()
-    out += subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return sorted({int(p) for p in out})
+def _descendants(pid: int) -> set[int]:
+    """Processes started by ``pid``, directly or further down, or told its pid (Flower's superexec)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        out = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
+        out += subprocess.run(["pgrep", "-f", "--", f"--parent-pid {parent}"], capture_output=True, text=True).stdout.split()
+        new = {int(p) for p in out} - found - {pid}
+        found |= new
+        todo.extend(new)
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _alive(pid: int) -> bool:
@@ -56,7 +71,6 @@ class LocalDeployment:
                     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_DISABLE_UPDATE_CHECK": "1"}
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
-        self.started: set[int] = set()
 
     # ------------------------------------------------------------------ processes
     def _start(self, name: str, args: Sequence[str]) -> subprocess.Popen:
@@ -65,7 +79,6 @@ class LocalDeployment:
         proc = subprocess.Popen(list(args), cwd=self.work, env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                 start_new_session=True)
         self.procs.append(proc)
-        self.started.add(proc.pid)
         return proc
 
     def __enter__(self) -> LocalDeployment:
@@ -111,25 +124,25 @@ class LocalDeployment:
         self.stop()
 
     def stop(self) -> None:
-        """Stop every process this deployment started, and their children (superexec, apps)."""
-        family = {pid: _children(pid) for pid in self.started}
-        everyone = set(self.started) | {c for kids in family.values() for c in kids}
-        for pid in everyone:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + 20
-        while any(_alive(p) for p in everyone) and time.time() < deadline:
-            for proc in self.procs:
-                proc.poll()
-            time.sleep(0.3)
-        for pid in everyone:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        """Stop every process this deployment started and all they started (superexec, apps)."""
+        family = set().union(*(_descendants(p.pid) for p in self.procs if p.poll() is None)) if self.procs else set()
         for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for pid in family:
+            _signal(pid, signal.SIGTERM)
+        deadline = time.time() + 20
+        while (any(p.poll() is None for p in self.procs) or any(_alive(p) for p in family)) and time.time() < deadline:
+            time.sleep(0.3)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
             proc.wait(timeout=10)
-        self.left_running = [p for p in everyone if _alive(p)]
+        for pid in family:
+            if _alive(pid):
+                _signal(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        self.left_running = [p for p in family if _alive(p)]
 
     # ------------------------------------------------------------------ CLI
     def _write_connection(self) -> None:
@@ -138,6 +151,7 @@ class LocalDeployment:
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
     def flwr(self, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+        """``flwr <args>`` with this deployment's FLWR_HOME; a failure raises with the logs."""
         proc = subprocess.run(["flwr", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"flwr {' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}\n{self.log_tail()}")
@@ -157,6 +171,7 @@ class LocalDeployment:
         raise TimeoutError(f"the SuperLink did not become healthy\n{self.log_tail()}")
 
     def supernodes(self) -> list[dict]:
+        """``flwr supernode ls``: the SuperLink's nodes and their status."""
         out = self.flwr("supernode", "ls", "deploy", "--format", "json").stdout
         return json.loads(out).get("nodes", [])
 
@@ -180,7 +195,9 @@ class LocalDeployment:
         return {**new[0], "log": proc.stdout + proc.stderr}
 
     def runs(self) -> list[dict]:
+        """``flwr ls``: every run with its status."""
         return json.loads(self.flwr("ls", "deploy", "--format", "json").stdout).get("runs", [])
 
     def log_tail(self, chars: int = 1500) -> str:
+        """The end of every process's log, for failure messages."""
         return "\n".join(f"--- {log.name}\n{log.read_text()[-chars:]}" for log in self.logs if log.exists())

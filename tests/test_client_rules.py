@@ -12,7 +12,7 @@ from client_apps.rules import (
     ANCHOR_STATE, IGFL_STATE, PFEDME_STATE, SCAFFOLD_STATE, ClientRule, FedAttnRule, IGFLCorrection, PFedMeRule, Proximal,
     ScaffoldCorrection, client_method,
 )
-from flower_pfl.methods.base import ANCHOR, ANCHOR_SET, PROXIMAL_MU
+from flower_pfl.methods.base import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, PROXIMAL_MU
 from flower_pfl.methods.fedattn import BIAS_GRADIENT, BIAS_REG, FEDATTN, GLOBAL_BIASES, REPRESENTATION, fedattn_local_sgd
 from flower_pfl.methods.igfl import CORRECTION, GLOBAL_DELTA, PARTICIPANTS, igfl_local_sgd
 from flower_pfl.methods.pfedme import INNER_STEPS, LAMBDA, PERSONAL_LR, pfedme_local_sgd
@@ -59,6 +59,48 @@ def test_proximal_rule_matches_the_proximal_solver_and_remembers_its_anchor():
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
     assert rule.finish(mine) == {}
 
+def test_proximal_rule_keeps_the_remembered_anchor_next_round():
+    """FedMCSA's clients that were not sampled: the anchor is the model remembered last, not the received one."""
+    x, y = _data()
+    state, mine, reference = RecordDict(), _model(), _model()
+    ClientRule.from_config({**SOLVER, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}, mine, state)  # remembers the start model
+    anchor = [p.detach().clone() for p in mine.parameters()]
+    with torch.no_grad():
+        for m, r in zip(mine.parameters(), reference.parameters()):
+            m.add_(0.5), r.add_(0.5)  # a different received model
+    rule = ClientRule.from_config({**SOLVER, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_KEEP}, mine, state)
+    _user_loop(mine, rule, x, y)
+    local_sgd(reference, x, y, steps=STEPS, lr=LR, batch_size=BATCH, prox_mu=3.0, anchor=anchor,
+              generator=torch.Generator().manual_seed(5))
+    assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
+
+
+def test_rules_that_keep_state_or_assume_plain_sgd_say_so():
+    model = _model()
+    with pytest.raises(ValueError, match="context.state"):
+        ClientRule.from_config({**SOLVER, CONTROL: _vector(model, 0.0)}, model)
+    with pytest.raises(ValueError, match="context.state"):
+        ClientRule.from_config({**SOLVER, PROXIMAL_MU: 1.0, ANCHOR: ANCHOR_KEEP}, model)
+    config = {**SOLVER, CONTROL: _vector(model, 0.0)}
+    for optimizer, reason in ((torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9), "momentum"),
+                              (torch.optim.Adam(model.parameters(), lr=LR), "plain SGD"),
+                              (torch.optim.SGD(model.parameters(), lr=LR / 2), "step size")):
+        with pytest.raises(ValueError, match=reason):
+            ClientRule.from_config(config, model, RecordDict(), optimizer=optimizer)
+    ClientRule.from_config(config, model, RecordDict(), optimizer=torch.optim.SGD(model.parameters(), lr=LR))
+    ClientRule.from_config({**SOLVER, PROXIMAL_MU: 1.0}, model, optimizer=torch.optim.Adam(model.parameters()))  # any optimizer
+
+
+def test_pfedme_rule_uses_the_users_loss():
+    x, y = _data()
+    settings = {**SOLVER, LAMBDA: 15.0, PERSONAL_LR: 0.1, INNER_STEPS: 3}
+    plain, smoothed = _model(), _model()
+    _user_loop(plain, ClientRule.from_config(settings, plain), x, y)
+    rule = ClientRule.from_config(settings, smoothed, loss_fn=lambda out, t: F.cross_entropy(out, t, label_smoothing=0.5))
+    _user_loop(smoothed, rule, x, y)
+    assert not torch.allclose(_flat(plain.parameters()), _flat(smoothed.parameters()))
+
+
 def test_proximal_term_pulls_toward_the_anchor():
     x, y = _data()
     plain, pulled = _model(), _model()
@@ -90,7 +132,7 @@ def test_igfl_rule_refuses_another_number_of_steps():
     x, y = _data()
     model = _model()
     zeros = encode_vector(torch.zeros(sum(p.numel() for p in model.parameters())))
-    rule = ClientRule.from_config({**SOLVER, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: zeros}, model)
+    rule = ClientRule.from_config({**SOLVER, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: zeros}, model, RecordDict())
     _user_loop(model, rule, x, y, steps=STEPS - 1)
     with pytest.raises(ValueError, match="local-steps"):
         rule.finish(model)
@@ -110,6 +152,14 @@ def test_scaffold_rule_matches_scaffold_local_sgd_and_reports_the_control_delta(
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
     assert torch.allclose(decode_flat(extras[CONTROL_DELTA], len(_flat(c))), _flat(delta), atol=1e-4)
     assert torch.allclose(_flat(torch.as_tensor(a) for a in state[SCAFFOLD_STATE].to_numpy_ndarrays()), _flat(new_ci), atol=1e-4)
+    # next round: the c_i kept in the state is the one the solver would start from
+    _, second_ci, second_delta = scaffold_local_sgd(reference, x, y, steps=STEPS, lr=LR, batch_size=BATCH, c_global=c,
+                                                    c_local=new_ci, generator=torch.Generator().manual_seed(5))
+    rule = ClientRule.from_config({**SOLVER, CONTROL: encode_vector(_flat(c))}, mine, state)
+    _user_loop(mine, rule, x, y)
+    extras = rule.finish(mine)
+    assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-5)
+    assert torch.allclose(decode_flat(extras[CONTROL_DELTA], len(_flat(c))), _flat(second_delta), atol=1e-3)
 
 def test_pfedme_rule_matches_pfedme_local_sgd_and_keeps_theta():
     x, y = _data()
@@ -154,6 +204,6 @@ def test_two_model_methods_are_refused_with_a_pointer(config, method):
 def test_missing_setting_is_a_clear_error():
     model = _model()
     with pytest.raises(ValueError, match="igfl-global-delta"):
-        ClientRule.from_config({**SOLVER, CORRECTION: True, PARTICIPANTS: 2}, model)
+        ClientRule.from_config({**SOLVER, CORRECTION: True, PARTICIPANTS: 2}, model, RecordDict())
     with pytest.raises(ValueError, match="expected"):  # a control variate of the wrong size
-        ClientRule.from_config({**SOLVER, CONTROL: _vector(model, 0.0)[:-4]}, model)
+        ClientRule.from_config({**SOLVER, CONTROL: _vector(model, 0.0)[:-4]}, model, RecordDict())

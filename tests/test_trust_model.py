@@ -73,7 +73,10 @@ def test_message_api_instructions_carry_only_the_addressees_model(name):
             _no_copy_of_others(got, node)
         else:  # all clients train: the others continue from their own model
             assert torch.equal(got, _flat(_secret(node).values()))
-        assert not any(isinstance(v, bytes) for rec in msg.content.config_records.values() for v in rec.values())
+        values = [v for rec in msg.content.config_records.values() for v in rec.values()]
+        assert not any(isinstance(v, bytes) for v in values)  # nothing opaque rides along
+        assert not set(values) & (set(NODES) - {node})  # no other client's id
+        assert not {"accuracy", "loss", "train-loss"} & {k for rec in msg.content.config_records.values() for k in rec}
 
 
 @pytest.mark.parametrize("cls", [strategies.FedMCSA, strategies.FedACS, strategies.Local])

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from ..layout import ParamLayout
 from ..solvers import LocalResult, MinibatchStream, trainable
 
 #: config keys: λ, the personalized step and K (training); evaluate θ_i and the global model (evaluation)
@@ -58,3 +59,11 @@ def pfedme_local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, step
                 w.sub_(lr * lam * (w - t))
         total += float(loss.detach())
     return LocalResult(loss=total / max(steps, 1), steps=steps), [t.detach() for t in theta]
+
+
+def personalized_vector(model: nn.Module, theta: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The model with θ_i in place of its trainable parameters, as one flat float32 vector in
+    ``state_dict`` order (what the client keeps to evaluate)."""
+    state = dict(model.state_dict())
+    state.update(zip((n for n, p in model.named_parameters() if p.requires_grad), theta))
+    return ParamLayout.from_arrays(state).flatten(state.values())

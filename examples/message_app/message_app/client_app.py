@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -11,7 +12,7 @@ from message_app.task import Net, load_data, test, train
 app = ClientApp()
 
 
-def _model(msg: Message):
+def _model(msg: Message) -> torch.nn.Module:
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     return model

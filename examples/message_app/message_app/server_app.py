@@ -7,6 +7,7 @@ from logging import INFO
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Strategy
 
 import strategies.message as pfl
 from message_app.task import Net
@@ -14,7 +15,7 @@ from message_app.task import Net
 app = ServerApp()
 
 
-def make_strategy(method: str, clients: int):
+def make_strategy(method: str, clients: int) -> Strategy:
     """Personalized strategies take ``clients_per_round``; global-model ones take FedAvg's arguments."""
     if method == "fedmcsa":
         return pfl.FedMCSA(sigma=50.0, lam=1.0, clients_per_round=clients, min_available_nodes=clients)
