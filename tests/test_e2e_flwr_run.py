@@ -144,10 +144,10 @@ def test_own_legacy_app_with_fedacs_swapped_in(flwr_env):
     assert "'accuracy'" in run["log"] and "'clients-accepted'" in run["log"]
 
 
-@pytest.mark.parametrize("method", ["fedmcsa", "scaffold"])
+@pytest.mark.parametrize("method", ["fedmcsa", "scaffold", "igfl"])
 def test_own_message_app_with_a_client_side_rule(flwr_env, method):
     """examples/message_app: the user's own loop with ``ClientRule`` hooks (FedMCSA's proximal
-    term; SCAFFOLD's correction, whose Δc_i travels back in the reply)."""
+    term; SCAFFOLD's correction, whose Δc_i travels back in the reply; IGFL-C, whose Δw_i stays in the state)."""
     run = _flwr_run(flwr_env, f"method='{method}' num-rounds=3 clients-per-round=6", nodes=6, app=ROOT / "examples" / "message_app")
     assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
     accuracies = _accuracies(run["log"], r"message-app: round \d+ accuracy ([0-9.]+)")
