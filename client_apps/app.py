@@ -54,8 +54,6 @@ class Node:
     data: ClientData
     model: torch.nn.Module
     state: RecordDict
-    #: ``fingerprint`` of the arrays last loaded
-    received: int = 0
 
     @classmethod
     def from_context(cls, context: Context) -> Node:
@@ -72,7 +70,6 @@ class Node:
         with torch.no_grad():
             for target, value in zip(state.values(), values):
                 target.copy_(torch.as_tensor(np.asarray(value)))
-        self.received = fingerprint(np.asarray(v) for v in values)
 
     def arrays(self) -> list[np.ndarray]:
         return [t.detach().cpu().numpy() for t in self.model.state_dict().values()]
@@ -149,6 +146,7 @@ class Node:
         global model), APFL's mixture of its personal model and the received one, Per-FedAvg's one step
         on the training split; otherwise the received model."""
         config = config or {}
+        received = fingerprint(self.model.state_dict().values())  # before any personalization below
         device = next(self.model.parameters()).device
         extra: dict[str, float] = {}
         if PFEDME_PM_GM in config:
@@ -160,7 +158,7 @@ class Node:
             adapt_one_step(self.model, self.data.x_train.to(device), self.data.y_train.to(device), float(config[PER_FEDAVG_ADAPT]))
         res = self._test(self._mixture() if APFL_MIXED in config else None)
         return {"loss": res.loss, "accuracy": res.accuracy, "num-examples": res.num_examples,
-                "partition-id": self.partition_id, MODEL_FINGERPRINT: self.received, **extra}
+                "partition-id": self.partition_id, MODEL_FINGERPRINT: received, **extra}
 
     def _mixture(self) -> torch.nn.Module | None:
         known = self._personal_apfl()

@@ -125,7 +125,7 @@ class LocalDeployment:
 
     def stop(self) -> None:
         """Stop every process this deployment started and all they started (superexec, apps)."""
-        family = set().union(*(_descendants(p.pid) for p in self.procs if p.poll() is None)) if self.procs else set()
+        family = set().union(*(_descendants(p.pid) for p in self.procs if p.poll() is None))
         for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()
