@@ -8,23 +8,18 @@ the same defaults (a test keeps the two in step).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from .data.hub import HUB
-from .methods.igfl import ATTENTION_MODES
 from .data.images import EMNIST_CLASSES
 from .data.partition import SCHEMES
-from .layout import GROUPINGS
+from .methods import registry
 from .models import MODELS
 
-METHODS: tuple[str, ...] = ("fedmcsa", "fedacs", "igfl", "igfl-c", "igfl-s", "fedattn", "fedamp", "heurfedamp", "ditto", "per-fedavg", "pfedme", "apfl", "fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local")
 DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
-#: FedMCSA's Table 2: "mcsa" gives fedavg / pfedme FedMCSA's layer-wise attention; "mean" gives fedmcsa
-#: plain averaging instead of it (FedMCSA^-MCSA)
-AGGREGATIONS: tuple[str, ...] = ("default", "mcsa", "mean")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 #: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
 PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
@@ -45,6 +40,8 @@ class ExperimentConfig:
     """One experiment. Field ``foo_bar`` is run-config key ``foo-bar``."""
 
     method: str = "fedmcsa"
+    #: "default", or FedMCSA's Table 2: "mcsa" gives fedavg / pfedme FedMCSA's layer-wise attention;
+    #: "mean" gives fedmcsa plain averaging instead of it (FedMCSA^-MCSA)
     aggregation: str = "default"
     api: str = "message"
     dataset: str = "synthetic"
@@ -69,59 +66,43 @@ class ExperimentConfig:
     lr: float = 0.02
     batch_size: int = 20
     local_steps: int = 20
-    lam: float = 5.0
-    proximal_mu: float = 0.01
-    sigma: float = 50.0
-    layer_grouping: str = "tensor"
-    all_clients_train: bool = False
-    fedacs_p: float = 0.5
-    igfl_attention: str = "self"
-    ditto_lambda: float = 1.0
-    per_fedavg_alpha: float = 0.01
-    apfl_alpha_init: float = 0.5
-    apfl_alpha_lr: float = 0.02
-    pfedme_beta: float = 1.0
-    pfedme_lambda: float = 15.0
-    pfedme_personal_lr: float = 0.01
-    pfedme_inner_steps: int = 5
-    fedamp_alpha_k: float = 0.05
-    fedamp_sigma: float = 1.0
-    fedamp_lambda: float = 1.0
-    heurfedamp_sigma: float = 10.0
-    heurfedamp_self_weight: float = 0.3
-    fedattn_k: int = 5
-    fedattn_dk: int = 16
-    fedattn_lr: float = 0.01
-    fedattn_bias_reg: float = 0.0
-    fedattn_warmup: int = 0
-    fedattn_learn_values: bool = True
-    server_momentum: float = 0.9
-    fedadam_eta: float = 0.01
-    fedadam_tau: float = 0.001
     eval_every: int = 5
     seed: int = 0
     device: str = "auto"
     output_dir: str = "results"
+    #: every method's hyperparameters by run-config key (declared beside each method, see
+    #: ``flower_pfl.methods``); missing keys take the declared defaults
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
+        specs = registry.option_specs()
+        unknown = sorted(set(self.options) - set(specs))
+        if unknown:
+            raise ConfigError(f"run config keys {unknown} are not parameters of any method")
+        options = {key: spec.default for key, spec in specs.items()} | dict(self.options)
+        object.__setattr__(self, "options", options)
         choices = {
-            "method": METHODS, "aggregation": AGGREGATIONS, "api": APIS, "dataset": DATASETS, "model": MODELS,
-            "layer_grouping": GROUPINGS, "device": DEVICES, "partition": PARTITIONS,
-            "emnist_split": tuple(EMNIST_CLASSES), "data_source": DATA_SOURCES, "igfl_attention": ATTENTION_MODES,
+            "method": registry.methods(), "aggregation": registry.aggregations(), "api": APIS, "dataset": DATASETS,
+            "model": MODELS, "device": DEVICES, "partition": PARTITIONS, "emnist_split": tuple(EMNIST_CLASSES),
+            "data_source": DATA_SOURCES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 _fail(name, getattr(self, name), f"one of {', '.join(allowed)}")
         for name in ("num_rounds", "clients_per_round", "batch_size", "local_steps", "eval_every", "hidden_units",
-                     "classes_per_client", "shards_per_client", "fedattn_k", "fedattn_dk", "pfedme_inner_steps"):
+                     "classes_per_client", "shards_per_client"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "an integer >= 1")
-        for name in ("lr", "sigma", "fedattn_lr", "per_fedavg_alpha", "pfedme_lambda", "pfedme_personal_lr", "fedamp_alpha_k", "fedamp_sigma", "fedamp_lambda", "heurfedamp_sigma"):
+        for name in ("lr", "dirichlet_alpha"):
             if not getattr(self, name) > 0:
                 _fail(name, getattr(self, name), "a number > 0")
-        for name in ("lam", "proximal_mu", "synthetic_alpha", "synthetic_beta", "fedattn_bias_reg", "ditto_lambda"):
+        for name in ("synthetic_alpha", "synthetic_beta"):
             if not getattr(self, name) >= 0:
                 _fail(name, getattr(self, name), "a number >= 0")
+        for key, spec in specs.items():
+            value = _coerce(key, options[key], spec.type) if spec.type is not object else options[key]
+            if (must := spec.check(value)) is not None:
+                _fail(key, value, must)
         if self.data_source == "flwr-datasets" and self.dataset not in HUB and self.dataset != "synthetic":
             _fail("dataset", self.dataset, f"one of {', '.join(HUB)} with data-source 'flwr-datasets'")
         if self.dataset == "femnist" and self.data_source != "flwr-datasets":
@@ -130,40 +111,44 @@ class ExperimentConfig:
             _fail("partition", self.partition, f"one of {', '.join(SCHEMES)} for dataset '{self.dataset}' (it has no natural clients)")
         if self.paired_clients and self.partition == "natural":
             _fail("paired_clients", self.paired_clients, f"false with partition 'natural' (twins split a partition of {', '.join(SCHEMES)})")
-        if not self.dirichlet_alpha > 0:
-            _fail("dirichlet_alpha", self.dirichlet_alpha, "a number > 0")
         if self.train_samples_per_client < 0:
             _fail("train_samples_per_client", self.train_samples_per_client, "an integer >= 0 (0 keeps all)")
-        if not 0 <= self.server_momentum < 1:
-            _fail("server_momentum", self.server_momentum, "a number in [0, 1)")
-        for name in ("fedadam_eta", "fedadam_tau"):
-            if not getattr(self, name) > 0:
-                _fail(name, getattr(self, name), "a number > 0")
-        if not 0 <= self.fedacs_p < 1:
-            _fail("fedacs_p", self.fedacs_p, "a number in [0, 1)")
         if not 0 < self.train_fraction < 1:
             _fail("train_fraction", self.train_fraction, "a number in (0, 1)")
-        if self.method == "fedamp" and (self.clients_per_round - 1) * self.fedamp_alpha_k / self.fedamp_sigma > 1:
-            _fail("fedamp_alpha_k", self.fedamp_alpha_k, f"at most fedamp-sigma / (clients-per-round - 1) = "
-                  f"{self.fedamp_sigma / (self.clients_per_round - 1):.4g}, so no self weight can turn negative")
-        if self.aggregation == "mcsa" and self.method not in ("fedavg", "pfedme"):
-            _fail("aggregation", self.aggregation, "'default' for this method ('mcsa' transfers to fedavg and pfedme)")
-        if self.aggregation == "mean" and self.method != "fedmcsa":
-            _fail("aggregation", self.aggregation, "'default' for this method ('mean' replaces fedmcsa's attention)")
-        if not 0 <= self.apfl_alpha_init <= 1:
-            _fail("apfl_alpha_init", self.apfl_alpha_init, "a number in [0, 1]")
-        if self.apfl_alpha_lr < 0:
-            _fail("apfl_alpha_lr", self.apfl_alpha_lr, "a number >= 0")
-        if not 0 < self.pfedme_beta <= 2:
-            _fail("pfedme_beta", self.pfedme_beta, "a number in (0, 2]")
-        if not 0 <= self.heurfedamp_self_weight <= 1:
-            _fail("heurfedamp_self_weight", self.heurfedamp_self_weight, "a number in [0, 1]")
-        if self.fedattn_warmup < 0:
-            _fail("fedattn_warmup", self.fedattn_warmup, "an integer >= 0")
+        allowed = [e.aggregation for e in registry.entries() if e.method == self.method]
+        if self.aggregation not in allowed:
+            _fail("aggregation", self.aggregation, f"one of {', '.join(allowed)} for method '{self.method}'")
+        if (problem := self.entry.declaration.check_run(self.to_run_config()) if not self.entry.builtin else None):
+            _fail(problem[0], options[problem[0]], problem[1])
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
         if not self.output_dir:
             _fail("output_dir", self.output_dir, "a non-empty path")
+
+    @property
+    def entry(self) -> registry.Entry:
+        """The registry entry of this run's ``(method, aggregation)``."""
+        return registry.entry(self.method, self.aggregation)
+
+    @property
+    def label(self) -> str:
+        """``fedavg``, or ``fedavg+mcsa`` for a non-default aggregation."""
+        return self.entry.label
+
+    def method_arguments(self) -> dict[str, Any]:
+        """The strategy constructor's method arguments for this run."""
+        return self.entry.arguments(self.to_run_config())
+
+    def option(self, key: str) -> Any:
+        """A method hyperparameter by its run-config key (``"fedattn-k"``)."""
+        return self.options[key]
+
+    def __getattr__(self, name: str) -> Any:
+        """Method hyperparameters as attributes too: ``cfg.fedattn_k`` is ``cfg.option("fedattn-k")``."""
+        options = self.__dict__.get("options", {})
+        if _key(name) in options:
+            return options[_key(name)]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_mapping(cls, run_config: Mapping[str, Any]) -> ExperimentConfig:
@@ -171,13 +156,17 @@ class ExperimentConfig:
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
             key = _key(f.name)
-            if key in run_config:
+            if f.name != "options" and key in run_config:
                 kwargs[f.name] = _coerce(key, run_config[key], type(getattr(cls, f.name)))
-        return cls(**kwargs)
+        specs = registry.option_specs()
+        options = {key: _coerce(key, run_config[key], spec.type) if spec.type is not object else run_config[key]
+                   for key, spec in specs.items() if key in run_config}
+        return cls(**kwargs, options=options)
 
     def to_run_config(self) -> dict[str, Any]:
         """The kebab-case run config (e.g. for ``config.json``)."""
-        return {_key(k): v for k, v in asdict(self).items()}
+        general = {_key(f.name): getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        return general | dict(self.options)
 
 
 def _key(field_name: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -16,21 +16,8 @@ from .data.hub import load_hub_partition
 from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
 from .data.synthetic import DIM, NUM_CLASSES
-from .layout import flatten_module, load_flat_
-from .methods.apfl import ALPHA_INIT, ALPHA_LR, apfl_local_sgd
-from .methods.base import PROXIMAL_MU
-from .methods.ditto import ditto_personal_step
-from .methods.fedattn import BIAS_REG, GLOBAL_BIASES, fedattn_local_sgd
-from .methods.igfl import GLOBAL_DELTA, PARTICIPANTS, igfl_local_sgd
-from .methods.per_fedavg import per_fedavg_local_sgd
-from .methods.pfedme import INNER_STEPS, LAMBDA as PFEDME_LAMBDA, PERSONAL_LR, personalized_vector, pfedme_local_sgd
-from .methods.scaffold import CONTROL, scaffold_local_sgd
+from .client_step import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND
 from .models import build_model
-from .solvers import LocalResult, local_sgd, trainable
-from .wire import decode_vector
-
-#: Solver settings the server sends with every training instruction.
-LR, LOCAL_STEPS, BATCH_SIZE, SERVER_ROUND = "lr", "local-steps", "batch-size", "server-round"
 
 
 def solver_config(cfg: ExperimentConfig) -> dict[str, float | int]:
@@ -126,129 +113,10 @@ def client_generator(seed: int, partition_id: int, server_round: int) -> torch.G
     return torch.Generator().manual_seed(int(state))
 
 
-def train_client(
-    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
-    anchor: Sequence[torch.Tensor] | None = None,
-) -> LocalResult:
-    """Run the local solver the server asked for (``config``) on the client's training split.
-
-    ``proximal-mu`` (or legacy FedProx's ``proximal_mu``) is the proximal weight
-    toward ``anchor`` (default: the received model); absent means plain local SGD.
-    """
-    mu = float(config.get(PROXIMAL_MU, config.get("proximal_mu", 0.0)))
-    device = next(model.parameters()).device
-    return local_sgd(model, data.x_train.to(device), data.y_train.to(device), prox_mu=mu, anchor=anchor,
-                     **_solver_args(config, seed, partition_id))
-
-
-def _solver_args(config: Mapping[str, Any], seed: int, partition_id: int) -> dict[str, Any]:
+def solver_settings(config: Mapping[str, Any], seed: int, partition_id: int) -> dict[str, Any]:
     """Steps, learning rate, batch size and minibatch generator from a training config."""
     missing = [k for k in (LR, LOCAL_STEPS, BATCH_SIZE) if k not in config]
     if missing:
         raise ValueError(f"training config lacks {missing}: the server must send {LR}, {LOCAL_STEPS} and {BATCH_SIZE}")
     return {"steps": int(config[LOCAL_STEPS]), "lr": float(config[LR]), "batch_size": int(config[BATCH_SIZE]),
             "generator": client_generator(seed, partition_id, int(config.get(SERVER_ROUND, 0)))}
-
-
-def train_igfl_client(
-    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
-    previous_delta: Sequence[torch.Tensor] | None,
-) -> tuple[LocalResult, list[torch.Tensor]]:
-    """IGFL-C on the client's training split (Algorithm 2): ``config`` carries the solver settings,
-    ``igfl-participants`` and ``igfl-global-delta``; ``previous_delta`` is the client's own last delta
-    (``None`` on its first participation). Returns the result and the new delta ``w^{r,T} - w_ps^r``."""
-    params = trainable(model)
-    received = [p.detach().clone() for p in params]
-    device = params[0].device
-    result = igfl_local_sgd(
-        model, data.x_train.to(device), data.y_train.to(device),
-        previous_delta=previous_delta, global_delta=decode_vector(config[GLOBAL_DELTA], received),
-        num_participants=int(config[PARTICIPANTS]), **_solver_args(config, seed, partition_id),
-    )
-    return result, [p.detach() - r for p, r in zip(params, received)]
-
-
-def train_scaffold_client(
-    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
-    local_control: Sequence[torch.Tensor] | None,
-) -> tuple[LocalResult, list[torch.Tensor], torch.Tensor]:
-    """SCAFFOLD's client step (option II) on the training split: ``config`` carries the solver
-    settings and ``scaffold-control`` (the server's ``c``); ``local_control`` is the client's ``c_i``
-    (``None``: zero, before its first participation). Returns the result, the new ``c_i`` and
-    ``Δc_i`` as one flat vector."""
-    params = trainable(model)
-    device = params[0].device
-    c_global = [t.to(device) for t in decode_vector(config[CONTROL], params)]
-    c_local = [torch.zeros_like(p) for p in params] if local_control is None else [t.to(device) for t in local_control]
-    result, new_local, delta = scaffold_local_sgd(model, data.x_train.to(device), data.y_train.to(device),
-                                                  c_global=c_global, c_local=c_local, **_solver_args(config, seed, partition_id))
-    return result, new_local, torch.cat([d.flatten() for d in delta])
-
-
-def train_fedattn_client(
-    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
-) -> tuple[LocalResult, torch.Tensor, torch.Tensor]:
-    """FedAttn's local solver on the training split (Algorithm 1, localSolver): ``config`` carries
-    the solver settings and, for the stabiliser, ``fedattn-bias-reg`` and ``fedattn-global-biases``.
-    Returns the result, ``Z_i`` and the gradient with respect to the received biases."""
-    device = next(model.parameters()).device
-    reg = float(config.get(BIAS_REG, 0.0))
-    global_biases = None
-    if reg > 0:
-        biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
-        global_biases = [t.to(device) for t in decode_vector(config[GLOBAL_BIASES], biases)]
-    return fedattn_local_sgd(model, data.x_train.to(device), data.y_train.to(device), bias_reg=reg,
-                             global_biases=global_biases, **_solver_args(config, seed, partition_id))
-
-
-def train_ditto_client(
-    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int, lam: float,
-    personal: torch.Tensor | None,
-) -> tuple[LocalResult, torch.Tensor]:
-    """Ditto's round on the training split: the personal model (flat ``personal``, ``None`` before
-    the first round: the received model) takes proximal steps toward the received global model, then
-    ``model`` (reset to the received model) takes plain local SGD steps. Returns the global step's
-    result (``model`` holds its update) and the new personal model."""
-    device = next(model.parameters()).device
-    received = [p.detach().clone() for p in trainable(model)]
-    start = flatten_module(model)
-    x, y = data.x_train.to(device), data.y_train.to(device)
-    args = _solver_args(config, seed, partition_id)
-    _, new_personal = ditto_personal_step(model, personal, received, x, y, lam=lam, **args)
-    load_flat_(model, start.to(device))
-    return local_sgd(model, x, y, **_solver_args(config, seed, partition_id)), new_personal  # fresh minibatch stream
-
-
-def train_per_fedavg_client(
-    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int, alpha: float,
-) -> LocalResult:
-    """Per-FedAvg's first-order MAML steps on the training split (``lr`` is the outer step β)."""
-    device = next(model.parameters()).device
-    args = _solver_args(config, seed, partition_id)
-    return per_fedavg_local_sgd(model, data.x_train.to(device), data.y_train.to(device), steps=args["steps"], alpha=alpha,
-                                beta=args["lr"], batch_size=args["batch_size"], generator=args["generator"])
-
-
-def train_pfedme_client(
-    model: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
-) -> tuple[LocalResult, torch.Tensor]:
-    """pFedMe's client update on the training split (``config`` carries ``pfedme-lambda``,
-    ``pfedme-personal-lr`` and ``pfedme-inner-steps``). Returns the result and θ_i as a flat vector."""
-    device = next(model.parameters()).device
-    result, theta = pfedme_local_sgd(model, data.x_train.to(device), data.y_train.to(device), lam=float(config[PFEDME_LAMBDA]),
-                                     personal_lr=float(config[PERSONAL_LR]), inner_steps=int(config[INNER_STEPS]),
-                                     **_solver_args(config, seed, partition_id))
-    return result, personalized_vector(model, theta)
-
-
-def train_apfl_client(
-    model: nn.Module, personal: nn.Module, data: ClientData, config: Mapping[str, Any], seed: int, partition_id: int,
-    alpha: float | None,
-) -> tuple[LocalResult, float]:
-    """APFL's local steps on the training split: ``model`` is the global model (its update is the
-    reply), ``personal`` the client's own; ``alpha`` ``None`` starts from ``apfl-alpha-init``.
-    Returns the result and the new α."""
-    device = next(model.parameters()).device
-    args = _solver_args(config, seed, partition_id)
-    return apfl_local_sgd(model, personal, float(config[ALPHA_INIT]) if alpha is None else alpha, data.x_train.to(device),
-                          data.y_train.to(device), alpha_lr=float(config[ALPHA_LR]), **args)

@@ -19,6 +19,7 @@ from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import make_model, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
 from flower_pfl.results import RunRecorder
+from flower_pfl.server_step import MethodServer
 
 from .factory import build_legacy_strategy, build_message_strategy
 from .node_order import RankedGrid, query_nodes
@@ -31,8 +32,7 @@ def run_dir(cfg: ExperimentConfig) -> Path:
     """A new folder ``<output-dir>/<method>-<dataset>-<model>-seed<seed>-<time>`` (relative paths from
     the current directory), with ``-2``, ``-3``, ... when runs start in the same second."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    method = cfg.method if cfg.aggregation == "default" else f"{cfg.method}+{cfg.aggregation}"
-    base = Path(cfg.output_dir).expanduser().resolve() / f"{method}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
+    base = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.label}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
     base.parent.mkdir(parents=True, exist_ok=True)
     for n in range(1, 10_000):
         path = base if n == 1 else base.with_name(f"{base.name}-{n}")
@@ -44,15 +44,15 @@ def run_dir(cfg: ExperimentConfig) -> Path:
     raise RuntimeError(f"cannot create a results folder next to {base}")
 
 
-def _save_diagnostics(state: Any, info: Mapping[int, Mapping[str, Any]], out: Path, method: str) -> dict[str, Any]:
+def _save_diagnostics(server: MethodServer, info: Mapping[int, Mapping[str, Any]], out: Path, method: str) -> dict[str, Any]:
     """Attention heatmaps averaged over rounds (clients ordered by their label set, then partition
     id) with how often each client's strongest attention falls on a client with the same labels,
     and, for FedACS, the last round's similarity and selection mask. Returns figures for the summary."""
     def about(key: Any) -> Mapping[str, Any]:
-        return info.get(int(key), {})  # legacy client ids are the node ids as strings
+        return info.get(int(key), {})
 
     extra: dict[str, Any] = {}
-    attention = getattr(state, "attention", None)
+    attention = getattr(server.method, "attention_weights", None)
     if attention is not None and len(attention):
         ids = attention.clients
         labels = {cid: label_set(about(cid).get("label-counts", [])) for cid in ids}
@@ -65,12 +65,12 @@ def _save_diagnostics(state: Any, info: Mapping[int, Mapping[str, Any]], out: Pa
             stats = strongest_partner_agreement(mean, [labels[c] for c in ordered])
             extra[f"attention_{name}_strongest_same_labels"] = stats["strongest_same_group"]
             extra[f"attention_{name}_chance_same_labels"] = stats["chance_same_group"]
-    rule = getattr(state, "rule", None)
-    if getattr(rule, "last_similarity", None) is None or not state.last_participants:
+    method_state = server.method
+    if getattr(method_state, "last_similarity", None) is None or not server.last_participants:
         return extra
-    ids = state.last_participants
-    stats = save_similarity_snapshot(out / "similarity_last_round", ids, rule.last_similarity.cpu().numpy(),
-                                     rule.last_mask.cpu().numpy(), rule.last_delta,
+    ids = server.last_participants
+    stats = save_similarity_snapshot(out / "similarity_last_round", ids, method_state.last_similarity.cpu().numpy(),
+                                     method_state.last_mask.cpu().numpy(), method_state.last_delta,
                                      [about(cid).get("dominant-label", -1) for cid in ids], title=method)
     return extra | {f"last_round_{k}": v for k, v in stats.items()}
 
@@ -106,17 +106,17 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
             train_config=ConfigRecord(solver_config(cfg)),
         )
     else:
-        initial = [t.detach().cpu().numpy() for t in model.state_dict().values()]
+        initial = {name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
         strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks)
         start_grid(grid=grid, strategy=RecordedLegacyStrategy(strategy, recorder, cfg.eval_every),
                    config=ServerConfig(num_rounds=cfg.num_rounds))
 
-    state = getattr(strategy, "server", None)  # our strategies' server state (none for Flower's own)
-    if getattr(state, "store", None) is not None:
-        torch.save(state.store.state_dict(), out / "personalized_models.pt")
-    if (learned := getattr(state, "state_dict", lambda: {})()):  # e.g. FedAttn's attention module
+    server = getattr(strategy, "server", None)  # our strategies' server (none for Flower's own)
+    if server is not None and getattr(server.method, "store", None) is not None:
+        torch.save(server.method.store.state_dict(), out / "personalized_models.pt")
+    if server is not None and (learned := server.method.server_state()):  # e.g. FedAttn's attention module
         torch.save(learned, out / "server_state.pt")
-    extra = _save_diagnostics(state, info, out, cfg.method) if state is not None else {}
+    extra = _save_diagnostics(server, info, out, cfg.method) if server is not None else {}
     summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}", extra=extra)
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     log(INFO, "flower-pfl: results written to %s", out)

@@ -9,6 +9,7 @@ left out. Benchmarks use it for long runs; tests use it for fast end-to-end chec
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -30,6 +31,7 @@ class InProcessGrid:
         if len(node_ids) != num_nodes or len(set(node_ids)) != num_nodes:
             raise ValueError("need one distinct node id per node")
         self.client_app = client_app
+        self.run = SimpleNamespace(run_id=1)  # what Flower's legacy ``start_grid`` reads
         self.contexts = {
             nid: Context(
                 run_id=1, node_id=nid,

@@ -1,26 +1,23 @@
 """Flower strategies of flower-pfl.
 
 ``strategies.<Name>`` are legacy ``flwr.server.strategy.Strategy`` classes
-(``configure_fit`` / ``aggregate_fit``); ``strategies.message.<Name>`` are their
-Message-API twins. Personalized methods share their logic through
-``PersonalizedServer``; global-model methods (IGFL, SCAFFOLD) through ``GlobalServer``.
-FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenience.
+(``configure_fit`` / ``aggregate_fit``); ``strategies.message.<Name>`` are their Message-API
+twins. Both are made from the same method declaration (``flower_pfl.methods``): every
+method's hyperparameters are typed keyword arguments of its class, documented in its
+docstring. FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenience.
 """
 
 from flwr.server.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
-from .client_personalized import APFL, Ditto, PerFedAvg, PFedMe
-from .fedacs import FedACS
-from .fedamp import FedAMP, HeurFedAMP
-from .fedattn import FedAttn
-from .fedmcsa import FedMCSA
-from .global_model import GlobalModelStrategy
-from .global_server import GlobalServer
-from .igfl import IGFL
-from .legacy import PersonalizedStrategy
-from .local import Local
-from .personalized import PersonalizedServer, UpdateRejected
-from .scaffold import SCAFFOLD
+from flower_pfl.server_step import UpdateRejected
 
-__all__ = ["APFL", "Ditto", "FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "GlobalServer", "IGFL", "Local",
-           "PersonalizedServer", "PerFedAvg", "PFedMe", "PersonalizedStrategy", "SCAFFOLD", "UpdateRejected"]
+from .declared import strategy_classes
+from .legacy import LegacyMethodStrategy
+
+globals().update(strategy_classes(LegacyMethodStrategy, __name__))
+
+#: the generic strategy, for a method instance of your own (``LegacyMethodStrategy(MyMethod(), ...)``)
+PersonalizedStrategy = GlobalModelStrategy = LegacyMethodStrategy
+
+__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "GlobalModelStrategy", "LegacyMethodStrategy", "PersonalizedStrategy",
+                  "UpdateRejected", *strategy_classes(LegacyMethodStrategy, __name__)])

@@ -1,4 +1,4 @@
-"""Legacy-API base class for personalized strategies (``flwr.server.strategy.Strategy``)."""
+"""The legacy-API strategy every method of this package runs on (``flwr.server.strategy.Strategy``)."""
 
 from __future__ import annotations
 
@@ -8,131 +8,155 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 from flwr.common import (
-    EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar,
-    ndarrays_to_parameters, parameters_to_ndarrays,
+    EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays,
 )
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flower_pfl.methods import ServerRule
-from flower_pfl.methods.base import evaluation_config
+from flower_pfl.client_step import SERVER_ROUND
+from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from .metrics import personalized_evaluate_metrics_legacy
-from .personalized import PersonalizedServer, TrainReplies, UpdateRejected, checked_payload as _payload, log_rejected, make_rule
+from .message.method_strategy import log_rejected
+from .metrics import personalized_evaluate_metrics_legacy, round_replies_metrics
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
+MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
 
 
-def collect_fit_results(
-    results: list[tuple[ClientProxy, FitRes]], failures: list[Any], server_round: int,
-    check: Callable[[list[np.ndarray]], torch.Tensor], check_payload: Callable[[Mapping[str, Any]], Any] | None = None,
-) -> TrainReplies:
-    """Check every ``FitRes``: its arrays pass ``check`` and, if given, its metrics (where a
-    client's extra bytes travel) pass ``check_payload``; rejected clients are logged and left out."""
-    batch = TrainReplies(failed=len(failures))
-    for proxy, res in results:
-        try:
-            vector = check(parameters_to_ndarrays(res.parameters))
-            if check_payload is not None:
-                batch.payloads.append(_payload(check_payload, res.metrics))
-        except UpdateRejected as err:
-            batch.rejected += 1
-            log_rejected(proxy.cid, server_round, str(err))
-            continue
-        batch.ids.append(proxy.cid)
-        batch.vectors.append(vector)
-        batch.metrics.append((res.num_examples, res.metrics))
-    return batch
+def client_id(proxy: ClientProxy) -> int | str:
+    """The client's node id (legacy proxies carry it as a string; the Message API as an int)."""
+    return int(proxy.cid) if proxy.cid.isdigit() else proxy.cid
 
 
-class PersonalizedStrategy(Strategy):
-    """Keeps one model per client (keyed by ``ClientProxy.cid``, the node id) on the server.
+class LegacyMethodStrategy(Strategy):
+    """A method's server step (``flower_pfl.server_step``) as a legacy strategy
+    (``configure_fit`` / ``aggregate_fit``).
 
-    ``configure_fit`` sends every sampled client its own model from the ``rule``
-    plus the solver settings (``on_fit_config_fn(round)`` merged with the rule's);
-    ``aggregate_fit`` checks and stores what comes back and returns no global
-    parameters. ``configure_evaluate`` sends every client its stored model.
+    ``initial_parameters`` is every client's starting model; give it as a ``state_dict`` (or any
+    name -> array mapping) so the server knows the parameters' names (layer-wise methods group by
+    them, FedAttn finds the biases by them); a ``Parameters`` object carries no names. Clients
+    receive and return the arrays in that order. ``on_fit_config_fn(round)`` (e.g. ``lr``,
+    ``local-steps``, ``batch-size``) goes to every participant together with the method's own
+    client settings and ``server-round``.
     """
 
-    #: the method's rule; subclasses set it, and their keyword arguments not listed here go to it
-    rule_class: type | None = None
+    OPTION_DOCS = {
+        "initial_parameters": "Every client's starting model: a state_dict (names kept) or Flower Parameters "
+                              "(no names; None: asked from one client).",
+        "clients_per_round": "Clients that train each round (None: ``fraction_fit`` of the available clients).",
+        "fraction_fit": "Fraction of the available clients that train when ``clients_per_round`` is None.",
+        "min_fit_clients": "Least number of clients that train when ``fraction_fit`` is used.",
+        "min_available_clients": "Clients to wait for before a round starts.",
+        "fraction_evaluate": "Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.",
+        "on_fit_config_fn": "Config sent with every training instruction, by round.",
+        "on_evaluate_config_fn": "Config sent with every evaluation instruction, by round.",
+        "evaluate_metrics_aggregation_fn": "Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).",
+        "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
+        "device": "Device of the server's models and aggregation.",
+    }
+    CONTRACT = (
+        "Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of "
+        "training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's "
+        "``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``."
+    )
 
     def __init__(
         self,
-        rule: ServerRule | None = None,
+        method: ServerStep,
         *,
-        initial_parameters: Parameters,
-        clients_per_round: int = 10,
+        initial_parameters: Parameters | Mapping[str, Any] | None = None,
+        clients_per_round: int | None = None,
+        fraction_fit: float = 1.0,
+        min_fit_clients: int = 1,
         min_available_clients: int = 2,
         fraction_evaluate: float = 1.0,
         on_fit_config_fn: ConfigFn | None = None,
         on_evaluate_config_fn: ConfigFn | None = None,
+        evaluate_metrics_aggregation_fn: MetricsFn | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
-        **rule_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.server = PersonalizedServer(make_rule(self.rule_class, rule, rule_kwargs), clients_per_round, seed=seed, device=device)
-        arrays = parameters_to_ndarrays(initial_parameters)
-        self.server.initialize({str(i): a for i, a in enumerate(arrays)})
-        self.initial_parameters = initial_parameters
+        self.server = MethodServer(method, clients_per_round, fraction_train=fraction_fit, min_train_clients=min_fit_clients,
+                                   seed=seed, device=device)
+        self.initial_parameters: Parameters | None = None
+        if initial_parameters is not None:
+            self._initialize(initial_parameters)
         self.min_available_clients = min_available_clients
         self.fraction_evaluate = fraction_evaluate
         self.on_fit_config_fn = on_fit_config_fn
         self.on_evaluate_config_fn = on_evaluate_config_fn
+        self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn or personalized_evaluate_metrics_legacy
 
     @property
-    def rule(self) -> ServerRule:
-        return self.server.rule
+    def method(self) -> ServerStep:
+        return self.server.method
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.rule}, clients_per_round={self.server.clients_per_round})"
+        return f"{type(self).__name__}({self.method})"
+
+    def _initialize(self, initial: Parameters | Mapping[str, Any]) -> None:
+        if isinstance(initial, Parameters):
+            arrays = parameters_to_ndarrays(initial)
+            named = {str(i): a for i, a in enumerate(arrays)}
+        else:
+            named = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in initial.items()}
+        self.server.initialize(named)
+        self.initial_parameters = ndarrays_to_parameters(list(named.values()))
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return self.initial_parameters
 
-    def _clients(self, client_manager: ClientManager) -> dict[str, ClientProxy]:
+    def _clients(self, client_manager: ClientManager) -> dict[Any, ClientProxy]:
         client_manager.wait_for(self.min_available_clients)
-        return client_manager.all()
+        return {client_id(proxy): proxy for proxy in client_manager.all().values()}
 
-    def _parameters(self, vector: torch.Tensor) -> Parameters:
-        return ndarrays_to_parameters(self.server.to_arrays(vector))
+    def _instructions(self, plan: list[Instruction], clients: Mapping[Any, ClientProxy], config: dict[str, Scalar],
+                      server_round: int, kind: type) -> list[tuple[ClientProxy, Any]]:
+        return [(clients[ins.client_id], kind(ndarrays_to_parameters(self.server.to_arrays(ins.model)),
+                                              {**config, **ins.config, SERVER_ROUND: server_round})) for ins in plan]
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        if not self.server.initialized:
+            self._initialize(parameters)
         clients = self._clients(client_manager)
-        plan = self.server.plan_training(clients)
-        config: dict[str, Scalar] = dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {}
-        log(INFO, "configure_fit: %d clients train, %d of them on a new personalized model",
-            len(plan), min(self.server.clients_per_round, len(plan)))
-        return [(clients[ins.client_id], FitIns(self._parameters(ins.model), {**config, **ins.config, "server-round": server_round}))
-                for ins in plan]
+        plan = self.server.plan_training(server_round, clients)
+        log(INFO, "configure_fit: %d clients train", len(plan))
+        config = dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {}
+        return self._instructions(plan, clients, config, server_round, FitIns)
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[tuple[ClientProxy, FitRes] | BaseException]
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        batch = collect_fit_results(results, failures, server_round, self.server.check_update)
-        self.server.commit(batch.ids, batch.vectors)
-        return None, dict(batch.metrics_dict())
+        batch = RoundReplies(failed=len(failures))
+        for proxy, res in results:
+            metrics = dict(res.metrics)
+            raw = RawReply(client_id(proxy), parameters_to_ndarrays(res.parameters), None, res.num_examples, metrics, metrics)
+            try:
+                batch.accepted.append(self.server.check(raw))
+            except UpdateRejected as err:
+                batch.rejected += 1
+                log_rejected(proxy.cid, server_round, str(err))
+        model = self.server.aggregate(server_round, batch.accepted)
+        parameters = None if model is None else ndarrays_to_parameters(self.server.to_arrays(model))
+        return parameters, dict(round_replies_metrics(batch))
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if self.fraction_evaluate <= 0:
+        if self.fraction_evaluate <= 0 or not self.server.initialized:
             return []
         clients = self._clients(client_manager)
-        ids = self.server.sample_fraction(clients, self.fraction_evaluate)
-        models = self.server.stored_models(ids)
-        config: dict[str, Scalar] = dict(self.on_evaluate_config_fn(server_round)) if self.on_evaluate_config_fn else {}
-        config.update(evaluation_config(self.rule))
-        config["server-round"] = server_round
-        return [(clients[cid], EvaluateIns(self._parameters(models[i]), dict(config))) for i, cid in enumerate(ids)]
+        plan = self.server.plan_evaluation(server_round, clients, self.fraction_evaluate)
+        config = dict(self.on_evaluate_config_fn(server_round)) if self.on_evaluate_config_fn else {}
+        return self._instructions(plan, clients, config, server_round, EvaluateIns)
 
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
     ) -> tuple[float | None, dict[str, Scalar]]:
         if not results:
             return None, {}
-        metrics = personalized_evaluate_metrics_legacy([(res.num_examples, {**res.metrics, "loss": res.loss}) for _, res in results])
+        metrics = self.evaluate_metrics_aggregation_fn([(res.num_examples, {**res.metrics, "loss": res.loss}) for _, res in results])
         return metrics.get("loss"), metrics
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:

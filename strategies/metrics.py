@@ -7,6 +7,7 @@ from typing import Iterable, Mapping
 from flwr.app import MetricRecord, RecordDict
 
 from flower_pfl.metrics import GLOBAL_ACCURACY, round_metrics
+from flower_pfl.server_step import RoundReplies
 
 ACCURACY, LOSS, NUM_EXAMPLES = "accuracy", "loss", "num-examples"
 
@@ -47,3 +48,11 @@ def weighted_train_metrics(results: list[tuple[int, Mapping[str, object]]]) -> d
     keys = {k for k in set.intersection(*(set(m) for _, m in results)) - {NUM_EXAMPLES}
             if all(_numeric(m[k]) for _, m in results)}
     return {k: float(sum(n * float(m[k]) for n, m in results) / total) for k in sorted(keys)}  # type: ignore[arg-type]
+
+
+def round_replies_metrics(batch: RoundReplies) -> dict[str, float]:
+    """A training round's metrics: the sample-weighted mean of the accepted clients' numeric metrics,
+    and how many clients were accepted, rejected and failed."""
+    out = weighted_train_metrics([(r.num_examples, r.metrics) for r in batch.accepted])
+    out.update({"clients-accepted": len(batch.accepted), "clients-rejected": batch.rejected, "clients-failed": batch.failed})
+    return out

@@ -1,13 +1,6 @@
-"""Server-side rules of the personalized methods: how the server turns the
-participants' stored models into the models it sends them, and which client
-solver settings go with them. Pure tensor code; the Flower wiring is in
-``strategies``.
+"""The methods of flower-pfl, one module each.
+
+Each module declares a method: its hyperparameters (defaults, run-config keys, allowed values,
+documentation), its server step and its client step (see ``base``). ``registry`` finds them;
+the run config, both Flower APIs' strategies and the ClientApp read the registry.
 """
-
-from .base import ServerRule
-from .fedacs import FedACSRule
-from .fedamp import FedAMPRule, HeurFedAMPRule
-from .fedmcsa import FedMCSARule
-from .local import LocalRule
-
-__all__ = ["FedACSRule", "FedAMPRule", "FedMCSARule", "HeurFedAMPRule", "LocalRule", "ServerRule"]

@@ -4,14 +4,25 @@ mixing), where ``w`` is the FedAvg model."""
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..solvers import LocalResult, MinibatchStream, trainable
+from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, stored
+from ..layout import flatten_module, load_flat_
+from ..params import NON_NEGATIVE, UNIT_INTERVAL, param
+from ..server_step import GlobalModelStep, Settings
+from ..solvers import trainable
+from .base import Method
 
 #: config keys: run APFL with this α step (training); evaluate the mixture (evaluation); α's start value
 ALPHA_LR, EVALUATE_MIXED, ALPHA_INIT = "apfl-alpha-lr", "apfl-mixed", "apfl-alpha-init"
+#: client-state key: the personal model (flat) and α
+PERSONAL_STATE = "apfl-personal"
 
 
 class Mixture(nn.Module):
@@ -26,34 +37,87 @@ class Mixture(nn.Module):
         return self.alpha * self.personal(x) + (1 - self.alpha) * self.global_model(x)
 
 
-def apfl_local_sgd(global_model: nn.Module, personal: nn.Module, alpha: float, x: torch.Tensor, y: torch.Tensor, *,
-                   steps: int, lr: float, alpha_lr: float, batch_size: int, generator: torch.Generator,
-                   ) -> tuple[LocalResult, float]:
-    """``steps`` APFL steps on fresh minibatches (Algorithm 1), in place on both models:
-    ``w ← w − η ∇f(w)``; with the mixture's loss ``f(α v(x) + (1 − α) w(x))`` at the same minibatch and
-    the step's starting ``w`` (held fixed), ``v ← v − η ∇_v`` and ``α ← clip(α − η_α ∂/∂α, 0, 1)``. Returns the result (the global model's mean loss) and the new α."""
-    if alpha_lr < 0 or not 0 <= alpha <= 1:
-        raise ValueError("APFL needs alpha_lr >= 0 and 0 <= alpha <= 1")
-    w_params, v_params = trainable(global_model), trainable(personal)
-    stream = MinibatchStream(len(y), batch_size, generator)
-    global_model.train()
-    personal.train()
-    total = 0.0
-    for _ in range(steps):
-        idx = stream.next()
-        out_w = global_model(x[idx])
-        loss = F.cross_entropy(out_w, y[idx])
+def _personal(model: nn.Module, state: ClientState | None) -> tuple[nn.Module, float] | None:
+    """The personal model and α kept in the client state (``None`` before the client's first round)."""
+    known = stored(state, PERSONAL_STATE)
+    if known is None:
+        return None
+    personal = copy.deepcopy(model)
+    load_flat_(personal, known[0].to(next(model.parameters()).device))
+    return personal, float(known[1][0])
+
+
+class APFLStep(ClientStep):
+    """APFL's client (Algorithm 1), per minibatch: ``w ← w − η ∇f(w)``; with the mixture's loss
+    ``f(α v(x) + (1 − α) w(x))`` at the same minibatch and the step's starting ``w`` (held fixed),
+    ``v ← v − η ∇_v`` and ``α ← clip(α − η_α ∂/∂α, 0, 1)``. The personal model starts as the first
+    global model the client receives, α as ``apfl-alpha-init``."""
+
+    key = ALPHA_LR
+    evaluation_key = EVALUATE_MIXED
+    needs_state = True
+    hookable = False
+
+    @classmethod
+    def wanted(cls, config: Mapping[str, Any]) -> bool:
+        return ALPHA_LR in config
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        known = _personal(model, state)
+        self.personal, self.alpha = known if known is not None else (copy.deepcopy(model), float(config[ALPHA_INIT]))
+        self.alpha_lr = float(config[ALPHA_LR])
+        if self.alpha_lr < 0 or not 0 <= self.alpha <= 1:
+            raise ValueError("APFL needs alpha_lr >= 0 and 0 <= alpha <= 1")
+
+    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
+        x, y = next_batch()
+        w_params, v_params = trainable(model), trainable(self.personal)
+        self.personal.train()
+        out_w = model(x)
+        loss = self.loss_fn(out_w, y)
         grads = torch.autograd.grad(loss, w_params)
         fixed = out_w.detach()  # the mixture uses w before its step (Algorithm 1)
         with torch.no_grad():
             for p, g in zip(w_params, grads):
                 p.sub_(lr * g)
-        a = torch.tensor(float(alpha), requires_grad=True)
-        mixed = F.cross_entropy(a * personal(x[idx]) + (1 - a) * fixed, y[idx])
+        a = torch.tensor(float(self.alpha), requires_grad=True)
+        mixed = self.loss_fn(a * self.personal(x) + (1 - a) * fixed, y)
         *v_grads, a_grad = torch.autograd.grad(mixed, [*v_params, a])
         with torch.no_grad():
             for p, g in zip(v_params, v_grads):
                 p.sub_(lr * g)
-        alpha = float(min(1.0, max(0.0, alpha - alpha_lr * float(a_grad))))
-        total += float(loss.detach())
-    return LocalResult(loss=total / max(steps, 1), steps=steps), alpha
+        self.alpha = float(min(1.0, max(0.0, self.alpha - self.alpha_lr * float(a_grad))))
+        return float(loss.detach())
+
+    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        keep(self.state, PERSONAL_STATE, [flatten_module(self.personal), torch.tensor([self.alpha], dtype=torch.float32)])
+        return {}
+
+    @classmethod
+    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
+                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
+        """The mixture of the personal model and the received global one (the received one before
+        the client's first round)."""
+        known = _personal(model, state)
+        return (Mixture(known[0], model, known[1]) if known is not None else model), {}
+
+
+@dataclass
+class APFL(Method, GlobalModelStep):
+    """APFL (Deng et al. 2020): FedAvg plus, on every client, a personal model and a mixing weight α
+    (stepped by its gradient and clipped to [0, 1]); clients evaluate ``α v(x) + (1 − α) w(x)``."""
+
+    name = "apfl"
+    strategy = "APFL"
+    client = APFLStep
+
+    alpha_init: float = param(0.5, key="apfl-alpha-init", must=UNIT_INTERVAL, doc="the mixing weight α a client starts with")
+    alpha_lr: float = param(0.02, key="apfl-alpha-lr", must=NON_NEGATIVE, doc="step of α (0 keeps it fixed)")
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {ALPHA_LR: self.alpha_lr, ALPHA_INIT: self.alpha_init}
+
+    def evaluation_config(self) -> Settings:
+        return {EVALUATE_MIXED: True}

@@ -1,45 +1,123 @@
-"""What every personalized method provides to the shared server plumbing."""
+"""What a method module declares, and the registry entries built from it.
+
+A method is one class in one module of this package: a dataclass whose fields are its
+hyperparameters (``flower_pfl.params.param``), whose base is its server step
+(``PersonalizedStep`` or ``GlobalModelStep``) and whose class attributes name it::
+
+    @dataclass
+    class FedFoo(Method, PersonalizedStep):
+        '''FedFoo (Someone et al.): one line on what it does.'''
+        name = "fedfoo"                 # run-config ``method``
+        strategy = "FedFoo"             # class in ``strategies`` and ``strategies.message``
+        client = Proximal               # its client step (``flower_pfl.client_step``)
+        tau: float = param(1.0, key="fedfoo-tau", doc="...", must=POSITIVE)
+
+        def personalize(self, models, layout): ...
+
+Nothing else needs editing: the registry (``flower_pfl.methods.registry``) finds the class,
+the run config gains ``fedfoo-tau``, both Flower APIs gain ``FedFoo`` with a typed,
+documented constructor, and the package's ClientApp runs its client step.
+"""
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping
 
-import torch
-
-from ..layout import ParamLayout
-
-#: Config key of the proximal weight mu in ``min f_i(w) + mu/2 ||w - w_received||^2``
-#: (the key Flower's Message-API FedProx uses; its legacy FedProx uses ``proximal_mu``).
-PROXIMAL_MU = "proximal-mu"
-
-#: Config key saying which model the proximal term pulls toward. Absent: the received
-#: model. ``ANCHOR_SET``: the received model, and the client remembers it (client state).
-#: ``ANCHOR_KEEP``: the model the client remembered last (FedMCSA's W_local for clients
-#: that were not sampled this round; Algorithm 1, lines 8-14).
-ANCHOR, ANCHOR_SET, ANCHOR_KEEP = "anchor", "set", "keep"
+from ..client_step import ClientStep
+from ..params import ParamSpec, check_params, param_specs
 
 
-class ServerRule(Protocol):
-    """A method's server step and client settings."""
+class Method:
+    """Class-level facts of a method (mixed into its server step)."""
+
+    #: run-config ``method`` value
+    name: ClassVar[str]
+    #: class name in ``strategies`` and ``strategies.message``
+    strategy: ClassVar[str]
+    #: the client step its clients run
+    client: ClassVar[type[ClientStep]] = ClientStep
+    #: other run-config ``method`` values this class runs, with the constructor arguments they fix
+    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: participants per round when a strategy is built without ``clients_per_round``
+    #: (``None``: Flower's ``fraction_train``, all nodes by default)
+    default_clients_per_round: ClassVar[int | None] = None
+    #: README table: the method's group (papers this package implements, or baselines)
+    group: ClassVar[str] = "baseline"
+
+    def __post_init__(self) -> None:
+        check_params(self)
+
+    @classmethod
+    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        """A check across run-config keys (``options``: the whole run config): ``(key, what it must
+        be)`` when the combination is invalid, else ``None``."""
+        return None
+
+    @classmethod
+    def summary(cls) -> str:
+        """The docstring's first paragraph, on one line."""
+        return " ".join(inspect.getdoc(cls).split("\n\n")[0].split())  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class FlowerMethod:
+    """A method Flower ships (FedAvg, FedProx, FedAvgM, FedAdam): the package only maps run-config
+    keys to its constructor (``strategies`` and ``strategies.message`` re-export Flower's class)."""
 
     name: str
-    #: True: every client trains every round; those not sampled continue from their own
-    #: model (FedMCSA's Algorithm 1). False: only the sampled clients train.
-    all_clients_train: bool
+    strategy: str
+    summary_text: str
+    params: tuple[ParamSpec, ...] = ()
+    #: constructor arguments from the run config (kebab-case keys)
+    arguments: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda options: {}
 
-    def personalize(
-        self, models: torch.Tensor, layout: ParamLayout
-    ) -> tuple[torch.Tensor, Mapping[str, torch.Tensor] | None]:
-        """Models to send and the ``(m, m)`` attention weights by component (``None`` if the
-        method has none), from the ``(m, d)`` stored models of the round's participants."""
-        ...
+    group: ClassVar[str] = "flower"
 
-    def client_config(self) -> dict[str, float | int | str]:
-        """Solver settings sent with every training instruction."""
-        ...
+    def summary(self) -> str:
+        return self.summary_text
 
 
-def evaluation_config(rule: object) -> dict:
-    """Settings a rule sends with evaluation instructions (optional; most rules have none)."""
-    method = getattr(rule, "evaluation_config", None)
-    return dict(method()) if method is not None else {}
+@dataclass(frozen=True)
+class Entry:
+    """One value of the run config's ``(method, aggregation)``: which strategy runs it, and how its
+    constructor arguments come from the run config."""
+
+    method: str
+    aggregation: str
+    declaration: Any  #: the ``Method`` class or ``FlowerMethod`` behind it
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    #: custom mapping from the run config to constructor arguments (default: every declared
+    #: parameter from its run-config key, then ``fixed``)
+    custom: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    summary_text: str = ""
+
+    @property
+    def label(self) -> str:
+        """``fedavg``, or ``fedavg+mcsa`` for a non-default aggregation (the results folder's prefix)."""
+        return self.method if self.aggregation == "default" else f"{self.method}+{self.aggregation}"
+
+    @property
+    def strategy(self) -> str:
+        return self.declaration.strategy
+
+    @property
+    def builtin(self) -> bool:
+        """Run by Flower's own strategy class."""
+        return isinstance(self.declaration, FlowerMethod)
+
+    def params(self) -> list[ParamSpec]:
+        decl = self.declaration
+        return list(decl.params) if isinstance(decl, FlowerMethod) else param_specs(decl)
+
+    def arguments(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The strategy's method arguments for the run config ``options`` (kebab-case keys)."""
+        if self.custom is not None:
+            return self.custom(options)
+        if isinstance(self.declaration, FlowerMethod):
+            return {**self.declaration.arguments(options), **self.fixed}
+        return {**{s.name: options[s.key] for s in self.params() if s.key is not None and s.key in options}, **self.fixed}
+
+    def summary(self) -> str:
+        return self.summary_text or self.declaration.summary()

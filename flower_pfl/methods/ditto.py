@@ -3,28 +3,81 @@ model ``v_i`` trained on ``f_i(v) + λ/2 ||v − w||²`` toward the global model
 
 from __future__ import annotations
 
-from typing import Sequence
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
-import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..client_step import PROXIMAL_MU, Batch, ClientState, ClientStep, LossFn, Proximal, TrainData, keep, stored
 from ..layout import flatten_module, load_flat_
-from ..solvers import LocalResult, local_sgd
+from ..params import NON_NEGATIVE, param
+from ..server_step import GlobalModelStep, Settings
+from .base import Method
 
-#: config key: Ditto's lambda (its presence makes the client run Ditto and evaluate its personal model)
+#: config key: Ditto's λ (its presence makes the client run Ditto, and evaluate its personal model)
 LAMBDA = "ditto-lambda"
+#: client-state key of the personal model (flat)
+PERSONAL_STATE = "ditto-personal"
 
 
-def ditto_personal_step(model: nn.Module, personal: torch.Tensor | None, received: Sequence[torch.Tensor], x: torch.Tensor,
-                        y: torch.Tensor, *, lam: float, steps: int, lr: float, batch_size: int,
-                        generator: torch.Generator) -> tuple[LocalResult, torch.Tensor]:
-    """Train the personal model (flat ``personal``; ``None``: start from the received global model)
-    for ``steps`` proximal SGD steps toward ``received`` (Ditto's Algorithm 1, personal update),
-    using ``model`` as scratch space. Returns the result and the new flat personal model."""
-    if lam < 0:
-        raise ValueError(f"Ditto's lambda must be >= 0, got {lam}")
-    if personal is not None:
-        load_flat_(model, personal)
-    result = local_sgd(model, x, y, steps=steps, lr=lr, batch_size=batch_size, prox_mu=lam, anchor=received,
-                       generator=generator)
-    return result, flatten_module(model)
+class DittoStep(ClientStep):
+    """Ditto's client (Algorithm 1): per minibatch, a plain SGD step of the global model and a
+    proximal step of the personal model ``v`` toward the received global model; ``v`` starts as the
+    first global model the client receives and lives in the client state."""
+
+    key = evaluation_key = LAMBDA
+    needs_state = True
+    hookable = False
+
+    @classmethod
+    def wanted(cls, config: Mapping[str, Any]) -> bool:
+        return LAMBDA in config
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        lam = float(config[LAMBDA])
+        if lam < 0:
+            raise ValueError(f"Ditto's lambda must be >= 0, got {lam}")
+        self.personal = copy.deepcopy(model)
+        if (known := stored(state, PERSONAL_STATE)) is not None:
+            load_flat_(self.personal, known[0].to(next(model.parameters()).device))
+        self.personal_step = Proximal(self.personal, {PROXIMAL_MU: lam}, None, loss_fn)
+        self.personal_step.anchor = self.received  # the pull is toward the received global model
+
+    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
+        batch = next_batch()
+        self.personal_step.train_step(self.personal, lambda: batch, lr)
+        return ClientStep.train_step(self, model, lambda: batch, lr)
+
+    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        keep(self.state, PERSONAL_STATE, [flatten_module(self.personal)])
+        return {}
+
+    @classmethod
+    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
+                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
+        """The personal model (the received global one before the client's first round)."""
+        if (known := stored(state, PERSONAL_STATE)) is not None:
+            load_flat_(model, known[0].to(next(model.parameters()).device))
+        return model, {}
+
+
+@dataclass
+class Ditto(Method, GlobalModelStep):
+    """Ditto (Li et al. 2021): FedAvg plus a personal model on every client, trained toward the global
+    model with weight λ, kept in the client's state and evaluated."""
+
+    name = "ditto"
+    strategy = "Ditto"
+    client = DittoStep
+
+    lam: float = param(1.0, key="ditto-lambda", must=NON_NEGATIVE, doc="weight λ of the personal model's pull toward the global model")
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {LAMBDA: self.lam}
+
+    def evaluation_config(self) -> Settings:
+        return {LAMBDA: self.lam}

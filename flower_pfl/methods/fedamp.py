@@ -1,63 +1,76 @@
 """FedAMP and HeurFedAMP (Huang et al. 2021): attentive message passing between personalized models.
 
-Server: each participant gets ``u_i = sum_j xi_ij w_j`` (its "cloud model"). Client: local SGD on
-``f_i(w) + lam / (2 alpha_k) ||w - u_i||^2`` from ``u_i``, i.e. the proximal solver with
-``mu = lam / alpha_k`` toward the received model; its gradient is never zero while ``w != u_i``
-(the regularizer is built from live parameters, see ``solvers.proximal_term``).
+Server: each participant gets ``u_i = Σ_j ξ_ij w_j`` (its "cloud model"). Client: local SGD on
+``f_i(w) + λ/(2 α_k) ||w − u_i||²`` from ``u_i``, the proximal step with ``μ = λ / α_k`` toward the
+received model; its gradient is never zero while ``w ≠ u_i``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
 
 from ..attention import fedamp_weights, heuristic_fedamp_weights
+from ..client_step import PROXIMAL_MU, Proximal
 from ..layout import ParamLayout
-from .base import PROXIMAL_MU
+from ..params import POSITIVE, UNIT_INTERVAL, param
+from ..server_step import PersonalizedStep, Settings, all_clients_train_param
+from .base import Method
 
 
 @dataclass
-class FedAMPRule:
-    """FedAMP: ``xi_ij = alpha_k exp(-||w_i - w_j||^2 / sigma) / sigma`` (``j != i``), self weight the rest.
+class FedAMP(Method, PersonalizedStep):
+    """FedAMP (Huang et al. 2021): each participant gets ``u_i = Σ_j ξ_ij w_j`` with distance-based
+    weights and trains with a proximal term toward it.
 
-    ``alpha_k``: the server step (it scales the weights and divides the client's ``lam``);
-    ``sigma``: the distance scale; ``lam``: the regularization weight. The client's proximal weight
-    is ``lam / alpha_k``; keep ``lr * lam / alpha_k`` well under 2 or local SGD diverges.
+    ``ξ_ij = α_k exp(−||w_i − w_j||² / σ) / σ`` for ``j ≠ i``, the self weight the rest; the client's
+    proximal weight is ``λ / α_k`` (keep ``lr · λ / α_k`` well under 2 or local SGD diverges).
     """
 
-    alpha_k: float = 0.05
-    sigma: float = 1.0
-    lam: float = 1.0
-    all_clients_train: bool = False
-    name: str = field(default="fedamp", init=False)
+    name = "fedamp"
+    strategy = "FedAMP"
+    client = Proximal
+    default_clients_per_round = 10
 
-    def __post_init__(self) -> None:
-        for key in ("alpha_k", "sigma", "lam"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
+    alpha_k: float = param(0.05, key="fedamp-alpha-k", must=POSITIVE,
+                           doc="server step α_k (scales the weights; the client's proximal weight is λ / α_k)")
+    sigma: float = param(1.0, key="fedamp-sigma", must=POSITIVE, doc="distance scale σ of ξ_ij = α_k exp(−||w_i − w_j||² / σ) / σ")
+    lam: float = param(1.0, key="fedamp-lambda", must=POSITIVE, doc="regularization weight λ")
+    all_clients_train: bool = all_clients_train_param()
+
+    @classmethod
+    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        """No self weight may turn negative: ``(m − 1) α_k / σ ≤ 1`` for ``m`` participants."""
+        others = options["clients-per-round"] - 1
+        if others * options["fedamp-alpha-k"] / options["fedamp-sigma"] > 1:
+            return "fedamp-alpha-k", (f"at most fedamp-sigma / (clients-per-round - 1) = {options['fedamp-sigma'] / others:.4g}, "
+                                      "so no self weight can turn negative")
+        return None
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         weights = fedamp_weights(models, self.alpha_k, self.sigma)
         return weights @ models, {"model": weights}
 
-    def client_config(self) -> dict[str, float | int | str]:
+    def train_config(self) -> Settings:
         return {PROXIMAL_MU: self.lam / self.alpha_k}
 
 
 @dataclass
-class HeurFedAMPRule(FedAMPRule):
-    """HeurFedAMP: cosine similarity instead of distance, ``xi_ij`` proportional to
-    ``exp(sigma cos(w_i, w_j))`` over ``j != i``, a fixed ``self_weight``."""
+class HeurFedAMP(FedAMP):
+    """HeurFedAMP (Huang et al. 2021): FedAMP with cosine-similarity weights, ``ξ_ij ∝ exp(σ cos(w_i, w_j))``
+    over ``j ≠ i``, and a fixed self weight."""
 
-    sigma: float = 10.0
-    self_weight: float = 0.3
-    name: str = field(default="heurfedamp", init=False)
+    name = "heurfedamp"
+    strategy = "HeurFedAMP"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0.0 <= self.self_weight <= 1.0:
-            raise ValueError(f"self_weight must be in [0, 1], got {self.self_weight}")
+    sigma: float = param(10.0, key="heurfedamp-sigma", must=POSITIVE, doc="scale σ of ξ_ij ∝ exp(σ cos(w_i, w_j))")
+    self_weight: float = param(0.3, key="heurfedamp-self-weight", must=UNIT_INTERVAL, doc="fixed self weight ξ_ii")
+
+    @classmethod
+    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        return None
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         weights = heuristic_fedamp_weights(models, self.sigma, self.self_weight)

@@ -14,14 +14,21 @@ personalized, per client, by a trainable attention over its nearest clients' bia
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..client_step import Batch, ClientState, ClientStep, LossFn, setting
 from ..layout import ParamLayout
-from ..solvers import LocalResult, local_sgd, proximal_term, trainable
+from ..params import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
+from ..server_step import GlobalModelStep, Reply, Settings, weighted_mean
+from ..solvers import trainable
+from ..wire import decode_flat, decode_vector, encode_vector
+from .base import Method
 
 #: config keys: run FedAttn's client step, the bias regularization weight, the global biases (bytes)
 FEDATTN, BIAS_REG, GLOBAL_BIASES = "fedattn", "fedattn-bias-reg", "fedattn-global-biases"
@@ -31,12 +38,14 @@ REPRESENTATION, BIAS_GRADIENT = "fedattn-representation", "fedattn-bias-gradient
 FAISS_MIN_WORK = 100_000
 
 
+def is_bias(name: str) -> bool:
+    """The personalized part ``M``: parameters named ``*bias``, the same rule on the server and the client."""
+    return name.endswith("bias")
+
+
 def bias_mask(layout: ParamLayout) -> torch.Tensor:
-    """Which entries of a flat parameter vector are biases (the personalized part ``M``): the
-    tensors named ``*bias``; without such names (legacy Flower sends none), the 1-D tensors."""
-    named = any(name.endswith("bias") for name in layout.names)
-    flags = [name.endswith("bias") if named else len(shape) == 1 for name, shape in zip(layout.names, layout.shapes)]
-    parts = [torch.full((math.prod(shape),), flag) for flag, shape in zip(flags, layout.shapes)]
+    """Which entries of a flat parameter vector are biases (tensors named ``*bias``)."""
+    parts = [torch.full((math.prod(shape),), is_bias(name)) for name, shape in zip(layout.names, layout.shapes)]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
 
 
@@ -111,41 +120,168 @@ def last_layer_input(model: nn.Module, x: torch.Tensor, batch_size: int = 4096) 
     return total / seen
 
 
-def fedattn_local_sgd(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    generator: torch.Generator,
-    bias_reg: float = 0.0,
-    global_biases: Sequence[torch.Tensor] | None = None,
-) -> tuple[LocalResult, torch.Tensor, torch.Tensor]:
-    """Local SGD on ``(G, M̃_i)`` (Algorithm 1, localSolver), in place; optional stabiliser
-    ``bias_reg / 2 · ||b − b_G||²`` toward the global model's biases.
+class FedAttnStep(ClientStep):
+    """FedAttn's client (Algorithm 1, localSolver): local SGD on ``(G, M̃_i)`` with the optional
+    stabiliser ``ρ/2 ||b − b_G||²`` toward the global biases (gradient ``ρ (b − b_G)``). ``finish``
+    returns ``Z_i`` (after training) and the gradient with respect to the received biases as the
+    mean gradient over the steps, ``(M̃_i − M_i) / (η T)`` (exact for ``T = 1``; the same
+    pseudo-gradient FedAvg uses for ``G``), flat in parameter order."""
 
-    Returns the result, ``Z_i^{t+1}`` (after training) and the gradient with respect to the received
-    biases, as the mean gradient over the steps: ``(M̃_i − M_i^{t+1}) / (η T)`` (exact for ``T = 1``;
-    the same pseudo-gradient FedAvg uses for ``G``), flat in parameter order.
-    """
-    if bias_reg < 0:
-        raise ValueError(f"bias_reg must be >= 0, got {bias_reg}")
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    params = trainable(model)
-    biases = [p for n, p in zip(names, params) if n.endswith("bias")]
-    received = [b.detach().clone() for b in biases]
-    regularizer = None
-    if bias_reg > 0:
-        if global_biases is None or len(global_biases) != len(biases):
-            raise ValueError("bias regularization needs the global model's biases, one tensor per bias")
-        anchor = [g.to(b.device).view_as(b) for g, b in zip(global_biases, biases)]
-        bias_ids = {id(b) for b in biases}
+    key = FEDATTN
+    needs_plain_sgd = True
 
-        def regularizer(ps: list[torch.Tensor]) -> torch.Tensor:
-            return bias_reg * proximal_term([p for p in ps if id(p) in bias_ids], anchor)
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        self.is_bias = [is_bias(n) for n, p in model.named_parameters() if p.requires_grad]
+        self.reg = float(config.get(BIAS_REG, 0.0))
+        if self.reg < 0:
+            raise ValueError(f"bias_reg must be >= 0, got {self.reg}")
+        biases = [r for r, b in zip(self.received, self.is_bias) if b]
+        self.global_biases = decode_vector(setting(config, GLOBAL_BIASES, "FedAttn"), biases) if self.reg > 0 else biases
 
-    result = local_sgd(model, x, y, steps=steps, lr=lr, batch_size=batch_size, generator=generator, regularizer=regularizer)
-    gradient = torch.cat([(r - b.detach()).flatten() for r, b in zip(received, biases)]) / (lr * steps)
-    return result, last_layer_input(model, x), gradient
+    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+        if self.reg <= 0:
+            return []
+        anchors = iter(self.global_biases)
+        return [self.reg * (p - next(anchors).to(device=p.device, dtype=p.dtype)) if b else None
+                for p, b in zip(trainable(model), self.is_bias)]
+
+    def finish(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
+        if inputs is None:
+            raise ValueError("FedAttn's client reports a representation of its training inputs: pass them to finish()")
+        if self.steps < 1:
+            raise ValueError("FedAttn's bias gradient needs at least one step")
+        x = inputs if isinstance(inputs, torch.Tensor) else torch.cat([b[0] if isinstance(b, (tuple, list)) else b for b in inputs])
+        device = self.received[0].device
+        gradient = torch.cat([(r - p.detach()).flatten() for r, p, b in zip(self.received, trainable(model), self.is_bias) if b])
+        return {REPRESENTATION: encode_vector(last_layer_input(model, x.to(device))),
+                BIAS_GRADIENT: encode_vector(gradient / (self.lr * self.steps))}
+
+
+@dataclass
+class _Sent:
+    """What produced a client's ``M̃_i`` this round (to back-propagate its gradient later)."""
+
+    query: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass
+class FedAttn(Method, GlobalModelStep):
+    """FedAttn (Luo, Panchal, Guan): a global model by FedAvg, each client's biases personalized by
+    attention over its k nearest clients (Algorithm 1). Clients return ``fedattn-representation``
+    and ``fedattn-bias-gradient`` (float32 bytes) with their model; a client without a
+    representation yet (it has not trained) gets the global biases."""
+
+    name = "fedattn"
+    strategy = "FedAttn"
+    client = FedAttnStep
+    group = "paper"
+
+    k: int = param(5, key="fedattn-k", must=AT_LEAST_ONE, doc="nearest clients attended over (itself included)")
+    d_k: int = param(16, key="fedattn-dk", must=AT_LEAST_ONE, doc="attention key size d_k")
+    attention_lr: float = param(0.01, key="fedattn-lr", must=POSITIVE, doc="SGD step of the attention module (W_Q, W_K, W_V)")
+    bias_reg: float = param(0.0, key="fedattn-bias-reg", must=NON_NEGATIVE,
+                            doc="stabiliser: clients add bias_reg/2 ||b − b_global||² (0 = as the paper)")
+    warmup_rounds: int = param(0, key="fedattn-warmup", must=NON_NEGATIVE_INT,
+                               doc="stabiliser: rounds of plain FedAvg before biases are personalized (0 = as the paper)")
+    learn_values: bool = param(True, key="fedattn-learn-values",
+                               doc="False keeps W_V = I, so personalized biases stay a convex mix of real ones (stabiliser)")
+    #: every client's last biases M_i and representation Z_i, the attention module and its optimizer
+    biases: dict[Hashable, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    representations: dict[Hashable, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    module: BiasAttention | None = field(default=None, init=False, repr=False)
+
+    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        super().setup(layout, initial, device, seed)
+        self.mask = bias_mask(layout)
+        if not self.mask.any():
+            raise ValueError(f"FedAttn personalizes the tensors named '*bias', and this model has none ({list(layout.names)}): "
+                             "give the strategy the initial model with its parameter names")
+        self.seed, self.round, self.d_z = seed, 0, 0
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._sent: dict[Hashable, _Sent] = {}
+
+    def begin_round(self, server_round: int) -> None:
+        self.round = server_round
+        self._sent.clear()
+
+    @property
+    def personalizing(self) -> bool:
+        return self.round > self.warmup_rounds and self.module is not None
+
+    def train_config(self, num_participants: int) -> Settings:
+        extras: Settings = {FEDATTN: True, BIAS_REG: self.bias_reg}
+        if self.bias_reg > 0:
+            extras[GLOBAL_BIASES] = encode_vector(self.model[self.mask])
+        return extras
+
+    def personalized_biases(self, client_id: Hashable) -> tuple[torch.Tensor, _Sent] | None:
+        """``M̃_i = Attention(Z_i, Z_N, M_N)`` over the ``k`` clients nearest to ``Z_i`` (Algorithm 1, lines 5-6)."""
+        if not self.personalizing or client_id not in self.representations:
+            return None
+        known = list(self.representations)
+        points = torch.stack([self.representations[c] for c in known])
+        query = self.representations[client_id]
+        idx = nearest_neighbours(points, query[None], self.k)[0]
+        sent = _Sent(query[None], points[idx][None], torch.stack([self.biases[known[i]] for i in idx.tolist()])[None])
+        with torch.no_grad():
+            out, _ = self.module(sent.query, sent.keys, sent.values)  # type: ignore[misc]
+        return out[0], sent
+
+    def client_model(self, client_id: Hashable, training: bool) -> torch.Tensor | None:
+        """``P_i = (G, M̃_i)`` (Algorithm 1, line 7); the global model while warming up or before
+        the client has a representation."""
+        made = self.personalized_biases(client_id)
+        if made is None:
+            return None
+        biases, sent = made
+        if training:
+            self._sent[client_id] = sent
+        model = self.model.clone()
+        model[self.mask] = biases
+        return model
+
+    def check_extras(self, extras: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Z_i`` (the size of the first client's) and ``∂L_i/∂M̃_i`` (one value per bias), all finite."""
+        for key in (REPRESENTATION, BIAS_GRADIENT):
+            if key not in extras:
+                raise ValueError(f"the reply lacks '{key}' (FedAttn)")
+        data = extras[REPRESENTATION]
+        size = self.d_z or (len(data) // 4 if isinstance(data, bytes) else 0)
+        z = decode_flat(data, size)
+        grad = decode_flat(extras[BIAS_GRADIENT], int(self.mask.sum()))
+        if size == 0 or not (torch.isfinite(z).all() and torch.isfinite(grad).all()):
+            raise ValueError("FedAttn's representation or bias gradient is empty or holds NaN or Inf")
+        self.d_z = size
+        return z, grad
+
+    def _ensure_module(self, d_z: int) -> None:
+        if self.module is None:
+            generator = torch.Generator().manual_seed(self.seed)
+            self.module = BiasAttention(d_z, int(self.mask.sum()), self.d_k, generator, self.learn_values)
+            self.optimizer = torch.optim.SGD([p for p in self.module.parameters() if p.requires_grad], lr=self.attention_lr)
+
+    def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
+        """``G``: FedAvg of the returned models (weighted by samples); each client's ``M_i`` and ``Z_i``
+        are stored; the attention takes one step on the gradients of the clients it personalized."""
+        ids = [r.client_id for r in replies]
+        stacked = torch.stack([r.model for r in replies])
+        new_global = weighted_mean(stacked, [r.num_examples for r in replies])
+        self._ensure_module(self.d_z)
+        trained = [i for i, cid in enumerate(ids) if cid in self._sent]
+        if trained:
+            sent = [self._sent[ids[i]] for i in trained]
+            attention_step(self.module, self.optimizer, torch.cat([s.query for s in sent]), torch.cat([s.keys for s in sent]),  # type: ignore[arg-type]
+                           torch.cat([s.values for s in sent]), torch.stack([replies[i].extras[1] for i in trained]))
+        for cid, model, reply in zip(ids, stacked, replies):
+            self.biases[cid] = model[self.mask].clone()
+            self.representations[cid] = reply.extras[0]
+        return new_global
+
+    def server_state(self) -> dict[str, Any]:
+        """The attention module and every client's biases and representation."""
+        return {"attention": self.module.state_dict() if self.module is not None else None,
+                "biases": dict(self.biases), "representations": dict(self.representations)}

@@ -2,55 +2,55 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
 from ..attention import layerwise_attention
-from ..layout import GROUPINGS, Grouping, ParamLayout
-from .base import PROXIMAL_MU
+from ..client_step import PROXIMAL_MU, Proximal
+from ..layout import GROUPINGS, ParamLayout
+from ..params import NON_NEGATIVE, POSITIVE, one_of, param
+from ..server_step import PersonalizedStep, Settings, all_clients_train_param
+from .base import Method
 
 
 @dataclass
-class FedMCSARule:
-    """Server: layer-wise attention over the participants' models (eqs. 6-8, Alg. 1 l. 2-5).
-    Client: proximal local SGD toward the received model with weight ``lam`` (eq. 9).
+class FedMCSA(Method, PersonalizedStep):
+    """FedMCSA (Guo et al.): layer-wise self-attention over the participants' personalized models,
+    and a proximal client step toward the model it receives.
 
-    ``grouping`` chooses the components: ``"tensor"`` (weight and bias separate, as
-    the authors' code) or ``"module"`` (one component per layer).
-    ``all_clients_train`` (Algorithm 1, lines 7-19): every client takes its R steps
-    every round; the sampled ones restart from their new W_i, the others continue
-    from their own model, anchored to the last W they received. Off by default: then
-    only the sampled clients train, Flower's usual partial participation.
+    Server (eqs. 6-8, Algorithm 1 lines 2-5): for every component ``l``,
+    ``w_{i,l} = Σ_k softmax_k(σ cos(θ_{i,l}, θ_{k,l})) θ_{k,l}`` over the round's participants.
+    Client (eq. 9): ``R`` SGD steps on ``f_i(Θ) + λ/2 ||Θ − W_i||²``, the anchor ``W_i`` fixed
+    for the round (sent as ``proximal-mu``).
     """
 
-    sigma: float = 50.0
-    lam: float = 5.0
-    grouping: Grouping = "tensor"
-    all_clients_train: bool = False
+    name = "fedmcsa"
+    strategy = "FedMCSA"
+    client = Proximal
+    group = "paper"
+    default_clients_per_round = 10
+
+    sigma: float = param(50.0, key="sigma", must=POSITIVE,
+                         doc="attention scale σ (eq. 7): → 0 gives the per-layer mean, large keeps each client's own layer")
+    lam: float = param(5.0, key="lam", must=NON_NEGATIVE, doc="proximal weight λ toward the received model (eq. 9)")
+    grouping: str = param("tensor", key="layer-grouping", must=one_of(*GROUPINGS),
+                          doc="components: 'tensor' (weight and bias apart, as the authors' code) or 'module' (one per layer)")
+    all_clients_train: bool = all_clients_train_param()
     #: mechanism transfer (the paper's Table 2, e.g. pFedMe+MCSA): another method's client settings
     #: in place of the proximal step, and the evaluation settings that go with them
-    client_settings: Mapping[str, Any] | None = None
-    evaluation_settings: Mapping[str, Any] | None = None
-    name: str = field(default="fedmcsa", init=False)
-
-    def __post_init__(self) -> None:
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {self.sigma}")
-        if not self.lam >= 0:
-            raise ValueError(f"lam must be >= 0, got {self.lam}")
-        if self.grouping not in GROUPINGS:
-            raise ValueError(f"grouping must be one of {GROUPINGS}, got {self.grouping!r}")
+    client_settings: Mapping[str, Any] | None = param(None, doc="another method's client settings in place of the proximal step (Table 2's transfers)")
+    evaluation_settings: Mapping[str, Any] | None = param(None, doc="evaluation settings that go with client_settings")
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Personalized models and each component's ``(m, m)`` attention weights."""
-        components = layout.components(self.grouping)
+        components = layout.components(self.grouping)  # type: ignore[arg-type]
         out, weights = layerwise_attention(models, [sl for _, sl in components], self.sigma)
         return out, {name: weights[l] for l, (name, _) in enumerate(components)}
 
-    def client_config(self) -> dict[str, float | int | str]:
+    def train_config(self) -> Settings:
         return dict(self.client_settings) if self.client_settings is not None else {PROXIMAL_MU: float(self.lam)}
 
-    def evaluation_config(self) -> dict[str, Any]:
+    def evaluation_config(self) -> Settings:
         return dict(self.evaluation_settings or {})

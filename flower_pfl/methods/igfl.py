@@ -1,23 +1,32 @@
 """IGFL (Huang, Shang et al.; paper 002): individual-and-group client correction (IGFL-C,
 Algorithm 2) and attention-based server aggregation (AFL / IGFL-S, Algorithm 3).
 
-Pure tensor functions; the deltas of a round's participants form one ``(m, d)`` matrix.
+The deltas of a round's participants form one ``(m, d)`` matrix.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Literal, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..solvers import LocalResult, like_params, run_steps, trainable
+from ..client_step import LOCAL_STEPS, ClientState, ClientStep, Batch, LossFn, keep, setting, stored
+from ..params import Rule, param
+from ..server_step import GlobalModelStep, Reply, Settings
+from ..solvers import like_params, trainable
+from ..wire import decode_vector, encode_vector
+from .base import Method
 
 AttentionMode = Literal["self", "global", "time"]
 ATTENTION_MODES: tuple[str, ...] = ("self", "global", "time")
 
 #: config keys of IGFL's training instructions: run IGFL-C, |S|, and Δw_ps as float32 bytes
 CORRECTION, PARTICIPANTS, GLOBAL_DELTA = "igfl-correction", "igfl-participants", "igfl-global-delta"
+#: client-state key of the client's last delta Δw_i^r
+DELTA_STATE = "igfl-delta"
 
 
 def afl_global_delta(deltas: torch.Tensor, previous: torch.Tensor | None, mode: AttentionMode) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,36 +70,87 @@ def corrected_step(grad: torch.Tensor, previous_delta: torch.Tensor, global_delt
     return delta_i + (delta_i - previous_delta / steps) / num_participants + global_delta / steps
 
 
-def igfl_local_sgd(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    previous_delta: Sequence[torch.Tensor] | None,
-    global_delta: Sequence[torch.Tensor] | None,
-    num_participants: int,
-    generator: torch.Generator,
-) -> LocalResult:
-    """IGFL-C (Algorithm 2, lines 3-7): ``T`` corrected steps, in place.
+class IGFLCorrection(ClientStep):
+    """IGFL-C (Algorithm 2, lines 3-7): exactly ``local-steps`` steps, each ``w ← w + Δ_I + Δ_G``,
+    realised as the gradient whose plain SGD step of size ``lr`` is ``Δ_I + Δ_G``. ``Δw_i^r`` is the
+    client's own last delta (client state; zero on its first participation), ``Δw_ps`` the server's
+    last global delta (sent as ``igfl-global-delta``). With ``|S| = 1`` and zero deltas this is plain
+    SGD with step ``2η``. ``finish`` keeps the new delta ``w^{r,T} − w_ps^r``."""
 
-    Per step: ``Δ_I = -η g_i(w)``, ``Δ_G = (Δ_I - Δw_i^r / T) / |S| + Δw_ps / T``,
-    ``w <- w + Δ_I + Δ_G``. ``previous_delta`` is the client's own last delta ``Δw_i^r``
-    and ``global_delta`` the server's last global delta ``Δw_ps``; ``None`` means zero
-    (a client's first participation, Algorithm 1's ``Δw_k^0 = 0``; the first round).
-    With ``|S| = 1`` and zero deltas this is plain SGD with step ``2η``.
+    key = CORRECTION
+    needs_state = needs_plain_sgd = True
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        prev = stored(state, DELTA_STATE)
+        self.previous = [torch.zeros_like(r) for r in self.received] if prev is None else like_params(prev, self.received, "last delta")
+        self.global_delta = like_params(decode_vector(setting(config, GLOBAL_DELTA, "IGFL-C"), self.received), self.received,
+                                        "global delta")
+        self.participants = int(setting(config, PARTICIPANTS, "IGFL-C"))
+        self.total_steps = int(setting(config, LOCAL_STEPS, "IGFL-C"))
+        if self.participants < 1:
+            raise ValueError("IGFL-C needs igfl-participants >= 1")
+
+    def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
+        self.steps += 1
+        lr = self.lr
+        with torch.no_grad():
+            for p, dp, dg in zip(trainable(model), self.previous, self.global_delta):
+                grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                p.grad = -corrected_step(grad, dp, dg, lr=lr, steps=self.total_steps, num_participants=self.participants) / lr
+
+    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        if self.steps != self.total_steps:
+            raise ValueError(f"IGFL-C's correction assumes local-steps = {self.total_steps} steps; {self.steps} were taken")
+        keep(self.state, DELTA_STATE, [p.detach() - r for p, r in zip(trainable(model), self.received)])
+        return {}
+
+
+@dataclass
+class IGFL(Method, GlobalModelStep):
+    """IGFL (Huang, Shang et al.): one global model; clients run IGFL-C (Algorithm 2) and the server
+    aggregates their deltas with attention (AFL, Algorithm 3).
+
+    The server keeps the global model's last update ``Δw_ps`` (sent for IGFL-C as
+    ``igfl-global-delta``) and every client's previous delta ``Δw_i^r`` (the query of time
+    attention). ``igfl-c`` averages the deltas (no attention); ``igfl-s`` has plain local SGD clients.
     """
-    if num_participants < 1:
-        raise ValueError("num_participants must be >= 1")
-    params = trainable(model)
-    zeros = [torch.zeros_like(p) for p in params]
-    prev = zeros if previous_delta is None else like_params(previous_delta, params, "previous delta")
-    glob = zeros if global_delta is None else like_params(global_delta, params, "global delta")
 
-    def step(ps: list[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-        for p, g, dp, dg in zip(ps, grads, prev, glob):
-            p.add_(corrected_step(g, dp, dg, lr=lr, steps=steps, num_participants=num_participants))
+    name = "igfl"
+    strategy = "IGFL"
+    client = IGFLCorrection
+    group = "paper"
+    variants = {"igfl-c": {"attention": None}, "igfl-s": {"client_correction": False}}
 
-    return run_steps(model, x, y, steps=steps, batch_size=batch_size, generator=generator, update=step)
+    attention: str | None = param("self", key="igfl-attention",
+                                  must=Rule(lambda v: v is None or v in ATTENTION_MODES, "one of self, global, time"),
+                                  doc="query of the server's attention: 'self', 'global', 'time', or None (the plain mean of the deltas, IGFL-C alone)")
+    client_correction: bool = param(True, doc="clients run IGFL-C (False: plain local SGD, IGFL-S alone)")
+    #: the server's last global delta Δw_ps and every client's previous delta Δw_i^r
+    global_delta: torch.Tensor | None = field(default=None, init=False, repr=False)
+    previous: dict[Hashable, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    def setup(self, layout: Any, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        super().setup(layout, initial, device, seed)
+        self.global_delta = torch.zeros(layout.dim)
+
+    def train_config(self, num_participants: int) -> Settings:
+        """IGFL-C's inputs (``Δw_ps`` is zero before the first update)."""
+        return {CORRECTION: self.client_correction, PARTICIPANTS: num_participants,
+                GLOBAL_DELTA: encode_vector(self.global_delta)}  # type: ignore[arg-type]
+
+    def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
+        """Algorithm 3, line 7: ``w_ps + Δ`` with ``Δ`` the attention-weighted (or mean) delta."""
+        ids = [r.client_id for r in replies]
+        deltas = torch.stack([r.model for r in replies]) - self.model
+        if self.attention is None:
+            update = deltas.mean(0)
+        else:
+            previous = torch.stack([self.previous.get(cid, torch.zeros_like(self.model)) for cid in ids])
+            update, weights = afl_global_delta(deltas, previous, self.attention)  # type: ignore[arg-type]
+            if weights.dim() == 2:  # client-by-client attention (self, time)
+                self.attention_weights.add(ids, {"model": weights})
+        self.previous.update(zip(ids, deltas))
+        self.global_delta = update
+        return self.model + update

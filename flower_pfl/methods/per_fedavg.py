@@ -3,43 +3,26 @@ adapts well after one local step; a client's personalized model is that one step
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..solvers import LocalResult, MinibatchStream, trainable
+from ..client_step import Batch, ClientState, ClientStep, TrainData
+from ..params import POSITIVE, param
+from ..server_step import GlobalModelStep, Settings
+from ..solvers import trainable
+from .base import Method
 
-#: config keys: Per-FedAvg's client step (its alpha, the adaptation step size); evaluate after one step
+#: config keys: Per-FedAvg's client step (its α, the adaptation step size); evaluate after one step
 ALPHA, ADAPT = "per-fedavg-alpha", "per-fedavg-adapt"
 
 
 def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], float]:
     loss = F.cross_entropy(model(x), y)
     return torch.autograd.grad(loss, trainable(model)), float(loss.detach())
-
-
-def per_fedavg_local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, alpha: float, beta: float,
-                         batch_size: int, generator: torch.Generator) -> LocalResult:
-    """``steps`` first-order MAML steps, in place: with fresh minibatches ``D``, ``D'``,
-    ``w_tmp = w − α ∇f(w; D)``, then ``w ← w − β ∇f(w_tmp; D')``."""
-    params = trainable(model)
-    stream = MinibatchStream(len(y), batch_size, generator)
-    model.train()
-    total = 0.0
-    for _ in range(steps):
-        start = [p.detach().clone() for p in params]
-        inner = stream.next()
-        grads, loss = _grads(model, x[inner], y[inner])
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.sub_(alpha * g)
-        outer = stream.next()
-        grads, _ = _grads(model, x[outer], y[outer])
-        with torch.no_grad():
-            for p, s, g in zip(params, start, grads):
-                p.copy_(s - beta * g)
-        total += loss
-    return LocalResult(loss=total / max(steps, 1), steps=steps)
 
 
 def adapt_one_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, alpha: float) -> None:
@@ -51,3 +34,55 @@ def adapt_one_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, alpha: fl
     with torch.no_grad():
         for p, g in zip(trainable(model), grads):
             p.sub_(alpha * g)
+
+
+class PerFedAvgStep(ClientStep):
+    """First-order MAML step on two fresh minibatches ``D``, ``D'``: ``w_tmp = w − α ∇f(w; D)``, then
+    ``w ← w − β ∇f(w_tmp; D')`` with ``β`` the instruction's ``lr``. Evaluation: one step of size α
+    on the training split."""
+
+    key = ALPHA
+    evaluation_key = ADAPT
+    hookable = False
+
+    @classmethod
+    def wanted(cls, config: Mapping[str, Any]) -> bool:
+        return ALPHA in config
+
+    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
+        alpha = float(self.config[ALPHA])
+        params = trainable(model)
+        start = [p.detach().clone() for p in params]
+        grads, loss = _grads(model, *next_batch())
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(alpha * g)
+        grads, _ = _grads(model, *next_batch())
+        with torch.no_grad():
+            for p, s, g in zip(params, start, grads):
+                p.copy_(s - lr * g)
+        return loss
+
+    @classmethod
+    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
+                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
+        adapt_one_step(model, train.x, train.y, float(config[ADAPT]))
+        return model, {}
+
+
+@dataclass
+class PerFedAvg(Method, GlobalModelStep):
+    """Per-FedAvg (Fallah et al. 2020), first order: FedAvg of MAML-trained models; each client's
+    personalized model is one step of size α on its training split (``lr`` is the outer step β)."""
+
+    name = "per-fedavg"
+    strategy = "PerFedAvg"
+    client = PerFedAvgStep
+
+    alpha: float = param(0.01, key="per-fedavg-alpha", must=POSITIVE, doc="inner (adaptation) step α; lr is the outer step β")
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {ALPHA: self.alpha}
+
+    def evaluation_config(self) -> Settings:
+        return {ADAPT: self.alpha}

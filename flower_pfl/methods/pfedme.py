@@ -9,18 +9,26 @@ The reference optimizer adds a hidden weight decay; there is none here.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..layout import ParamLayout
-from ..solvers import LocalResult, MinibatchStream, trainable
+from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, setting, stored
+from ..layout import ParamLayout, load_flat_
+from ..metrics import GLOBAL_ACCURACY
+from ..params import AT_LEAST_ONE, POSITIVE, Rule, param
+from ..server_step import GlobalModelStep, Reply, Settings, weighted_mean
+from ..solvers import trainable
+from .base import Method
 
 #: config keys: λ, the personalized step and K (training); evaluate θ_i and the global model (evaluation)
 LAMBDA, PERSONAL_LR, INNER_STEPS, EVALUATE_BOTH = "pfedme-lambda", "pfedme-personal-lr", "pfedme-inner-steps", "pfedme-pm-gm"
+#: client-state key of the personalized model θ_i (flat, the whole ``state_dict``)
+THETA_STATE = "pfedme-theta"
 
 
 def personalize(model: nn.Module, theta: Sequence[torch.Tensor], loss_of: Callable[[torch.Tensor], torch.Tensor],
@@ -38,32 +46,85 @@ def personalize(model: nn.Module, theta: Sequence[torch.Tensor], loss_of: Callab
     return [t.detach() for t in theta], loss.detach()
 
 
-def pfedme_local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float, batch_size: int,
-                     generator: torch.Generator, lam: float, personal_lr: float, inner_steps: int,
-                     ) -> tuple[LocalResult, list[torch.Tensor]]:
-    """pFedMe's client update, in place on ``model`` (the local ``w``). Returns the result (mean
-    loss of θ on its minibatches) and the last personalized model θ (one tensor per parameter)."""
-    if lam <= 0 or personal_lr <= 0 or inner_steps < 1:
-        raise ValueError("pFedMe needs lam > 0, personal_lr > 0 and inner_steps >= 1")
-    params = trainable(model)
-    theta = [p.detach().clone() for p in params]
-    stream = MinibatchStream(len(y), batch_size, generator)
-    model.train()
-    total = 0.0
-    for _ in range(steps):
-        idx = stream.next()
-        theta, loss = personalize(model, theta, lambda out: F.cross_entropy(out, y[idx]), x[idx], lam=lam,
-                                  personal_lr=personal_lr, inner_steps=inner_steps)
-        with torch.no_grad():
-            for w, t in zip(params, theta):
-                w.sub_(lr * lam * (w - t))
-        total += float(loss.detach())
-    return LocalResult(loss=total / max(steps, 1), steps=steps), [t.detach() for t in theta]
-
-
 def personalized_vector(model: nn.Module, theta: Sequence[torch.Tensor]) -> torch.Tensor:
     """The model with θ_i in place of its trainable parameters, as one flat float32 vector in
     ``state_dict`` order (what the client keeps to evaluate)."""
     state = dict(model.state_dict())
     state.update(zip((n for n, p in model.named_parameters() if p.requires_grad), theta))
     return ParamLayout.from_arrays(state).flatten(state.values())
+
+
+class PFedMeStep(ClientStep):
+    """pFedMe's client (Algorithm 1): per step, θ_i from ``K`` steps on the minibatch's
+    ``f(θ) + λ/2 ||θ − w||²``, then the gradient of ``w`` is ``λ (w − θ_i)`` (the model's own
+    gradient is discarded). ``finish`` keeps θ_i; evaluation reports θ_i's accuracy (PM) and the
+    received global model's (GM, ``global-accuracy``)."""
+
+    key = LAMBDA
+    evaluation_key = EVALUATE_BOTH
+    needs_plain_sgd = True
+
+    @classmethod
+    def wanted(cls, config: Mapping[str, Any]) -> bool:
+        return LAMBDA in config
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        self.lam = float(setting(config, LAMBDA, "pFedMe"))
+        self.personal_lr = float(setting(config, PERSONAL_LR, "pFedMe"))
+        self.inner_steps = int(setting(config, INNER_STEPS, "pFedMe"))
+        if self.lam <= 0 or self.personal_lr <= 0 or self.inner_steps < 1:
+            raise ValueError("pFedMe needs lam > 0, personal_lr > 0 and inner_steps >= 1")
+        self.theta = [r.clone() for r in self.received]
+
+    def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
+        if batch is None:
+            raise ValueError("pFedMe solves its inner problem on the minibatch: pass (x, y) to adjust_gradients")
+        x, y = batch
+        self.theta, loss = personalize(model, self.theta, lambda out: self.loss_fn(out, y), x, lam=self.lam,
+                                       personal_lr=self.personal_lr, inner_steps=self.inner_steps)
+        self.step_loss = float(loss)  # the loss pFedMe reports is θ's
+        self.steps += 1
+        with torch.no_grad():
+            for p, t in zip(trainable(model), self.theta):
+                p.grad = self.lam * (p - t)
+
+    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        keep(self.state, THETA_STATE, [personalized_vector(model, self.theta)])
+        return {}
+
+    @classmethod
+    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
+                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
+        extra = {GLOBAL_ACCURACY: test(model).accuracy}
+        if (theta := stored(state, THETA_STATE)) is not None:
+            load_flat_(model, theta[0].to(next(model.parameters()).device))
+        return model, extra
+
+
+@dataclass
+class PFedMe(Method, GlobalModelStep):
+    """pFedMe (Dinh et al. 2020): a global model ``w ← (1 − β) w + β · mean w_i`` (sample-weighted);
+    every client keeps its personalized θ_i (Moreau envelope) and reports the accuracy of θ_i (PM,
+    ``accuracy``) and of the global model (GM, ``global-accuracy``)."""
+
+    name = "pfedme"
+    strategy = "PFedMe"
+    client = PFedMeStep
+
+    beta: float = param(1.0, key="pfedme-beta", must=Rule(lambda v: 0 < v <= 2, "a number in (0, 2]"),
+                        doc="server mixing β: w ← (1 − β) w + β mean(w_i)")
+    lam: float = param(15.0, key="pfedme-lambda", must=POSITIVE, doc="regularization weight λ")
+    personal_lr: float = param(0.01, key="pfedme-personal-lr", must=POSITIVE, doc="step of the K inner steps that find θ_i")
+    inner_steps: int = param(5, key="pfedme-inner-steps", must=AT_LEAST_ONE, doc="K, the inner steps per local step")
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {LAMBDA: self.lam, PERSONAL_LR: self.personal_lr, INNER_STEPS: self.inner_steps}
+
+    def evaluation_config(self) -> Settings:
+        return {EVALUATE_BOTH: True}
+
+    def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
+        mean = weighted_mean(torch.stack([r.model for r in replies]), [r.num_examples for r in replies])
+        return (1 - self.beta) * self.model + self.beta * mean

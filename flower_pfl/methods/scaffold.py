@@ -2,47 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..solvers import LocalResult, like_params, run_steps, trainable
+from ..client_step import Batch, ClientState, ClientStep, LossFn, keep, setting, stored
+from ..params import POSITIVE, param
+from ..server_step import GlobalModelStep, Reply, Settings
+from ..solvers import like_params, trainable
+from ..wire import decode_flat, decode_vector, encode_vector
+from .base import Method
 
 #: config key of the server's control variate ``c``; reply key of the client's ``Δc_i`` (float32 bytes)
 CONTROL, CONTROL_DELTA = "scaffold-control", "scaffold-control-delta"
-
-
-def scaffold_local_sgd(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    c_global: Sequence[torch.Tensor],
-    c_local: Sequence[torch.Tensor],
-    generator: torch.Generator,
-) -> tuple[LocalResult, list[torch.Tensor], list[torch.Tensor]]:
-    """``K = steps`` steps ``y <- y - η (g(y) + c - c_i)`` from the received ``x``, in place.
-
-    Option II: ``c_i^+ = c_i - c + (x - y) / (K η)``. Returns the result, ``c_i^+`` and
-    ``Δc_i = c_i^+ - c_i`` (the client keeps ``c_i^+`` in its state and reports ``Δc_i``).
-    """
-    if steps < 1 or lr <= 0:
-        raise ValueError("SCAFFOLD needs steps >= 1 and lr > 0 (option II divides by K η)")
-    params = trainable(model)
-    start = [p.detach().clone() for p in params]
-    c, ci = like_params(c_global, params, "global control variate"), like_params(c_local, params, "local control variate")
-
-    def step(ps: list[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-        for p, g, cg, cl in zip(ps, grads, c, ci):
-            p.sub_(lr * (g + cg - cl))
-
-    result = run_steps(model, x, y, steps=steps, batch_size=batch_size, generator=generator, update=step)
-    new_ci = new_control(ci, c, start, params, steps=steps, lr=lr)
-    return result, new_ci, [n - o for n, o in zip(new_ci, ci)]
+#: client-state key of the client's control variate ``c_i``
+CONTROL_STATE = "scaffold-control"
 
 
 def new_control(c_local: Sequence[torch.Tensor], c_global: Sequence[torch.Tensor], start: Sequence[torch.Tensor],
@@ -57,3 +34,71 @@ def scaffold_server_update(
     """``x += η_g mean_i Δy_i``, ``c += (|S| / N) mean_i Δc_i`` (flat vectors; rows = participants)."""
     m = delta_y.shape[0]
     return x + lr_global * delta_y.mean(0), c + (m / num_clients) * delta_c.mean(0)
+
+
+class ScaffoldCorrection(ClientStep):
+    """SCAFFOLD's client, option II: ``K`` steps with gradient ``g + c − c_i`` from the received ``x``;
+    ``finish`` sets ``c_i ← c_i − c + (x − y) / (K η)`` (client state; zero before the first
+    participation) and returns ``Δc_i`` as ``scaffold-control-delta``."""
+
+    key = CONTROL
+    needs_state = needs_plain_sgd = True
+
+    @classmethod
+    def wanted(cls, config: Mapping[str, Any]) -> bool:
+        return CONTROL in config
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        c = decode_vector(setting(config, CONTROL, "SCAFFOLD"), self.received)
+        self.c_global = like_params(c, self.received, "global control variate")
+        ci = stored(state, CONTROL_STATE)
+        self.c_local = [torch.zeros_like(r) for r in self.received] if ci is None else like_params(ci, self.received, "control variate")
+
+    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+        return [cg - cl for cg, cl in zip(self.c_global, self.c_local)]
+
+    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        if self.steps < 1:
+            raise ValueError("SCAFFOLD's control variate needs at least one step")
+        new = new_control(self.c_local, self.c_global, self.received, trainable(model), steps=self.steps, lr=self.lr)
+        keep(self.state, CONTROL_STATE, new)
+        return {CONTROL_DELTA: encode_vector(torch.cat([(n - o).flatten() for n, o in zip(new, self.c_local)]))}
+
+
+@dataclass
+class SCAFFOLD(Method, GlobalModelStep):
+    """SCAFFOLD (Karimireddy et al. 2020), option II: the server sends its control variate ``c``
+    (``scaffold-control``, float32 bytes); each client keeps its ``c_i``, steps with ``g + c − c_i``
+    and returns ``Δc_i``. Server: ``x += η_g mean Δy_i``, ``c += (|S|/N) mean Δc_i`` with ``N`` the
+    connected clients."""
+
+    name = "scaffold"
+    strategy = "SCAFFOLD"
+    client = ScaffoldCorrection
+
+    server_learning_rate: float = param(1.0, must=POSITIVE, doc="global step size η_g (1 in the paper's experiments)")
+    control: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def setup(self, layout: Any, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        super().setup(layout, initial, device, seed)
+        self.control = torch.zeros(layout.dim)
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {CONTROL: encode_vector(self.control)}  # type: ignore[arg-type]
+
+    def check_extras(self, extras: Mapping[str, Any]) -> torch.Tensor:
+        """The client's ``Δc_i``: float32 bytes of the model's size, all finite."""
+        if CONTROL_DELTA not in extras:
+            raise ValueError(f"the reply lacks '{CONTROL_DELTA}' (SCAFFOLD's Δc_i)")
+        delta = decode_flat(extras[CONTROL_DELTA], self.layout.dim)
+        if not torch.isfinite(delta).all():
+            raise ValueError(f"'{CONTROL_DELTA}' holds NaN or Inf")
+        return delta
+
+    def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
+        delta_y = torch.stack([r.model for r in replies]) - self.model
+        new_x, self.control = scaffold_server_update(self.model, self.control, delta_y, torch.stack([r.extras for r in replies]),  # type: ignore[arg-type]
+                                                     max(self.num_clients, len(replies)), self.server_learning_rate)
+        return new_x

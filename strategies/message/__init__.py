@@ -1,16 +1,15 @@
-"""Strategies for Flower's Message API (``flwr.serverapp.strategy.Strategy``)."""
+"""Strategies for Flower's Message API (``flwr.serverapp.strategy.Strategy``): the twins of
+``strategies``' legacy classes, made from the same method declarations."""
 
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
-from .client_personalized import APFL, Ditto, PerFedAvg, PFedMe
-from .fedacs import FedACS
-from .fedamp import FedAMP, HeurFedAMP
-from .fedattn import FedAttn
-from .fedmcsa import FedMCSA
-from .global_model import GlobalModelStrategy
-from .igfl import IGFL
-from .local import Local
-from .personalized import PersonalizedStrategy
-from .scaffold import SCAFFOLD
+from ..declared import strategy_classes
+from .method_strategy import MethodStrategy
 
-__all__ = ["APFL", "Ditto", "FedACS", "FedAMP", "FedAttn", "HeurFedAMP", "FedAdam", "FedAvg", "FedAvgM", "FedMCSA", "FedProx", "GlobalModelStrategy", "IGFL", "Local", "PerFedAvg", "PFedMe", "PersonalizedStrategy", "SCAFFOLD"]
+globals().update(strategy_classes(MethodStrategy, __name__))
+
+#: the generic strategy, for a method instance of your own (``MethodStrategy(MyMethod(), ...)``)
+PersonalizedStrategy = GlobalModelStrategy = MethodStrategy
+
+__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "GlobalModelStrategy", "MethodStrategy", "PersonalizedStrategy",
+                  *strategy_classes(MethodStrategy, __name__)])

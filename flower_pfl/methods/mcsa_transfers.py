@@ -1,0 +1,36 @@
+"""FedMCSA's Table 2: its attention transferred to FedAvg and pFedMe, and FedMCSA without it.
+
+- ``fedavg`` + ``aggregation = mcsa``: FedMCSA's layer-wise attention over per-client models with
+  FedAvg's plain local SGD (FedMCSA with λ = 0);
+- ``pfedme`` + ``mcsa``: the same attention with pFedMe's client step and evaluation (PM and GM);
+- ``fedmcsa`` + ``mean`` (FedMCSA^-MCSA): FedMCSA's proximal client toward the plain average,
+  i.e. Flower's FedProx with μ = λ.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .base import Entry
+from .fedmcsa import FedMCSA
+from .flower_baselines import FEDPROX
+from .pfedme import PFedMe
+
+
+def _mcsa(options: Mapping[str, Any]) -> dict[str, Any]:
+    return Entry("fedmcsa", "default", FedMCSA).arguments(options)
+
+
+def _pfedme_mcsa(options: Mapping[str, Any]) -> dict[str, Any]:
+    pfedme = PFedMe(**Entry("pfedme", "default", PFedMe).arguments(options))
+    return {**_mcsa(options), "client_settings": pfedme.train_config(0), "evaluation_settings": pfedme.evaluation_config()}
+
+
+ENTRIES = [
+    Entry("fedavg", "mcsa", FedMCSA, fixed={"lam": 0.0},
+          summary_text="FedAvg+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with FedAvg's plain local SGD (λ = 0)."),
+    Entry("pfedme", "mcsa", FedMCSA, custom=_pfedme_mcsa,
+          summary_text="pFedMe+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with pFedMe's client step and evaluation."),
+    Entry("fedmcsa", "mean", FEDPROX, custom=lambda o: {"proximal_mu": o["lam"]},
+          summary_text="FedMCSA−MCSA (FedMCSA's Table 2): the plain average instead of the attention, i.e. FedProx with μ = λ (lam)."),
+]

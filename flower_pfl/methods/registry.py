@@ -1,0 +1,114 @@
+"""The methods of this package, found by looking: every ``Method`` class in a module of
+``flower_pfl.methods`` and every entry in a module's ``ENTRIES`` list. The run config,
+the strategy factory, both Flower APIs' strategy classes, the ClientApp's dispatch, the
+README table and the tests read this; none lists method names by hand."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import lru_cache
+from typing import Any, Mapping
+
+from ..client_step import ClientStep, Proximal
+from ..params import ParamSpec
+from .base import Entry, FlowerMethod, Method
+
+_GROUPS = ("paper", "baseline", "flower")
+
+
+@lru_cache(maxsize=1)
+def _modules() -> tuple[Any, ...]:
+    package = importlib.import_module("flower_pfl.methods")
+    names = sorted(info.name for info in pkgutil.iter_modules(package.__path__) if info.name not in ("base", "registry"))
+    return tuple(importlib.import_module(f"flower_pfl.methods.{name}") for name in names)
+
+
+@lru_cache(maxsize=1)
+def method_classes() -> tuple[type[Method], ...]:
+    """Every method class (one per strategy class of this package), papers first."""
+    found = [obj for module in _modules() for obj in vars(module).values()
+             if isinstance(obj, type) and issubclass(obj, Method) and obj.__module__ == module.__name__ and "name" in vars(obj)]
+    return tuple(sorted(found, key=lambda c: (_GROUPS.index(c.group), c.name)))
+
+
+@lru_cache(maxsize=1)
+def entries() -> tuple[Entry, ...]:
+    """Every ``(method, aggregation)`` the run config accepts, papers first."""
+    out: list[Entry] = []
+    for cls in method_classes():
+        out.append(Entry(cls.name, "default", cls))
+        out.extend(Entry(name, "default", cls, fixed) for name, fixed in cls.variants.items())
+    for module in _modules():
+        out.extend(getattr(module, "ENTRIES", ()))
+    seen: set[tuple[str, str]] = set()
+    for e in out:
+        if (e.method, e.aggregation) in seen:
+            raise RuntimeError(f"method {e.label} is declared twice")
+        seen.add((e.method, e.aggregation))
+    order = {cls: i for i, cls in enumerate(method_classes())}
+    return tuple(sorted(out, key=lambda e: (_GROUPS.index(e.declaration.group), e.aggregation != "default",
+                                            order.get(e.declaration, len(order)), e.method)))
+
+
+def methods() -> tuple[str, ...]:
+    """The run config's ``method`` values."""
+    return tuple(dict.fromkeys(e.method for e in entries()))
+
+
+def aggregations() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(["default", *(e.aggregation for e in entries())]))
+
+
+def entry(method: str, aggregation: str = "default") -> Entry:
+    for e in entries():
+        if (e.method, e.aggregation) == (method, aggregation):
+            return e
+    raise KeyError(f"no method {method!r} with aggregation {aggregation!r}")
+
+
+@lru_cache(maxsize=1)
+def option_specs() -> dict[str, ParamSpec]:
+    """Every method hyperparameter the run config carries, by run-config key. Methods that share a
+    key (``all-clients-train``, ``fedamp-lambda``) must agree on its default and type."""
+    out: dict[str, ParamSpec] = {}
+    for e in entries():
+        for spec in e.params():
+            if spec.key is None:
+                continue
+            known = out.setdefault(spec.key, spec)
+            if (known.default, known.type) != (spec.default, spec.type):
+                raise RuntimeError(f"run-config key '{spec.key}' is declared with two defaults or types "
+                                   f"({known.default!r}, {spec.default!r})")
+    return out
+
+
+@lru_cache(maxsize=1)
+def client_steps() -> tuple[type[ClientStep], ...]:
+    """The client steps a training instruction can ask for by its config key."""
+    steps = {cls.client for cls in method_classes()}
+    return tuple(sorted((s for s in steps if s.key is not None), key=lambda s: s.key))  # type: ignore[arg-type, return-value]
+
+
+def client_step_for(config: Mapping[str, Any]) -> type[ClientStep]:
+    """The client step a training instruction asks for: the one whose key it carries, else the
+    proximal step when it sets a proximal weight, else plain local SGD."""
+    wanted = [s for s in client_steps() if s.wanted(config)]
+    if len(wanted) > 1:
+        raise ValueError(f"the training config asks for several client steps: {[s.__name__ for s in wanted]}")
+    if wanted:
+        return wanted[0]
+    return Proximal if Proximal.wanted(config) else ClientStep
+
+
+def evaluation_step_for(config: Mapping[str, Any]) -> type[ClientStep]:
+    """The client step whose ``evaluation_model`` an evaluation instruction asks for (plain: the received model)."""
+    steps = {cls.client for cls in method_classes()}
+    wanted = [s for s in steps if s.evaluation_key is not None and s.evaluation_key in config]
+    if len(wanted) > 1:
+        raise ValueError(f"the evaluation config asks for several client steps: {[s.__name__ for s in wanted]}")
+    return wanted[0] if wanted else ClientStep
+
+
+def flower_method(name: str) -> FlowerMethod:
+    return next(e.declaration for e in entries() if e.builtin and e.method == name)

@@ -1,0 +1,349 @@
+"""A method's server side, the same abstraction for personalized and global-model methods.
+
+A ``ServerStep`` says what to send to whom (``train_instructions``,
+``evaluation_instructions``), how to check the extras a client returns with its model
+(``check_extras``), how to aggregate (``aggregate``) and what state it keeps. Two bases
+cover the methods here:
+
+- ``PersonalizedStep`` keeps one model per client in a ``ClientModelStore`` and turns the
+  participants' stored models into the models it sends (``personalize``);
+- ``GlobalModelStep`` keeps one global model and combines the returned models into the
+  next one (``combine``); it may still send a client a model of its own (``client_model``).
+
+``MethodServer`` adds what every method shares: the layout, seeded sampling of a round's
+participants, and the checks every reply passes before it reaches the method. Pure
+tensor code: the Flower strategies (``strategies``, ``strategies.message``) only
+translate Flower's types to and from these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Hashable, Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
+from .diagnostics import AttentionAccumulator
+from .layout import ParamLayout
+from .params import param
+from .store import ClientModelStore
+
+ClientId = Hashable
+Settings = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What one client gets: the flat model to start from (or evaluate) and config entries."""
+
+    client_id: ClientId
+    model: torch.Tensor
+    config: Settings
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One client's accepted training reply: its flat model, sample count, metrics and checked extras."""
+
+    client_id: ClientId
+    model: torch.Tensor
+    num_examples: int
+    metrics: Mapping[str, Any]
+    extras: Any = None
+
+
+class UpdateRejected(ValueError):
+    """A client reply that cannot be used; the message says why."""
+
+
+class ServerStep:
+    """Base of every method's server side (see the module docstring)."""
+
+    #: the server keeps one model per client (evaluated on it) rather than one global model
+    personalized: ClassVar[bool]
+
+    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        """Create the method's state from the model's layout and starting parameters (once);
+        ``seed`` seeds whatever the method initialises at random."""
+        self.layout = layout
+        #: client-level attention weights averaged over rounds (methods that attend fill it)
+        self.attention_weights = AttentionAccumulator()
+
+    def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
+        """This round's training instructions, given the sampled clients and the other connected ones."""
+        raise NotImplementedError
+
+    def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """What each of ``ids`` evaluates (the model it would use) and how."""
+        raise NotImplementedError
+
+    def check_extras(self, extras: Mapping[str, Any]) -> Any:
+        """Validate what a client returned besides its model; raise ``ValueError`` to reject the reply."""
+        return None
+
+    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
+        """Take in the round's accepted replies (at least one)."""
+        raise NotImplementedError
+
+    def global_model(self) -> torch.Tensor | None:
+        """The global model, for methods that have one."""
+        return None
+
+    def server_state(self) -> dict[str, Any]:
+        """What the method learned besides the models, saved with the results (``server_state.pt``)."""
+        return {}
+
+
+def all_clients_train_param() -> Any:
+    return param(False, key="all-clients-train",
+                 doc="every client trains every round; the unsampled ones continue from their own model (FedMCSA's Algorithm 1)")
+
+
+@dataclass
+class PersonalizedStep(ServerStep):
+    """One model per client, kept on the server. Subclasses define ``personalize`` and the settings
+    their clients get (``train_config``, ``evaluation_config``).
+
+    With ``all_clients_train`` every connected client trains every round: the sampled ones on
+    the model ``personalize`` made for them, the others on their own stored model, anchored to
+    the model they last received (FedMCSA's Algorithm 1, lines 7-19).
+    """
+
+    personalized: ClassVar[bool] = True
+
+    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        super().setup(layout, initial, device, seed)
+        self.store = ClientModelStore(initial, device=device)
+
+    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, Mapping[str, torch.Tensor] | None]:
+        """The ``(m, d)`` models to send from the participants' ``(m, d)`` stored ones, and the
+        ``(m, m)`` weights by component (``None`` if the method has none)."""
+        raise NotImplementedError
+
+    def train_config(self) -> Settings:
+        """Client settings sent with every training instruction."""
+        return {}
+
+    def evaluation_config(self) -> Settings:
+        """Client settings sent with every evaluation instruction."""
+        return {}
+
+    def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
+        settings = self.train_config()
+        models, weights = self.personalize(self.store.get(sampled), self.layout)
+        if weights is not None:
+            self.attention_weights.add(sampled, weights)
+        if not getattr(self, "all_clients_train", False):
+            return [Instruction(cid, models[i], settings) for i, cid in enumerate(sampled)]
+        own = self.store.get(others)
+        return ([Instruction(cid, models[i], {**settings, ANCHOR: ANCHOR_SET}) for i, cid in enumerate(sampled)]
+                + [Instruction(cid, own[j], {**settings, ANCHOR: ANCHOR_KEEP}) for j, cid in enumerate(others)])
+
+    def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        models, settings = self.store.get(ids), self.evaluation_config()
+        return [Instruction(cid, models[i], settings) for i, cid in enumerate(ids)]
+
+    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
+        self.store.put([r.client_id for r in replies], torch.stack([r.model for r in replies]))
+
+
+def weighted_mean(models: torch.Tensor, num_examples: Sequence[int]) -> torch.Tensor:
+    """FedAvg: the ``(m, d)`` models' mean weighted by their clients' sample counts."""
+    weights = torch.tensor([float(n) for n in num_examples])
+    return (weights / weights.sum()) @ models
+
+
+@dataclass
+class GlobalModelStep(ServerStep):
+    """One global model; every participant starts from it (or from ``client_model``'s model for
+    it) and ``combine`` makes the next one from the returned models. FedAvg by default."""
+
+    personalized: ClassVar[bool] = False
+
+    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        super().setup(layout, initial, device, seed)
+        self.model = initial.detach().to(torch.float32).cpu().clone()
+        #: connected clients at the start of the round (SCAFFOLD's N)
+        self.num_clients = 0
+
+    def begin_round(self, server_round: int) -> None:
+        """Called before the round's training instructions are made."""
+
+    def train_config(self, num_participants: int) -> Settings:
+        """Config entries for this round's participants."""
+        return {}
+
+    def evaluation_config(self) -> Settings:
+        """Config entries for evaluation (e.g. how a client builds its personalized model)."""
+        return {}
+
+    def client_model(self, client_id: ClientId, training: bool) -> torch.Tensor | None:
+        """The flat model client ``client_id`` trains (``training``) or evaluates when it is not the
+        global model (``None``: the global model)."""
+        return None
+
+    def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
+        """The next global model from the round's accepted replies."""
+        return weighted_mean(torch.stack([r.model for r in replies]), [r.num_examples for r in replies])
+
+    def _instructions(self, ids: Sequence[ClientId], settings: Settings, training: bool) -> list[Instruction]:
+        out = []
+        for cid in ids:
+            own = self.client_model(cid, training)
+            out.append(Instruction(cid, self.model if own is None else own, settings))
+        return out
+
+    def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
+        self.num_clients = len(sampled) + len(others)
+        self.begin_round(server_round)
+        return self._instructions(sampled, self.train_config(len(sampled)), training=True)
+
+    def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        return self._instructions(ids, self.evaluation_config(), training=False)
+
+    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
+        self.model = self.combine(replies)
+
+    def global_model(self) -> torch.Tensor | None:
+        return self.model
+
+
+@dataclass
+class RawReply:
+    """A client's training reply as the Flower layer found it, before any check."""
+
+    client_id: ClientId
+    arrays: Sequence[np.ndarray]
+    names: Sequence[str] | None
+    num_examples: Any
+    metrics: Mapping[str, Any]
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RoundReplies:
+    """A round's accepted replies and what happened to the others."""
+
+    accepted: list[Reply] = field(default_factory=list)
+    failed: int = 0
+    rejected: int = 0
+
+
+def check_update(layout: ParamLayout, arrays: Sequence[np.ndarray], names: Sequence[str] | None = None) -> torch.Tensor:
+    """Returned arrays as a flat vector, or ``UpdateRejected`` with the reason.
+
+    Rejected: other parameter names or count, other shapes, a dtype other than float32, NaN
+    or Inf anywhere. ``names=None`` (the legacy API sends none): the layout's order.
+    """
+    if names is not None and tuple(names) != layout.names:
+        raise UpdateRejected(f"parameter names {list(names)} differ from {list(layout.names)}")
+    if len(arrays) != len(layout.shapes):
+        raise UpdateRejected(f"expected {len(layout.shapes)} arrays, got {len(arrays)}")
+    for name, arr, shape in zip(layout.names, arrays, layout.shapes):
+        if tuple(arr.shape) != shape:
+            raise UpdateRejected(f"'{name}' has shape {tuple(arr.shape)}, expected {shape}")
+        if arr.dtype != np.float32:
+            raise UpdateRejected(f"'{name}' has dtype {arr.dtype}, expected float32")
+        if not np.isfinite(arr).all():
+            raise UpdateRejected(f"'{name}' contains NaN or Inf")
+    return layout.flatten(arrays)
+
+
+class MethodServer:
+    """A method's ``ServerStep`` with the plumbing every method shares, independent of the Flower API.
+
+    ``clients_per_round`` clients train each round (``None``: ``ceil(fraction_train · n)`` of the
+    ``n`` connected, at least ``min_train_clients``), drawn uniformly by a generator seeded with
+    ``seed``. Clients are ordered by ``node_rank`` (e.g. their partition id) before sampling:
+    Flower's node ids change from run to run, so ranking by something stable makes runs repeatable.
+    """
+
+    def __init__(self, method: ServerStep, clients_per_round: int | None = None, *, fraction_train: float = 1.0,
+                 min_train_clients: int = 1, seed: int = 0, device: str | torch.device = "cpu") -> None:
+        if clients_per_round is not None and clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        if not 0 < fraction_train <= 1:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        self.method = method
+        self.clients_per_round = clients_per_round
+        self.fraction_train, self.min_train_clients = fraction_train, min_train_clients
+        self.device = torch.device(device)
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self.layout: ParamLayout | None = None
+        self.node_rank: dict[ClientId, int] = {}
+        #: the clients sampled in the last round, in the method's row order
+        self.last_participants: list[ClientId] = []
+
+    @property
+    def initialized(self) -> bool:
+        return self.layout is not None
+
+    def initialize(self, arrays: Mapping[str, np.ndarray | torch.Tensor]) -> None:
+        """Learn the layout and every client's starting model from the named initial arrays (once)."""
+        if self.layout is None:
+            self.layout = ParamLayout.from_arrays(arrays)
+            self.method.setup(self.layout, self.layout.flatten(arrays.values()), self.device, self.seed)
+
+    def _require(self) -> ParamLayout:
+        if self.layout is None:
+            raise RuntimeError("initialize() must be called with the initial model first")
+        return self.layout
+
+    def _ordered(self, available: Iterable[ClientId]) -> list[ClientId]:
+        return sorted(available, key=lambda cid: (self.node_rank.get(cid, math.inf), cid))
+
+    def sample(self, available: Iterable[ClientId], k: int) -> list[ClientId]:
+        """``k`` distinct clients, uniformly, reproducibly."""
+        pool = self._ordered(available)
+        k = min(k, len(pool))
+        return [pool[i] for i in sorted(self._rng.choice(len(pool), size=k, replace=False))]
+
+    def participants(self, num_available: int) -> int:
+        if self.clients_per_round is not None:
+            return self.clients_per_round
+        return max(self.min_train_clients, math.ceil(self.fraction_train * num_available))
+
+    def plan_training(self, server_round: int, available: Iterable[ClientId]) -> list[Instruction]:
+        """Sample the round's participants and return the method's training instructions."""
+        self._require()
+        pool = self._ordered(available)
+        sampled = self.last_participants = self.sample(pool, self.participants(len(pool)))
+        chosen = set(sampled)
+        return self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
+
+    def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float) -> list[Instruction]:
+        """Evaluation instructions for all clients (``fraction >= 1``) or ``ceil(fraction · n)`` of them."""
+        self._require()
+        if fraction <= 0:
+            return []
+        pool = self._ordered(available)
+        ids = pool if fraction >= 1.0 else self.sample(pool, max(1, math.ceil(fraction * len(pool))))
+        return self.method.evaluation_instructions(server_round, ids)
+
+    def check(self, raw: RawReply) -> Reply:
+        """One reply checked (model, sample count, extras), or ``UpdateRejected``."""
+        vector = check_update(self._require(), raw.arrays, raw.names)
+        try:
+            extras = self.method.check_extras(raw.extras)
+        except UpdateRejected:
+            raise
+        except ValueError as err:
+            raise UpdateRejected(str(err)) from err
+        return Reply(raw.client_id, vector, int(raw.num_examples), raw.metrics, extras)
+
+    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> torch.Tensor | None:
+        """Give the accepted replies to the method; returns the new global model (``None``: none)."""
+        if replies:
+            self.method.aggregate(server_round, replies)
+        return self.method.global_model()
+
+    def to_arrays(self, vector: torch.Tensor) -> list[np.ndarray]:
+        return self._require().to_numpy_list(vector)
+
+    def to_named_arrays(self, vector: torch.Tensor) -> dict[str, np.ndarray]:
+        layout = self._require()
+        return dict(zip(layout.names, layout.to_numpy_list(vector)))

@@ -1,0 +1,155 @@
+"""The Message-API strategy every method of this package runs on (``flwr.serverapp.strategy.Strategy``)."""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+from typing import Any, Callable, Iterable
+
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from flower_pfl.client_step import SERVER_ROUND
+from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
+
+from ..metrics import NUM_EXAMPLES, personalized_evaluate_metrics, round_replies_metrics
+
+MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
+
+
+class MethodStrategy(Strategy):
+    """A method's server step (``flower_pfl.server_step``) as a Message-API strategy.
+
+    ``start(grid=..., initial_arrays=..., num_rounds=..., train_config=...)`` works as for Flower's
+    own strategies: ``initial_arrays`` is every client's starting model (its names key the
+    parameters) and ``train_config`` (e.g. ``lr``, ``local-steps``, ``batch-size``) goes to every
+    participant together with the method's own client settings and ``server-round``.
+    ``aggregate_train`` returns the new global model for methods that have one, else nothing
+    (the personalized models stay in ``self.server.method.store``).
+    """
+
+    OPTION_DOCS = {
+        "clients_per_round": "Clients that train each round (None: ``fraction_train`` of the connected nodes).",
+        "fraction_train": "Fraction of the connected nodes that train when ``clients_per_round`` is None.",
+        "min_train_nodes": "Least number of nodes that train when ``fraction_train`` is used.",
+        "min_available_nodes": "Nodes to wait for before a round starts.",
+        "fraction_evaluate": "Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.",
+        "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
+        "device": "Device of the server's models and aggregation.",
+        "arrayrecord_key": "Key of the ArrayRecord in messages.",
+        "configrecord_key": "Key of the ConfigRecord in messages.",
+        "evaluate_metrics_aggr_fn": "Aggregates the clients' evaluation MetricRecords (default: personalized accuracy "
+                                    "statistics, see ``strategies.metrics``).",
+    }
+    CONTRACT = (
+        "Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the "
+        "parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs "
+        "back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply "
+        "holds one MetricRecord with ``accuracy`` and ``num-examples``."
+    )
+
+    def __init__(
+        self,
+        method: ServerStep,
+        *,
+        clients_per_round: int | None = None,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 1,
+        min_available_nodes: int = 2,
+        fraction_evaluate: float = 1.0,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        evaluate_metrics_aggr_fn: MetricsFn | None = None,
+    ) -> None:
+        self.server = MethodServer(method, clients_per_round, fraction_train=fraction_train,
+                                   min_train_clients=min_train_nodes, seed=seed, device=device)
+        self.min_available_nodes = min_available_nodes
+        self.fraction_evaluate = fraction_evaluate
+        self.arrayrecord_key = arrayrecord_key
+        self.configrecord_key = configrecord_key
+        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn or personalized_evaluate_metrics
+
+    @property
+    def method(self) -> ServerStep:
+        return self.server.method
+
+    def summary(self) -> None:
+        log(INFO, "\t├──> Method: %s", self.method)
+        log(INFO, "\t├──> Clients per round: %s", self.server.clients_per_round or f"fraction {self.server.fraction_train}")
+        log(INFO, "\t└──> Evaluation: fraction %.2f of nodes, each on the model it would use", self.fraction_evaluate)
+
+    def _nodes(self, grid: Grid) -> list[int]:
+        while len(nodes := list(grid.get_node_ids())) < self.min_available_nodes:
+            log(INFO, "Waiting for nodes: %d connected, %d needed", len(nodes), self.min_available_nodes)
+            time.sleep(1)
+        return nodes
+
+    def _initialize(self, arrays: ArrayRecord) -> None:
+        if not self.server.initialized:
+            self.server.initialize({k: v.numpy() for k, v in arrays.items()})
+
+    def _messages(self, plan: list[Instruction], config: ConfigRecord, server_round: int, kind: str) -> list[Message]:
+        out = []
+        for ins in plan:
+            arrays = ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(ins.model).items()})
+            record = ConfigRecord({**config, **ins.config, SERVER_ROUND: server_round})
+            out.append(Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: record}),
+                               message_type=kind, dst_node_id=ins.client_id))  # type: ignore[arg-type]
+        return out
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self._initialize(arrays)
+        plan = self.server.plan_training(server_round, self._nodes(grid))
+        log(INFO, "configure_train: %d nodes train", len(plan))
+        return self._messages(plan, config, server_round, MessageType.TRAIN)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        batch = RoundReplies()
+        for msg in replies:
+            node_id = msg.metadata.src_node_id
+            if msg.has_error():
+                batch.failed += 1
+                log(INFO, "round %s: node %s failed (%s); its stored model is unchanged", server_round, node_id, msg.error.reason)
+                continue
+            try:
+                batch.accepted.append(self.server.check(_raw_reply(msg)))
+            except UpdateRejected as err:
+                batch.rejected += 1
+                log_rejected(node_id, server_round, str(err))
+        model = self.server.aggregate(server_round, batch.accepted)
+        arrays = None if model is None else ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(model).items()})
+        return arrays, MetricRecord(round_replies_metrics(batch))
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        if self.fraction_evaluate <= 0:
+            return []
+        self._initialize(arrays)
+        plan = self.server.plan_evaluation(server_round, self._nodes(grid), self.fraction_evaluate)
+        return self._messages(plan, config, server_round, MessageType.EVALUATE)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        good = [msg.content for msg in replies if not msg.has_error() and msg.content.metric_records]
+        return self.evaluate_metrics_aggr_fn(good, NUM_EXAMPLES) if good else None
+
+
+def _raw_reply(msg: Message) -> RawReply:
+    """A training reply's parts; ``UpdateRejected`` when its records are not what the contract says."""
+    content = msg.content
+    if len(content.array_records) != 1 or len(content.metric_records) != 1:
+        raise UpdateRejected("a reply must hold exactly one ArrayRecord and one MetricRecord")
+    record = next(iter(content.array_records.values()))
+    metrics = dict(next(iter(content.metric_records.values())))
+    if NUM_EXAMPLES not in metrics:
+        raise UpdateRejected(f"MetricRecord lacks '{NUM_EXAMPLES}'")
+    extras = {k: v for rec in content.config_records.values() for k, v in rec.items()}
+    return RawReply(msg.metadata.src_node_id, [a.numpy() for a in record.values()], list(record.keys()),
+                    metrics[NUM_EXAMPLES], metrics, extras)
+
+
+def log_rejected(client_id: Any, server_round: int, reason: str) -> None:
+    log(WARNING, "round %s: update of client %s rejected (%s); its stored model is unchanged", server_round, client_id, reason)
