@@ -1,9 +1,10 @@
-"""Local solvers: what a client does with the model it receives in a round."""
+"""Pieces of local training and evaluation: fresh minibatches, the proximal term, evaluation
+(the loop itself is ``flower_pfl.client_step.train_locally``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -56,68 +57,6 @@ def like_params(tensors: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
     if [tuple(t.shape) for t in tensors] != [tuple(p.shape) for p in params]:
         raise ValueError(f"the {what} must have the shapes of the model's parameters")
     return [t.to(device=p.device, dtype=p.dtype) for t, p in zip(tensors, params)]
-
-
-def run_steps(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    steps: int,
-    batch_size: int,
-    generator: torch.Generator,
-    update: Callable[[list[torch.Tensor], Sequence[torch.Tensor]], None],
-    regularizer: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
-) -> LocalResult:
-    """The loop every local solver shares: ``steps`` fresh minibatches, the gradient of
-    cross-entropy (plus ``regularizer``), then ``update(params, grads)`` under ``no_grad``."""
-    params = trainable(model)
-    stream = MinibatchStream(len(y), batch_size, generator)
-    model.train()
-    total = 0.0
-    for _ in range(steps):
-        idx = stream.next()
-        data_loss = F.cross_entropy(model(x[idx]), y[idx])
-        loss = data_loss + regularizer(params) if regularizer is not None else data_loss
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            update(params, grads)
-        total += float(data_loss.detach())
-    return LocalResult(loss=total / max(steps, 1), steps=steps)
-
-
-def local_sgd(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    prox_mu: float = 0.0,
-    anchor: Sequence[torch.Tensor] | None = None,
-    generator: torch.Generator,
-    regularizer: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
-) -> LocalResult:
-    """``steps`` SGD steps on fresh minibatches of ``min f_i(w) + mu/2 ||w - a||^2``.
-
-    The anchor ``a`` (default: the model as received) stays fixed for the whole
-    round: FedMCSA's client problem (paper 004, eq. 9, Algorithm 1 lines 13-18)
-    and FedProx's. ``prox_mu = 0`` is plain local SGD. ``regularizer(params)``, if
-    given, is added to the objective as well. The model is updated in place.
-    """
-    if prox_mu < 0:
-        raise ValueError(f"prox_mu must be >= 0, got {prox_mu}")
-    params = trainable(model)
-    anchor = [p.detach().clone() for p in params] if anchor is None else like_params(anchor, params, "anchor")
-
-    def step(ps: list[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-        for p, g in zip(ps, grads):
-            p.add_(g, alpha=-lr)
-
-    terms = [t for t in (regularizer, (lambda ps: prox_mu * proximal_term(ps, anchor)) if prox_mu > 0 else None) if t]
-    return run_steps(model, x, y, steps=steps, batch_size=batch_size, generator=generator, update=step,
-                     regularizer=(lambda ps: sum(t(ps) for t in terms)) if terms else None)
 
 
 @dataclass(frozen=True)

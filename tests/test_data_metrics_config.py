@@ -64,7 +64,11 @@ def test_summary_bmta_and_last_ten_percent():
 
 def test_config_errors_name_the_key_and_the_allowed_values():
     for override, fragment in [
-        ({"method": "fedfoo"}, "'method'.*one of fedmcsa"),
+        ({"method": "fedfoo"}, "'method'.*one of .*fedmcsa"),
+        ({"fedattn-k": 0}, "'fedattn-k'.*>= 1"),
+        ({"igfl-attention": "all"}, "'igfl-attention'.*self, global, time"),
+        ({"aggregation": "mcsa"}, "'aggregation'.*for method 'fedmcsa'"),
+        ({"method": "fedamp", "fedamp-alpha-k": 0.5}, "'fedamp-alpha-k'.*self weight"),
         ({"sigma": 0}, "'sigma'.*> 0"),
         ({"lam": -1.0}, "'lam'.*>= 0"),
         ({"num-rounds": 0}, "'num-rounds'.*>= 1"),

@@ -92,6 +92,8 @@ class Entry:
     #: parameter from its run-config key, then ``fixed``)
     custom: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     summary_text: str = ""
+    #: the run-config keys ``custom`` reads (for the README table; default: the declared parameters')
+    reads: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:

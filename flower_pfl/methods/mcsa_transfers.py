@@ -30,7 +30,8 @@ ENTRIES = [
     Entry("fedavg", "mcsa", FedMCSA, fixed={"lam": 0.0},
           summary_text="FedAvg+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with FedAvg's plain local SGD (λ = 0)."),
     Entry("pfedme", "mcsa", FedMCSA, custom=_pfedme_mcsa,
+          reads=("sigma", "layer-grouping", "all-clients-train", "pfedme-lambda", "pfedme-personal-lr", "pfedme-inner-steps"),
           summary_text="pFedMe+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with pFedMe's client step and evaluation."),
-    Entry("fedmcsa", "mean", FEDPROX, custom=lambda o: {"proximal_mu": o["lam"]},
+    Entry("fedmcsa", "mean", FEDPROX, custom=lambda o: {"proximal_mu": o["lam"]}, reads=("lam",),
           summary_text="FedMCSA−MCSA (FedMCSA's Table 2): the plain average instead of the attention, i.e. FedProx with μ = λ (lam)."),
 ]

@@ -112,3 +112,25 @@ def evaluation_step_for(config: Mapping[str, Any]) -> type[ClientStep]:
 
 def flower_method(name: str) -> FlowerMethod:
     return next(e.declaration for e in entries() if e.builtin and e.method == name)
+
+
+def method_table() -> str:
+    """The README's method table: every run-config method, its strategy class and hyperparameters."""
+    rows = ["| run config | strategy class | method | hyperparameters (run-config key = default) |", "|---|---|---|---|"]
+    for e in entries():
+        config = f"`method = \"{e.method}\"`" + (f", `aggregation = \"{e.aggregation}\"`" if e.aggregation != "default" else "")
+        specs = option_specs()
+        used = e.reads or tuple(s.key for s in e.params() if s.key is not None and s.name not in e.fixed)
+        keys = ", ".join(f"`{key} = {_toml(specs[key].default)}`" for key in used) or "none"
+        if e.custom is not None or e.fixed:
+            keys += " (" + ", ".join(f"{k} = {v!r}" for k, v in e.fixed.items()) + ")" if e.fixed else ""
+        rows.append(f"| {config} | `{e.strategy}` | {e.summary().split(':')[0]} | {keys} |")
+    return "\n".join(rows)
+
+
+def _toml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else str(value)
+
+
+if __name__ == "__main__":
+    print(method_table())

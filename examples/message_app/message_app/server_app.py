@@ -16,16 +16,16 @@ app = ServerApp()
 
 
 def make_strategy(method: str, clients: int) -> Strategy:
-    """Personalized strategies take ``clients_per_round``; global-model ones take FedAvg's arguments."""
+    """Every strategy takes the method's own arguments, then how many nodes train and are waited for."""
+    nodes = {"clients_per_round": clients, "min_available_nodes": clients}
     if method == "fedmcsa":
-        return pfl.FedMCSA(sigma=50.0, lam=1.0, clients_per_round=clients, min_available_nodes=clients)
+        return pfl.FedMCSA(sigma=50.0, lam=1.0, **nodes)
     if method == "fedacs":
-        return pfl.FedACS(p=0.5, clients_per_round=clients, min_available_nodes=clients)
-    fedavg_args = {"fraction_train": 1.0, "min_train_nodes": clients, "min_available_nodes": clients}
+        return pfl.FedACS(p=0.5, **nodes)
     if method == "scaffold":
-        return pfl.SCAFFOLD(**fedavg_args)
+        return pfl.SCAFFOLD(**nodes)
     if method == "igfl":
-        return pfl.IGFL(attention="self", **fedavg_args)
+        return pfl.IGFL(attention="self", **nodes)
     raise ValueError(f"method must be fedmcsa, fedacs, scaffold or igfl, got {method!r}")
 
 

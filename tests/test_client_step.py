@@ -1,7 +1,14 @@
 import torch
 
 from flower_pfl.models import MLR
-from flower_pfl.solvers import MinibatchStream, evaluate, local_sgd, proximal_term
+from flower_pfl.client_step import PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.solvers import MinibatchStream, evaluate, proximal_term
+
+
+def local_sgd(model, x, y, *, steps, lr, batch_size, prox_mu, generator):
+    """The package's loop with the proximal step (plain local SGD for ``prox_mu = 0``)."""
+    step = Proximal(model, {PROXIMAL_MU: prox_mu}) if prox_mu > 0 else ClientStep(model, {})
+    return train_locally(step, model, TrainData(x, y), steps=steps, lr=lr, batch_size=batch_size, generator=generator)[0]
 
 
 def _data(n=64, seed=0):
@@ -86,15 +93,18 @@ def test_evaluate_counts_correct_predictions():
     assert res.accuracy == 0.75 and res.num_examples == 4 and res.loss > 0
 
 
-def test_train_client_names_missing_solver_settings():
+def test_solver_settings_name_what_is_missing():
     import pytest
 
-    from flower_pfl.data import ClientData
-    from flower_pfl.experiment import train_client
+    from flower_pfl.experiment import solver_settings
 
-    x, y = _data(8)
-    data = ClientData(x, y, x, y)
     with pytest.raises(ValueError, match="local-steps"):
-        train_client(MLR(5, 2), data, {"lr": 0.1, "batch-size": 4}, seed=0, partition_id=0)
-    res = train_client(MLR(5, 2), data, {"lr": 0.1, "batch-size": 4, "local-steps": 2, "proximal_mu": 0.5}, seed=0, partition_id=0)
-    assert res.steps == 2
+        solver_settings({"lr": 0.1, "batch-size": 4}, seed=0, partition_id=0)
+    settings = solver_settings({"lr": 0.1, "batch-size": 4, "local-steps": 2, "server-round": 3}, seed=0, partition_id=0)
+    assert settings["steps"] == 2 and settings["lr"] == 0.1 and settings["batch_size"] == 4
+
+
+def test_legacy_fedprox_key_is_understood():
+    from flower_pfl.methods.registry import client_step_for
+
+    assert client_step_for({"proximal_mu": 0.5}) is Proximal and client_step_for({"proximal-mu": 0.0}) is ClientStep

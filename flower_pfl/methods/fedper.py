@@ -1,0 +1,57 @@
+"""FedPer (Arivazhagan et al. 2019): federated base layers, personal heads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..client_step import ClientStep
+from ..layout import ParamLayout
+from ..params import AT_LEAST_ONE, param
+from ..server_step import ClientId, Instruction, PersonalizedStep, Reply, weighted_mean
+from .base import Method
+
+
+@dataclass
+class FedPer(Method, PersonalizedStep):
+    """FedPer (Arivazhagan et al. 2019): the base layers are trained by FedAvg, the last
+    ``head_layers`` layers (the personalization layers) stay each client's own.
+
+    Server: a participant gets the current global base with its own head; the base is then the
+    sample-weighted mean of the participants' bases, each head is kept for its client. Client:
+    plain local SGD on the whole model. A client evaluates the global base with its own head.
+    """
+
+    name = "fedper"
+    strategy = "FedPer"
+    client = ClientStep
+    default_clients_per_round = 10
+
+    head_layers: int = param(1, key="fedper-head-layers", must=AT_LEAST_ONE,
+                             doc="trailing layers (modules, e.g. fc2) each client keeps as its own head")
+
+    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        super().setup(layout, initial, device, seed)
+        modules = layout.components("module")
+        self.base_columns = torch.zeros(layout.dim, dtype=torch.bool)
+        for _, columns in modules[: max(len(modules) - self.head_layers, 0)]:
+            self.base_columns[columns] = True
+        self.base = initial[self.base_columns].to(device=self.store.device, dtype=torch.float32)
+
+    def _with_base(self, models: torch.Tensor) -> torch.Tensor:
+        models[:, self.base_columns] = self.base
+        return models
+
+    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
+        return self._with_base(models), None
+
+    def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        models = self._with_base(self.store.get(ids))
+        return [Instruction(cid, models[i], {}) for i, cid in enumerate(ids)]
+
+    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
+        super().aggregate(server_round, replies)
+        bases = torch.stack([r.model for r in replies])[:, self.base_columns]
+        self.base = weighted_mean(bases, [r.num_examples for r in replies]).to(self.store.device)

@@ -1,0 +1,83 @@
+"""FedPer: federated base layers, personal heads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flower_pfl.client_step import ClientStep, TrainData, train_locally
+from flower_pfl.methods.fedper import FedPer
+from flower_pfl.models import DNN
+from flower_pfl.server_step import MethodServer, RawReply
+from tests.methods.runs import assert_as_recorded, short_run
+
+
+def _named(value: float) -> dict[str, np.ndarray]:
+    """A DNN-shaped model (fc1: base, fc2: head) with every entry ``value``."""
+    shapes = {"fc1.weight": (2, 3), "fc1.bias": (2,), "fc2.weight": (2, 2), "fc2.bias": (2,)}
+    return {k: np.full(s, value, dtype=np.float32) for k, s in shapes.items()}
+
+
+def _server(**kwargs) -> MethodServer:
+    server = MethodServer(FedPer(**kwargs), clients_per_round=2)
+    server.initialize(_named(0.0))
+    return server
+
+
+def _reply(cid: int, value: float, n: int) -> RawReply:
+    arrays = _named(value)
+    return RawReply(cid, list(arrays.values()), list(arrays), n, {"num-examples": n})
+
+
+def test_base_is_the_weighted_mean_and_heads_stay_with_their_clients():
+    server = _server()
+    base = server.method.base_columns
+    assert int(base.sum()) == 2 * 3 + 2  # fc1 is the base, fc2 the head
+    server.plan_training(1, [1, 2])
+    server.aggregate(1, [server.check(_reply(1, 1.0, 1)), server.check(_reply(2, 4.0, 3))])
+    torch.testing.assert_close(server.method.base, torch.full((8,), 1.0 * 0.25 + 4.0 * 0.75))  # by hand: 3.25
+    sent = {ins.client_id: ins.model for ins in server.plan_evaluation(1, [1, 2, 3], 1.0)}
+    for cid, head in ((1, 1.0), (2, 4.0), (3, 0.0)):  # client 3 never trained: the initial head
+        assert torch.all(sent[cid][base] == 3.25) and torch.all(sent[cid][~base] == head)
+
+
+def test_more_head_layers_share_nothing():
+    server = _server(head_layers=2)
+    assert not server.method.base_columns.any()
+    server.plan_training(1, [1, 2])
+    server.aggregate(1, [server.check(_reply(1, 1.0, 1)), server.check(_reply(2, 4.0, 3))])
+    assert [float(ins.model[0]) for ins in server.plan_evaluation(1, [1, 2], 1.0)] == [1.0, 4.0]
+
+
+def test_head_layers_must_be_positive():
+    with pytest.raises(ValueError, match="head_layers = 0 is invalid"):
+        FedPer(head_layers=0)
+
+
+def test_client_is_plain_local_sgd_in_a_user_loop_too():
+    torch.manual_seed(0)
+    model, mine = DNN(3, 2, hidden=2), DNN(3, 2, hidden=2)
+    mine.load_state_dict(model.state_dict())
+    x = torch.randn(8, 3)
+    y = (x[:, 0] > 0).long()
+    train_locally(ClientStep(model, {"lr": 0.1}), model, TrainData(x, y), steps=1, lr=0.1, batch_size=8, generator=torch.Generator())
+    optimizer = torch.optim.SGD(mine.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(mine(x), y).backward()
+    optimizer.step()
+    for a, b in zip(model.parameters(), mine.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_short_run_as_recorded_and_equal_to_local_on_a_one_layer_model(tmp_path):
+    """With MLR the only layer is the head: FedPer is Local, number for number."""
+    summary = short_run("fedper", tmp_path / "fedper")
+    assert_as_recorded("fedper", summary)
+    assert summary["bmta"] == short_run("local", tmp_path / "local")["bmta"]
+
+
+def test_shared_base_beats_fedavg_on_a_dnn(tmp_path):
+    fedper = short_run("fedper", tmp_path / "fedper", model="dnn")
+    fedavg = short_run("fedavg", tmp_path / "fedavg", model="dnn")
+    assert fedper["bmta"] > fedavg["bmta"] + 0.1

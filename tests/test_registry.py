@@ -1,0 +1,77 @@
+"""One method, one place: everything that knows about methods reads the registry."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import strategies
+import strategies.message
+from flower_pfl.client_step import ClientStep, Proximal
+from flower_pfl.methods.registry import client_step_for, client_steps, entries, method_classes, method_table, methods
+from flower_pfl.params import param_specs
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = json.loads((ROOT / "tests" / "methods" / "recorded.json").read_text())
+
+
+def test_readme_method_table_is_the_registry():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- method-table -->\n(.*?)\n<!-- /method-table -->", readme, re.S)
+    assert block is not None and block.group(1) == method_table(), "run `python -m flower_pfl.methods.registry` and paste"
+
+
+@pytest.mark.parametrize("entry", entries(), ids=[e.label for e in entries()])
+def test_every_entry_has_both_twins_a_test_file_and_a_recorded_run(entry):
+    assert hasattr(strategies, entry.strategy) and hasattr(strategies.message, entry.strategy)
+    assert entry.label in RECORDED
+    if not entry.builtin:
+        module = entry.declaration.__module__.rsplit(".", 1)[1]
+        tests = ROOT / "tests" / "methods" / f"test_{module}.py"
+        assert tests.exists() or entry.aggregation != "default", f"{entry.label} has no {tests.name}"
+
+
+@pytest.mark.parametrize("method", method_classes(), ids=[m.name for m in method_classes()])
+@pytest.mark.parametrize("twin", [strategies, strategies.message], ids=["legacy", "message"])
+def test_constructors_are_typed_documented_and_strict(method, twin):
+    cls = getattr(twin, method.strategy)
+    signature = inspect.signature(cls)
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+    for spec in param_specs(method):
+        parameter = signature.parameters[spec.name]
+        assert parameter.default == spec.default and parameter.annotation is not inspect.Parameter.empty
+        assert f"{spec.name} :" in cls.__doc__ and (spec.key is None or f"``{spec.key}``" in cls.__doc__)
+    assert signature.parameters["clients_per_round"].default == method.default_clients_per_round
+    with pytest.raises(TypeError):
+        cls(no_such_argument=1)
+    assert cls().method == method()  # the declared defaults
+
+
+def test_a_bad_value_names_the_argument():
+    with pytest.raises(ValueError, match="FedMCSA: sigma = -1.0 is invalid: must be a number > 0"):
+        strategies.message.FedMCSA(sigma=-1.0)
+    with pytest.raises(ValueError, match="IGFL: attention = 'all'"):
+        strategies.IGFL(attention="all")
+
+
+def test_client_dispatch_reads_each_step_s_own_key():
+    for step in client_steps():
+        assert client_step_for({step.key: True}) is step
+    assert client_step_for({"proximal-mu": 0.5}) is Proximal and client_step_for({}) is ClientStep
+    first, second = client_steps()[:2]
+    with pytest.raises(ValueError, match="several client steps"):
+        client_step_for({first.key: True, second.key: True})
+
+
+def test_no_module_outside_the_methods_lists_method_names():
+    names = set(methods())
+    for path in ["flower_pfl/config.py", "server_apps/factory.py", "server_apps/app.py", "client_apps/app.py",
+                 "client_apps/rules.py", "strategies/__init__.py", "strategies/message/__init__.py"]:
+        tree = ast.parse((ROOT / path).read_text())
+        listed = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names}
+        assert listed <= {"fedmcsa"}, (path, listed)  # the run config's default method may be named
