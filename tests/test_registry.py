@@ -75,3 +75,12 @@ def test_no_module_outside_the_methods_lists_method_names():
         tree = ast.parse((ROOT / path).read_text())
         listed = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names}
         assert listed <= {"fedmcsa"}, (path, listed)  # the run config's default method may be named
+
+
+def test_editor_stubs_are_current():
+    """``strategies/__init__.pyi`` and ``strategies/message/__init__.pyi`` show editors and type
+    checkers the generated classes' typed constructors."""
+    from strategies.declared import stubs
+
+    for path, text in stubs().items():
+        assert path.read_text() == text, f"{path} is stale: run `python -m strategies.declared`"

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import Batch, ClientState, ClientStep, TrainData
+from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData
 from ..params import POSITIVE, param
 from ..server_step import GlobalModelStep, Settings
 from ..solvers import trainable
@@ -20,8 +20,9 @@ from .base import Method
 ALPHA, ADAPT = "per-fedavg-alpha", "per-fedavg-adapt"
 
 
-def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], float]:
-    loss = F.cross_entropy(model(x), y)
+def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn = F.cross_entropy
+           ) -> tuple[tuple[torch.Tensor, ...], float]:
+    loss = loss_fn(model(x), y)
     return torch.autograd.grad(loss, trainable(model)), float(loss.detach())
 
 
@@ -53,11 +54,11 @@ class PerFedAvgStep(ClientStep):
         alpha = float(self.config[ALPHA])
         params = trainable(model)
         start = [p.detach().clone() for p in params]
-        grads, loss = _grads(model, *next_batch())
+        grads, loss = _grads(model, *next_batch(), self.loss_fn)
         with torch.no_grad():
             for p, g in zip(params, grads):
                 p.sub_(alpha * g)
-        grads, _ = _grads(model, *next_batch())
+        grads, _ = _grads(model, *next_batch(), self.loss_fn)
         with torch.no_grad():
             for p, s, g in zip(params, start, grads):
                 p.copy_(s - lr * g)
