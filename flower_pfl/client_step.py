@@ -116,8 +116,9 @@ class ClientStep:
 
     @classmethod
     def wanted(cls, config: Mapping[str, Any]) -> bool:
-        """Whether a training instruction asks for this step."""
-        return cls.key is not None and bool(config.get(cls.key))
+        """Whether a training instruction asks for this step: it carries ``key`` with any value but
+        ``False`` (IGFL-S sends ``igfl-correction = False``; Ditto's λ may be 0)."""
+        return cls.key is not None and cls.key in config and config[cls.key] is not False
 
     # --- the hooks a user's loop calls ---------------------------------------------------------
     def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:

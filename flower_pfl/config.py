@@ -1,9 +1,11 @@
 """Experiment configuration: every run-config key, its default and what it allows.
 
-``ExperimentConfig.from_mapping`` turns a Flower run config (kebab-case keys) into
-a validated, typed object, and fails with a ``ConfigError`` that names the key
-and the allowed values. ``pyproject.toml``'s ``[tool.flwr.app.config]`` carries
-the same defaults (a test keeps the two in step).
+The keys every experiment has (data, model, rounds, solver settings) are fields here; each
+method's own hyperparameters are declared beside the method (``flower_pfl.methods``) and read
+from the registry, as are the ``method`` and ``aggregation`` values. ``ExperimentConfig.from_mapping``
+turns a Flower run config (kebab-case keys) into a validated, typed object, and fails with a
+``ConfigError`` that names the key and the allowed values. ``pyproject.toml``'s
+``[tool.flwr.app.config]`` carries the same defaults (a test keeps the two in step).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """One experiment. Field ``foo_bar`` is run-config key ``foo-bar``."""
+    """One experiment. Field ``foo_bar`` is run-config key ``foo-bar``; a method hyperparameter
+    ``foo-bar`` is ``options["foo-bar"]`` (also ``cfg.foo_bar``)."""
 
     method: str = "fedmcsa"
     #: "default", or FedMCSA's Table 2: "mcsa" gives fedavg / pfedme FedMCSA's layer-wise attention;

@@ -273,6 +273,8 @@ class MethodServer:
         self.device = torch.device(device)
         self.seed = seed
         self._rng = np.random.default_rng(seed)
+        #: evaluation samples (``fraction < 1``) with a generator of its own, so evaluating never shifts training's sample
+        self._eval_rng = np.random.default_rng([seed, 1])
         self.layout: ParamLayout | None = None
         self.node_rank: dict[ClientId, int] = {}
         #: the clients sampled in the last round, in the method's row order
@@ -296,11 +298,11 @@ class MethodServer:
     def _ordered(self, available: Iterable[ClientId]) -> list[ClientId]:
         return sorted(available, key=lambda cid: (self.node_rank.get(cid, math.inf), cid))
 
-    def sample(self, available: Iterable[ClientId], k: int) -> list[ClientId]:
-        """``k`` distinct clients, uniformly, reproducibly."""
+    def sample(self, available: Iterable[ClientId], k: int, rng: np.random.Generator | None = None) -> list[ClientId]:
+        """``k`` distinct clients, uniformly, reproducibly (from the training generator by default)."""
         pool = self._ordered(available)
         k = min(k, len(pool))
-        return [pool[i] for i in sorted(self._rng.choice(len(pool), size=k, replace=False))]
+        return [pool[i] for i in sorted((rng or self._rng).choice(len(pool), size=k, replace=False))]
 
     def participants(self, num_available: int) -> int:
         if self.clients_per_round is not None:
@@ -321,7 +323,7 @@ class MethodServer:
         if fraction <= 0:
             return []
         pool = self._ordered(available)
-        ids = pool if fraction >= 1.0 else self.sample(pool, max(1, math.ceil(fraction * len(pool))))
+        ids = pool if fraction >= 1.0 else self.sample(pool, max(1, math.ceil(fraction * len(pool))), self._eval_rng)
         return self.method.evaluation_instructions(server_round, ids)
 
     def check(self, raw: RawReply) -> Reply:

@@ -4,8 +4,9 @@ import numpy as np
 import torch
 from flwr.app import Context, RecordDict
 
-from client_apps.app import ANCHOR_STATE, Node
-from client_apps.rules import proximal_anchor
+from client_apps.app import Node
+from client_apps.rules import RecordState
+from flower_pfl.client_step import ANCHOR, ANCHOR_STATE, PROXIMAL_MU, Proximal
 from flower_pfl.config import ExperimentConfig
 
 
@@ -15,12 +16,18 @@ def _node(state: RecordDict) -> Node:
     return Node.from_context(context)
 
 
-def _anchor(node: Node, mode: str | None):
-    return proximal_anchor(mode, [p.detach() for p in node.model.parameters()], node.state)
+def _anchor(node: Node, mode: str | None) -> list[torch.Tensor]:
+    """The anchor of the proximal step the node would run for an instruction with ``mode``."""
+    config = {PROXIMAL_MU: 1.0} if mode is None else {PROXIMAL_MU: 1.0, ANCHOR: mode}
+    return Proximal(node.model, config, RecordState(node.state)).anchor
 
 
 def _params(node: Node) -> list[np.ndarray]:
     return [p.detach().numpy().copy() for p in node.model.parameters()]
+
+
+def _same(tensors, arrays) -> bool:
+    return all(torch.equal(t, torch.as_tensor(a)) for t, a in zip(tensors, arrays))
 
 
 def test_anchor_set_is_remembered_and_keep_uses_it():
@@ -28,18 +35,19 @@ def test_anchor_set_is_remembered_and_keep_uses_it():
     node = _node(state)
     node.load([np.full(a.shape, 0.5, np.float32) for a in node.arrays()])
     received = _params(node)
-    assert _anchor(node, "set") is None and ANCHOR_STATE in state  # anchor = received, remembered
+    assert _same(_anchor(node, "set"), received) and ANCHOR_STATE in state  # anchor = received, remembered
     assert all(np.array_equal(a, b) for a, b in zip(state[ANCHOR_STATE].to_numpy_ndarrays(), received))
 
     later = _node(state)  # next round, same node state
     later.load([np.full(a.shape, -1.0, np.float32) for a in later.arrays()])
-    kept = _anchor(later, "keep")
-    assert all(torch.equal(k, torch.as_tensor(r)) for k, r in zip(kept, received))
-    assert _anchor(later, None) is None  # Flower's own strategies: anchor = received
+    assert _same(_anchor(later, "keep"), received)
+    assert _same(_anchor(later, None), _params(later))  # Flower's own strategies: anchor = received
+    assert all(np.array_equal(a, b) for a, b in zip(RecordState(state)[ANCHOR_STATE], received))  # keep changes nothing
 
 
 def test_keep_without_remembered_anchor_falls_back_to_received():
-    assert _anchor(_node(RecordDict()), "keep") is None
+    node = _node(RecordDict())
+    assert _same(_anchor(node, "keep"), _params(node)) and ANCHOR_STATE not in node.state
 
 
 def test_fit_with_kept_anchor_is_pulled_toward_it():
@@ -51,6 +59,18 @@ def test_fit_with_kept_anchor_is_pulled_toward_it():
         node.load([np.zeros(a.shape, np.float32) for a in node.arrays()])
         _anchor(node, "set")  # remember the zero model
         node.load([np.full(a.shape, 2.0, np.float32) for a in node.arrays()])
-        node.fit({"lr": 0.05, "local-steps": 3, "batch-size": 20, "proximal-mu": 5.0, "anchor": mode, "server-round": 2})
+        metrics, extras = node.fit({"lr": 0.05, "local-steps": 3, "batch-size": 20, "proximal-mu": 5.0, "anchor": mode,
+                                    "server-round": 2})
+        assert extras == {} and metrics["num-examples"] == node.data.num_train and np.isfinite(metrics["train-loss"])
         ends[mode] = np.concatenate([p.ravel() for p in _params(node)])
     assert np.linalg.norm(ends["keep"]) < np.linalg.norm(ends[None]) - 1.0
+
+
+def test_fit_with_set_remembers_the_received_model_not_the_trained_one():
+    state = RecordDict()
+    node = _node(state)
+    node.load([np.full(a.shape, 0.25, np.float32) for a in node.arrays()])
+    received = _params(node)
+    node.fit({"lr": 0.05, "local-steps": 3, "batch-size": 20, "proximal-mu": 5.0, "anchor": "set", "server-round": 1})
+    assert not all(np.array_equal(a, b) for a, b in zip(_params(node), received))  # it trained
+    assert all(np.array_equal(a, b) for a, b in zip(state[ANCHOR_STATE].to_numpy_ndarrays(), received))

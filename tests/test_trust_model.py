@@ -1,4 +1,4 @@
-"""The trust model: an instruction to client A carries A's model (the rule's output for A when
+"""The trust model: an instruction to client A carries A's model (the method's output for A when
 training, A's stored model when evaluating) and never a copy of another client's parameters."""
 
 from __future__ import annotations
@@ -79,19 +79,27 @@ def test_message_api_instructions_carry_only_the_addressees_model(name):
         assert not {"accuracy", "loss", "train-loss"} & {k for rec in msg.content.config_records.values() for k in rec}
 
 
-@pytest.mark.parametrize("cls", [strategies.FedMCSA, strategies.FedACS, strategies.Local])
-def test_legacy_api_instructions_carry_only_the_addressees_model(cls):
+LEGACY = ["FedMCSA", "FedACS", "FedAMP", "HeurFedAMP", "Local"]
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_legacy_api_instructions_carry_only_the_addressees_model(name):
     cm = fb.client_manager([str(n) for n in NODES])
-    strat = cls(initial_parameters=fb.parameters([np.zeros(s, np.float32) for s in SHAPES]), clients_per_round=len(NODES),
-                min_available_clients=1, on_fit_config_fn=lambda r: {"lr": 0.1, "local-steps": 2, "batch-size": 4})
+    cls = getattr(strategies, name)
+    kw = {"sigma": 1.0} if name == "FedMCSA" else {"alpha_k": 0.1} if name == "FedAMP" else {}
+    strat = cls(**kw, initial_parameters={n: np.zeros(s, np.float32) for n, s in zip(NAMES, SHAPES)},
+                clients_per_round=len(NODES), min_available_clients=1,
+                on_fit_config_fn=lambda r: {"lr": 0.1, "local-steps": 2, "batch-size": 4})
     ins = strat.configure_fit(1, strat.initial_parameters, cm)
     strat.aggregate_fit(1, [(p, fb.fit_res(list(_secret(int(p.cid)).values()))) for p, _ in ins], [])
     for proxy, fitins in strat.configure_fit(2, strat.initial_parameters, cm):
         got = _flat(parameters_to_ndarrays(fitins.parameters))
-        if cls is strategies.Local:
+        if name == "Local":
             assert torch.equal(got, _flat(_secret(int(proxy.cid)).values()))
         else:
             _no_copy_of_others(got, int(proxy.cid))
+        assert not any(isinstance(v, bytes) for v in fitins.config.values())
+        assert not set(fitins.config.values()) & (set(NODES) - {int(proxy.cid)})
     for proxy, evalins in strat.configure_evaluate(2, strat.initial_parameters, cm):
         assert torch.equal(_flat(parameters_to_ndarrays(evalins.parameters)), _flat(_secret(int(proxy.cid)).values()))
 

@@ -31,9 +31,6 @@ class DittoStep(ClientStep):
     needs_state = True
     hookable = False
 
-    @classmethod
-    def wanted(cls, config: Mapping[str, Any]) -> bool:
-        return LAMBDA in config
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:

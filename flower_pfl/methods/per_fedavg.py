@@ -46,9 +46,6 @@ class PerFedAvgStep(ClientStep):
     evaluation_key = ADAPT
     hookable = False
 
-    @classmethod
-    def wanted(cls, config: Mapping[str, Any]) -> bool:
-        return ALPHA in config
 
     def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
         alpha = float(self.config[ALPHA])

@@ -64,9 +64,6 @@ class PFedMeStep(ClientStep):
     evaluation_key = EVALUATE_BOTH
     needs_plain_sgd = True
 
-    @classmethod
-    def wanted(cls, config: Mapping[str, Any]) -> bool:
-        return LAMBDA in config
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:

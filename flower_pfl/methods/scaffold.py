@@ -44,9 +44,6 @@ class ScaffoldCorrection(ClientStep):
     key = CONTROL
     needs_state = needs_plain_sgd = True
 
-    @classmethod
-    def wanted(cls, config: Mapping[str, Any]) -> bool:
-        return CONTROL in config
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
