@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layout import load_flat_
 from .solvers import LocalResult, MinibatchStream, like_params, trainable
 
 #: settings every training instruction carries (the package's ServerApp sends them from the run config)
@@ -57,6 +58,15 @@ def keep(state: ClientState | None, key: str, tensors: Iterable[torch.Tensor]) -
     """Keep ``tensors`` under ``key`` (nothing without a state)."""
     if state is not None:
         state[key] = [t.detach().cpu().clone() for t in tensors]
+
+
+def load_stored(model: nn.Module, state: ClientState | None, key: str) -> bool:
+    """Load the flat model kept under ``key`` into ``model`` (in place); ``False`` if none is kept."""
+    known = stored(state, key)
+    if known is None:
+        return False
+    load_flat_(model, known[0].to(next(model.parameters()).device))
+    return True
 
 
 def setting(config: Mapping[str, Any], key: str, who: str) -> Any:

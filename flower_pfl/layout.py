@@ -45,6 +45,11 @@ class ParamLayout:
         return cls.from_arrays(module.state_dict())
 
     @property
+    def named(self) -> bool:
+        """Whether the tensors carry real names (a legacy Flower ``Parameters`` gives only positions)."""
+        return not all(name.isdigit() for name in self.names)
+
+    @property
     def sizes(self) -> tuple[int, ...]:
         return tuple(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
 

@@ -29,6 +29,7 @@ from .client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from .diagnostics import AttentionAccumulator
 from .layout import ParamLayout
 from .params import param
+from .sampling import Sampler
 from .store import ClientModelStore
 
 ClientId = Hashable
@@ -142,8 +143,12 @@ class PersonalizedStep(ServerStep):
         return ([Instruction(cid, models[i], {**settings, ANCHOR: ANCHOR_SET}) for i, cid in enumerate(sampled)]
                 + [Instruction(cid, own[j], {**settings, ANCHOR: ANCHOR_KEEP}) for j, cid in enumerate(others)])
 
+    def models_for_evaluation(self, ids: Sequence[ClientId]) -> torch.Tensor:
+        """The ``(m, d)`` models ``ids`` evaluate, the models they would use (their stored ones)."""
+        return self.store.get(ids)
+
     def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
-        models, settings = self.store.get(ids), self.evaluation_config()
+        models, settings = self.models_for_evaluation(ids), self.evaluation_config()
         return [Instruction(cid, models[i], settings) for i, cid in enumerate(ids)]
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
@@ -152,7 +157,7 @@ class PersonalizedStep(ServerStep):
 
 def weighted_mean(models: torch.Tensor, num_examples: Sequence[int]) -> torch.Tensor:
     """FedAvg: the ``(m, d)`` models' mean weighted by their clients' sample counts."""
-    weights = torch.tensor([float(n) for n in num_examples])
+    weights = torch.tensor([float(n) for n in num_examples], device=models.device, dtype=models.dtype)
     return (weights / weights.sum()) @ models
 
 
@@ -256,9 +261,9 @@ class MethodServer:
     """A method's ``ServerStep`` with the plumbing every method shares, independent of the Flower API.
 
     ``clients_per_round`` clients train each round (``None``: ``ceil(fraction_train · n)`` of the
-    ``n`` connected, at least ``min_train_clients``), drawn uniformly by a generator seeded with
-    ``seed``. Clients are ordered by ``node_rank`` (e.g. their partition id) before sampling:
-    Flower's node ids change from run to run, so ranking by something stable makes runs repeatable.
+    ``n`` connected, at least ``min_train_clients``), drawn by a ``Sampler`` seeded with ``seed``
+    after ordering clients by ``node_rank`` (e.g. their partition id): Flower's node ids change from
+    run to run, so ranking by something stable makes runs repeatable.
     """
 
     def __init__(self, method: ServerStep, clients_per_round: int | None = None, *, fraction_train: float = 1.0,
@@ -272,13 +277,20 @@ class MethodServer:
         self.fraction_train, self.min_train_clients = fraction_train, min_train_clients
         self.device = torch.device(device)
         self.seed = seed
-        self._rng = np.random.default_rng(seed)
-        #: evaluation samples (``fraction < 1``) with a generator of its own, so evaluating never shifts training's sample
-        self._eval_rng = np.random.default_rng([seed, 1])
+        self.sampler = Sampler(seed)
         self.layout: ParamLayout | None = None
-        self.node_rank: dict[ClientId, int] = {}
         #: the clients sampled in the last round, in the method's row order
         self.last_participants: list[ClientId] = []
+        self._plan_order: dict[ClientId, int] = {}
+
+    @property
+    def node_rank(self) -> dict[ClientId, int]:
+        """A stable rank per client for sampling (e.g. its partition id; see ``Sampler``)."""
+        return self.sampler.rank
+
+    @node_rank.setter
+    def node_rank(self, rank: dict[ClientId, int]) -> None:
+        self.sampler.rank = dict(rank)
 
     @property
     def initialized(self) -> bool:
@@ -295,14 +307,9 @@ class MethodServer:
             raise RuntimeError("initialize() must be called with the initial model first")
         return self.layout
 
-    def _ordered(self, available: Iterable[ClientId]) -> list[ClientId]:
-        return sorted(available, key=lambda cid: (self.node_rank.get(cid, math.inf), cid))
-
-    def sample(self, available: Iterable[ClientId], k: int, rng: np.random.Generator | None = None) -> list[ClientId]:
-        """``k`` distinct clients, uniformly, reproducibly (from the training generator by default)."""
-        pool = self._ordered(available)
-        k = min(k, len(pool))
-        return [pool[i] for i in sorted((rng or self._rng).choice(len(pool), size=k, replace=False))]
+    def sample(self, available: Iterable[ClientId], k: int) -> list[ClientId]:
+        """``k`` distinct clients for training, uniformly, reproducibly."""
+        return self.sampler.sample(available, k)
 
     def participants(self, num_available: int) -> int:
         if self.clients_per_round is not None:
@@ -312,35 +319,43 @@ class MethodServer:
     def plan_training(self, server_round: int, available: Iterable[ClientId]) -> list[Instruction]:
         """Sample the round's participants and return the method's training instructions."""
         self._require()
-        pool = self._ordered(available)
+        pool = self.sampler.order(available)
         sampled = self.last_participants = self.sample(pool, self.participants(len(pool)))
         chosen = set(sampled)
-        return self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
+        plan = self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
+        self._plan_order = {ins.client_id: i for i, ins in enumerate(plan)}
+        return plan
 
     def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float) -> list[Instruction]:
         """Evaluation instructions for all clients (``fraction >= 1``) or ``ceil(fraction · n)`` of them."""
         self._require()
         if fraction <= 0:
             return []
-        pool = self._ordered(available)
-        ids = pool if fraction >= 1.0 else self.sample(pool, max(1, math.ceil(fraction * len(pool))), self._eval_rng)
+        pool = self.sampler.order(available)
+        ids = pool if fraction >= 1.0 else self.sampler.sample(pool, max(1, math.ceil(fraction * len(pool))), evaluation=True)
         return self.method.evaluation_instructions(server_round, ids)
 
     def check(self, raw: RawReply) -> Reply:
         """One reply checked (model, sample count, extras), or ``UpdateRejected``."""
         vector = check_update(self._require(), raw.arrays, raw.names)
+        n = raw.num_examples
+        if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)) or not 1 <= n < math.inf:
+            raise UpdateRejected(f"num-examples = {n!r} is not a number >= 1")
         try:
             extras = self.method.check_extras(raw.extras)
         except UpdateRejected:
             raise
         except ValueError as err:
             raise UpdateRejected(str(err)) from err
-        return Reply(raw.client_id, vector, int(raw.num_examples), raw.metrics, extras)
+        return Reply(raw.client_id, vector, int(n), raw.metrics, extras)
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> torch.Tensor | None:
-        """Give the accepted replies to the method; returns the new global model (``None``: none)."""
+        """Give the accepted replies to the method, in the order of the round's instructions (replies
+        arrive in any order; sums over them must not depend on it); returns the new global model
+        (``None``: none)."""
         if replies:
-            self.method.aggregate(server_round, replies)
+            ordered = sorted(replies, key=lambda r: (self._plan_order.get(r.client_id, math.inf), str(r.client_id)))
+            self.method.aggregate(server_round, ordered)
         return self.method.global_model()
 
     def to_arrays(self, vector: torch.Tensor) -> list[np.ndarray]:

@@ -1,4 +1,4 @@
-"""Pieces of local training and evaluation: fresh minibatches, the proximal term, evaluation
+"""Pieces of local training and evaluation: fresh minibatches, parameter helpers, evaluation
 (the loop itself is ``flower_pfl.client_step.train_locally``)."""
 
 from __future__ import annotations
@@ -33,11 +33,6 @@ class MinibatchStream:
         idx = self._perm[self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
         return idx
-
-
-def proximal_term(params: Sequence[torch.Tensor], anchor: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``0.5 * ||params - anchor||^2`` summed over all tensors (anchor is a constant)."""
-    return 0.5 * sum(((p - a.detach()) ** 2).sum() for p, a in zip(params, anchor))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 from logging import ERROR, INFO
 from pathlib import Path
@@ -19,11 +18,13 @@ from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import make_model, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
 from flower_pfl.results import RunRecorder
+from flower_pfl.sampling import Sampler
 from flower_pfl.server_step import MethodServer
 
-from .factory import build_legacy_strategy, build_message_strategy
+from .factory import build_legacy_strategy, build_message_strategy, participants
 from .node_order import RankedGrid, query_nodes
 from .recording import RecordedLegacyStrategy, RecordedStrategy
+from .seeded import SeededClientManager
 
 app = ServerApp()
 
@@ -87,7 +88,6 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     except ConfigError as err:
         log(ERROR, "%s", err)
         raise
-    random.seed(cfg.seed)  # Flower's own strategies sample with `random`
     model = make_model(cfg, seed=cfg.seed)
     out = run_dir(cfg)
     recorder = RunRecorder(out, cfg.to_run_config(), cfg.num_rounds, log=lambda msg: log(INFO, "%s", msg))
@@ -97,9 +97,11 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     num_nodes = len(list(grid.get_node_ids()))
     log(INFO, "flower-pfl: %s on %s (%s), %d nodes, results in %s", cfg.method, cfg.dataset, cfg.model, num_nodes, out)
 
+    sampler = Sampler(cfg.seed, ranks)  # Flower's own strategies sample with it too (see server_apps.seeded)
     if cfg.api == "message":
         strategy = build_message_strategy(cfg, num_nodes, ranks)
-        RecordedStrategy(strategy, recorder, cfg.eval_every).start(
+        flower_k = participants(cfg, num_nodes) if cfg.entry.builtin else None
+        RecordedStrategy(strategy, recorder, cfg.eval_every, sampler, flower_k).start(
             grid=grid,
             initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=cfg.num_rounds,
@@ -108,12 +110,14 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     else:
         initial = {name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
         strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks)
-        start_grid(grid=grid, strategy=RecordedLegacyStrategy(strategy, recorder, cfg.eval_every),
-                   config=ServerConfig(num_rounds=cfg.num_rounds))
+        start_grid(grid=grid, strategy=RecordedLegacyStrategy(strategy, recorder, cfg.eval_every, sampler),
+                   config=ServerConfig(num_rounds=cfg.num_rounds), client_manager=SeededClientManager(sampler))
 
     server = getattr(strategy, "server", None)  # our strategies' server (none for Flower's own)
-    if server is not None and getattr(server.method, "store", None) is not None:
-        torch.save(server.method.store.state_dict(), out / "personalized_models.pt")
+    if server is not None and getattr(server.method, "store", None) is not None:  # what each client would use
+        ids = server.method.store.ids()
+        torch.save({"ids": ids, "rows": server.method.models_for_evaluation(ids).cpu(), "initial": server.method.store.initial.cpu()},
+                   out / "personalized_models.pt")
     if server is not None and (learned := server.method.server_state()):  # e.g. FedAttn's attention module
         torch.save(learned, out / "server_state.pt")
     extra = _save_diagnostics(server, info, out, cfg.method) if server is not None else {}

@@ -13,12 +13,13 @@ from flwr.serverapp.strategy import Strategy as MessageStrategy
 
 import strategies
 import strategies.message
+from flower_pfl.client_step import SERVER_ROUND
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.experiment import resolve_device, solver_config
 from strategies.metrics import personalized_evaluate_metrics, personalized_evaluate_metrics_legacy, weighted_train_metrics
 
 
-def _participants(cfg: ExperimentConfig, num_nodes: int) -> int:
+def participants(cfg: ExperimentConfig, num_nodes: int) -> int:
     """Clients per round, capped at the nodes connected at start (a simulation never gets more)."""
     if 0 < num_nodes < cfg.clients_per_round:
         log(WARNING, "clients-per-round = %d but only %d nodes are connected: using %d", cfg.clients_per_round, num_nodes, num_nodes)
@@ -29,7 +30,7 @@ def _participants(cfg: ExperimentConfig, num_nodes: int) -> int:
 def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping[int, int] | None = None) -> MessageStrategy:
     """Message-API strategy; ``num_nodes`` turns ``clients-per-round`` into Flower's fractions,
     ``ranks`` (node id -> partition id) orders our strategies' sampling."""
-    k = _participants(cfg, num_nodes)
+    k = participants(cfg, num_nodes)
     cls = getattr(strategies.message, cfg.entry.strategy)
     if cfg.entry.builtin:  # Flower's own FedAvg family
         return cls(fraction_train=min(1.0, k / max(num_nodes, 1)), min_train_nodes=k, min_available_nodes=k,
@@ -44,8 +45,8 @@ def build_legacy_strategy(
     cfg: ExperimentConfig, initial: Mapping[str, np.ndarray], num_nodes: int, ranks: Mapping[int, int] | None = None
 ) -> LegacyStrategy:
     """Legacy-API strategy (``configure_fit`` / ``aggregate_fit``); ``initial``: the named starting model."""
-    k = _participants(cfg, num_nodes)
-    fit_config: Callable[[int], dict[str, Any]] = lambda _round: dict(solver_config(cfg))  # noqa: E731
+    k = participants(cfg, num_nodes)
+    fit_config: Callable[[int], dict[str, Any]] = lambda rnd: {**solver_config(cfg), SERVER_ROUND: rnd}  # noqa: E731
     cls = getattr(strategies, cfg.entry.strategy)
     if cfg.entry.builtin:
         return cls(fraction_fit=min(1.0, k / max(num_nodes, 1)), min_fit_clients=k, min_available_clients=k,

@@ -14,6 +14,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy as MessageStrategy
 
 from flower_pfl.results import RunRecorder
+from flower_pfl.sampling import Sampler
+
+from .seeded import SampledGrid, in_rank_order, node_id
 
 
 def _plain(metrics: Any) -> dict[str, Any]:
@@ -30,20 +33,28 @@ class _Schedule:
 
 
 class RecordedStrategy(MessageStrategy, _Schedule):
-    """Message-API wrapper."""
+    """Message-API wrapper. Replies reach the wrapped strategy in rank order; with
+    ``clients_per_round`` (Flower's own strategies) the round's participants are drawn by
+    ``sampler``, not by Flower's sampling."""
 
-    def __init__(self, inner: MessageStrategy, recorder: RunRecorder, eval_every: int) -> None:
+    def __init__(self, inner: MessageStrategy, recorder: RunRecorder, eval_every: int, sampler: Sampler,
+                 clients_per_round: int | None = None) -> None:
         _Schedule.__init__(self, recorder, eval_every)
-        self.inner = inner
+        self.inner, self.sampler, self.clients_per_round = inner, sampler, clients_per_round
 
     def summary(self) -> None:
         self.inner.summary()
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        if self.clients_per_round is not None:
+            grid = SampledGrid(grid, self.sampler.sample(grid.get_node_ids(), self.clients_per_round))  # type: ignore[assignment]
         return self.inner.configure_train(server_round, arrays, config, grid)
 
+    def _ordered(self, replies: Iterable[Message]) -> list[Message]:
+        return in_rank_order(self.sampler, replies, lambda msg: msg.metadata.src_node_id)
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        arrays, metrics = self.inner.aggregate_train(server_round, replies)
+        arrays, metrics = self.inner.aggregate_train(server_round, self._ordered(replies))
         self.recorder.on_train(server_round, dict(metrics or {}))
         return arrays, metrics
 
@@ -51,7 +62,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         return self.inner.configure_evaluate(server_round, arrays, config, grid) if self.evaluate_now(server_round) else []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        replies = list(replies)
+        replies = self._ordered(replies)
         self.recorder.on_client_evaluations(server_round, [
             {"node-id": msg.metadata.src_node_id, **_plain(next(iter(msg.content.metric_records.values())))}
             for msg in replies if not msg.has_error() and msg.content.metric_records])
@@ -62,11 +73,15 @@ class RecordedStrategy(MessageStrategy, _Schedule):
 
 
 class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
-    """Legacy-API wrapper."""
+    """Legacy-API wrapper. Results reach the wrapped strategy in rank order (the legacy server
+    collects them as its threads finish); sampling is the client manager's (``SeededClientManager``)."""
 
-    def __init__(self, inner: LegacyStrategy, recorder: RunRecorder, eval_every: int) -> None:
+    def __init__(self, inner: LegacyStrategy, recorder: RunRecorder, eval_every: int, sampler: Sampler) -> None:
         _Schedule.__init__(self, recorder, eval_every)
-        self.inner = inner
+        self.inner, self.sampler = inner, sampler
+
+    def _ordered(self, results: Any) -> list[Any]:
+        return in_rank_order(self.sampler, results, lambda pair: node_id(pair[0].cid))
 
     def __repr__(self) -> str:
         return repr(self.inner)
@@ -78,7 +93,7 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         return self.inner.configure_fit(server_round, parameters, client_manager)
 
     def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
-        params, metrics = self.inner.aggregate_fit(server_round, results, failures)
+        params, metrics = self.inner.aggregate_fit(server_round, self._ordered(results), failures)
         self.recorder.on_train(server_round, metrics or {})
         return params, metrics
 
@@ -86,6 +101,7 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         return self.inner.configure_evaluate(server_round, parameters, client_manager) if self.evaluate_now(server_round) else []
 
     def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
+        results = self._ordered(results)
         self.recorder.on_client_evaluations(server_round, [
             {"node-id": int(proxy.cid), "loss": res.loss, "num-examples": res.num_examples, **_plain(res.metrics)}
             for proxy, res in results])

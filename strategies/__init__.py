@@ -14,10 +14,11 @@ from flower_pfl.server_step import UpdateRejected
 from .declared import strategy_classes
 from .legacy import LegacyMethodStrategy
 
-globals().update(strategy_classes(LegacyMethodStrategy, __name__))
+_METHODS = strategy_classes(LegacyMethodStrategy, __name__)
+globals().update(_METHODS)
 
 #: the generic strategy, for a method instance of your own (``LegacyMethodStrategy(MyMethod(), ...)``)
 PersonalizedStrategy = GlobalModelStrategy = LegacyMethodStrategy
 
 __all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "GlobalModelStrategy", "LegacyMethodStrategy", "PersonalizedStrategy",
-                  "UpdateRejected", *strategy_classes(LegacyMethodStrategy, __name__)])
+                  "UpdateRejected", *_METHODS])

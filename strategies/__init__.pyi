@@ -60,15 +60,17 @@ class FedACS(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class FedAttn(LegacyMethodStrategy):
@@ -109,15 +111,17 @@ class FedAttn(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class FedMCSA(LegacyMethodStrategy):
@@ -161,15 +165,17 @@ class FedMCSA(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class IGFL(LegacyMethodStrategy):
@@ -204,15 +210,17 @@ class IGFL(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class APFL(LegacyMethodStrategy):
@@ -243,15 +251,17 @@ class APFL(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class Ditto(LegacyMethodStrategy):
@@ -280,15 +290,17 @@ class Ditto(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class FedAMP(LegacyMethodStrategy):
@@ -326,15 +338,17 @@ class FedAMP(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class FedPer(LegacyMethodStrategy):
@@ -367,15 +381,17 @@ class FedPer(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class HeurFedAMP(LegacyMethodStrategy):
@@ -412,15 +428,17 @@ class HeurFedAMP(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class Local(LegacyMethodStrategy):
@@ -448,15 +466,17 @@ class Local(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class PerFedAvg(LegacyMethodStrategy):
@@ -485,15 +505,17 @@ class PerFedAvg(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class PFedMe(LegacyMethodStrategy):
@@ -529,15 +551,17 @@ class PFedMe(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 
 
 class SCAFFOLD(LegacyMethodStrategy):
@@ -568,13 +592,15 @@ class SCAFFOLD(LegacyMethodStrategy):
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
         Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+    evaluate_fn : EvaluateFn | None (default None)
+        Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
 

@@ -10,6 +10,7 @@ from one definition and cannot drift.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from pathlib import Path
@@ -78,8 +79,9 @@ def _type_text(annotation: Any) -> str:
     return str(annotation).replace("typing.", "")
 
 
+@functools.cache
 def strategy_classes(base: type, module: str) -> dict[str, type]:
-    """Every method's strategy class for ``base``'s API, by class name."""
+    """Every method's strategy class for ``base``'s API, by class name (made once)."""
     from flower_pfl.methods.registry import method_classes
 
     return {cls.strategy: strategy_class(cls, base, module) for cls in method_classes()}

@@ -18,11 +18,12 @@ from flwr.server.strategy import Strategy
 from flower_pfl.client_step import SERVER_ROUND
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from .message.method_strategy import log_rejected
 from .metrics import personalized_evaluate_metrics_legacy, round_replies_metrics
+from .replies import log_rejected
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
 MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
+EvaluateFn = Callable[[int, list[np.ndarray], dict[str, Scalar]], "tuple[float, dict[str, Scalar]] | None"]
 
 
 def client_id(proxy: ClientProxy) -> int | str:
@@ -53,8 +54,10 @@ class LegacyMethodStrategy(Strategy):
         "on_fit_config_fn": "Config sent with every training instruction, by round.",
         "on_evaluate_config_fn": "Config sent with every evaluation instruction, by round.",
         "evaluate_metrics_aggregation_fn": "Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).",
+        "evaluate_fn": "Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: "
+                       "``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.",
         "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
-        "device": "Device of the server's models and aggregation.",
+        "device": "Device of the per-client store and its aggregation (a global model is kept on the CPU).",
     }
     CONTRACT = (
         "Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of "
@@ -75,6 +78,7 @@ class LegacyMethodStrategy(Strategy):
         on_fit_config_fn: ConfigFn | None = None,
         on_evaluate_config_fn: ConfigFn | None = None,
         evaluate_metrics_aggregation_fn: MetricsFn | None = None,
+        evaluate_fn: EvaluateFn | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
     ) -> None:
@@ -89,6 +93,7 @@ class LegacyMethodStrategy(Strategy):
         self.on_fit_config_fn = on_fit_config_fn
         self.on_evaluate_config_fn = on_evaluate_config_fn
         self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn or personalized_evaluate_metrics_legacy
+        self.evaluate_fn = evaluate_fn
 
     @property
     def method(self) -> ServerStep:
@@ -160,4 +165,7 @@ class LegacyMethodStrategy(Strategy):
         return metrics.get("loss"), metrics
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        return None
+        model = self.method.global_model() if self.server.initialized else None
+        if self.evaluate_fn is None or model is None:
+            return None
+        return self.evaluate_fn(server_round, self.server.to_arrays(model), {})

@@ -2,7 +2,7 @@ import torch
 
 from flower_pfl.models import MLR
 from flower_pfl.client_step import PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
-from flower_pfl.solvers import MinibatchStream, evaluate, proximal_term
+from flower_pfl.solvers import MinibatchStream, evaluate
 
 
 def local_sgd(model, x, y, *, steps, lr, batch_size, prox_mu, generator):
@@ -16,17 +16,6 @@ def _data(n=64, seed=0):
     x = torch.randn(n, 5, generator=g)
     y = (x[:, 0] > 0).long()
     return x, y
-
-
-def test_proximal_term_gradient_is_nonzero_and_points_to_anchor():
-    w = torch.tensor([1.0, -2.0], requires_grad=True)
-    anchor = [torch.tensor([0.0, 0.0])]
-    term = proximal_term([w], anchor)
-    assert float(term.detach()) == 2.5  # 0.5 * (1 + 4)
-    (grad,) = torch.autograd.grad(term, [w])
-    assert torch.equal(grad, torch.tensor([1.0, -2.0]))  # = w - anchor, nonzero
-    stepped = w.detach() - 0.1 * grad
-    assert (stepped - anchor[0]).norm() < (w.detach() - anchor[0]).norm()
 
 
 def test_minibatches_are_fresh_until_the_data_is_used_up():

@@ -4,7 +4,7 @@ import torch
 
 from flower_pfl.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.models import DNN
-from flower_pfl.store import ClientModelStore
+from flower_pfl.store import ClientModelStore, DiskClientModelStore, make_store
 
 
 def test_flatten_unflatten_roundtrip_and_offsets():
@@ -44,7 +44,7 @@ def test_store_lazy_rows_put_get_and_growth():
     store = ClientModelStore(torch.tensor([1.0, 2.0]))
     assert store.get(["a", "b"]).tolist() == [[1, 2], [1, 2]]
     store.put(["b"], torch.tensor([[5.0, 6.0]]))
-    ids = [f"c{i}" for i in range(50)]  # forces several reallocations
+    ids = [f"c{i}" for i in range(50)]  # a new block
     store.put(ids, torch.arange(100, dtype=torch.float32).view(50, 2))
     assert store.get(["b", "a", "c7"]).tolist() == [[5, 6], [1, 2], [14, 15]]
     assert len(store) == 52
@@ -61,3 +61,151 @@ def test_store_get_returns_a_copy_and_put_checks_shape():
         store.put([1, 2], torch.zeros(2, 4))
     with pytest.raises(ValueError, match="unique"):
         store.put([1, 1], torch.zeros(2, 3))
+
+
+# -- both stores: in memory (CPU, CUDA when there) and on disk ---------------------------------
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=[("memory", d) for d in DEVICES] + [("disk", "cpu")], ids=lambda p: "-".join(p))
+def make(request, tmp_path):
+    """``make(initial)``: an empty store of the kind under test."""
+    kind, device = request.param
+    folders = iter(tmp_path / f"store{i}" for i in range(100))
+    return lambda initial: make_store(initial, device, next(folders) if kind == "disk" else None)
+
+
+def _allocated_rows(store) -> int:
+    """Rows actually allocated: the blocks' tensors, or the block files' shapes."""
+    if isinstance(store, ClientModelStore):
+        return sum(block.shape[0] for block in store._blocks)
+    return sum(np.load(path, mmap_mode="r").shape[0] for path in sorted(store.folder.glob("rows_*.npy")))
+
+
+def test_stores_start_unseen_clients_from_the_initial_model(make):
+    store = make(torch.tensor([1.0, 2.0, 3.0]))
+    assert len(store) == 0 and store.ids() == [] and store.dim == 3 and "a" not in store
+    assert store.get([]).shape == (0, 3)
+    got = store.get(["a", 7, "a"])  # duplicates allowed in get
+    assert got.device.type == store.device.type and got.dtype == torch.float32
+    assert got.tolist() == [[1, 2, 3]] * 3
+    assert store.ids() == ["a", 7] and len(store) == 2 and "a" in store and 7 in store
+    got += 1  # a copy
+    assert store.get(["a"]).tolist() == [[1, 2, 3]]
+
+
+@pytest.mark.parametrize("dim", [3, 1 << 16])  # indexed copies; slice copies run by run
+def test_stores_get_put_round_trips_across_blocks(make, dim):
+    store = make(torch.zeros(dim))
+    rng = np.random.default_rng(0)
+    expected = {}
+    for step, size in enumerate([1, 1, 3, 7, 2, 12, 5, 9]):  # a new block nearly every step
+        ids = [f"c{step}-{i}" for i in range(size)]
+        ids = [ids[i] for i in rng.permutation(size)]
+        rows = torch.from_numpy(rng.standard_normal((size, dim), dtype=np.float32))
+        store.put(ids, rows.to(store.device))
+        expected.update({cid: rows[i] for i, cid in enumerate(ids)})
+    assert store.num_blocks > 4
+    everyone = list(expected)
+    assert store.ids() == everyone  # order of arrival
+    for ids in (everyone, everyone[::-1], [everyone[i] for i in rng.permutation(len(everyone))][:13],
+                [everyone[3], everyone[3], everyone[20]]):
+        torch.testing.assert_close(store.get(ids).cpu(), torch.stack([expected[c] for c in ids]), rtol=0, atol=0)
+    update = [everyone[i] for i in rng.permutation(len(everyone))[:17]] + ["late"]
+    rows = torch.from_numpy(rng.standard_normal((len(update), dim), dtype=np.float32))
+    store.put(update, rows)  # on the CPU whatever the store's device
+    expected.update({cid: rows[i] for i, cid in enumerate(update)})
+    torch.testing.assert_close(store.get(list(expected)).cpu(), torch.stack(list(expected.values())), rtol=0, atol=0)
+    state = store.state_dict()
+    assert state["ids"] == list(expected) and torch.equal(state["rows"], torch.stack(list(expected.values())))
+    restored = ClientModelStore.from_state_dict(state)
+    assert restored.ids() == list(expected) and torch.equal(restored.get(restored.ids()), state["rows"])
+
+
+def test_stores_check_ids_and_shapes_before_changing_anything(make):
+    store = make(torch.zeros(3))
+    store.get([1])
+    with pytest.raises(ValueError, match="shape"):
+        store.put([1, 2], torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="shape"):
+        store.put([1, 2], torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="unique"):
+        store.put([2, 2], torch.zeros(2, 3))
+    assert store.ids() == [1]
+    with pytest.raises(ValueError, match="flat"):
+        make(torch.zeros(2, 2))
+
+
+def test_stores_grow_by_blocks_within_five_percent(make):
+    store = make(torch.zeros(2))
+    rng = np.random.default_rng(1)
+    n = 0
+    for step in range(300):
+        size = int(rng.choice([1, 1, 1, 2, 5, 30]))
+        store.get(list(range(n, n + size))) if step % 2 else store.put(list(range(n, n + size)), torch.ones(size, 2))
+        n += size
+        assert len(store) == n and store.capacity <= 1.05 * n
+        if step % 20 == 0 or isinstance(store, ClientModelStore):
+            assert _allocated_rows(store) == store.capacity
+    assert _allocated_rows(store) == store.capacity <= 1.05 * n and store.num_blocks < 150
+    if isinstance(store, ClientModelStore):  # growing never moves the rows held
+        before = [block.data_ptr() for block in store._blocks]
+        store.get(list(range(n, n + 100)))
+        assert [block.data_ptr() for block in store._blocks[:len(before)]] == before
+        assert _allocated_rows(store) <= 1.05 * len(store)
+
+
+def test_make_store_picks_the_store(tmp_path):
+    assert type(make_store(torch.zeros(2), "cpu", None)) is ClientModelStore
+    disk = make_store(torch.zeros(2), "cpu", tmp_path / "s")
+    assert type(disk) is DiskClientModelStore and (tmp_path / "s" / "index.json").exists()
+    assert type(make_store(torch.zeros(2), "cpu", str(tmp_path / "t"))) is DiskClientModelStore
+
+
+# -- the disk store ---------------------------------------------------------------------------
+
+def test_disk_store_reopens_with_the_same_ids_and_rows(tmp_path):
+    store = DiskClientModelStore(torch.tensor([1.0, 2.0]), tmp_path)
+    ids = [5, "b", 2**63 + 1, np.int64(-3)] + [f"c{i}" for i in range(40)]
+    rows = torch.arange(2 * len(ids), dtype=torch.float32).view(-1, 2)
+    store.put(ids[:10], rows[:10])
+    store.get(ids[10:])  # lazily, from the initial model
+    store.put(ids[20:], rows[20:])
+    store.flush()
+    expected = store.get(ids)
+    assert expected[10:20].tolist() == [[1, 2]] * 10
+
+    again = DiskClientModelStore(torch.tensor([0.0, 0.0]), tmp_path)  # a new initial for unseen clients
+    assert again.ids() == [5, "b", 2**63 + 1, -3] + ids[4:] and again.capacity == store.capacity
+    assert torch.equal(again.get(ids), expected) and -3 in again and "5" not in again
+    assert again.get(["new"]).tolist() == [[0, 0]]
+    again.put(["b"], torch.tensor([[9.0, 9.0]]))
+    del again
+    opened = DiskClientModelStore.open(tmp_path)  # the initial model saved there
+    assert opened.initial.tolist() == [0, 0] and opened.ids()[-1] == "new"
+    assert opened.get(["b"]).tolist() == [[9, 9]] and len(opened) == len(ids) + 1
+
+
+def test_disk_store_refuses_another_dimension_and_odd_ids(tmp_path):
+    store = DiskClientModelStore(torch.zeros(3), tmp_path)
+    store.get(["a"])
+    with pytest.raises(ValueError, match="dimension 3, not 4"):
+        DiskClientModelStore(torch.zeros(4), tmp_path)
+    with pytest.raises(TypeError, match="str or int"):
+        store.get(["b", (1, 2)])
+    assert store.ids() == ["a"]
+    (tmp_path / "rows_00000.npy").unlink()
+    with pytest.raises(ValueError, match="lacks rows_00000.npy"):
+        DiskClientModelStore(torch.zeros(3), tmp_path)
+    with pytest.raises(FileNotFoundError):
+        DiskClientModelStore.open(tmp_path / "nothing")
+
+
+def test_disk_store_keeps_its_rows_in_files_and_restores_from_a_state_dict(tmp_path):
+    memory = ClientModelStore(torch.zeros(4))
+    memory.put(["x", "y"], torch.tensor([[1.0, 2, 3, 4], [5, 6, 7, 8]]))
+    disk = DiskClientModelStore.from_state_dict(memory.state_dict(), tmp_path)
+    assert disk.ids() == ["x", "y"] and torch.equal(disk.get(["y", "x"]), memory.get(["y", "x"]))
+    blocks = sorted(tmp_path.glob("rows_*.npy"))
+    assert len(blocks) == 1 and np.load(blocks[0])[:2].tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, stored
-from ..layout import flatten_module, load_flat_
+from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, load_stored, stored
+from ..layout import flatten_module
 from ..params import NON_NEGATIVE, UNIT_INTERVAL, param
 from ..server_step import GlobalModelStep, Settings
 from ..solvers import trainable
@@ -39,12 +39,10 @@ class Mixture(nn.Module):
 
 def _personal(model: nn.Module, state: ClientState | None) -> tuple[nn.Module, float] | None:
     """The personal model and α kept in the client state (``None`` before the client's first round)."""
-    known = stored(state, PERSONAL_STATE)
-    if known is None:
-        return None
     personal = copy.deepcopy(model)
-    load_flat_(personal, known[0].to(next(model.parameters()).device))
-    return personal, float(known[1][0])
+    if not load_stored(personal, state, PERSONAL_STATE):
+        return None
+    return personal, float(stored(state, PERSONAL_STATE)[1][0])  # type: ignore[index]
 
 
 class APFLStep(ClientStep):

@@ -14,9 +14,11 @@ hyperparameters (``flower_pfl.params.param``), whose base is its server step
 
         def personalize(self, models, layout): ...
 
-Nothing else needs editing: the registry (``flower_pfl.methods.registry``) finds the class,
-the run config gains ``fedfoo-tau``, both Flower APIs gain ``FedFoo`` with a typed,
-documented constructor, and the package's ClientApp runs its client step.
+The registry (``flower_pfl.methods.registry``) finds the class: the run config gains
+``fedfoo-tau``, both Flower APIs gain ``FedFoo`` with a typed, documented constructor, and the
+package's ClientApp runs its client step. What is derived as text (``pyproject.toml``'s defaults,
+the editors' stubs, the README's table) is checked by tests that say how to regenerate it (see
+the README's "Adding a method").
 """
 
 from __future__ import annotations

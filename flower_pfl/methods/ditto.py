@@ -10,8 +10,8 @@ from typing import Any, Callable, Mapping
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import PROXIMAL_MU, Batch, ClientState, ClientStep, LossFn, Proximal, TrainData, keep, stored
-from ..layout import flatten_module, load_flat_
+from ..client_step import PROXIMAL_MU, Batch, ClientState, ClientStep, LossFn, Proximal, TrainData, keep, load_stored
+from ..layout import flatten_module
 from ..params import NON_NEGATIVE, param
 from ..server_step import GlobalModelStep, Settings
 from .base import Method
@@ -39,8 +39,7 @@ class DittoStep(ClientStep):
         if lam < 0:
             raise ValueError(f"Ditto's lambda must be >= 0, got {lam}")
         self.personal = copy.deepcopy(model)
-        if (known := stored(state, PERSONAL_STATE)) is not None:
-            load_flat_(self.personal, known[0].to(next(model.parameters()).device))
+        load_stored(self.personal, state, PERSONAL_STATE)
         self.personal_step = Proximal(self.personal, {PROXIMAL_MU: lam}, None, loss_fn)
         self.personal_step.anchor = self.received  # the pull is toward the received global model
 
@@ -57,8 +56,7 @@ class DittoStep(ClientStep):
     def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
                          test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
         """The personal model (the received global one before the client's first round)."""
-        if (known := stored(state, PERSONAL_STATE)) is not None:
-            load_flat_(model, known[0].to(next(model.parameters()).device))
+        load_stored(model, state, PERSONAL_STATE)
         return model, {}
 
 

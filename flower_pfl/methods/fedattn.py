@@ -14,7 +14,7 @@ personalized, per client, by a trainable attention over its nearest clients' bia
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -25,7 +25,7 @@ from torch import nn
 from ..client_step import Batch, ClientState, ClientStep, LossFn, setting
 from ..layout import ParamLayout
 from ..params import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
-from ..server_step import GlobalModelStep, Reply, Settings, weighted_mean
+from ..server_step import GlobalModelStep, Reply, Settings
 from ..solvers import trainable
 from ..wire import decode_flat, decode_vector, encode_vector
 from .base import Method
@@ -138,13 +138,14 @@ class FedAttnStep(ClientStep):
         if self.reg < 0:
             raise ValueError(f"bias_reg must be >= 0, got {self.reg}")
         biases = [r for r, b in zip(self.received, self.is_bias) if b]
-        self.global_biases = decode_vector(setting(config, GLOBAL_BIASES, "FedAttn"), biases) if self.reg > 0 else biases
+        anchors = decode_vector(setting(config, GLOBAL_BIASES, "FedAttn"), biases) if self.reg > 0 else biases
+        self.global_biases = [a.to(device=b.device, dtype=b.dtype) for a, b in zip(anchors, biases)]
 
     def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
         if self.reg <= 0:
             return []
         anchors = iter(self.global_biases)
-        return [self.reg * (p - next(anchors).to(device=p.device, dtype=p.dtype)) if b else None
+        return [self.reg * (p - next(anchors)) if b else None
                 for p, b in zip(trainable(model), self.is_bias)]
 
     def finish(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
@@ -189,11 +190,6 @@ class FedAttn(Method, GlobalModelStep):
                                doc="stabiliser: rounds of plain FedAvg before biases are personalized (0 = as the paper)")
     learn_values: bool = param(True, key="fedattn-learn-values",
                                doc="False keeps W_V = I, so personalized biases stay a convex mix of real ones (stabiliser)")
-    #: every client's last biases M_i and representation Z_i, the attention module and its optimizer
-    biases: dict[Hashable, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
-    representations: dict[Hashable, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
-    module: BiasAttention | None = field(default=None, init=False, repr=False)
-
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
         self.mask = bias_mask(layout)
@@ -201,6 +197,10 @@ class FedAttn(Method, GlobalModelStep):
             raise ValueError(f"FedAttn personalizes the tensors named '*bias', and this model has none ({list(layout.names)}): "
                              "give the strategy the initial model with its parameter names")
         self.seed, self.round, self.d_z = seed, 0, 0
+        #: every client's last biases M_i and representation Z_i, the attention module and its optimizer
+        self.biases: dict[Hashable, torch.Tensor] = {}
+        self.representations: dict[Hashable, torch.Tensor] = {}
+        self.module: BiasAttention | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._sent: dict[Hashable, _Sent] = {}
 
@@ -268,16 +268,15 @@ class FedAttn(Method, GlobalModelStep):
         """``G``: FedAvg of the returned models (weighted by samples); each client's ``M_i`` and ``Z_i``
         are stored; the attention takes one step on the gradients of the clients it personalized."""
         ids = [r.client_id for r in replies]
-        stacked = torch.stack([r.model for r in replies])
-        new_global = weighted_mean(stacked, [r.num_examples for r in replies])
+        new_global = super().combine(replies)
         self._ensure_module(self.d_z)
         trained = [i for i, cid in enumerate(ids) if cid in self._sent]
         if trained:
             sent = [self._sent[ids[i]] for i in trained]
             attention_step(self.module, self.optimizer, torch.cat([s.query for s in sent]), torch.cat([s.keys for s in sent]),  # type: ignore[arg-type]
                            torch.cat([s.values for s in sent]), torch.stack([replies[i].extras[1] for i in trained]))
-        for cid, model, reply in zip(ids, stacked, replies):
-            self.biases[cid] = model[self.mask].clone()
+        for cid, reply in zip(ids, replies):
+            self.biases[cid] = reply.model[self.mask].clone()
             self.representations[cid] = reply.extras[0]
         return new_global
 

@@ -43,6 +43,12 @@ class FedMCSA(Method, PersonalizedStep):
     client_settings: Mapping[str, Any] | None = param(None, doc="another method's client settings in place of the proximal step (Table 2's transfers)")
     evaluation_settings: Mapping[str, Any] | None = param(None, doc="evaluation settings that go with client_settings")
 
+    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        super().setup(layout, initial, device, seed)
+        if self.grouping == "module" and not layout.named:
+            raise ValueError("grouping = 'module' finds layers by parameter name, and this model's have none: "
+                             "give the strategy the initial model with its parameter names (a state_dict)")
+
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Personalized models and each component's ``(m, m)`` attention weights."""
         components = layout.components(self.grouping)  # type: ignore[arg-type]

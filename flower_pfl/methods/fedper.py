@@ -10,7 +10,7 @@ import torch
 from ..client_step import ClientStep
 from ..layout import ParamLayout
 from ..params import AT_LEAST_ONE, param
-from ..server_step import ClientId, Instruction, PersonalizedStep, Reply, weighted_mean
+from ..server_step import ClientId, PersonalizedStep, Reply, weighted_mean
 from .base import Method
 
 
@@ -34,7 +34,13 @@ class FedPer(Method, PersonalizedStep):
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
+        if not layout.named:
+            raise ValueError("FedPer finds its layers by parameter name, and this model's have none: "
+                             "give the strategy the initial model with its parameter names (a state_dict)")
         modules = layout.components("module")
+        if self.head_layers >= len(modules):
+            raise ValueError(f"head_layers = {self.head_layers} leaves no base layer to share ({len(modules)} layers: "
+                             f"{[name for name, _ in modules]}); that is Local")
         self.base_columns = torch.zeros(layout.dim, dtype=torch.bool)
         for _, columns in modules[: max(len(modules) - self.head_layers, 0)]:
             self.base_columns[columns] = True
@@ -47,9 +53,9 @@ class FedPer(Method, PersonalizedStep):
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
         return self._with_base(models), None
 
-    def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
-        models = self._with_base(self.store.get(ids))
-        return [Instruction(cid, models[i], {}) for i, cid in enumerate(ids)]
+    def models_for_evaluation(self, ids: Sequence[ClientId]) -> torch.Tensor:
+        """The global base with each client's own head."""
+        return self._with_base(self.store.get(ids))
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         super().aggregate(server_round, replies)

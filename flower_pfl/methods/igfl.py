@@ -6,7 +6,7 @@ The deltas of a round's participants form one ``(m, d)`` matrix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Hashable, Literal, Mapping, Sequence
 
 import torch
@@ -127,13 +127,11 @@ class IGFL(Method, GlobalModelStep):
                                   must=Rule(lambda v: v is None or v in ATTENTION_MODES, "one of self, global, time"),
                                   doc="query of the server's attention: 'self', 'global', 'time', or None (the plain mean of the deltas, IGFL-C alone)")
     client_correction: bool = param(True, doc="clients run IGFL-C (False: plain local SGD, IGFL-S alone)")
-    #: the server's last global delta Δw_ps and every client's previous delta Δw_i^r
-    global_delta: torch.Tensor | None = field(default=None, init=False, repr=False)
-    previous: dict[Hashable, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
-
     def setup(self, layout: Any, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
+        #: the server's last global delta Δw_ps and every client's previous delta Δw_i^r
         self.global_delta = torch.zeros(layout.dim)
+        self.previous: dict[Hashable, torch.Tensor] = {}
 
     def train_config(self, num_participants: int) -> Settings:
         """IGFL-C's inputs (``Δw_ps`` is zero before the first update)."""
@@ -151,6 +149,6 @@ class IGFL(Method, GlobalModelStep):
             update, weights = afl_global_delta(deltas, previous, self.attention)  # type: ignore[arg-type]
             if weights.dim() == 2:  # client-by-client attention (self, time)
                 self.attention_weights.add(ids, {"model": weights})
-        self.previous.update(zip(ids, deltas))
+        self.previous.update((cid, delta.clone()) for cid, delta in zip(ids, deltas))  # not views of the round's matrix
         self.global_delta = update
         return self.model + update

@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, setting, stored
-from ..layout import ParamLayout, load_flat_
+from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, load_stored, setting, sgd_update
+from ..layout import ParamLayout
 from ..metrics import GLOBAL_ACCURACY
 from ..params import AT_LEAST_ONE, POSITIVE, Rule, param
-from ..server_step import GlobalModelStep, Reply, Settings, weighted_mean
+from ..server_step import GlobalModelStep, Reply, Settings
 from ..solvers import trainable
 from .base import Method
 
@@ -87,6 +87,14 @@ class PFedMeStep(ClientStep):
             for p, t in zip(trainable(model), self.theta):
                 p.grad = self.lam * (p - t)
 
+    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
+        """A user's loop iteration without its forward and backward pass, whose gradient
+        ``adjust_gradients`` replaces anyway."""
+        batch = next_batch()
+        self.adjust_gradients(model, batch)
+        sgd_update(model, lr)
+        return self.step_loss  # type: ignore[return-value]
+
     def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, THETA_STATE, [personalized_vector(model, self.theta)])
         return {}
@@ -95,8 +103,7 @@ class PFedMeStep(ClientStep):
     def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
                          test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
         extra = {GLOBAL_ACCURACY: test(model).accuracy}
-        if (theta := stored(state, THETA_STATE)) is not None:
-            load_flat_(model, theta[0].to(next(model.parameters()).device))
+        load_stored(model, state, THETA_STATE)
         return model, extra
 
 
@@ -123,5 +130,4 @@ class PFedMe(Method, GlobalModelStep):
         return {EVALUATE_BOTH: True}
 
     def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
-        mean = weighted_mean(torch.stack([r.model for r in replies]), [r.num_examples for r in replies])
-        return (1 - self.beta) * self.model + self.beta * mean
+        return (1 - self.beta) * self.model + self.beta * super().combine(replies)

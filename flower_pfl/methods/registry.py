@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from ..client_step import ClientStep, Proximal
 from ..params import ParamSpec
-from .base import Entry, FlowerMethod, Method
+from .base import Entry, Method
 
 _GROUPS = ("paper", "baseline", "flower")
 
@@ -110,9 +110,6 @@ def evaluation_step_for(config: Mapping[str, Any]) -> type[ClientStep]:
     return wanted[0] if wanted else ClientStep
 
 
-def flower_method(name: str) -> FlowerMethod:
-    return next(e.declaration for e in entries() if e.builtin and e.method == name)
-
 
 def method_table() -> str:
     """The README's method table: every run-config method, its strategy class and hyperparameters."""
@@ -122,8 +119,8 @@ def method_table() -> str:
         specs = option_specs()
         used = e.reads or tuple(s.key for s in e.params() if s.key is not None and s.name not in e.fixed)
         keys = ", ".join(f"`{key} = {_toml(specs[key].default)}`" for key in used) or "none"
-        if e.custom is not None or e.fixed:
-            keys += " (" + ", ".join(f"{k} = {v!r}" for k, v in e.fixed.items()) + ")" if e.fixed else ""
+        if e.fixed:
+            keys += " (" + ", ".join(f"{k} = {v!r}" for k, v in e.fixed.items()) + ")"
         rows.append(f"| {config} | `{e.strategy}` | {e.summary().split(':')[0]} | {keys} |")
     return "\n".join(rows)
 

@@ -6,10 +6,11 @@ from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 from ..declared import strategy_classes
 from .method_strategy import MethodStrategy
 
-globals().update(strategy_classes(MethodStrategy, __name__))
+_METHODS = strategy_classes(MethodStrategy, __name__)
+globals().update(_METHODS)
 
 #: the generic strategy, for a method instance of your own (``MethodStrategy(MyMethod(), ...)``)
 PersonalizedStrategy = GlobalModelStrategy = MethodStrategy
 
 __all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "GlobalModelStrategy", "MethodStrategy", "PersonalizedStrategy",
-                  *strategy_classes(MethodStrategy, __name__)])
+                  *_METHODS])

@@ -53,7 +53,7 @@ class FedACS(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -100,7 +100,7 @@ class FedAttn(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -150,7 +150,7 @@ class FedMCSA(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -191,7 +191,7 @@ class IGFL(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -228,7 +228,7 @@ class APFL(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -263,7 +263,7 @@ class Ditto(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -307,7 +307,7 @@ class FedAMP(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -346,7 +346,7 @@ class FedPer(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -389,7 +389,7 @@ class HeurFedAMP(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -423,7 +423,7 @@ class Local(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -458,7 +458,7 @@ class PerFedAvg(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -500,7 +500,7 @@ class PFedMe(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -537,7 +537,7 @@ class SCAFFOLD(MethodStrategy):
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
-        Device of the server's models and aggregation.
+        Device of the per-client store and its aggregation (a global model is kept on the CPU).
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')

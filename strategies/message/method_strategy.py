@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from logging import INFO, WARNING
-from typing import Any, Callable, Iterable
+from logging import INFO
+from typing import Callable, Iterable
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -16,6 +16,7 @@ from flower_pfl.client_step import SERVER_ROUND
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
 from ..metrics import NUM_EXAMPLES, personalized_evaluate_metrics, round_replies_metrics
+from ..replies import log_rejected
 
 MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
 
@@ -38,7 +39,7 @@ class MethodStrategy(Strategy):
         "min_available_nodes": "Nodes to wait for before a round starts.",
         "fraction_evaluate": "Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.",
         "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
-        "device": "Device of the server's models and aggregation.",
+        "device": "Device of the per-client store and its aggregation (a global model is kept on the CPU).",
         "arrayrecord_key": "Key of the ArrayRecord in messages.",
         "configrecord_key": "Key of the ConfigRecord in messages.",
         "evaluate_metrics_aggr_fn": "Aggregates the clients' evaluation MetricRecords (default: personalized accuracy "
@@ -149,7 +150,3 @@ def _raw_reply(msg: Message) -> RawReply:
     extras = {k: v for rec in content.config_records.values() for k, v in rec.items()}
     return RawReply(msg.metadata.src_node_id, [a.numpy() for a in record.values()], list(record.keys()),
                     metrics[NUM_EXAMPLES], metrics, extras)
-
-
-def log_rejected(client_id: Any, server_round: int, reason: str) -> None:
-    log(WARNING, "round %s: update of client %s rejected (%s); its stored model is unchanged", server_round, client_id, reason)

@@ -18,8 +18,8 @@ from typing import Any
 from server_apps.inprocess import run_in_process
 
 RECORDED = Path(__file__).with_name("recorded.json")
-#: 12 clients of Synthetic(0.5, 0.5), 6 of them per round, MLR, 6 rounds
-SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0}
+#: 12 clients of Synthetic(0.5, 0.5), 6 of them per round, the DNN (every method has a layer to share), 6 rounds
+SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0, "model": "dnn"}
 NUM_NODES = 12
 #: the figures compared (accuracy as a fraction)
 FIGURES = ("bmta", "bmta_weighted", "last10_mean_accuracy", "final_accuracy")

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client_apps.rules import ClientRule
+from flower_pfl.client_step import ClientStep
 
 DIM, CLASSES = 10, 4
 
@@ -31,7 +31,7 @@ def load_data(partition_id: int, num_partitions: int, n: int = 200) -> tuple[tor
     return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
-def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int, rule: ClientRule) -> float:
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int, rule: ClientStep) -> float:
     """Plain minibatch SGD, plus ``rule.adjust_gradients`` between ``backward`` and ``step``."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True)
