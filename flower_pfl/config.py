@@ -73,6 +73,10 @@ class ExperimentConfig:
     seed: int = 0
     device: str = "auto"
     output_dir: str = "results"
+    #: write the server's complete state every this many rounds (0: only after the last round)
+    checkpoint_every: int = 10
+    #: a results folder to continue: the run goes on after its last checkpointed round, in that folder
+    resume_from: str = ""
     #: every method's hyperparameters by run-config key (declared beside each method, see
     #: ``flower_pfl.methods``); missing keys take the declared defaults
     options: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -125,6 +129,8 @@ class ExperimentConfig:
             _fail(problem[0], options[problem[0]], problem[1])
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
+        if self.checkpoint_every < 0:
+            _fail("checkpoint_every", self.checkpoint_every, "an integer >= 0 (0: only after the last round)")
         if not self.output_dir:
             _fail("output_dir", self.output_dir, "a non-empty path")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -48,6 +48,16 @@ class AttentionAccumulator:
             total = grow(self._sums.get(name, torch.zeros((0, 0), dtype=torch.float64)))
             total[rows, cols] += w.detach().cpu().to(torch.float64)
             self._sums[name] = total
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to continue accumulating (for checkpoints)."""
+        return {"index": list(self._index), "sums": dict(self._sums), "count": self._count,
+                "rounds": [[ids, weights] for ids, weights in self.rounds]}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._index = {cid: i for i, cid in enumerate(state["index"])}
+        self._sums, self._count = dict(state["sums"]), state["count"]
+        self.rounds = [(list(ids), dict(weights)) for ids, weights in state["rounds"]]
 
     def mean(self, rank: Mapping[Hashable, int] | None = None) -> tuple[list[Hashable], dict[str, np.ndarray]]:
         """Client ids (row/column order) and each component's mean weights.

@@ -35,6 +35,27 @@ class RunRecorder:
         (self.out_dir / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
         (self.out_dir / METRICS).write_text("")
 
+    @classmethod
+    def resume(cls, out_dir: str | Path, num_rounds: int, last_round: int, elapsed: float, log: Any = None) -> RunRecorder:
+        """Continue writing into an existing results folder after round ``last_round``: rows of later
+        rounds (written before a crash) are dropped, so none is duplicated or half-written, and the
+        clock continues from ``elapsed``."""
+        self = cls.__new__(cls)
+        self.out_dir, self.num_rounds = Path(out_dir), num_rounds
+        self._log = log or (lambda msg: logger.info(msg))
+        self._t0 = time.perf_counter() - elapsed
+        for name in (METRICS, CLIENTS):
+            path = self.out_dir / name
+            if path.exists():
+                kept = [line for line in _complete_lines(path) if json.loads(line)["round"] <= last_round]
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text("".join(line + "\n" for line in kept))
+                tmp.replace(path)
+        self.evaluations = [
+            {k: v for k, v in row.items() if k not in ("phase", "elapsed_s")}
+            for row in map(json.loads, _complete_lines(self.out_dir / METRICS)) if row["phase"] == "evaluate"]
+        return self
+
     def _append(self, row: Mapping[str, Any], name: str = METRICS) -> None:
         with (self.out_dir / name).open("a") as fh:
             fh.write(json.dumps(row) + "\n")
@@ -75,6 +96,18 @@ class RunRecorder:
         if self.evaluations:
             plot_learning_curve(self.evaluations, self.out_dir / CURVE, title)
         return summary
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a JSON-lines file that parse (a line cut short by a crash does not)."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out.append(line)
+    return out
 
 
 def plot_learning_curve(evaluations: list[Mapping[str, float]], path: Path, title: str = "") -> None:

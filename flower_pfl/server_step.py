@@ -65,6 +65,9 @@ class ServerStep:
 
     #: the server keeps one model per client (evaluated on it) rather than one global model
     personalized: ClassVar[bool]
+    #: what changes as the method runs, by attribute name (each class lists its own; a checkpoint
+    #: saves them all, ``setup`` rebuilds everything else from the layout and the parameters)
+    state_attributes: ClassVar[tuple[str, ...]] = ("attention_weights",)
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         """Create the method's state from the model's layout and starting parameters (once);
@@ -97,6 +100,24 @@ class ServerStep:
         """What the method learned besides the models, saved with the results (``server_state.pt``)."""
         return {}
 
+    def get_state(self) -> dict[str, Any]:
+        """Everything ``state_attributes`` name, for a checkpoint (``flower_pfl.checkpoint.pack`` form)."""
+        names = [n for klass in reversed(type(self).__mro__) for n in vars(klass).get("state_attributes", ())]
+        out: dict[str, Any] = {}
+        for name in dict.fromkeys(names):
+            value = getattr(self, name)
+            out[name] = value.get_state() if hasattr(value, "get_state") else value
+        return out
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``get_state`` returned (after ``setup``)."""
+        for name, value in state.items():
+            current = getattr(self, name, None)
+            if hasattr(current, "set_state"):
+                current.set_state(value)
+            else:
+                setattr(self, name, value)
+
 
 def all_clients_train_param() -> Any:
     return param(False, key="all-clients-train",
@@ -118,6 +139,18 @@ class PersonalizedStep(ServerStep):
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
         self.store = ClientModelStore(initial, device=device)
+
+    def get_state(self) -> dict[str, Any]:
+        """The method's state and every client's model (ids in the store's order)."""
+        ids = self.store.ids()
+        return {**super().get_state(), "store": {"ids": ids, "rows": self.store.get(ids)}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        store = state.pop("store")
+        super().set_state(state)
+        if store["ids"]:
+            self.store.put(list(store["ids"]), store["rows"])
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, Mapping[str, torch.Tensor] | None]:
         """The ``(m, d)`` models to send from the participants' ``(m, d)`` stored ones, and the
@@ -167,6 +200,7 @@ class GlobalModelStep(ServerStep):
     it) and ``combine`` makes the next one from the returned models. FedAvg by default."""
 
     personalized: ClassVar[bool] = False
+    state_attributes: ClassVar[tuple[str, ...]] = ("model", "num_clients")
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
@@ -357,6 +391,18 @@ class MethodServer:
             ordered = sorted(replies, key=lambda r: (self._plan_order.get(r.client_id, math.inf), str(r.client_id)))
             self.method.aggregate(server_round, ordered)
         return self.method.global_model()
+
+    def get_state(self) -> dict[str, Any]:
+        """The sampler's generators, the last round's participants and the method's state."""
+        return {"sampler": self.sampler.state(), "last_participants": list(self.last_participants),
+                "method": self.method.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``get_state`` returned (after ``initialize``)."""
+        self._require()
+        self.sampler.set_state(state["sampler"])
+        self.last_participants = list(state["last_participants"])
+        self.method.set_state(state["method"])
 
     def to_arrays(self, vector: torch.Tensor) -> list[np.ndarray]:
         return self._require().to_numpy_list(vector)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from numbers import Integral
 from pathlib import Path
-from typing import Callable, Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +32,10 @@ import torch
 GROWTH = 0.05
 #: copy run by run when the runs average at least this many bytes, else by indexed copies
 _RUN_BYTES = {"cpu": 1 << 18, "cuda": 1 << 24}
+#: the disk store maps at most this many bytes at once when copying run by run
+_MAP_BYTES = 1 << 26
+#: and asks the kernel to read ahead at most this many bytes of the rows ``get`` reads next
+_PREFETCH_BYTES = 1 << 30
 
 #: what ``get``/``put`` do block by block: ``(block, positions, rows in the block, runs)``,
 #: ``runs`` a list of ``(position, row in the block, length)`` when copied run by run, else ``None``
@@ -45,8 +49,8 @@ def _next_capacity(capacity: int, need: int) -> int:
 
 
 def _gather_numpy(dest: np.ndarray, plan: Plan, block: Callable[[int], np.ndarray]) -> None:
-    """``dest[positions] = block(b)[rows]`` along ``plan``, with numpy's copies: one thread, so
-    that many copies do not each wait for a thread pool (torch's on a busy CPU)."""
+    """``dest[positions] = block(b)[rows]`` along ``plan`` with numpy's copies, in one thread:
+    many copies then do not each wait for a thread pool (as torch's do when the CPU is busy)."""
     for b, pos, off, runs in plan:
         rows = block(b)
         if runs is not None:
@@ -54,7 +58,6 @@ def _gather_numpy(dest: np.ndarray, plan: Plan, block: Callable[[int], np.ndarra
                 dest[p:p + n] = rows[o:o + n]
         else:
             dest[pos] = rows[off]
-        del rows  # a mapped block is unmapped here
 
 
 def _scatter_numpy(source: np.ndarray, plan: Plan, block: Callable[[int], np.ndarray]) -> None:
@@ -66,7 +69,6 @@ def _scatter_numpy(source: np.ndarray, plan: Plan, block: Callable[[int], np.nda
                 rows[o:o + n] = source[p:p + n]
         else:
             rows[off] = source[pos]
-        del rows
 
 
 class ModelStore:
@@ -294,8 +296,10 @@ class DiskClientModelStore(ModelStore):
     clients start from (saved as ``initial.npy``: ``open(folder)`` reopens with it). Client
     ids must be ``str`` or ``int`` (kept in JSON). ``get`` returns tensors on ``device``.
 
-    The index is replaced (atomically) whenever clients are added; rows go through the page
-    cache; ``flush`` makes everything durable (fsync). One process at a time.
+    A block's disk space is allocated when the block is added. The index is replaced
+    (atomically) whenever clients are added; rows go through the page cache; ``flush`` makes
+    everything durable (fsync). ``state_dict`` reads every row into memory. One store object
+    at a time per folder.
     """
 
     INDEX = "index.json"
@@ -308,6 +312,7 @@ class DiskClientModelStore(ModelStore):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._written: set[int] = set()  # blocks written since the last flush
+        self._offsets: dict[int, int] = {}  # where each block's rows start in its file
         if (self.folder / self.INDEX).exists():
             self._load_index(json.loads((self.folder / self.INDEX).read_text()))
         else:
@@ -347,9 +352,16 @@ class DiskClientModelStore(ModelStore):
     def _path(self, block: int) -> Path:
         return self.folder / f"rows_{block:05d}.npy"
 
-    def _map(self, block: int, write: bool) -> np.ndarray:
-        """The block's rows, mapped for one access (unmapped when the caller drops them)."""
-        return np.load(self._path(block), mmap_mode="r+" if write else "r")
+    def _offset(self, block: int, row: int = 0) -> int:
+        """Where row ``row`` of ``block`` starts in its file."""
+        if block not in self._offsets:
+            self._offsets[block] = int(np.load(self._path(block), mmap_mode="r").offset)  # the header's length
+        return self._offsets[block] + 4 * self.dim * row
+
+    def _rows(self, block: int, lo: int, hi: int, write: bool = False) -> np.memmap:
+        """Rows ``[lo, hi)`` of ``block``, mapped until the caller drops them."""
+        return np.memmap(self._path(block), dtype=np.float32, mode="r+" if write else "r",
+                         offset=self._offset(block, lo), shape=(hi - lo, self.dim))
 
     def _load_index(self, index: dict) -> None:
         where = self.folder / self.INDEX
@@ -398,21 +410,79 @@ class DiskClientModelStore(ModelStore):
     def _add_block(self, rows: int) -> None:
         b = len(self._sizes)
         mm = np.lib.format.open_memmap(self._path(b), mode="w+", dtype=np.float32, shape=(rows, self.dim))
-        del mm  # a sparse file: rows take disk space once written
+        del mm
+        if hasattr(os, "posix_fallocate"):  # the disk space now (OSError if there is none), not a
+            fd = os.open(self._path(b), os.O_RDWR)  # SIGBUS when a mapped page is first written
+            try:
+                os.posix_fallocate(fd, 0, self._offset(b, rows))
+            finally:
+                os.close(fd)
         self._written.add(b)
 
     def _fill(self, block: int, lo: int, hi: int) -> None:
-        rows = self._map(block, write=True)
-        rows[lo:hi] = self._initial
-        del rows
+        for first in range(lo, hi, self._rows_per_map):
+            rows = self._rows(block, first, min(hi, first + self._rows_per_map), write=True)
+            rows[:] = self._initial
+            del rows
         self._written.add(block)
 
+    @property
+    def _rows_per_map(self) -> int:
+        return max(1, _MAP_BYTES // (4 * self.dim))
+
+    def _pieces(self, plan: Plan) -> Iterator[tuple[int, int, int, int | None, np.ndarray | None, np.ndarray | None]]:
+        """The mappings ``get``/``put`` go through, ``(block, lo, hi, position, positions, rows)``:
+        rows ``[lo, hi)`` of ``block`` map to positions ``position ...`` (run by run, at most
+        ``_MAP_BYTES`` or one row a mapping), or each of ``rows`` (relative to ``lo``) to the
+        position beside it in ``positions``."""
+        for b, pos, off, runs in plan:
+            if runs is None:
+                lo = int(off.min())
+                yield b, lo, int(off.max()) + 1, None, pos, off - lo
+                continue
+            for p, o, n in runs:
+                for k in range(0, n, self._rows_per_map):
+                    yield b, o + k, o + min(n, k + self._rows_per_map), p + k, None, None
+
+    def _prefetch(self, piece: tuple) -> int:
+        """Ask the kernel to read a piece's rows now (the disk then reads several at once); its bytes."""
+        b, lo, hi, p, _, off = piece
+        spans = [(lo, hi - lo)] if p is not None else [(lo + int(o), 1) for o in off]
+        fd = os.open(self._path(b), os.O_RDONLY)
+        try:
+            for o, n in spans:
+                os.posix_fadvise(fd, self._offset(b, o), 4 * self.dim * n, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+        return 4 * self.dim * sum(n for _, n in spans)
+
     def _gather(self, out: torch.Tensor, plan: Plan) -> None:
-        _gather_numpy(out.numpy(), plan, lambda b: self._map(b, write=False))
+        dest, pieces = out.numpy(), list(self._pieces(plan))
+        can_prefetch = hasattr(os, "posix_fadvise")
+        ahead, pending = 0, []  # pieces asked for, bytes of those not read yet
+        for i, piece in enumerate(pieces):
+            while can_prefetch and ahead < len(pieces) and (ahead <= i or sum(pending) < _PREFETCH_BYTES):
+                pending.append(self._prefetch(pieces[ahead]))
+                ahead += 1
+            b, lo, hi, p, pos, off = piece
+            rows = self._rows(b, lo, hi)
+            if p is not None:
+                dest[p:p + hi - lo] = rows
+            else:
+                dest[pos] = rows[off]
+            del rows  # unmapped: the pages read leave the resident set
+            pending = pending[1:]
 
     def _scatter(self, source: torch.Tensor, plan: Plan) -> None:
-        _scatter_numpy(source.contiguous().numpy(), plan, lambda b: self._map(b, write=True))
-        self._written.update(b for b, *_ in plan)
+        src = source.contiguous().numpy()
+        for b, lo, hi, p, pos, off in self._pieces(plan):
+            rows = self._rows(b, lo, hi, write=True)
+            if p is not None:
+                rows[:] = src[p:p + hi - lo]
+            else:
+                rows[off] = src[pos]
+            del rows
+            self._written.add(b)
 
     def _all_rows(self) -> torch.Tensor:
         return self.get(self.ids())

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.common import ndarrays_to_parameters
 from flwr.common.logger import log
 from flwr.server import ServerConfig
 from flwr.server.compat import start_grid
@@ -23,6 +25,7 @@ from flower_pfl.server_step import MethodServer
 
 from .factory import build_legacy_strategy, build_message_strategy, participants
 from .node_order import RankedGrid, query_nodes
+from .checkpointing import Checkpointer, Resumption, set_flower_state
 from .recording import RecordedLegacyStrategy, RecordedStrategy
 from .seeded import SeededClientManager
 
@@ -82,15 +85,31 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
-    """Run the experiment ``run_config`` describes on ``grid``; returns the results folder."""
+    """Run the experiment ``run_config`` describes on ``grid`` (or continue the one ``resume-from``
+    names); returns the results folder."""
     try:
         cfg = ExperimentConfig.from_mapping(run_config)
+        resumed = Resumption(cfg.resume_from) if cfg.resume_from else None
     except ConfigError as err:
         log(ERROR, "%s", err)
         raise
     model = make_model(cfg, seed=cfg.seed)
-    out = run_dir(cfg)
-    recorder = RunRecorder(out, cfg.to_run_config(), cfg.num_rounds, log=lambda msg: log(INFO, "%s", msg))
+    initial = {name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
+    layout = {name: list(a.shape) for name, a in initial.items()}
+    settings = cfg.to_run_config()
+    if resumed is not None:
+        try:
+            resumed.check(settings, layout)
+        except ConfigError as err:
+            log(ERROR, "%s", err)
+            raise
+        out = resumed.folder
+        recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=lambda msg: log(INFO, "%s", msg))
+        log(INFO, "flower-pfl: resuming %s after round %d", out, resumed.round)
+    else:
+        out = run_dir(cfg)
+        recorder = RunRecorder(out, settings, cfg.num_rounds, log=lambda msg: log(INFO, "%s", msg))
+    offset = resumed.round if resumed is not None else 0
     info = query_nodes(grid)
     ranks = {node: i["partition-id"] for node, i in info.items()}
     grid = RankedGrid(grid, ranks)  # type: ignore[assignment]
@@ -99,21 +118,40 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
 
     sampler = Sampler(cfg.seed, ranks)  # Flower's own strategies sample with it too (see server_apps.seeded)
     if cfg.api == "message":
-        strategy = build_message_strategy(cfg, num_nodes, ranks)
-        flower_k = participants(cfg, num_nodes) if cfg.entry.builtin else None
-        RecordedStrategy(strategy, recorder, cfg.eval_every, sampler, flower_k).start(
-            grid=grid,
-            initial_arrays=ArrayRecord(model.state_dict()),
-            num_rounds=cfg.num_rounds,
-            train_config=ConfigRecord(solver_config(cfg)),
-        )
+        strategy: Any = build_message_strategy(cfg, num_nodes, ranks)
     else:
-        initial = {name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
         strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks)
-        start_grid(grid=grid, strategy=RecordedLegacyStrategy(strategy, recorder, cfg.eval_every, sampler),
-                   config=ServerConfig(num_rounds=cfg.num_rounds), client_manager=SeededClientManager(sampler))
-
     server = getattr(strategy, "server", None)  # our strategies' server (none for Flower's own)
+    arrays = initial
+    if resumed is not None:
+        if server is not None:
+            server.initialize(initial)
+            server.set_state(resumed.server_state(ranks))
+        else:
+            set_flower_state(strategy, resumed.flower_state())
+        saved = resumed.arrays()
+        if saved is not None:
+            arrays = dict(zip(initial, saved.values()))  # legacy checkpoints keep positions only
+        sampler.set_state(resumed.sampler_state())
+    checkpointer = Checkpointer(out, cfg.checkpoint_every, strategy, recorder, settings, ranks, layout, sampler)
+    remaining = cfg.num_rounds - offset
+    if cfg.api == "message":
+        flower_k = participants(cfg, num_nodes) if cfg.entry.builtin else None
+        wrapper: Any = RecordedStrategy(strategy, recorder, cfg.eval_every, sampler, flower_k, checkpointer, offset)
+        if remaining > 0:
+            wrapper.start(grid=grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
+                          num_rounds=remaining, train_config=ConfigRecord(solver_config(cfg)))
+        final = wrapper.arrays
+    else:
+        wrapper = RecordedLegacyStrategy(strategy, recorder, cfg.eval_every, sampler, checkpointer, offset,
+                                         initial_parameters=ndarrays_to_parameters(list(arrays.values())))
+        if remaining > 0:
+            start_grid(grid=grid, strategy=wrapper, config=ServerConfig(num_rounds=remaining),
+                       client_manager=SeededClientManager(sampler))
+        final = wrapper.named()
+    if remaining > 0 or resumed is None:
+        checkpointer.save(cfg.num_rounds, final)
+
     if server is not None and getattr(server.method, "store", None) is not None:  # what each client would use
         ids = server.method.store.ids()
         torch.save({"ids": ids, "rows": server.method.models_for_evaluation(ids).cpu(), "initial": server.method.store.initial.cpu()},

@@ -187,6 +187,19 @@ def test_disk_store_reopens_with_the_same_ids_and_rows(tmp_path):
     assert opened.get(["b"]).tolist() == [[9, 9]] and len(opened) == len(ids) + 1
 
 
+def test_disk_store_maps_long_runs_piece_by_piece(tmp_path, monkeypatch):
+    import flower_pfl.store as store_module
+
+    monkeypatch.setattr(store_module, "_MAP_BYTES", 3 * 4 * 5)  # three rows of 5 a mapping
+    monkeypatch.setattr(store_module, "_RUN_BYTES", {"cpu": 1, "cuda": 1})  # always run by run
+    store = DiskClientModelStore(torch.full((5,), -1.0), tmp_path)
+    rows = torch.arange(50, dtype=torch.float32).view(10, 5)
+    store.put(list(range(10)), rows)
+    store.get(list(range(10, 17)))
+    assert torch.equal(store.get(list(range(17))), torch.cat([rows, torch.full((7, 5), -1.0)]))
+    assert torch.equal(store.get([9, 3, 4, 5, 6, 12]), torch.cat([rows[[9, 3, 4, 5, 6]], torch.full((1, 5), -1.0)]))
+
+
 def test_disk_store_refuses_another_dimension_and_odd_ids(tmp_path):
     store = DiskClientModelStore(torch.zeros(3), tmp_path)
     store.get(["a"])

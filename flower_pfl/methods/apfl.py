@@ -51,6 +51,7 @@ class APFLStep(ClientStep):
     ``v ← v − η ∇_v`` and ``α ← clip(α − η_α ∂/∂α, 0, 1)``. The personal model starts as the first
     global model the client receives, α as ``apfl-alpha-init``."""
 
+    keeps_state = True
     key = ALPHA_LR
     evaluation_key = EVALUATE_MIXED
     needs_state = True

@@ -27,6 +27,7 @@ class DittoStep(ClientStep):
     proximal step of the personal model ``v`` toward the received global model; ``v`` starts as the
     first global model the client receives and lives in the client state."""
 
+    keeps_state = True
     key = evaluation_key = LAMBDA
     needs_state = True
     hookable = False

@@ -30,6 +30,7 @@ class FedACS(Method, PersonalizedStep):
     client = ClientStep
     group = "paper"
     default_clients_per_round = 10
+    state_attributes = ("last_similarity", "last_delta", "last_mask")
 
     p: float = param(0.5, key="fedacs-p", must=HALF_OPEN_UNIT,
                      doc="similarity threshold = this quantile of the round's similarities (0 keeps every positively similar client)")

@@ -180,6 +180,7 @@ class FedAttn(Method, GlobalModelStep):
     strategy = "FedAttn"
     client = FedAttnStep
     group = "paper"
+    state_attributes = ("round", "d_z", "biases", "representations")
 
     k: int = param(5, key="fedattn-k", must=AT_LEAST_ONE, doc="nearest clients attended over (itself included)")
     d_k: int = param(16, key="fedattn-dk", must=AT_LEAST_ONE, doc="attention key size d_k")
@@ -279,6 +280,17 @@ class FedAttn(Method, GlobalModelStep):
             self.biases[cid] = reply.model[self.mask].clone()
             self.representations[cid] = reply.extras[0]
         return new_global
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "module": self.module.state_dict() if self.module is not None else None}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        module = state.pop("module")
+        super().set_state(state)
+        if module is not None:
+            self._ensure_module(self.d_z)
+            self.module.load_state_dict(module)  # type: ignore[union-attr]
 
     def server_state(self) -> dict[str, Any]:
         """The attention module and every client's biases and representation."""

@@ -28,6 +28,7 @@ class FedPer(Method, PersonalizedStep):
     strategy = "FedPer"
     client = ClientStep
     default_clients_per_round = 10
+    state_attributes = ("base",)
 
     head_layers: int = param(1, key="fedper-head-layers", must=AT_LEAST_ONE,
                              doc="trailing layers (modules, e.g. fc2) each client keeps as its own head")

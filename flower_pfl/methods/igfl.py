@@ -77,6 +77,7 @@ class IGFLCorrection(ClientStep):
     last global delta (sent as ``igfl-global-delta``). With ``|S| = 1`` and zero deltas this is plain
     SGD with step ``2η``. ``finish`` keeps the new delta ``w^{r,T} − w_ps^r``."""
 
+    keeps_state = True
     key = CORRECTION
     needs_state = needs_plain_sgd = True
 
@@ -122,6 +123,7 @@ class IGFL(Method, GlobalModelStep):
     client = IGFLCorrection
     group = "paper"
     variants = {"igfl-c": {"attention": None}, "igfl-s": {"client_correction": False}}
+    state_attributes = ("global_delta", "previous")
 
     attention: str | None = param("self", key="igfl-attention",
                                   must=Rule(lambda v: v is None or v in ATTENTION_MODES, "one of self, global, time"),

@@ -60,6 +60,7 @@ class PFedMeStep(ClientStep):
     gradient is discarded). ``finish`` keeps θ_i; evaluation reports θ_i's accuracy (PM) and the
     received global model's (GM, ``global-accuracy``)."""
 
+    keeps_state = True
     key = LAMBDA
     evaluation_key = EVALUATE_BOTH
     needs_plain_sgd = True

@@ -41,6 +41,7 @@ class ScaffoldCorrection(ClientStep):
     ``finish`` sets ``c_i ← c_i − c + (x − y) / (K η)`` (client state; zero before the first
     participation) and returns ``Δc_i`` as ``scaffold-control-delta``."""
 
+    keeps_state = True
     key = CONTROL
     needs_state = needs_plain_sgd = True
 
@@ -74,6 +75,7 @@ class SCAFFOLD(Method, GlobalModelStep):
     name = "scaffold"
     strategy = "SCAFFOLD"
     client = ScaffoldCorrection
+    state_attributes = ("control",)
 
     server_learning_rate: float = param(1.0, must=POSITIVE, doc="global step size η_g (1 in the paper's experiments)")
     control: torch.Tensor | None = field(default=None, init=False, repr=False)

@@ -1,0 +1,140 @@
+"""Checkpoints: atomic, code-free files; a run killed after a checkpoint resumes to exactly the
+numbers of a run that was never interrupted (in-process here; a real SIGKILL under ``flwr run``
+in test_e2e_flwr_run.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import server_apps.recording as recording
+from flower_pfl import checkpoint
+from flower_pfl.config import ConfigError, ExperimentConfig
+from flower_pfl.methods.registry import client_step_for, entries
+from flower_pfl.models import DNN
+from flower_pfl.server_step import MethodServer
+from server_apps.inprocess import run_in_process
+
+SETTING = {"num-rounds": 6, "clients-per-round": 4, "local-steps": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 5,
+           "model": "dnn"}
+NODES = 8
+
+
+def test_pack_unpack_round_trip_keeps_types_and_ids():
+    state = {"ids": [3, 1], "rows": torch.arange(6.0).view(2, 3), "per_client": {7: torch.ones(2), "a": torch.zeros(1)},
+             "nested": [{"x": 1.5, "y": None, "z": "s"}, (True, 2)], "grid": torch.zeros(0)}
+    tensors: dict = {}
+    meta = json.loads(json.dumps(checkpoint.pack(state, "s", tensors)))
+    back = checkpoint.unpack(meta, tensors)
+    assert back["ids"] == [3, 1] and set(back["per_client"]) == {7, "a"} and back["nested"] == [{"x": 1.5, "y": None, "z": "s"}, (True, 2)]
+    assert torch.equal(back["rows"], state["rows"]) and torch.equal(back["per_client"][7], torch.ones(2))
+    with pytest.raises(TypeError, match="cannot checkpoint"):
+        checkpoint.pack(object(), "o", {})
+
+
+def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / checkpoint.FILE
+    checkpoint.write(path, {"w": torch.ones(3)}, {"round": 1})
+
+    def crash(*args, **kwargs):
+        Path(args[1]).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "save_file", crash)
+    with pytest.raises(OSError):
+        checkpoint.write(path, {"w": torch.zeros(3)}, {"round": 2})
+    tensors, meta = checkpoint.read(path)
+    assert meta == {"round": 1} and torch.equal(tensors["w"], torch.ones(3))
+
+
+def _client_keeps_state(entry) -> bool:
+    """Whether the clients of ``entry`` keep state between rounds (read from what the server sends)."""
+    if entry.builtin:
+        return False
+    cfg = ExperimentConfig(method=entry.method, aggregation=entry.aggregation, clients_per_round=2)
+    server = MethodServer(entry.declaration(**cfg.method_arguments()), 2)
+    server.initialize({k: v.numpy() for k, v in DNN(3, 2, hidden=2).state_dict().items()})
+    config = server.plan_training(1, [1, 2, 3])[0].config
+    return client_step_for(config).keeps_state
+
+
+STATELESS = [e for e in entries() if not _client_keeps_state(e)]
+
+
+class Killed(Exception):
+    """The server process dying mid-run."""
+
+
+def _run(tmp_path: Path, label: str, api: str, **extra) -> Path:
+    method, _, aggregation = label.partition("+")
+    return run_in_process({**SETTING, "method": method, "aggregation": aggregation or "default", "api": api,
+                           "output-dir": str(tmp_path), **extra}, num_nodes=NODES)
+
+
+def _numbers(folder: Path) -> tuple[list, list, dict]:
+    rows = [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    clients = (folder / "clients.jsonl").read_text().splitlines()
+    tensors, meta = checkpoint.read(folder / checkpoint.FILE)
+    return rows, clients, {"round": meta["round"], "server": meta["server"], "arrays": meta["arrays"],
+                           "tensors": {k: v.tolist() for k, v in tensors.items()}}
+
+
+def _interrupted(tmp_path: Path, label: str, api: str, monkeypatch, crash_round: int = 5) -> Path:
+    """Run until the server dies at the start of ``crash_round`` (after the checkpoint of round 4),
+    then resume from the results folder."""
+    original = recording._Schedule.before_round
+
+    def dying(self, server_round, arrays):
+        original(self, server_round, arrays)
+        if server_round == crash_round:
+            raise Killed
+
+    monkeypatch.setattr(recording._Schedule, "before_round", dying)
+    with pytest.raises(Killed):
+        _run(tmp_path, label, api)
+    monkeypatch.setattr(recording._Schedule, "before_round", original)
+    (folder,) = list(tmp_path.iterdir())
+    _, meta = checkpoint.read(folder / checkpoint.FILE)
+    assert meta["round"] == 4
+    assert _run(tmp_path, label, api, **{"resume-from": str(folder)}) == folder
+    return folder
+
+
+@pytest.mark.parametrize("entry", STATELESS, ids=[e.label for e in STATELESS])
+def test_resumed_run_gives_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch, entry):
+    whole = _run(tmp_path / "whole", entry.label, "message")
+    resumed = _interrupted(tmp_path / "resumed", entry.label, "message", monkeypatch)
+    assert _numbers(resumed) == _numbers(whole)
+    assert json.loads((resumed / "summary.json").read_text())["bmta"] == json.loads((whole / "summary.json").read_text())["bmta"]
+
+
+@pytest.mark.parametrize("label", ["fedmcsa", "fedavgm"])
+def test_resumed_legacy_run_gives_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch, label):
+    whole = _run(tmp_path / "whole", label, "legacy")
+    resumed = _interrupted(tmp_path / "resumed", label, "legacy", monkeypatch)
+    assert _numbers(resumed)[:2] == _numbers(whole)[:2]
+
+
+def test_resuming_with_another_config_is_refused_naming_what_differs(tmp_path):
+    folder = _run(tmp_path, "fedmcsa", "message", **{"num-rounds": 2})
+    with pytest.raises(ConfigError, match="'sigma' = 10.0 \\(checkpoint: 50.0\\)"):
+        _run(tmp_path, "fedmcsa", "message", **{"num-rounds": 2, "sigma": 10.0, "resume-from": str(folder)})
+    with pytest.raises(ConfigError, match="'model' = 'mlr' \\(checkpoint: 'dnn'\\)"):
+        _run(tmp_path, "fedmcsa", "message", **{"num-rounds": 2, "model": "mlr", "resume-from": str(folder)})
+    from server_apps.checkpointing import Resumption
+
+    resumption = Resumption(folder)
+    with pytest.raises(ConfigError, match="the model differs"):  # same config, another model definition
+        resumption.check(resumption.meta["config"], {"fc1.weight": [20, 61], "fc1.bias": [20]})
+    with pytest.raises(ConfigError, match="does not exist"):
+        _run(tmp_path, "fedmcsa", "message", **{"resume-from": str(tmp_path / "nowhere")})
+
+
+def test_resuming_a_finished_run_changes_nothing(tmp_path):
+    folder = _run(tmp_path, "fedacs", "message", **{"num-rounds": 2})
+    before = _numbers(folder)
+    _run(tmp_path, "fedacs", "message", **{"num-rounds": 2, "resume-from": str(folder)})
+    assert _numbers(folder) == before
