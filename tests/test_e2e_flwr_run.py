@@ -173,3 +173,41 @@ def test_same_seed_same_numbers_under_flwr_run(flwr_env, tmp_path, method, api):
         numbers.append(_numbers(_results(out)))
     assert numbers[0] == numbers[1]
     assert len(numbers[0][0]) == 6 and len(numbers[0][1]) == 18  # 3 train and 3 evaluation rows; 6 clients x 3 rounds
+
+
+@pytest.mark.parametrize("method", ["fedmcsa", "fedattn"])
+def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(flwr_env, tmp_path, method):
+    """A personalized and a global-model method: SIGKILL the ServerApp's process after its first
+    checkpoint, resume from the results folder, and compare with a run that was never interrupted."""
+    from flower_pfl import checkpoint
+
+    settings = f"method='{method}' num-rounds=8 clients-per-round=3 eval-every=2 checkpoint-every=2 seed=4"
+    cmd = ["flwr", "run", str(ROOT), "--run-config", f"{settings} output-dir='{tmp_path / 'killed'}'",
+           "--federation-config", "num-supernodes=6", "--stream"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=flwr_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = flwr_env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
+    deadline, folder = time.time() + 300, None
+    try:
+        while time.time() < deadline:
+            found = list((tmp_path / "killed").glob("*/" + checkpoint.FILE))
+            if found and checkpoint.read(found[0])[1]["round"] >= 2:
+                folder = found[0].parent
+                break
+            time.sleep(0.2)
+        assert folder is not None, "no checkpoint was written"
+        servers = _pids(f"flwr-simulation.*127.0.0.1:{port}")
+        assert servers, "the run's ServerApp process is gone already"
+        for pid in servers:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    done = checkpoint.read(folder / checkpoint.FILE)[1]["round"]
+    assert done < 8, "the run finished before it was killed"
+
+    resumed = _flwr_run(flwr_env, f"{settings} resume-from='{folder}' output-dir='{tmp_path / 'killed'}'", nodes=6)
+    assert resumed["status"] == "finished:completed", resumed["status-details"] + resumed["log"][-3000:]
+    whole = _flwr_run(flwr_env, f"{settings} output-dir='{tmp_path / 'whole'}'", nodes=6)
+    assert whole["status"] == "finished:completed", whole["status-details"] + whole["log"][-3000:]
+    assert _numbers(folder) == _numbers(_results(tmp_path / "whole"))
+    assert [r["round"] for r in _numbers(folder)[0] if r["phase"] == "evaluate"] == [1, 2, 4, 6, 8]
