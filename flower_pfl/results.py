@@ -14,6 +14,8 @@ from .metrics import summarize_run
 logger = logging.getLogger("flower_pfl")
 
 CONFIG, METRICS, SUMMARY, CURVE = "config.json", "metrics.jsonl", "summary.json", "learning_curve.png"
+#: the server's per-client models and what a method learned besides them (safetensors: no code runs on loading)
+MODELS, SERVER_STATE = "personalized_models.safetensors", "server_state.safetensors"
 #: one JSON object per client evaluation: ``{"round", "node-id", "partition-id", "accuracy", ...}``
 CLIENTS = "clients.jsonl"
 
@@ -96,6 +98,36 @@ class RunRecorder:
         if self.evaluations:
             plot_learning_curve(self.evaluations, self.out_dir / CURVE, title)
         return summary
+
+
+def save_models(path: Path, ids: list[Any], rows: Any, initial: Any) -> None:
+    """Every client's model (``rows`` in the order of ``ids``) and the initial model, as safetensors."""
+    from .checkpoint import write
+
+    write(path, {"rows": rows, "initial": initial}, {"ids": list(ids)})
+
+
+def load_models(path: str | Path) -> tuple[list[Any], Any, Any]:
+    """``(ids, rows, initial)`` of a ``personalized_models.safetensors``."""
+    from .checkpoint import read
+
+    tensors, meta = read(path)
+    return meta["ids"], tensors["rows"], tensors["initial"]
+
+
+def save_state(path: Path, state: Mapping[str, Any]) -> None:
+    """A method's learned state (``flower_pfl.checkpoint.pack`` form), as safetensors."""
+    from .checkpoint import pack, write
+
+    tensors: dict[str, Any] = {}
+    write(path, tensors, {"state": pack(dict(state), "state", tensors)})
+
+
+def load_state(path: str | Path) -> dict[str, Any]:
+    from .checkpoint import read, unpack
+
+    tensors, meta = read(path)
+    return unpack(meta["state"], tensors)
 
 
 def _complete_lines(path: Path) -> list[str]:

@@ -97,7 +97,7 @@ class ServerStep:
         return None
 
     def server_state(self) -> dict[str, Any]:
-        """What the method learned besides the models, saved with the results (``server_state.pt``)."""
+        """What the method learned besides the models, saved with the results (``server_state.safetensors``)."""
         return {}
 
     def get_state(self) -> dict[str, Any]:

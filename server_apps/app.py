@@ -7,7 +7,6 @@ from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.common import ndarrays_to_parameters
@@ -19,7 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import make_model, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
-from flower_pfl.results import RunRecorder
+from flower_pfl.results import MODELS, SERVER_STATE, RunRecorder, save_models, save_state
 from flower_pfl.sampling import Sampler
 from flower_pfl.server_step import MethodServer
 
@@ -154,10 +153,9 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
 
     if server is not None and getattr(server.method, "store", None) is not None:  # what each client would use
         ids = server.method.store.ids()
-        torch.save({"ids": ids, "rows": server.method.models_for_evaluation(ids).cpu(), "initial": server.method.store.initial.cpu()},
-                   out / "personalized_models.pt")
+        save_models(out / MODELS, ids, server.method.models_for_evaluation(ids), server.method.store.initial)
     if server is not None and (learned := server.method.server_state()):  # e.g. FedAttn's attention module
-        torch.save(learned, out / "server_state.pt")
+        save_state(out / SERVER_STATE, learned)
     extra = _save_diagnostics(server, info, out, cfg.method) if server is not None else {}
     summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}", extra=extra)
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from deployment import LocalDeployment
 from flower_pfl.credentials import write_node_key
+from flower_pfl.results import MODELS, load_models
 from flower_pfl.wire import fingerprint
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ def _check_fedmcsa_run(run: dict, out) -> None:
     assert [r["round"] for r in rows if r["phase"] == "train"] == [1, 2]
     assert all(r["clients-accepted"] == 2 for r in rows if r["phase"] == "train")
     assert [r["round"] for r in rows if r["phase"] == "evaluate"] == [1, 2]
-    store = torch.load(run_dir / "personalized_models.pt", weights_only=False)
+    store = dict(zip(("ids", "rows", "initial"), load_models(run_dir / MODELS)))
     stored = {int(i): fingerprint([row]) for i, row in zip(store["ids"], store["rows"])}
     last = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
     last = {r["node-id"]: r for r in last if r["round"] == 2}

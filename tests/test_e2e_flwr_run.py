@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from deployment import free_port
+from flower_pfl.results import MODELS, SERVER_STATE, load_models, load_state
 from flower_pfl.wire import fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,15 +99,15 @@ def test_flwr_run_finishes_and_writes_metrics(flwr_env, tmp_path, method, api):
     assert all(r["clients-accepted"] == 4 for r in train)  # our strategies count accepted / rejected / failed updates
     clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
     assert len(clients) == 6 * rounds and {r["partition-id"] for r in clients} == set(range(6))
-    assert (run_dir / "personalized_models.pt").exists() == (method == "fedmcsa")
+    assert (run_dir / MODELS).exists() == (method == "fedmcsa")
     if method == "fedmcsa":  # each node evaluated the model stored for it
-        store = torch.load(run_dir / "personalized_models.pt", weights_only=False)
+        store = dict(zip(("ids", "rows", "initial"), load_models(run_dir / MODELS)))
         stored = {int(i): fingerprint([row]) for i, row in zip(store["ids"], store["rows"])}
         assert {r["node-id"]: r["model-fingerprint"] for r in clients if r["round"] == rounds} == stored
     assert json.loads((run_dir / "config.json").read_text())["method"] == method
     assert (run_dir / "learning_curve.png").stat().st_size > 1000
     if method == "fedattn":  # the attention module is saved with the results
-        assert set(torch.load(run_dir / "server_state.pt", weights_only=False)["attention"]) == {"w_q", "w_k", "w_v"}
+        assert set(load_state(run_dir / SERVER_STATE)["attention"]) == {"w_q", "w_k", "w_v"}
 
 
 def test_bad_run_config_stops_the_run_with_a_clear_message(flwr_env, tmp_path):
