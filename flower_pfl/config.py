@@ -23,6 +23,7 @@ DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnis
 DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+STORES: tuple[str, ...] = ("memory", "disk")
 #: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
 PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
 #: fields that decide a client's data (runs that share them share the generated data)
@@ -73,6 +74,8 @@ class ExperimentConfig:
     seed: int = 0
     device: str = "auto"
     output_dir: str = "results"
+    #: where the server keeps the per-client models: "memory", or "disk" (memory-mapped files in the results folder)
+    store: str = "memory"
     #: write the server's complete state every this many rounds (0: only after the last round)
     checkpoint_every: int = 10
     #: a results folder to continue: the run goes on after its last checkpointed round, in that folder
@@ -91,7 +94,7 @@ class ExperimentConfig:
         choices = {
             "method": registry.methods(), "aggregation": registry.aggregations(), "api": APIS, "dataset": DATASETS,
             "model": MODELS, "device": DEVICES, "partition": PARTITIONS, "emnist_split": tuple(EMNIST_CLASSES),
-            "data_source": DATA_SOURCES,
+            "data_source": DATA_SOURCES, "store": STORES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -30,7 +31,7 @@ from .diagnostics import AttentionAccumulator
 from .layout import ParamLayout
 from .params import param
 from .sampling import Sampler
-from .store import ClientModelStore
+from .store import ClientModelStore, DiskClientModelStore, make_store
 
 ClientId = Hashable
 Settings = dict[str, Any]
@@ -141,15 +142,23 @@ class PersonalizedStep(ServerStep):
         self.store = ClientModelStore(initial, device=device)
 
     def get_state(self) -> dict[str, Any]:
-        """The method's state and every client's model (ids in the store's order)."""
+        """The method's state and every client's model (ids in the store's order). A disk store is
+        flushed and named instead: its folder holds the rows, as of the last round."""
         ids = self.store.ids()
+        if isinstance(self.store, DiskClientModelStore):
+            self.store.flush()
+            return {**super().get_state(), "store": {"ids": ids, "folder": str(self.store.folder)}}
         return {**super().get_state(), "store": {"ids": ids, "rows": self.store.get(ids)}}
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = dict(state)
         store = state.pop("store")
         super().set_state(state)
-        if store["ids"]:
+        if "folder" in store:  # the disk store reopened its folder when it was made
+            missing = set(store["ids"]) - set(self.store.ids())
+            if missing:
+                raise ValueError(f"the disk store in {store['folder']} lacks {len(missing)} clients of the checkpoint")
+        elif store["ids"]:
             self.store.put(list(store["ids"]), store["rows"])
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, Mapping[str, torch.Tensor] | None]:
@@ -301,7 +310,8 @@ class MethodServer:
     """
 
     def __init__(self, method: ServerStep, clients_per_round: int | None = None, *, fraction_train: float = 1.0,
-                 min_train_clients: int = 1, seed: int = 0, device: str | torch.device = "cpu") -> None:
+                 min_train_clients: int = 1, seed: int = 0, device: str | torch.device = "cpu",
+                 store_dir: str | Path | None = None) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
         if not 0 < fraction_train <= 1:
@@ -310,6 +320,7 @@ class MethodServer:
         self.clients_per_round = clients_per_round
         self.fraction_train, self.min_train_clients = fraction_train, min_train_clients
         self.device = torch.device(device)
+        self.store_dir = store_dir
         self.seed = seed
         self.sampler = Sampler(seed)
         self.layout: ParamLayout | None = None
@@ -334,7 +345,10 @@ class MethodServer:
         """Learn the layout and every client's starting model from the named initial arrays (once)."""
         if self.layout is None:
             self.layout = ParamLayout.from_arrays(arrays)
-            self.method.setup(self.layout, self.layout.flatten(arrays.values()), self.device, self.seed)
+            initial = self.layout.flatten(arrays.values())
+            self.method.setup(self.layout, initial, self.device, self.seed)
+            if self.store_dir is not None and isinstance(self.method, PersonalizedStep):  # rows on disk, not in memory
+                self.method.store = make_store(initial, self.device, self.store_dir)
 
     def _require(self) -> ParamLayout:
         if self.layout is None:

@@ -116,10 +116,11 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     log(INFO, "flower-pfl: %s on %s (%s), %d nodes, results in %s", cfg.method, cfg.dataset, cfg.model, num_nodes, out)
 
     sampler = Sampler(cfg.seed, ranks)  # Flower's own strategies sample with it too (see server_apps.seeded)
+    store_dir = str(out / "store") if cfg.store == "disk" else None
     if cfg.api == "message":
-        strategy: Any = build_message_strategy(cfg, num_nodes, ranks)
+        strategy: Any = build_message_strategy(cfg, num_nodes, ranks, store_dir)
     else:
-        strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks)
+        strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks, store_dir)
     server = getattr(strategy, "server", None)  # our strategies' server (none for Flower's own)
     arrays = initial
     if resumed is not None:

@@ -27,7 +27,8 @@ def participants(cfg: ExperimentConfig, num_nodes: int) -> int:
     return cfg.clients_per_round
 
 
-def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping[int, int] | None = None) -> MessageStrategy:
+def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping[int, int] | None = None,
+                           store_dir: str | None = None) -> MessageStrategy:
     """Message-API strategy; ``num_nodes`` turns ``clients-per-round`` into Flower's fractions,
     ``ranks`` (node id -> partition id) orders our strategies' sampling."""
     k = participants(cfg, num_nodes)
@@ -36,13 +37,14 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping
         return cls(fraction_train=min(1.0, k / max(num_nodes, 1)), min_train_nodes=k, min_available_nodes=k,
                    fraction_evaluate=1.0, evaluate_metrics_aggr_fn=personalized_evaluate_metrics, **cfg.method_arguments())
     strategy = cls(**cfg.method_arguments(), clients_per_round=k, min_available_nodes=k, seed=cfg.seed,
-                   device=resolve_device(cfg.device))
+                   device=resolve_device(cfg.device), store_dir=store_dir)
     strategy.server.node_rank = dict(ranks or {})
     return strategy
 
 
 def build_legacy_strategy(
-    cfg: ExperimentConfig, initial: Mapping[str, np.ndarray], num_nodes: int, ranks: Mapping[int, int] | None = None
+    cfg: ExperimentConfig, initial: Mapping[str, np.ndarray], num_nodes: int, ranks: Mapping[int, int] | None = None,
+    store_dir: str | None = None,
 ) -> LegacyStrategy:
     """Legacy-API strategy (``configure_fit`` / ``aggregate_fit``); ``initial``: the named starting model."""
     k = participants(cfg, num_nodes)
@@ -54,6 +56,6 @@ def build_legacy_strategy(
                    on_fit_config_fn=fit_config, fit_metrics_aggregation_fn=weighted_train_metrics,
                    evaluate_metrics_aggregation_fn=personalized_evaluate_metrics_legacy, **cfg.method_arguments())
     strategy = cls(**cfg.method_arguments(), initial_parameters=initial, clients_per_round=k, min_available_clients=k,
-                   on_fit_config_fn=fit_config, seed=cfg.seed, device=resolve_device(cfg.device))
+                   on_fit_config_fn=fit_config, seed=cfg.seed, device=resolve_device(cfg.device), store_dir=store_dir)
     strategy.server.node_rank = dict(ranks or {})
     return strategy

@@ -66,11 +66,13 @@ class FedACS(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class FedAttn(LegacyMethodStrategy):
@@ -117,11 +119,13 @@ class FedAttn(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class FedMCSA(LegacyMethodStrategy):
@@ -171,11 +175,13 @@ class FedMCSA(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class IGFL(LegacyMethodStrategy):
@@ -216,11 +222,13 @@ class IGFL(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class APFL(LegacyMethodStrategy):
@@ -257,11 +265,13 @@ class APFL(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class Ditto(LegacyMethodStrategy):
@@ -296,11 +306,13 @@ class Ditto(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class FedAMP(LegacyMethodStrategy):
@@ -344,11 +356,13 @@ class FedAMP(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class FedPer(LegacyMethodStrategy):
@@ -387,11 +401,13 @@ class FedPer(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class HeurFedAMP(LegacyMethodStrategy):
@@ -434,11 +450,13 @@ class HeurFedAMP(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class Local(LegacyMethodStrategy):
@@ -472,11 +490,13 @@ class Local(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class PerFedAvg(LegacyMethodStrategy):
@@ -511,11 +531,13 @@ class PerFedAvg(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class PFedMe(LegacyMethodStrategy):
@@ -557,11 +579,13 @@ class PFedMe(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 
 
 class SCAFFOLD(LegacyMethodStrategy):
@@ -598,9 +622,11 @@ class SCAFFOLD(LegacyMethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu') -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
 

@@ -58,6 +58,8 @@ class LegacyMethodStrategy(Strategy):
                        "``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.",
         "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
         "device": "Device of the per-client store and its aggregation (a global model is kept on the CPU).",
+        "store_dir": "A folder for the per-client models on disk (memory-mapped; server memory then grows with the "
+                     "round's participants, not the federation); None keeps them in memory.",
     }
     CONTRACT = (
         "Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of "
@@ -81,10 +83,11 @@ class LegacyMethodStrategy(Strategy):
         evaluate_fn: EvaluateFn | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        store_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_fit, min_train_clients=min_fit_clients,
-                                   seed=seed, device=device)
+                                   seed=seed, device=device, store_dir=store_dir)
         self.initial_parameters: Parameters | None = None
         if initial_parameters is not None:
             self._initialize(initial_parameters)

@@ -143,3 +143,17 @@ def test_mcsa_transfer_runs(tmp_path, method):
                          num_nodes=8)
     assert out.name.startswith(f"{method}+mcsa-") and (out / "attention.npz").exists()
     assert json.loads((out / "summary.json").read_text())["evaluated_rounds"] == 2
+
+
+def test_disk_store_gives_the_numbers_of_the_memory_store(tmp_path):
+    """``store = "disk"``: the per-client models live in memory-mapped files of the results folder."""
+    from flower_pfl.results import load_models
+
+    runs = {store: run_in_process({**SMALL, "num-rounds": 4, "clients-per-round": 4, "store": store,
+                                   "output-dir": str(tmp_path / store)}, num_nodes=8) for store in ("memory", "disk")}
+    assert (runs["disk"] / "store" / "index.json").exists() and not (runs["memory"] / "store").exists()
+    numbers = {s: [json.loads(line) | {"elapsed_s": 0} for line in (d / "metrics.jsonl").read_text().splitlines()]
+               for s, d in runs.items()}
+    assert numbers["disk"] == numbers["memory"]
+    disk, memory = load_models(runs["disk"] / "personalized_models.safetensors"), load_models(runs["memory"] / "personalized_models.safetensors")
+    assert disk[0] == memory[0] and (disk[1] == memory[1]).all()

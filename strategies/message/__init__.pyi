@@ -54,6 +54,8 @@ class FedACS(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -64,7 +66,7 @@ class FedACS(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class FedAttn(MethodStrategy):
@@ -101,6 +103,8 @@ class FedAttn(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -111,7 +115,7 @@ class FedAttn(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class FedMCSA(MethodStrategy):
@@ -151,6 +155,8 @@ class FedMCSA(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -161,7 +167,7 @@ class FedMCSA(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class IGFL(MethodStrategy):
@@ -192,6 +198,8 @@ class IGFL(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -202,7 +210,7 @@ class IGFL(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class APFL(MethodStrategy):
@@ -229,6 +237,8 @@ class APFL(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -239,7 +249,7 @@ class APFL(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class Ditto(MethodStrategy):
@@ -264,6 +274,8 @@ class Ditto(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -274,7 +286,7 @@ class Ditto(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class FedAMP(MethodStrategy):
@@ -308,6 +320,8 @@ class FedAMP(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -318,7 +332,7 @@ class FedAMP(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class FedPer(MethodStrategy):
@@ -347,6 +361,8 @@ class FedPer(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -357,7 +373,7 @@ class FedPer(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class HeurFedAMP(MethodStrategy):
@@ -390,6 +406,8 @@ class HeurFedAMP(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -400,7 +418,7 @@ class HeurFedAMP(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class Local(MethodStrategy):
@@ -424,6 +442,8 @@ class Local(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -434,7 +454,7 @@ class Local(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class PerFedAvg(MethodStrategy):
@@ -459,6 +479,8 @@ class PerFedAvg(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -469,7 +491,7 @@ class PerFedAvg(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class PFedMe(MethodStrategy):
@@ -501,6 +523,8 @@ class PFedMe(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -511,7 +535,7 @@ class PFedMe(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 
 
 class SCAFFOLD(MethodStrategy):
@@ -538,6 +562,8 @@ class SCAFFOLD(MethodStrategy):
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
+    store_dir : str | None (default None)
+        A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
     arrayrecord_key : str (default 'arrays')
         Key of the ArrayRecord in messages.
     configrecord_key : str (default 'config')
@@ -548,5 +574,5 @@ class SCAFFOLD(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None) -> None: ...
 

@@ -40,6 +40,8 @@ class MethodStrategy(Strategy):
         "fraction_evaluate": "Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.",
         "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
         "device": "Device of the per-client store and its aggregation (a global model is kept on the CPU).",
+        "store_dir": "A folder for the per-client models on disk (memory-mapped; server memory then grows with the "
+                     "round's participants, not the federation); None keeps them in memory.",
         "arrayrecord_key": "Key of the ArrayRecord in messages.",
         "configrecord_key": "Key of the ConfigRecord in messages.",
         "evaluate_metrics_aggr_fn": "Aggregates the clients' evaluation MetricRecords (default: personalized accuracy "
@@ -63,12 +65,13 @@ class MethodStrategy(Strategy):
         fraction_evaluate: float = 1.0,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        store_dir: str | None = None,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         evaluate_metrics_aggr_fn: MetricsFn | None = None,
     ) -> None:
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_train,
-                                   min_train_clients=min_train_nodes, seed=seed, device=device)
+                                   min_train_clients=min_train_nodes, seed=seed, device=device, store_dir=store_dir)
         self.min_available_nodes = min_available_nodes
         self.fraction_evaluate = fraction_evaluate
         self.arrayrecord_key = arrayrecord_key
