@@ -18,8 +18,9 @@ from flwr.client import Client, NumPyClient
 from flwr.client.message_handler.message_handler import handle_legacy_message_from_msgtype
 from flwr.clientapp import ClientApp
 
+from client_apps import persisted_state
 from client_apps.rules import RecordState
-from flower_pfl.client_step import TrainData, train_locally
+from flower_pfl.client_step import SERVER_ROUND, TrainData, train_locally
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
 from flower_pfl.experiment import dataset_shape, load_client_data, make_model, resolve_device, solver_settings
@@ -42,13 +43,14 @@ class Node:
     data: ClientData
     model: torch.nn.Module
     state: RecordDict
+    node_config: Mapping[str, Any]
 
     @classmethod
     def from_context(cls, context: Context) -> Node:
         cfg = ExperimentConfig.from_mapping(context.run_config)
         pid = int(context.node_config["partition-id"])
         data = load_client_data(cfg, pid, int(context.node_config["num-partitions"]))
-        return cls(cfg, pid, data, make_model(cfg).to(resolve_device(cfg.device)), context.state)
+        return cls(cfg, pid, data, make_model(cfg).to(resolve_device(cfg.device)), context.state, dict(context.node_config))
 
     def load(self, arrays: Mapping[str, Any] | list[np.ndarray]) -> None:
         state = self.model.state_dict()
@@ -69,8 +71,11 @@ class Node:
     def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, bytes]]:
         """Train with the client step ``config`` asks for; returns the metrics and the extra bytes
         the server needs back."""
+        persisted_state.restore(self.state, self.node_config, config, self.partition_id)
         step = client_step_for(config)(self.model, config, RecordState(self.state))
         result, extras = train_locally(step, self.model, self._train_data(), **solver_settings(config, self.cfg.seed, self.partition_id))
+        persisted_state.persist(self.state, self.node_config, config, self.partition_id, int(config.get(SERVER_ROUND, 0)),
+                                self.cfg.checkpoint_every)
         return {"train-loss": result.loss, "num-examples": self.data.num_train}, extras
 
     def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, float]:
@@ -78,6 +83,7 @@ class Node:
         (Ditto's personal model, pFedMe's θ_i with the global model's accuracy beside it, APFL's
         mixture, Per-FedAvg's one step on the training split; otherwise the received model)."""
         config = config or {}
+        persisted_state.restore(self.state, self.node_config, config, self.partition_id)
         received = fingerprint(self.model.state_dict().values())  # before any personalization
         step = evaluation_step_for(config)
         model, extra = step.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)

@@ -33,6 +33,9 @@ from .solvers import LocalResult, MinibatchStream, like_params, trainable
 
 #: settings every training instruction carries (the package's ServerApp sends them from the run config)
 LR, LOCAL_STEPS, BATCH_SIZE, SERVER_ROUND = "lr", "local-steps", "batch-size", "server-round"
+#: instruction entries of the package's ServerApp: the results folder's name (clients keep their state
+#: under it) and, in a resumed run, the round of the checkpoint it continues from
+RUN_KEY, RESUMED_AFTER = "run-key", "resumed-after"
 #: proximal weight μ in ``min f_i(w) + μ/2 ||w − a||²`` (the key of Flower's Message-API FedProx;
 #: its legacy FedProx sends ``proximal_mu``, also understood)
 PROXIMAL_MU, LEGACY_PROXIMAL_MU = "proximal-mu", "proximal_mu"

@@ -15,6 +15,7 @@ from flwr.server import ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
+from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import make_model, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
@@ -117,10 +118,12 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
 
     sampler = Sampler(cfg.seed, ranks)  # Flower's own strategies sample with it too (see server_apps.seeded)
     store_dir = str(out / "store") if cfg.store == "disk" else None
+    # every instruction names the run (clients keep their state under that name) and, when resumed, the round
+    instructions: dict[str, Any] = {RUN_KEY: out.name} | ({RESUMED_AFTER: resumed.round} if resumed is not None else {})
     if cfg.api == "message":
         strategy: Any = build_message_strategy(cfg, num_nodes, ranks, store_dir)
     else:
-        strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks, store_dir)
+        strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks, store_dir, instructions)
     server = getattr(strategy, "server", None)  # our strategies' server (none for Flower's own)
     arrays = initial
     if resumed is not None:
@@ -140,7 +143,8 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         wrapper: Any = RecordedStrategy(strategy, recorder, cfg.eval_every, sampler, flower_k, checkpointer, offset)
         if remaining > 0:
             wrapper.start(grid=grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
-                          num_rounds=remaining, train_config=ConfigRecord(solver_config(cfg)))
+                          num_rounds=remaining, train_config=ConfigRecord({**solver_config(cfg), **instructions}),
+                          evaluate_config=ConfigRecord(instructions))
         final = wrapper.arrays
     else:
         wrapper = RecordedLegacyStrategy(strategy, recorder, cfg.eval_every, sampler, checkpointer, offset,

@@ -44,18 +44,22 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping
 
 def build_legacy_strategy(
     cfg: ExperimentConfig, initial: Mapping[str, np.ndarray], num_nodes: int, ranks: Mapping[int, int] | None = None,
-    store_dir: str | None = None,
+    store_dir: str | None = None, instructions: Mapping[str, Any] | None = None,
 ) -> LegacyStrategy:
-    """Legacy-API strategy (``configure_fit`` / ``aggregate_fit``); ``initial``: the named starting model."""
+    """Legacy-API strategy (``configure_fit`` / ``aggregate_fit``); ``initial``: the named starting model;
+    ``instructions``: entries for every training and evaluation instruction."""
     k = participants(cfg, num_nodes)
-    fit_config: Callable[[int], dict[str, Any]] = lambda rnd: {**solver_config(cfg), SERVER_ROUND: rnd}  # noqa: E731
+    extra = dict(instructions or {})
+    fit_config: Callable[[int], dict[str, Any]] = lambda rnd: {**solver_config(cfg), **extra, SERVER_ROUND: rnd}  # noqa: E731
+    evaluate_config: Callable[[int], dict[str, Any]] = lambda rnd: dict(extra)  # noqa: E731
     cls = getattr(strategies, cfg.entry.strategy)
     if cfg.entry.builtin:
         return cls(fraction_fit=min(1.0, k / max(num_nodes, 1)), min_fit_clients=k, min_available_clients=k,
                    fraction_evaluate=1.0, initial_parameters=ndarrays_to_parameters(list(initial.values())),
-                   on_fit_config_fn=fit_config, fit_metrics_aggregation_fn=weighted_train_metrics,
+                   on_fit_config_fn=fit_config, on_evaluate_config_fn=evaluate_config, fit_metrics_aggregation_fn=weighted_train_metrics,
                    evaluate_metrics_aggregation_fn=personalized_evaluate_metrics_legacy, **cfg.method_arguments())
     strategy = cls(**cfg.method_arguments(), initial_parameters=initial, clients_per_round=k, min_available_clients=k,
-                   on_fit_config_fn=fit_config, seed=cfg.seed, device=resolve_device(cfg.device), store_dir=store_dir)
+                   on_fit_config_fn=fit_config, on_evaluate_config_fn=evaluate_config, seed=cfg.seed,
+                   device=resolve_device(cfg.device), store_dir=store_dir)
     strategy.server.node_rank = dict(ranks or {})
     return strategy

@@ -61,7 +61,14 @@ def _client_keeps_state(entry) -> bool:
     return client_step_for(config).keeps_state
 
 
-STATELESS = [e for e in entries() if not _client_keeps_state(e)]
+STATEFUL = [e for e in entries() if _client_keeps_state(e)]
+
+
+@pytest.fixture(autouse=True)
+def client_state_dir(tmp_path, monkeypatch):
+    """Where the clients keep their state between runs (the node's own disk)."""
+    monkeypatch.setenv("FLOWER_PFL_CLIENT_STATE_DIR", str(tmp_path / "client-state"))
+    return tmp_path / "client-state"
 
 
 class Killed(Exception):
@@ -103,15 +110,50 @@ def _interrupted(tmp_path: Path, label: str, api: str, monkeypatch, crash_round:
     return folder
 
 
-@pytest.mark.parametrize("entry", STATELESS, ids=[e.label for e in STATELESS])
+@pytest.mark.parametrize("entry", entries(), ids=[e.label for e in entries()])
 def test_resumed_run_gives_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch, entry):
+    """Every method, including those whose clients keep state (they get it back from their disk)."""
     whole = _run(tmp_path / "whole", entry.label, "message")
     resumed = _interrupted(tmp_path / "resumed", entry.label, "message", monkeypatch)
     assert _numbers(resumed) == _numbers(whole)
     assert json.loads((resumed / "summary.json").read_text())["bmta"] == json.loads((whole / "summary.json").read_text())["bmta"]
 
 
-@pytest.mark.parametrize("label", ["fedmcsa", "fedavgm"])
+def test_clients_keep_only_the_versions_a_checkpoint_needs(tmp_path, monkeypatch, client_state_dir):
+    assert {e.label for e in STATEFUL} >= {"scaffold", "ditto", "apfl", "pfedme", "igfl", "igfl-c"}
+    folder = _run(tmp_path, "scaffold", "message", **{"num-rounds": 7, "checkpoint-every": 3})
+    partitions = list((client_state_dir / folder.name).glob("partition-*"))
+    assert len(partitions) == NODES
+    for partition in partitions:  # when a client last wrote (round r), the server's last checkpoint was of
+        rounds = sorted(int(p.name[len("round-"):-len(".safetensors")]) for p in partition.glob("round-*.safetensors"))
+        last_checkpoint = (rounds[-1] - 1) // 3 * 3  # round ((r - 1) // 3) * 3: of the versions up to it, only the newest is needed
+        assert len([r for r in rounds if r <= last_checkpoint]) <= 1, (partition.name, rounds)
+    assert any(len(list(p.glob("round-*.safetensors"))) < 3 for p in partitions)
+
+
+def test_without_its_state_a_resumed_client_would_differ(tmp_path, monkeypatch, client_state_dir):
+    """The persisted client state is what makes a stateful method's resumption exact."""
+    import shutil
+
+    whole = _run(tmp_path / "whole", "scaffold", "message")
+    original = recording._Schedule.before_round
+
+    def dying(self, server_round, arrays):
+        original(self, server_round, arrays)
+        if server_round == 5:
+            raise Killed
+
+    monkeypatch.setattr(recording._Schedule, "before_round", dying)
+    with pytest.raises(Killed):
+        _run(tmp_path / "resumed", "scaffold", "message")
+    monkeypatch.setattr(recording._Schedule, "before_round", original)
+    (folder,) = list((tmp_path / "resumed").iterdir())
+    shutil.rmtree(client_state_dir / folder.name)  # the clients lost their disks
+    _run(tmp_path / "resumed", "scaffold", "message", **{"resume-from": str(folder)})
+    assert _numbers(folder)[0] != _numbers(whole)[0]
+
+
+@pytest.mark.parametrize("label", ["fedmcsa", "fedavgm", "ditto"])
 def test_resumed_legacy_run_gives_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch, label):
     whole = _run(tmp_path / "whole", label, "legacy")
     resumed = _interrupted(tmp_path / "resumed", label, "legacy", monkeypatch)

@@ -40,6 +40,7 @@ def flwr_env(tmp_path_factory):
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
         "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "FLOWER_PFL_CLIENT_STATE_DIR": str(home / "client-state"),  # where nodes keep their state for resumed runs
     }
     yield env
     port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
@@ -175,9 +176,10 @@ def test_same_seed_same_numbers_under_flwr_run(flwr_env, tmp_path, method, api):
     assert len(numbers[0][0]) == 6 and len(numbers[0][1]) == 18  # 3 train and 3 evaluation rows; 6 clients x 3 rounds
 
 
-@pytest.mark.parametrize("method", ["fedmcsa", "fedattn"])
+@pytest.mark.parametrize("method", ["fedmcsa", "fedattn", "scaffold"])
 def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(flwr_env, tmp_path, method):
-    """A personalized and a global-model method: SIGKILL the ServerApp's process after its first
+    """A personalized method, a global-model method and one whose clients keep state (SCAFFOLD's
+    c_i, restored from the nodes' disks): SIGKILL the ServerApp's process after its first
     checkpoint, resume from the results folder, and compare with a run that was never interrupted."""
     from flower_pfl import checkpoint
 

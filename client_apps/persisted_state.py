@@ -1,0 +1,92 @@
+"""Client state that outlives the run, so a resumed run gets it back.
+
+A method's client state (SCAFFOLD's c_i, Ditto's and APFL's personal models, pFedMe's θ_i,
+IGFL-C's last delta, FedMCSA's remembered anchor) lives in ``context.state``, which belongs to
+one ``flwr run``. After each training round the ClientApp also writes it, on the node's own disk,
+to ``<client-state-dir>/<run>/partition-<id>/round-<r>.safetensors`` (``run``: the results
+folder's name, sent by the server as ``run-key``). A resumed run's instructions carry
+``resumed-after`` = the server's checkpointed round R; a node whose ``context.state`` is still
+empty then loads its latest version from a round <= R: exactly the state it had when the server
+wrote that checkpoint. Versions older than the one the server's last checkpoint needs are deleted.
+
+The folder is the node's choice, never the server's: ``client-state-dir`` in the node config
+(``flower-supernode --node-config "client-state-dir='/var/lib/pfl'"``), else the environment
+variable ``FLOWER_PFL_CLIENT_STATE_DIR``, else ``~/.cache/flower-pfl/client-state``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from flwr.app import ConfigRecord, RecordDict
+
+from flower_pfl import checkpoint
+from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
+
+from .rules import RecordState
+
+_RESTORED = "flower-pfl-restored"
+
+
+def state_dir(node_config: Mapping[str, Any]) -> Path:
+    """The node's folder for persisted client state."""
+    default = os.environ.get("FLOWER_PFL_CLIENT_STATE_DIR") or Path.home() / ".cache" / "flower-pfl" / "client-state"
+    return Path(str(node_config.get("client-state-dir", default))).expanduser()
+
+
+def _folder(node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int) -> Path | None:
+    run = str(config.get(RUN_KEY, ""))
+    if not re.fullmatch(r"[A-Za-z0-9._+-]+", run) or run in (".", ".."):
+        return None  # no run key (a user's own strategy), or one that is not a plain folder name
+    return state_dir(node_config) / run / f"partition-{partition_id}"
+
+
+def _versions(folder: Path) -> dict[int, Path]:
+    out = {}
+    for path in folder.glob("round-*.safetensors"):
+        match = re.fullmatch(r"round-(\d+)\.safetensors", path.name)
+        if match:
+            out[int(match.group(1))] = path
+    return out
+
+
+def restore(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int) -> None:
+    """In a resumed run, fill an empty ``context.state`` with the version the server's checkpoint needs."""
+    if RESUMED_AFTER not in config or _RESTORED in records.config_records:
+        return
+    records[_RESTORED] = ConfigRecord({"done": True})
+    folder = _folder(node_config, config, partition_id)
+    state = RecordState(records)
+    if folder is None or len(state):
+        return
+    versions = {r: p for r, p in _versions(folder).items() if r <= int(config[RESUMED_AFTER])}
+    if not versions:
+        return
+    tensors, meta = checkpoint.read(versions[max(versions)])
+    for key, names in meta["entries"].items():
+        state[key] = [tensors[name] for name in names]
+
+
+def persist(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int,
+            server_round: int, checkpoint_every: int) -> None:
+    """Write the node's client state after training in ``server_round``; drop versions no checkpoint needs."""
+    folder = _folder(node_config, config, partition_id)
+    state = RecordState(records)
+    if folder is None or not len(state):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors, entries = {}, {}
+    for key in state:
+        entries[key] = [f"{key}.{i}" for i in range(len(state[key]))]
+        tensors.update(zip(entries[key], state[key]))
+    checkpoint.write(folder / f"round-{server_round}.safetensors", tensors, {"entries": entries})
+    # the server's last checkpoint is of round ((r - 1) // k) * k (none but the final one for k = 0)
+    needed = ((server_round - 1) // checkpoint_every) * checkpoint_every if checkpoint_every > 0 else server_round
+    versions = _versions(folder)
+    keep_from = max((r for r in versions if r <= needed), default=0)
+    for r, path in versions.items():
+        if r < keep_from:
+            path.unlink(missing_ok=True)
