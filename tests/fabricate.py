@@ -12,6 +12,27 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.supercore.task_identity import TaskIdentity
 
 
+def user_loop(model, step, x, y, *, lr: float, batch_size: int, steps: int, seed: int, loss_fn=None) -> dict:
+    """What a user's own ClientApp does with a client step's hooks (``client_apps.rules``' docstring):
+    their SGD optimizer and loss on fresh minibatches, ``adjust_gradients`` between ``backward`` and
+    ``step``, then ``finish``; returns the bytes for the server."""
+    import torch
+    import torch.nn.functional as F
+
+    from flower_pfl.solvers import MinibatchStream
+
+    loss_fn = loss_fn or F.cross_entropy
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    stream = MinibatchStream(len(y), batch_size, torch.Generator().manual_seed(seed))
+    for _ in range(steps):
+        idx = stream.next()
+        optimizer.zero_grad()
+        loss_fn(model(x[idx]), y[idx]).backward()
+        step.adjust_gradients(model, (x[idx], y[idx]))
+        optimizer.step()
+    return step.finish(model, x)
+
+
 def set_task_identity() -> None:
     """Messages can only be built inside a run; pretend to be a ServerApp task."""
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0

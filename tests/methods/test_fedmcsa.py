@@ -306,15 +306,7 @@ def _reference(model, anchor: list[torch.Tensor], x, y, seed: int) -> None:
 
 
 def _user_loop(model, step, x, y, seed: int) -> dict:
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    stream = MinibatchStream(len(y), BATCH, torch.Generator().manual_seed(seed))
-    for _ in range(STEPS):
-        idx = stream.next()
-        optimizer.zero_grad()
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
-        step.adjust_gradients(model, (x[idx], y[idx]))
-        optimizer.step()
-    return step.finish(model, x)
+    return fb.user_loop(model, step, x, y, lr=LR, batch_size=BATCH, steps=STEPS, seed=seed)
 
 
 def test_algorithm_1_clients_in_a_users_loop_and_in_the_package_loop():

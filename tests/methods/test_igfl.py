@@ -264,16 +264,8 @@ def test_legacy_igfl_time_attention_round():
 
 def _user_loop(model, config, state, x, y, seed):
     """What a user's ClientApp does with the hooks (client_apps.rules' docstring)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=config[LR])
-    step = ClientRule.from_config(config, model, state, optimizer)
-    stream = MinibatchStream(len(y), config[BATCH_SIZE], torch.Generator().manual_seed(seed))
-    for _ in range(config[LOCAL_STEPS]):
-        idx = stream.next()
-        optimizer.zero_grad()
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
-        step.adjust_gradients(model, (x[idx], y[idx]))
-        optimizer.step()
-    return step.finish(model, x)
+    step = ClientRule.from_config(config, model, state, torch.optim.SGD(model.parameters(), lr=config[LR]))
+    return fb.user_loop(model, step, x, y, lr=config[LR], batch_size=config[BATCH_SIZE], steps=config[LOCAL_STEPS], seed=seed)
 
 
 def test_users_loop_matches_train_locally_over_two_rounds():
