@@ -21,7 +21,10 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from logging import WARNING
+
 from flwr.app import ConfigRecord, RecordDict
+from flwr.common.logger import log
 
 from flower_pfl import checkpoint
 from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
@@ -62,7 +65,13 @@ def restore(records: RecordDict, node_config: Mapping[str, Any], config: Mapping
     state = RecordState(records)
     if folder is None or len(state):
         return
-    versions = {r: p for r, p in _versions(folder).items() if r <= int(config[RESUMED_AFTER])}
+    after = int(config[RESUMED_AFTER])
+    versions = {}
+    for r, path in _versions(folder).items():
+        if r <= after:
+            versions[r] = path
+        else:
+            path.unlink(missing_ok=True)  # written by the run that crashed, after its last checkpoint
     if not versions:
         return
     tensors, meta = checkpoint.read(versions[max(versions)])
@@ -73,6 +82,14 @@ def restore(records: RecordDict, node_config: Mapping[str, Any], config: Mapping
 def persist(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int,
             server_round: int, checkpoint_every: int) -> None:
     """Write the node's client state after training in ``server_round``; drop versions no checkpoint needs."""
+    try:
+        _persist(records, node_config, config, partition_id, server_round, checkpoint_every)
+    except OSError as err:  # the round's result still counts; only a later resumption would miss this version
+        log(WARNING, "could not keep the client state on disk (%s): a resumed run would start it afresh", err)
+
+
+def _persist(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int,
+             server_round: int, checkpoint_every: int) -> None:
     folder = _folder(node_config, config, partition_id)
     state = RecordState(records)
     if folder is None or not len(state):
@@ -86,7 +103,7 @@ def persist(records: RecordDict, node_config: Mapping[str, Any], config: Mapping
     # the server's last checkpoint is of round ((r - 1) // k) * k (none but the final one for k = 0)
     needed = ((server_round - 1) // checkpoint_every) * checkpoint_every if checkpoint_every > 0 else server_round
     versions = _versions(folder)
-    keep_from = max((r for r in versions if r <= needed), default=0)
+    keep_from = max((r for r in versions if r <= needed), default=server_round)
     for r, path in versions.items():
         if r < keep_from:
             path.unlink(missing_ok=True)

@@ -129,7 +129,7 @@ class ExperimentConfig:
         if self.aggregation not in allowed:
             _fail("aggregation", self.aggregation, f"one of {', '.join(allowed)} for method '{self.method}'")
         if (problem := self.entry.declaration.check_run(self.to_run_config()) if not self.entry.builtin else None):
-            _fail(problem[0], options[problem[0]], problem[1])
+            _fail(problem[0], self.to_run_config()[problem[0]], problem[1])
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
         if self.checkpoint_every < 0:

@@ -12,6 +12,7 @@ read these declarations; ``check_params`` validates an instance against them.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -34,8 +35,8 @@ class Rule:
 
 POSITIVE = Rule(lambda v: v > 0, "a number > 0")
 NON_NEGATIVE = Rule(lambda v: v >= 0, "a number >= 0")
-AT_LEAST_ONE = Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1")
-NON_NEGATIVE_INT = Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0")
+AT_LEAST_ONE = Rule(lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1, "an integer >= 1")
+NON_NEGATIVE_INT = Rule(lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0, "an integer >= 0")
 UNIT_INTERVAL = Rule(lambda v: 0 <= v <= 1, "a number in [0, 1]")
 HALF_OPEN_UNIT = Rule(lambda v: 0 <= v < 1, "a number in [0, 1)")
 

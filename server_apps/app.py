@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from logging import ERROR, INFO
 from pathlib import Path
@@ -22,6 +23,7 @@ from flower_pfl.diagnostics import label_set, save_similarity_snapshot, stronges
 from flower_pfl.results import MODELS, SERVER_STATE, RunRecorder, save_models, save_state
 from flower_pfl.sampling import Sampler
 from flower_pfl.server_step import MethodServer
+from flower_pfl.store import DiskClientModelStore
 
 from .factory import build_legacy_strategy, build_message_strategy, participants
 from .node_order import RankedGrid, query_nodes
@@ -100,6 +102,9 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     if resumed is not None:
         try:
             resumed.check(settings, layout)
+            if cfg.store == "disk":
+                raise ConfigError("run config 'resume-from' needs store = 'memory': a disk store is not rolled back to its "
+                                  "checkpoint, so the resumed run would not continue from the checkpointed round")
         except ConfigError as err:
             log(ERROR, "%s", err)
             raise
@@ -119,7 +124,8 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     sampler = Sampler(cfg.seed, ranks)  # Flower's own strategies sample with it too (see server_apps.seeded)
     store_dir = str(out / "store") if cfg.store == "disk" else None
     # every instruction names the run (clients keep their state under that name) and, when resumed, the round
-    instructions: dict[str, Any] = {RUN_KEY: out.name} | ({RESUMED_AFTER: resumed.round} if resumed is not None else {})
+    run_key = resumed.meta["run-key"] if resumed is not None else f"{out.name}-{secrets.token_hex(4)}"  # unique per run
+    instructions: dict[str, Any] = {RUN_KEY: run_key} | ({RESUMED_AFTER: resumed.round} if resumed is not None else {})
     if cfg.api == "message":
         strategy: Any = build_message_strategy(cfg, num_nodes, ranks, store_dir)
     else:
@@ -133,10 +139,10 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         else:
             set_flower_state(strategy, resumed.flower_state())
         saved = resumed.arrays()
-        if saved is not None:
-            arrays = dict(zip(initial, saved.values()))  # legacy checkpoints keep positions only
+        if saved is not None:  # by name; legacy checkpoints keep positions only
+            arrays = {k: saved[k] for k in initial} if set(saved) == set(initial) else dict(zip(initial, saved.values()))
         sampler.set_state(resumed.sampler_state())
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, strategy, recorder, settings, ranks, layout, sampler)
+    checkpointer = Checkpointer(out, cfg.checkpoint_every, strategy, recorder, settings, ranks, layout, sampler, run_key)
     remaining = cfg.num_rounds - offset
     if cfg.api == "message":
         flower_k = participants(cfg, num_nodes) if cfg.entry.builtin else None
@@ -156,7 +162,9 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     if remaining > 0 or resumed is None:
         checkpointer.save(cfg.num_rounds, final)
 
-    if server is not None and getattr(server.method, "store", None) is not None:  # what each client would use
+    if server is not None and isinstance(getattr(server.method, "store", None), DiskClientModelStore):
+        server.method.store.flush()  # the models stay in <results>/store (loading them all could exceed memory)
+    elif server is not None and getattr(server.method, "store", None) is not None:  # what each client would use
         ids = server.method.store.ids()
         save_models(out / MODELS, ids, server.method.models_for_evaluation(ids), server.method.store.initial)
     if server is not None and (learned := server.method.server_state()):  # e.g. FedAttn's attention module

@@ -16,7 +16,10 @@ from typing import Any, Mapping
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+from logging import WARNING
+
 from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.logger import log
 
 from flower_pfl import checkpoint
 from flower_pfl.config import ConfigError
@@ -58,9 +61,9 @@ class Checkpointer:
     """Writes ``strategy``'s state (and the run's) every ``every`` rounds; 0 writes only after the last."""
 
     def __init__(self, out: Path, every: int, strategy: Any, recorder: RunRecorder, run_config: Mapping[str, Any],
-                 ranks: Mapping[Any, int], layout: Mapping[str, list[int]], sampler: Sampler) -> None:
+                 ranks: Mapping[Any, int], layout: Mapping[str, list[int]], sampler: Sampler, run_key: str) -> None:
         self.path = out / checkpoint.FILE
-        self.every, self.strategy, self.recorder, self.sampler = every, strategy, recorder, sampler
+        self.every, self.strategy, self.recorder, self.sampler, self.run_key = every, strategy, recorder, sampler, run_key
         self.run_config, self.ranks, self.layout = dict(run_config), dict(ranks), dict(layout)
 
     def due(self, server_round: int) -> bool:
@@ -73,7 +76,7 @@ class Checkpointer:
         meta = {
             "round": server_round, "config": self.run_config, "layout": self.layout,
             "ranks": [[node, part] for node, part in self.ranks.items()], "elapsed": self.recorder.elapsed,
-            "sampler": self.sampler.state(),
+            "sampler": self.sampler.state(), "run-key": self.run_key,
             "server": checkpoint.pack(server.get_state(), "server", tensors) if server is not None else None,
             "flower": checkpoint.pack(flower_state(self.strategy), "flower", tensors) if server is None else None,
             "arrays": checkpoint.pack(dict(arrays) if arrays is not None else None, "arrays", tensors),
@@ -106,6 +109,9 @@ class Resumption:
     def node_ids(self, ranks: Mapping[Any, int]) -> dict[Any, Any]:
         """Old node id -> new node id, through partition ids (a new ``flwr run`` gives nodes new ids)."""
         by_partition = {part: node for node, part in ranks.items()}
+        missing = sorted(part for _, part in self.meta["ranks"] if part not in by_partition)
+        if missing:
+            log(WARNING, "resuming without partitions %s: their state stays under their old node ids until they return", missing)
         return {node: by_partition[part] for node, part in self.meta["ranks"] if part in by_partition}
 
     def server_state(self, ranks: Mapping[Any, int]) -> dict[str, Any] | None:
@@ -133,9 +139,7 @@ def translate(value: Any, ids: Mapping[Any, Any]) -> Any:
     if isinstance(value, dict):
         return {ids.get(k, k) if _is_id(k) else k: translate(v, ids) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        if value and all(_is_id(v) and v in ids for v in value):
-            return type(value)(ids[v] for v in value)
-        return type(value)(translate(v, ids) for v in value)
+        return type(value)(ids.get(v, v) if _is_id(v) else translate(v, ids) for v in value)
     return value
 
 

@@ -6,10 +6,13 @@ strategies and Flower's own.
 
 from __future__ import annotations
 
+import time
+from logging import INFO
 from typing import Any, Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import Parameters, parameters_to_ndarrays
+from flwr.common.logger import log
 from flwr.server.strategy import Strategy as LegacyStrategy
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy as MessageStrategy
@@ -62,7 +65,10 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         self.arrays = {k: v.numpy() for k, v in arrays.items()}
         self.before_round(server_round, self.arrays)
         if self.clients_per_round is not None:
-            grid = SampledGrid(grid, self.sampler.sample(grid.get_node_ids(), self.clients_per_round))  # type: ignore[assignment]
+            while len(nodes := list(grid.get_node_ids())) < self.clients_per_round:  # as Flower's sampling waits
+                log(INFO, "Waiting for nodes: %d connected, %d needed", len(nodes), self.clients_per_round)
+                time.sleep(1)
+            grid = SampledGrid(grid, self.sampler.sample(nodes, self.clients_per_round))  # type: ignore[assignment]
         return self.inner.configure_train(server_round, arrays, config, grid)
 
     def _ordered(self, replies: Iterable[Message]) -> list[Message]:

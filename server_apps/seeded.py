@@ -48,6 +48,8 @@ class SeededClientManager(SimpleClientManager):
         available = [node_id(cid) for cid, proxy in clients.items() if criterion is None or criterion.select(proxy)]
         if num_clients > len(available):
             return []
+        if num_clients == len(available):  # every client (e.g. evaluation): no draw, so training's sample stays put
+            return [clients[str(n)] for n in self.sampler.order(available)]
         return [clients[str(n)] for n in self.sampler.sample(available, num_clients)]
 
 

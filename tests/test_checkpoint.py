@@ -54,7 +54,7 @@ def _client_keeps_state(entry) -> bool:
     """Whether the clients of ``entry`` keep state between rounds (read from what the server sends)."""
     if entry.builtin:
         return False
-    cfg = ExperimentConfig(method=entry.method, aggregation=entry.aggregation, clients_per_round=2)
+    cfg = ExperimentConfig(method=entry.method, aggregation=entry.aggregation, clients_per_round=2, model="dnn")
     server = MethodServer(entry.declaration(**cfg.method_arguments()), 2)
     server.initialize({k: v.numpy() for k, v in DNN(3, 2, hidden=2).state_dict().items()})
     config = server.plan_training(1, [1, 2, 3])[0].config
@@ -122,7 +122,8 @@ def test_resumed_run_gives_the_numbers_of_an_uninterrupted_one(tmp_path, monkeyp
 def test_clients_keep_only_the_versions_a_checkpoint_needs(tmp_path, monkeypatch, client_state_dir):
     assert {e.label for e in STATEFUL} >= {"scaffold", "ditto", "apfl", "pfedme", "igfl", "igfl-c"}
     folder = _run(tmp_path, "scaffold", "message", **{"num-rounds": 7, "checkpoint-every": 3})
-    partitions = list((client_state_dir / folder.name).glob("partition-*"))
+    (run,) = client_state_dir.glob(folder.name + "-*")  # the results folder's name and a random token
+    partitions = list(run.glob("partition-*"))
     assert len(partitions) == NODES
     for partition in partitions:  # when a client last wrote (round r), the server's last checkpoint was of
         rounds = sorted(int(p.name[len("round-"):-len(".safetensors")]) for p in partition.glob("round-*.safetensors"))
@@ -148,7 +149,8 @@ def test_without_its_state_a_resumed_client_would_differ(tmp_path, monkeypatch, 
         _run(tmp_path / "resumed", "scaffold", "message")
     monkeypatch.setattr(recording._Schedule, "before_round", original)
     (folder,) = list((tmp_path / "resumed").iterdir())
-    shutil.rmtree(client_state_dir / folder.name)  # the clients lost their disks
+    for run in client_state_dir.glob(folder.name + "-*"):
+        shutil.rmtree(run)  # the clients lost their disks
     _run(tmp_path / "resumed", "scaffold", "message", **{"resume-from": str(folder)})
     assert _numbers(folder)[0] != _numbers(whole)[0]
 

@@ -52,7 +52,7 @@ class Clients:
 
 
 def _twins(entry, **options):
-    cfg = ExperimentConfig(method=entry.method, aggregation=entry.aggregation, clients_per_round=3, options=options)
+    cfg = ExperimentConfig(method=entry.method, aggregation=entry.aggregation, clients_per_round=3, model="dnn", options=options)
     args = cfg.method_arguments()
     initial = {k: v.numpy() for k, v in _model().state_dict().items()}
     legacy = getattr(strategies, entry.strategy)(**args, initial_parameters=initial, clients_per_round=3, min_available_clients=1,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -46,6 +46,16 @@ class FedPer(Method, PersonalizedStep):
         for _, columns in modules[: max(len(modules) - self.head_layers, 0)]:
             self.base_columns[columns] = True
         self.base = initial[self.base_columns].to(device=self.store.device, dtype=torch.float32)
+
+    @classmethod
+    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        if options["model"] == "mlr":
+            return "model", "a model with a layer to share besides the head (mlr has one layer: FedPer would be Local)"
+        return None
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.base = self.base.to(self.store.device)
 
     def _with_base(self, models: torch.Tensor) -> torch.Tensor:
         models[:, self.base_columns] = self.base
