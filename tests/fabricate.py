@@ -12,6 +12,30 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.supercore.task_identity import TaskIdentity
 
 
+#: a small named model (MLR on 3 features, 2 classes) for strategies driven with fabricated replies
+NAMES = ("fc.weight", "fc.bias")
+SHAPES = ((2, 3), (2,))
+
+
+def model_arrays(value: float) -> dict[str, np.ndarray]:
+    """A distinct model per value; different values give non-parallel vectors (cos < 1)."""
+    return {n: np.full(s, value, np.float32) + np.arange(np.prod(s), dtype=np.float32).reshape(s)
+            for n, s in zip(NAMES, SHAPES)}
+
+
+def flat(arrays):
+    """Named or listed arrays as one flat tensor."""
+    import torch
+
+    values = arrays.values() if isinstance(arrays, dict) else arrays
+    return torch.cat([torch.as_tensor(np.asarray(a)).flatten() for a in values])
+
+
+def sent(msg):
+    """The flat model a Message-API instruction carries."""
+    return flat({k: v.numpy() for k, v in msg.content["arrays"].items()})
+
+
 def user_loop(model, step, x, y, *, lr: float, batch_size: int, steps: int, seed: int, loss_fn=None) -> dict:
     """What a user's own ClientApp does with a client step's hooks (``client_apps.rules``' docstring):
     their SGD optimizer and loss on fresh minibatches, ``adjust_gradients`` between ``backward`` and

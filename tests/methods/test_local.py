@@ -21,22 +21,9 @@ from flower_pfl.methods.registry import client_step_for
 from flower_pfl.models import build_model
 from .runs import RECORDED, assert_as_recorded, short_run
 
-NAMES = ("fc.weight", "fc.bias")
-SHAPES = ((2, 3), (2,))
+NAMES, SHAPES = fb.NAMES, fb.SHAPES
 
-
-def _arrays(value: float) -> dict[str, np.ndarray]:
-    return {n: np.full(s, value, np.float32) + np.arange(np.prod(s), dtype=np.float32).reshape(s)
-            for n, s in zip(NAMES, SHAPES)}
-
-
-def _flat(arrays) -> torch.Tensor:
-    values = arrays.values() if isinstance(arrays, dict) else arrays
-    return torch.cat([torch.as_tensor(np.asarray(a)).flatten() for a in values])
-
-
-def _sent(msg) -> torch.Tensor:
-    return _flat({k: v.numpy() for k, v in msg.content["arrays"].items()})
+_arrays, _flat, _sent = fb.model_arrays, fb.flat, fb.sent
 
 
 @pytest.fixture(autouse=True)
