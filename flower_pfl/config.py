@@ -10,6 +10,8 @@ turns a Flower run config (kebab-case keys) into a validated, typed object, and 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -80,6 +82,15 @@ class ExperimentConfig:
     checkpoint_every: int = 10
     #: a results folder to continue: the run goes on after its last checkpointed round, in that folder
     resume_from: str = ""
+    #: refuse an update that changes a model by more than this multiple of max(the model sent, the round's
+    #: median change) (0: off; see ``flower_pfl.reply_checks``)
+    max_update_ratio: float = 10.0
+    #: count a reply's num-examples at most this multiple of the round's median (0: off)
+    max_weight_ratio: float = 1000.0
+    #: seconds a round waits for missing nodes before it goes on with those connected
+    node_wait_timeout: float = 120.0
+    #: the run fails when more than this share of its rounds accepted no update (1: never)
+    max_idle_rounds: float = 0.5
     #: every method's hyperparameters by run-config key (declared beside each method, see
     #: ``flower_pfl.methods``); missing keys take the declared defaults
     options: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -134,6 +145,13 @@ class ExperimentConfig:
             _fail("seed", self.seed, "an integer >= 0")
         if self.checkpoint_every < 0:
             _fail("checkpoint_every", self.checkpoint_every, "an integer >= 0 (0: only after the last round)")
+        for name in ("max_update_ratio", "max_weight_ratio"):
+            if not (getattr(self, name) == 0 or getattr(self, name) >= 1):
+                _fail(name, getattr(self, name), "0 (off) or a number >= 1")
+        if not self.node_wait_timeout >= 0:
+            _fail("node_wait_timeout", self.node_wait_timeout, "a number of seconds >= 0")
+        if not 0 <= self.max_idle_rounds <= 1:
+            _fail("max_idle_rounds", self.max_idle_rounds, "a share in [0, 1] (1: never fail)")
         if not self.output_dir:
             _fail("output_dir", self.output_dir, "a non-empty path")
 
@@ -146,6 +164,10 @@ class ExperimentConfig:
     def label(self) -> str:
         """``fedavg``, or ``fedavg+mcsa`` for a non-default aggregation."""
         return self.entry.label
+
+    def bounds(self) -> dict[str, float]:
+        """The reply bounds as strategy arguments (0 in the run config: ``math.inf``, off)."""
+        return {name: getattr(self, name) or math.inf for name in ("max_update_ratio", "max_weight_ratio")}
 
     def method_arguments(self) -> dict[str, Any]:
         """The strategy constructor's method arguments for this run."""

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
-from .config import DATA_FIELDS, ExperimentConfig
+from .config import DATA_FIELDS, ConfigError, ExperimentConfig
 from .data import ClientData, generate_synthetic, train_test_split
 from .data.hub import load_hub_partition
-from .data.images import IMAGE_SHAPES, load_image_pool, num_classes, to_float
+from .data.images import IMAGE_SHAPES, expected_files, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
 from .data.synthetic import DIM, NUM_CLASSES
 from .client_step import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND
@@ -37,8 +38,7 @@ def _client_splits(data: ExperimentConfig, num_partitions: int) -> tuple[ClientD
     if data.partition == "natural":  # Synthetic's users (the config refuses natural for the image sets here)
         shares = users
     else:
-        x, y = _pooled(users) if synthetic else load_image_pool(
-            data.dataset, data.data_dir, download=data.download, emnist_split=data.emnist_split)
+        x, y = _pooled(users) if synthetic else _image_pool(data)
         parts = partition_indices(y, num_partitions, data.partition, alpha=data.dirichlet_alpha,
                                   classes_per_client=data.classes_per_client,
                                   shards_per_client=data.shards_per_client, seed=data.seed, paired=data.paired_clients)
@@ -46,6 +46,17 @@ def _client_splits(data: ExperimentConfig, num_partitions: int) -> tuple[ClientD
         shares = [(scale(x[idx]), y[idx]) for idx in parts]
     split_rng, scarce_rng = np.random.default_rng([data.seed, 1]), np.random.default_rng([data.seed, 2])
     return tuple(_client(x, y, data, split_rng, scarce_rng) for x, y in shares)
+
+
+def _image_pool(data: ExperimentConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The pooled image data set, or a ``ConfigError`` naming the run-config keys when its files are missing."""
+    try:
+        return load_image_pool(data.dataset, data.data_dir, download=data.download, emnist_split=data.emnist_split)
+    except FileNotFoundError as err:
+        fix = ("the download failed; put the files there or check the internet access" if data.download
+               else "set 'data-dir' or 'download = true'")
+        raise ConfigError(f"run config 'dataset' = {data.dataset!r}: no files under data-dir {str(Path(data.data_dir).resolve())!r} "
+                          f"({', '.join(expected_files(data.dataset, data.emnist_split))}); {fix}") from err
 
 
 def _client(x: np.ndarray, y: np.ndarray, data: ExperimentConfig,
@@ -105,6 +116,26 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def check_device(name: str) -> None:
+    """Raise ``ConfigError`` when device ``name`` (``auto``, ``cpu``, ``cuda``, ``cuda:<i>``, ``mps``)
+    is not available on this machine, so that a run fails before it writes anything."""
+    if name in ("auto", "cpu"):
+        return
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ConfigError(f"run config 'device' = {name!r}: not a device name ({err}); use 'auto' or 'cpu'") from err
+    problem = None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        problem = "no CUDA device is visible (torch.cuda.is_available() is False)"
+    elif device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        problem = f"only {torch.cuda.device_count()} CUDA device(s) are visible (torch.cuda.device_count())"
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        problem = "no MPS device is available (torch.backends.mps.is_available() is False)"
+    if problem:
+        raise ConfigError(f"run config 'device' = {name!r}: {problem}; use 'auto' or 'cpu'")
 
 
 def client_generator(seed: int, partition_id: int, server_round: int) -> torch.Generator:

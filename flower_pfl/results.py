@@ -34,6 +34,8 @@ class RunRecorder:
         self.evaluations: list[dict[str, float]] = []
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter()
+        #: rounds in which no client update was accepted
+        self.idle_rounds = 0
         (self.out_dir / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
         (self.out_dir / METRICS).write_text("")
 
@@ -53,9 +55,9 @@ class RunRecorder:
                 tmp = path.with_name(path.name + ".tmp")
                 tmp.write_text("".join(line + "\n" for line in kept))
                 tmp.replace(path)
-        self.evaluations = [
-            {k: v for k, v in row.items() if k not in ("phase", "elapsed_s")}
-            for row in map(json.loads, _complete_lines(self.out_dir / METRICS)) if row["phase"] == "evaluate"]
+        rows = list(map(json.loads, _complete_lines(self.out_dir / METRICS)))
+        self.evaluations = [{k: v for k, v in row.items() if k not in ("phase", "elapsed_s")} for row in rows if row["phase"] == "evaluate"]
+        self.idle_rounds = sum(1 for row in rows if row["phase"] == "train" and _idle(row))
         return self
 
     def _append(self, row: Mapping[str, Any], name: str = METRICS) -> None:
@@ -68,6 +70,8 @@ class RunRecorder:
             fh.writelines(json.dumps({"round": server_round, **row}) + "\n" for row in sorted(rows, key=lambda r: str(r.get("node-id"))))
 
     def on_train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
+        """A training round's metrics; with ``clients-accepted`` = 0 it counts as idle."""
+        self.idle_rounds += _idle(metrics)
         self._append({"round": server_round, "phase": "train", "elapsed_s": self.elapsed,
                       **{k: float(v) for k, v in metrics.items()}})
 
@@ -92,12 +96,28 @@ class RunRecorder:
         else:
             summary = {"evaluated_rounds": 0, "error": "no client evaluation succeeded; see the run's log"}
             self._log("no client evaluation succeeded: the summary has no accuracy figures")
-        summary.update({"num_rounds": self.num_rounds, "wall_time_s": self.elapsed,
+        summary.update({"status": "completed" if self.evaluations else "failed", "idle_rounds": self.idle_rounds,
+                        "num_rounds": self.num_rounds, "wall_time_s": self.elapsed,
                         "seconds_per_round": self.elapsed / max(self.num_rounds, 1), **(extra or {})})
         (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
         if self.evaluations:
             plot_learning_curve(self.evaluations, self.out_dir / CURVE, title)
         return summary
+
+
+    def fail(self, reason: str) -> None:
+        """Write ``summary.json`` for a run that stopped because it could not achieve anything."""
+        summary = {"status": "failed", "error": reason, "idle_rounds": self.idle_rounds, "num_rounds": self.num_rounds,
+                   "wall_time_s": self.elapsed}
+        (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
+
+
+class RunFailed(RuntimeError):
+    """A run that cannot achieve anything (no accepted updates, no finite accuracy); the message says why."""
+
+
+def _idle(train_metrics: Mapping[str, Any]) -> bool:
+    return train_metrics.get("clients-accepted", 1) == 0
 
 
 def save_models(path: Path, ids: list[Any], rows: Any, initial: Any) -> None:

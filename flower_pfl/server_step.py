@@ -19,9 +19,10 @@ translate Flower's types to and from these.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Hashable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -30,6 +31,17 @@ from .client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from .diagnostics import AttentionAccumulator
 from .layout import ParamLayout
 from .params import param
+from .reply_checks import (
+    RawReply,
+    Reply,
+    ReplyBounds,
+    RoundReplies,
+    UpdateRejected,
+    check_num_examples,
+    check_update,
+    model_change,
+    screen,
+)
 from .sampling import Sampler
 from .store import ClientModelStore, DiskClientModelStore, make_store
 
@@ -44,21 +56,6 @@ class Instruction:
     client_id: ClientId
     model: torch.Tensor
     config: Settings
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One client's accepted training reply: its flat model, sample count, metrics and checked extras."""
-
-    client_id: ClientId
-    model: torch.Tensor
-    num_examples: int
-    metrics: Mapping[str, Any]
-    extras: Any = None
-
-
-class UpdateRejected(ValueError):
-    """A client reply that cannot be used; the message says why."""
 
 
 class ServerStep:
@@ -88,6 +85,12 @@ class ServerStep:
     def check_extras(self, extras: Mapping[str, Any]) -> Any:
         """Validate what a client returned besides its model; raise ``ValueError`` to reject the reply."""
         return None
+
+    def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
+        """What the reply changed, for ``ReplyBounds``: field -> (norm of the change, norm of its
+        reference). The model's change against the model the client was sent; methods whose
+        clients return more (SCAFFOLD's Δc_i) add their fields."""
+        return model_change(reply, sent)
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         """Take in the round's accepted replies (at least one)."""
@@ -259,47 +262,6 @@ class GlobalModelStep(ServerStep):
         return self.model
 
 
-@dataclass
-class RawReply:
-    """A client's training reply as the Flower layer found it, before any check."""
-
-    client_id: ClientId
-    arrays: Sequence[np.ndarray]
-    names: Sequence[str] | None
-    num_examples: Any
-    metrics: Mapping[str, Any]
-    extras: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RoundReplies:
-    """A round's accepted replies and what happened to the others."""
-
-    accepted: list[Reply] = field(default_factory=list)
-    failed: int = 0
-    rejected: int = 0
-
-
-def check_update(layout: ParamLayout, arrays: Sequence[np.ndarray], names: Sequence[str] | None = None) -> torch.Tensor:
-    """Returned arrays as a flat vector, or ``UpdateRejected`` with the reason.
-
-    Rejected: other parameter names or count, other shapes, a dtype other than float32, NaN
-    or Inf anywhere. ``names=None`` (the legacy API sends none): the layout's order.
-    """
-    if names is not None and tuple(names) != layout.names:
-        raise UpdateRejected(f"parameter names {list(names)} differ from {list(layout.names)}")
-    if len(arrays) != len(layout.shapes):
-        raise UpdateRejected(f"expected {len(layout.shapes)} arrays, got {len(arrays)}")
-    for name, arr, shape in zip(layout.names, arrays, layout.shapes):
-        if tuple(arr.shape) != shape:
-            raise UpdateRejected(f"'{name}' has shape {tuple(arr.shape)}, expected {shape}")
-        if arr.dtype != np.float32:
-            raise UpdateRejected(f"'{name}' has dtype {arr.dtype}, expected float32")
-        if not np.isfinite(arr).all():
-            raise UpdateRejected(f"'{name}' contains NaN or Inf")
-    return layout.flatten(arrays)
-
-
 class MethodServer:
     """A method's ``ServerStep`` with the plumbing every method shares, independent of the Flower API.
 
@@ -311,7 +273,7 @@ class MethodServer:
 
     def __init__(self, method: ServerStep, clients_per_round: int | None = None, *, fraction_train: float = 1.0,
                  min_train_clients: int = 1, seed: int = 0, device: str | torch.device = "cpu",
-                 store_dir: str | Path | None = None) -> None:
+                 store_dir: str | Path | None = None, bounds: ReplyBounds | None = None) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
         if not 0 < fraction_train <= 1:
@@ -321,12 +283,15 @@ class MethodServer:
         self.fraction_train, self.min_train_clients = fraction_train, min_train_clients
         self.device = torch.device(device)
         self.store_dir = store_dir
+        self.bounds = bounds or ReplyBounds()
         self.seed = seed
         self.sampler = Sampler(seed)
         self.layout: ParamLayout | None = None
         #: the clients sampled in the last round, in the method's row order
         self.last_participants: list[ClientId] = []
         self._plan_order: dict[ClientId, int] = {}
+        #: the model each of the round's trainers was sent (``ReplyBounds`` measures changes from it)
+        self._sent: dict[ClientId, torch.Tensor] = {}
 
     @property
     def node_rank(self) -> dict[ClientId, int]:
@@ -372,6 +337,7 @@ class MethodServer:
         chosen = set(sampled)
         plan = self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
         self._plan_order = {ins.client_id: i for i, ins in enumerate(plan)}
+        self._sent = {ins.client_id: ins.model for ins in plan}
         return plan
 
     def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float) -> list[Instruction]:
@@ -384,18 +350,24 @@ class MethodServer:
         return self.method.evaluation_instructions(server_round, ids)
 
     def check(self, raw: RawReply) -> Reply:
-        """One reply checked (model, sample count, extras), or ``UpdateRejected``."""
+        """One reply checked on its own (model, sample count, extras), or ``UpdateRejected``."""
         vector = check_update(self._require(), raw.arrays, raw.names)
-        n = raw.num_examples
-        if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)) or not 1 <= n < math.inf:
-            raise UpdateRejected(f"num-examples = {n!r} is not a number >= 1")
+        n = check_num_examples(raw.num_examples)
         try:
             extras = self.method.check_extras(raw.extras)
         except UpdateRejected:
             raise
-        except ValueError as err:
+        except (ValueError, TypeError) as err:
             raise UpdateRejected(str(err)) from err
-        return Reply(raw.client_id, vector, int(n), raw.metrics, extras)
+        return Reply(raw.client_id, vector, n, raw.metrics, extras)
+
+    def receive(self, raws: Sequence[RawReply], batch: RoundReplies | None = None) -> RoundReplies:
+        """The round's training replies checked: each on its own (``check``; it must answer this
+        round's instructions, once), then together (``bounds``). Refusals are listed in the result
+        (``batch``: one with refusals the Flower layer already made); nothing is stored."""
+        batch = batch if batch is not None else RoundReplies()
+        screen(raws, self._sent, self.check, self.method.update_norms, self.bounds, batch)
+        return batch
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> torch.Tensor | None:
         """Give the accepted replies to the method, in the order of the round's instructions (replies

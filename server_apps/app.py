@@ -18,17 +18,20 @@ from flwr.serverapp import Grid, ServerApp
 
 from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
 from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.experiment import make_model, solver_config
+from flower_pfl.experiment import check_device, make_model, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
-from flower_pfl.results import MODELS, SERVER_STATE, RunRecorder, save_models, save_state
+from flower_pfl.reply_checks import ReplyBounds
+from flower_pfl.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, save_models, save_state
 from flower_pfl.sampling import Sampler
 from flower_pfl.server_step import MethodServer
 from flower_pfl.store import DiskClientModelStore
+from strategies.nodes import NodeWatch
 
 from .factory import build_legacy_strategy, build_message_strategy, participants
 from .node_order import RankedGrid, query_nodes
 from .checkpointing import Checkpointer, Resumption, set_flower_state
 from .recording import RecordedLegacyStrategy, RecordedStrategy
+from .guard import ReplyGuard
 from .seeded import SeededClientManager
 
 app = ServerApp()
@@ -39,14 +42,25 @@ def run_dir(cfg: ExperimentConfig) -> Path:
     the current directory), with ``-2``, ``-3``, ... when runs start in the same second."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.label}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
-    base.parent.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 10_000):
-        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        try:
-            path.mkdir()  # atomic: two runs never share a folder
-            return path
-        except FileExistsError:
-            continue
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                path.mkdir()  # atomic: two runs never share a folder
+                return path
+            except FileExistsError:
+                continue
+    except OSError as err:  # a file, a path through a file, no permission, a read-only file system, ...
+        if base.parent.exists() and not base.parent.is_dir():
+            problem = "is a file, not a folder"
+        elif isinstance(err, NotADirectoryError):
+            problem = "has a file where a folder should be in its path"
+        elif isinstance(err, PermissionError):
+            problem = "is not writable"
+        else:
+            problem = "cannot hold a results folder"
+        raise ConfigError(f"run config 'output-dir' = {cfg.output_dir!r}: {problem} ({err})") from err
     raise RuntimeError(f"cannot create a results folder next to {base}")
 
 
@@ -91,6 +105,7 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     names); returns the results folder."""
     try:
         cfg = ExperimentConfig.from_mapping(run_config)
+        check_device(cfg.device)
         resumed = Resumption(cfg.resume_from) if cfg.resume_from else None
     except ConfigError as err:
         log(ERROR, "%s", err)
@@ -108,14 +123,18 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         except ConfigError as err:
             log(ERROR, "%s", err)
             raise
-        out = resumed.folder
+    try:  # every node loads its data to answer: what they cannot serve fails before the results folder exists
+        info = query_nodes(grid)
+        out = resumed.folder if resumed is not None else run_dir(cfg)
+    except ConfigError as err:
+        log(ERROR, "%s", err)
+        raise
+    if resumed is not None:
         recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=lambda msg: log(INFO, "%s", msg))
         log(INFO, "flower-pfl: resuming %s after round %d", out, resumed.round)
     else:
-        out = run_dir(cfg)
         recorder = RunRecorder(out, settings, cfg.num_rounds, log=lambda msg: log(INFO, "%s", msg))
     offset = resumed.round if resumed is not None else 0
-    info = query_nodes(grid)
     ranks = {node: i["partition-id"] for node, i in info.items()}
     grid = RankedGrid(grid, ranks)  # type: ignore[assignment]
     num_nodes = len(list(grid.get_node_ids()))
@@ -144,9 +163,11 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         sampler.set_state(resumed.sampler_state())
     checkpointer = Checkpointer(out, cfg.checkpoint_every, strategy, recorder, settings, ranks, layout, sampler, run_key)
     remaining = cfg.num_rounds - offset
+    guard = ReplyGuard(ReplyBounds(**cfg.bounds())) if cfg.entry.builtin else None  # ours check their own replies
     if cfg.api == "message":
         flower_k = participants(cfg, num_nodes) if cfg.entry.builtin else None
-        wrapper: Any = RecordedStrategy(strategy, recorder, cfg.eval_every, sampler, flower_k, checkpointer, offset)
+        wrapper: Any = RecordedStrategy(strategy, recorder, cfg.eval_every, sampler, flower_k, checkpointer, offset,
+                                        guard=guard, max_idle_rounds=cfg.max_idle_rounds, nodes=NodeWatch(cfg.node_wait_timeout))
         if remaining > 0:
             wrapper.start(grid=grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
                           num_rounds=remaining, train_config=ConfigRecord({**solver_config(cfg), **instructions}),
@@ -154,7 +175,8 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         final = wrapper.arrays
     else:
         wrapper = RecordedLegacyStrategy(strategy, recorder, cfg.eval_every, sampler, checkpointer, offset,
-                                         initial_parameters=ndarrays_to_parameters(list(arrays.values())))
+                                         initial_parameters=ndarrays_to_parameters(list(arrays.values())),
+                                         guard=guard, max_idle_rounds=cfg.max_idle_rounds)
         if remaining > 0:
             start_grid(grid=grid, strategy=wrapper, config=ServerConfig(num_rounds=remaining),
                        client_manager=SeededClientManager(sampler))
@@ -174,5 +196,5 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     log(INFO, "flower-pfl: results written to %s", out)
     if not summary.get("evaluated_rounds"):
-        raise RuntimeError(f"no client evaluation succeeded in this run; see the log (results in {out})")
+        raise RunFailed(f"no client evaluation produced a finite accuracy in this run; see the log (results in {out})")
     return out

@@ -11,6 +11,7 @@ only to group clients in diagnostic plots.
 from __future__ import annotations
 
 import math
+import re
 from logging import WARNING
 from typing import Any
 
@@ -18,22 +19,73 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flower_pfl.config import ConfigError
+
+#: how Flower's simulation wraps a ClientApp's exception message
+RAY_MESSAGE = "Exception ClientAppException occurred. Message: "
+
 
 def query_nodes(grid: Grid, timeout: float = 120.0) -> dict[int, dict[str, Any]]:
-    """``node id -> {"partition-id", "dominant-label", "label-counts"}`` of every node that answers."""
+    """``node id -> {"partition-id", "dominant-label", "label-counts"}`` of every node that answers.
+
+    Every node loads its data and model to answer, so a run config they cannot serve fails here, before
+    any training: ``ConfigError`` with the nodes' errors when no node answers and some report an error.
+    Nodes that fail while others answer, and nodes that claim the same partition, are logged as warnings."""
     messages = [Message(RecordDict({"config": ConfigRecord()}), message_type=MessageType.QUERY, dst_node_id=n)
                 for n in grid.get_node_ids()]
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    # the grid sets each message's id when sending; a reply the SuperLink makes itself comes from node 1
+    addressed = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
     info: dict[int, dict[str, Any]] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        if reply.has_error() or not reply.content.metric_records:
-            continue
-        metrics = next(iter(reply.content.metric_records.values()))
-        if "partition-id" in metrics:
-            info[reply.metadata.src_node_id] = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
-    if len(info) < len(messages):
-        log(WARNING, "%d of %d nodes did not report a partition-id; they are sampled after the others",
-            len(messages) - len(info), len(messages))
+    errors: dict[str, list[int]] = {}
+    for reply in replies:
+        node = addressed.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        if reply.has_error():
+            errors.setdefault(_gist(reply.error.reason), []).append(node)
+        elif reply.content.metric_records:
+            metrics = next(iter(reply.content.metric_records.values()))
+            if "partition-id" in metrics:
+                info[node] = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
+    _report(info, errors, len(messages))
     return info
+
+
+def _gist(reason: str) -> str:
+    """A node's error without its wrapping: a SuperNode's ``<class 'pkg.Error'>:<'message'>`` becomes
+    ``Error: message``; a simulation's (Ray's traceback, which names its worker process) only the message."""
+    wrapped = re.fullmatch(r"<class '([^']+)'>:<'(.*)'>", reason, re.DOTALL)
+    if wrapped is None:
+        return reason
+    kind, message = wrapped.groups()
+    if RAY_MESSAGE in message:
+        return message.rsplit(RAY_MESSAGE, 1)[1].strip()
+    return f"{kind.rsplit('.', 1)[-1]}: {message}"
+
+
+def _nodes(ids: list[int], shown: int = 5) -> str:
+    """``node 3``, ``nodes 3, 8``, or the first ``shown`` and how many more: ``nodes 1, 2, 3, 4, 5 and 12 more``."""
+    ids = sorted(ids)
+    text = ", ".join(map(str, ids[:shown])) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+    return f"node{'s' if len(ids) > 1 else ''} {text}"
+
+
+def _report(info: dict[int, dict[str, Any]], errors: dict[str, list[int]], asked: int) -> None:
+    """Raise when every node failed; warn about failed nodes and nodes sharing a partition-id."""
+    if errors and not info:
+        shown = sorted(errors.items(), key=lambda item: -len(item[1]))[:3]
+        more = f" (and {len(errors) - len(shown)} other errors)" if len(errors) > len(shown) else ""
+        raise ConfigError(f"no node could serve this run config; {'; '.join(f'{_nodes(ids)}: {why}' for why, ids in shown)}{more}")
+    for why, ids in errors.items():
+        log(WARNING, "%s failed to answer the start-up query: %s", _nodes(ids), why)
+    if len(info) < asked:
+        log(WARNING, "%d of %d nodes did not report a partition-id; they are sampled after the others", asked - len(info), asked)
+    claims: dict[int, list[int]] = {}
+    for node, about in info.items():
+        claims.setdefault(about["partition-id"], []).append(node)
+    for pid, nodes in sorted(claims.items()):
+        if len(nodes) > 1:
+            log(WARNING, "%s all report partition-id %d: they train on the same data, and their order among "
+                "themselves (by node id) changes from run to run", _nodes(nodes), pid)
 
 
 class RankedGrid:

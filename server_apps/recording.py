@@ -6,35 +6,54 @@ strategies and Flower's own.
 
 from __future__ import annotations
 
-import time
-from logging import INFO
 from typing import Any, Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import Parameters, parameters_to_ndarrays
-from flwr.common.logger import log
 from flwr.server.strategy import Strategy as LegacyStrategy
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy as MessageStrategy
 
-from flower_pfl.results import RunRecorder
+from flower_pfl.reply_checks import UpdateRejected, check_evaluation
+from flower_pfl.results import RunFailed, RunRecorder
 from flower_pfl.sampling import Sampler
+from strategies.metrics import ACCURACY
+from strategies.nodes import NodeWatch
 
 from .checkpointing import Checkpointer
+from .guard import ReplyGuard
 from .seeded import SampledGrid, in_rank_order, node_id
 
 
-def _plain(metrics: Any) -> dict[str, Any]:
-    """A client's numeric metrics as JSON values (lists and bytes are left out)."""
-    return {k: v for k, v in dict(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+def _usable(metrics: Any) -> dict[str, Any] | None:
+    """A client's evaluation metrics as JSON numbers, or ``None`` when they fail ``check_evaluation``
+    (the strategy logs why)."""
+    try:
+        return check_evaluation(dict(metrics), ACCURACY)
+    except UpdateRejected:
+        return None
 
 
 class _Schedule:
-    """Evaluation rounds, checkpoints and the round offset of a resumed run (Flower counts rounds
-    from 1 again; the wrapped strategy, the recorder and checkpoints see the run's own rounds)."""
+    """Evaluation rounds, checkpoints, the round offset of a resumed run (Flower counts rounds
+    from 1 again; the wrapped strategy, the recorder and checkpoints see the run's own rounds),
+    and the run's health: more than ``max_idle_rounds`` of its rounds without an accepted update
+    stop it with ``RunFailed``."""
 
-    def __init__(self, recorder: RunRecorder, eval_every: int, checkpointer: Checkpointer | None, offset: int) -> None:
+    def __init__(self, recorder: RunRecorder, eval_every: int, checkpointer: Checkpointer | None, offset: int,
+                 max_idle_rounds: float = 1.0) -> None:
         self.recorder, self.eval_every, self.checkpointer, self.offset = recorder, eval_every, checkpointer, offset
+        self.max_idle_rounds = max_idle_rounds
+
+    def after_train(self, server_round: int, metrics: dict[str, Any]) -> None:
+        self.recorder.on_train(server_round, metrics)
+        idle, total = self.recorder.idle_rounds, self.recorder.num_rounds
+        if idle > self.max_idle_rounds * total:
+            reason = (f"{idle} of the run's {total} rounds accepted no client update, more than max-idle-rounds = "
+                      f"{self.max_idle_rounds:g} of them: every update failed or was refused (the warnings above say why, "
+                      "e.g. a learning rate that makes training diverge)")
+            self.recorder.fail(reason)
+            raise RunFailed(f"round {server_round}: {reason}")
 
     def evaluate_now(self, server_round: int) -> bool:
         return server_round % self.eval_every == 0 or server_round == self.recorder.num_rounds or server_round == 1
@@ -52,10 +71,13 @@ class RecordedStrategy(MessageStrategy, _Schedule):
     ``sampler``, not by Flower's sampling."""
 
     def __init__(self, inner: MessageStrategy, recorder: RunRecorder, eval_every: int, sampler: Sampler,
-                 clients_per_round: int | None = None, checkpointer: Checkpointer | None = None, offset: int = 0) -> None:
-        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset)
+                 clients_per_round: int | None = None, checkpointer: Checkpointer | None = None, offset: int = 0,
+                 guard: ReplyGuard | None = None, max_idle_rounds: float = 1.0, nodes: NodeWatch | None = None) -> None:
+        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds)
         self.inner, self.sampler, self.clients_per_round = inner, sampler, clients_per_round
+        self.guard, self.nodes = guard, nodes or NodeWatch()
         self.arrays: dict[str, Any] | None = None  # the global arrays Flower's loop holds
+        self._outbox: list[Message] = []
 
     def summary(self) -> None:
         self.inner.summary()
@@ -65,21 +87,24 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         self.arrays = {k: v.numpy() for k, v in arrays.items()}
         self.before_round(server_round, self.arrays)
         if self.clients_per_round is not None:
-            while len(nodes := list(grid.get_node_ids())) < self.clients_per_round:  # as Flower's sampling waits
-                log(INFO, "Waiting for nodes: %d connected, %d needed", len(nodes), self.clients_per_round)
-                time.sleep(1)
+            nodes = self.nodes.wait(grid, self.clients_per_round)  # as Flower's sampling waits, but not for ever
             grid = SampledGrid(grid, self.sampler.sample(nodes, self.clients_per_round))  # type: ignore[assignment]
-        return self.inner.configure_train(server_round, arrays, config, grid)
+        self._outbox = list(self.inner.configure_train(server_round, arrays, config, grid))
+        return self._outbox
 
     def _ordered(self, replies: Iterable[Message]) -> list[Message]:
         return in_rank_order(self.sampler, replies, lambda msg: msg.metadata.src_node_id)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round += self.offset
-        arrays, metrics = self.inner.aggregate_train(server_round, self._ordered(replies))
+        counts: dict[str, float] = {}
+        if self.guard is not None and self.arrays is not None:  # Flower's own strategy: check its replies first
+            replies, counts = self.guard.messages(server_round, replies, self.arrays, self._outbox)
+        replies = self._ordered(replies)
+        arrays, metrics = self.inner.aggregate_train(server_round, replies) if replies or self.guard is None else (None, None)
         if arrays is not None:
             self.arrays = {k: v.numpy() for k, v in arrays.items()}
-        self.recorder.on_train(server_round, dict(metrics or {}))
+        self.after_train(server_round, {**dict(metrics or {}), **counts})
         return arrays, metrics
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -89,10 +114,13 @@ class RecordedStrategy(MessageStrategy, _Schedule):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         server_round += self.offset
         replies = self._ordered(replies)
+        usable = {id(msg): row for msg in replies if not msg.has_error() and msg.content.metric_records
+                  and (row := _usable(next(iter(msg.content.metric_records.values())))) is not None}
         self.recorder.on_client_evaluations(server_round, [
-            {"node-id": msg.metadata.src_node_id, **_plain(next(iter(msg.content.metric_records.values())))}
-            for msg in replies if not msg.has_error() and msg.content.metric_records])
-        metrics = self.inner.aggregate_evaluate(server_round, replies)
+            {"node-id": msg.metadata.src_node_id, **usable[id(msg)]} for msg in replies if id(msg) in usable])
+        if self.guard is not None:  # Flower's own strategy stops at a reply it cannot aggregate
+            replies = [msg for msg in replies if id(msg) in usable]
+        metrics = self.inner.aggregate_evaluate(server_round, replies) if replies else None
         if metrics:
             self.recorder.on_evaluate(server_round, dict(metrics))
         return metrics
@@ -104,9 +132,10 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
     ``initial_parameters`` (a resumed run's global arrays) replace the wrapped strategy's."""
 
     def __init__(self, inner: LegacyStrategy, recorder: RunRecorder, eval_every: int, sampler: Sampler,
-                 checkpointer: Checkpointer | None = None, offset: int = 0, initial_parameters: Parameters | None = None) -> None:
-        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset)
-        self.inner, self.sampler, self.initial = inner, sampler, initial_parameters
+                 checkpointer: Checkpointer | None = None, offset: int = 0, initial_parameters: Parameters | None = None,
+                 guard: ReplyGuard | None = None, max_idle_rounds: float = 1.0) -> None:
+        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds)
+        self.inner, self.sampler, self.initial, self.guard = inner, sampler, initial_parameters, guard
         self.arrays: list[Any] | None = None
 
     def _ordered(self, results: Any) -> list[Any]:
@@ -130,10 +159,14 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
 
     def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
         server_round += self.offset
-        params, metrics = self.inner.aggregate_fit(server_round, self._ordered(results), failures)
+        counts: dict[str, float] = {}
+        if self.guard is not None and self.arrays is not None:  # Flower's own strategy: check its results first
+            results, counts = self.guard.results(server_round, results, self.arrays, failures)
+        results = self._ordered(results)
+        params, metrics = self.inner.aggregate_fit(server_round, results, failures) if results or self.guard is None else (None, {})
         if params is not None:
             self.arrays = parameters_to_ndarrays(params)
-        self.recorder.on_train(server_round, metrics or {})
+        self.after_train(server_round, {**dict(metrics or {}), **counts})
         return params, metrics
 
     def configure_evaluate(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
@@ -143,10 +176,13 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
     def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
         server_round += self.offset
         results = self._ordered(results)
+        usable = {id(res): row for _, res in results
+                  if (row := _usable({**res.metrics, "loss": res.loss, "num-examples": res.num_examples})) is not None}
         self.recorder.on_client_evaluations(server_round, [
-            {"node-id": int(proxy.cid), "loss": res.loss, "num-examples": res.num_examples, **_plain(res.metrics)}
-            for proxy, res in results])
-        loss, metrics = self.inner.aggregate_evaluate(server_round, results, failures)
+            {"node-id": int(proxy.cid), **usable[id(res)]} for proxy, res in results if id(res) in usable])
+        if self.guard is not None:  # Flower's own strategy stops at a result it cannot aggregate
+            results = [(proxy, res) for proxy, res in results if id(res) in usable]
+        loss, metrics = self.inner.aggregate_evaluate(server_round, results, failures) if results else (None, {})
         if metrics:
             self.recorder.on_evaluate(server_round, metrics)
         return loss, metrics

@@ -68,11 +68,17 @@ class FedACS(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAttn(LegacyMethodStrategy):
@@ -121,11 +127,17 @@ class FedAttn(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedMCSA(LegacyMethodStrategy):
@@ -177,11 +189,17 @@ class FedMCSA(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class IGFL(LegacyMethodStrategy):
@@ -224,11 +242,17 @@ class IGFL(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class APFL(LegacyMethodStrategy):
@@ -267,11 +291,17 @@ class APFL(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Ditto(LegacyMethodStrategy):
@@ -308,11 +338,17 @@ class Ditto(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAMP(LegacyMethodStrategy):
@@ -358,11 +394,17 @@ class FedAMP(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedPer(LegacyMethodStrategy):
@@ -403,11 +445,17 @@ class FedPer(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class HeurFedAMP(LegacyMethodStrategy):
@@ -452,11 +500,17 @@ class HeurFedAMP(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Local(LegacyMethodStrategy):
@@ -492,11 +546,17 @@ class Local(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PerFedAvg(LegacyMethodStrategy):
@@ -533,11 +593,17 @@ class PerFedAvg(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PFedMe(LegacyMethodStrategy):
@@ -581,11 +647,17 @@ class PFedMe(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class SCAFFOLD(LegacyMethodStrategy):
@@ -624,9 +696,15 @@ class SCAFFOLD(LegacyMethodStrategy):
         Device of the per-client store and its aggregation (a global model is kept on the CPU).
     store_dir : str | None (default None)
         A folder for the per-client models on disk (memory-mapped; server memory then grows with the round's participants, not the federation); None keeps them in memory.
+    max_update_ratio : float (default 10.0)
+        Refuse an update whose change exceeds this multiple of max(the norm of the model its client was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).
+    max_weight_ratio : float (default 1000.0)
+        Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
+    node_wait_timeout : float (default 120.0)
+        Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
-    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``.
+    Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None) -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, node_wait_timeout: float = 120.0) -> None: ...
 

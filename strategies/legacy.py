@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -16,9 +16,11 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from flower_pfl.client_step import SERVER_ROUND
+from flower_pfl.reply_checks import MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from .metrics import personalized_evaluate_metrics_legacy, round_replies_metrics
+from .metrics import ACCURACY, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics_legacy, round_replies_metrics
+from .nodes import NODE_WAIT_TIMEOUT
 from .replies import log_rejected
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
@@ -60,11 +62,17 @@ class LegacyMethodStrategy(Strategy):
         "device": "Device of the per-client store and its aggregation (a global model is kept on the CPU).",
         "store_dir": "A folder for the per-client models on disk (memory-mapped; server memory then grows with the "
                      "round's participants, not the federation); None keeps them in memory.",
+        "max_update_ratio": "Refuse an update whose change exceeds this multiple of max(the norm of the model its client "
+                            "was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).",
+        "max_weight_ratio": "Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.",
+        "node_wait_timeout": "Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.",
     }
     CONTRACT = (
         "Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of "
         "training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's "
-        "``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``."
+        "``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. "
+        "Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a "
+        "logged reason and change nothing."
     )
 
     def __init__(
@@ -84,10 +92,17 @@ class LegacyMethodStrategy(Strategy):
         seed: int = 0,
         device: str | torch.device = "cpu",
         store_dir: str | None = None,
+        max_update_ratio: float = MAX_UPDATE_RATIO,
+        max_weight_ratio: float = MAX_WEIGHT_RATIO,
+        node_wait_timeout: float = NODE_WAIT_TIMEOUT,
     ) -> None:
         super().__init__()
+        if not node_wait_timeout >= 0:
+            raise ValueError(f"node_wait_timeout must be >= 0 seconds, got {node_wait_timeout!r}")
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_fit, min_train_clients=min_fit_clients,
-                                   seed=seed, device=device, store_dir=store_dir)
+                                   seed=seed, device=device, store_dir=store_dir,
+                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio))
+        self.node_wait_timeout = node_wait_timeout
         self.initial_parameters: Parameters | None = None
         if initial_parameters is not None:
             self._initialize(initial_parameters)
@@ -118,7 +133,9 @@ class LegacyMethodStrategy(Strategy):
         return self.initial_parameters
 
     def _clients(self, client_manager: ClientManager) -> dict[Any, ClientProxy]:
-        client_manager.wait_for(self.min_available_clients)
+        if not client_manager.wait_for(self.min_available_clients, timeout=int(self.node_wait_timeout)):
+            log(WARNING, "%d clients connected, %d wanted; going on with them after %.0f s", client_manager.num_available(),
+                self.min_available_clients, self.node_wait_timeout)
         return {client_id(proxy): proxy for proxy in client_manager.all().values()}
 
     def _instructions(self, plan: list[Instruction], clients: Mapping[Any, ClientProxy], config: dict[str, Scalar],
@@ -138,15 +155,21 @@ class LegacyMethodStrategy(Strategy):
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[tuple[ClientProxy, FitRes] | BaseException]
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        batch = RoundReplies(failed=len(failures))
+        batch, raws = RoundReplies(failed=len(failures)), []
+        for failure in failures:
+            who = f"client {failure[0].cid}" if isinstance(failure, tuple) else "a client"
+            log(WARNING, "round %s: %s failed (%r); its stored model is unchanged", server_round, who,
+                failure if isinstance(failure, BaseException) else failure[1].status)
         for proxy, res in results:
-            metrics = dict(res.metrics)
-            raw = RawReply(client_id(proxy), parameters_to_ndarrays(res.parameters), None, res.num_examples, metrics, metrics)
             try:
-                batch.accepted.append(self.server.check(raw))
+                metrics = dict(res.metrics)
+                arrays = decoded("parameters", lambda: parameters_to_ndarrays(res.parameters))  # noqa: B023
+                raws.append(RawReply(client_id(proxy), arrays, None, res.num_examples, metrics, metrics))
             except UpdateRejected as err:
-                batch.rejected += 1
-                log_rejected(proxy.cid, server_round, str(err))
+                batch.reject(client_id(proxy), str(err))
+        self.server.receive(raws, batch)
+        for cid, reason in batch.rejections:
+            log_rejected(cid, server_round, reason)
         model = self.server.aggregate(server_round, batch.accepted)
         parameters = None if model is None else ndarrays_to_parameters(self.server.to_arrays(model))
         return parameters, dict(round_replies_metrics(batch))
@@ -162,9 +185,12 @@ class LegacyMethodStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
     ) -> tuple[float | None, dict[str, Scalar]]:
-        if not results:
+        rows = [(client_id(proxy), {**res.metrics, "loss": res.loss, "num-examples": res.num_examples}) for proxy, res in results]
+        kept, refused = checked_evaluations(rows, ACCURACY, self.server.bounds.max_weight_ratio)
+        log_refused_evaluations(server_round, refused)
+        if not kept:
             return None, {}
-        metrics = self.evaluate_metrics_aggregation_fn([(res.num_examples, {**res.metrics, "loss": res.loss}) for _, res in results])
+        metrics = self.evaluate_metrics_aggregation_fn([(int(row.pop("num-examples")), row) for row in kept])  # type: ignore[misc]
         return metrics.get("loss"), metrics
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from flower_pfl.results import RunFailed
 from server_apps.inprocess import run_in_process
 
 SMALL = {"num-rounds": 12, "clients-per-round": 8, "local-steps": 10, "eval-every": 3, "seed": 1}
@@ -96,10 +97,11 @@ def test_run_without_any_successful_evaluation_fails_after_writing_results(tmp_p
         raise RuntimeError("test split unreadable")
 
     monkeypatch.setattr(capp.Node, "evaluate", broken)
-    with pytest.raises(RuntimeError, match="no client evaluation succeeded"):
+    with pytest.raises(RunFailed, match="no client evaluation produced a finite accuracy"):
         run_in_process({**SMALL, "num-rounds": 2, "output-dir": str(tmp_path)}, num_nodes=4)
     (run_dir,) = list(tmp_path.iterdir())
-    assert json.loads((run_dir / "summary.json").read_text())["evaluated_rounds"] == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["evaluated_rounds"] == 0 and summary["status"] == "failed"
 
 
 def test_fedacs_saves_last_round_similarity_grouped_by_label(tmp_path):

@@ -24,6 +24,18 @@ def num_classes(name: str, emnist_split: str = "byclass") -> int:
     return EMNIST_CLASSES[emnist_split] if name == "emnist" else 10
 
 
+def expected_files(name: str, emnist_split: str = "byclass") -> list[str]:
+    """The files (relative to the data folder, in torchvision's layout) that data set ``name`` is read from."""
+    if name == "fmnist":
+        return [f"FashionMNIST/raw/{part}-{kind}-ubyte" for part in ("train", "t10k") for kind in ("images-idx3", "labels-idx1")]
+    if name == "emnist":
+        return [f"EMNIST/raw/emnist-{emnist_split}-{part}-{kind}-ubyte" for part in ("train", "test")
+                for kind in ("images-idx3", "labels-idx1")]
+    if name == "cifar10":
+        return [f"cifar-10-batches-py/{batch}" for batch in (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")]
+    raise ValueError(f"unknown image data set {name!r}; one of {sorted(IMAGE_SHAPES)}")
+
+
 def load_image_pool(name: str, root: str | Path, download: bool = False, emnist_split: str = "byclass") -> tuple[np.ndarray, np.ndarray]:
     """All samples of data set ``name`` as ``(x, y)``: uint8 ``(N, C, H, W)`` images and int64 labels.
 

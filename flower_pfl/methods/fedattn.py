@@ -197,7 +197,8 @@ class FedAttn(Method, GlobalModelStep):
         if not self.mask.any():
             raise ValueError(f"FedAttn personalizes the tensors named '*bias', and this model has none ({list(layout.names)}): "
                              "give the strategy the initial model with its parameter names")
-        self.seed, self.round, self.d_z = seed, 0, 0
+        #: the representation's size: the last weight matrix's inputs (the last ``nn.Linear``'s)
+        self.seed, self.round, self.d_z = seed, 0, next((shape[1] for shape in reversed(layout.shapes) if len(shape) == 2), 0)
         #: every client's last biases M_i and representation Z_i, the attention module and its optimizer
         self.biases: dict[Hashable, torch.Tensor] = {}
         self.representations: dict[Hashable, torch.Tensor] = {}
@@ -256,8 +257,12 @@ class FedAttn(Method, GlobalModelStep):
         grad = decode_flat(extras[BIAS_GRADIENT], int(self.mask.sum()))
         if size == 0 or not (torch.isfinite(z).all() and torch.isfinite(grad).all()):
             raise ValueError("FedAttn's representation or bias gradient is empty or holds NaN or Inf")
-        self.d_z = size
         return z, grad
+
+    def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
+        """The model's change, and ``Z_i`` and the bias gradient against the round's median."""
+        z, grad = reply.extras
+        return {**super().update_norms(reply, sent), REPRESENTATION: (float(z.norm()), 0.0), BIAS_GRADIENT: (float(grad.norm()), 0.0)}
 
     def _ensure_module(self, d_z: int) -> None:
         if self.module is None:
@@ -270,6 +275,7 @@ class FedAttn(Method, GlobalModelStep):
         are stored; the attention takes one step on the gradients of the clients it personalized."""
         ids = [r.client_id for r in replies]
         new_global = super().combine(replies)
+        self.d_z = self.d_z or replies[0].extras[0].numel()  # a model without weight matrices
         self._ensure_module(self.d_z)
         trained = [i for i, cid in enumerate(ids) if cid in self._sent]
         if trained:

@@ -96,6 +96,10 @@ class SCAFFOLD(Method, GlobalModelStep):
             raise ValueError(f"'{CONTROL_DELTA}' holds NaN or Inf")
         return delta
 
+    def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
+        """The model's change and ``Δc_i`` against the server control ``c``."""
+        return {**super().update_norms(reply, sent), CONTROL_DELTA: (float(reply.extras.norm()), float(self.control.norm()))}  # type: ignore[union-attr]
+
     def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
         delta_y = torch.stack([r.model for r in replies]) - self.model
         new_x, self.control = scaffold_server_update(self.model, self.control, delta_y, torch.stack([r.extras for r in replies]),  # type: ignore[arg-type]

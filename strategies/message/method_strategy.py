@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from logging import INFO
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -13,9 +12,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from flower_pfl.client_step import SERVER_ROUND
+from flower_pfl.reply_checks import MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from ..metrics import NUM_EXAMPLES, personalized_evaluate_metrics, round_replies_metrics
+from ..metrics import ACCURACY, NUM_EXAMPLES, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics, round_replies_metrics
+from ..nodes import NODE_WAIT_TIMEOUT, NodeWatch, split_replies
 from ..replies import log_rejected
 
 MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
@@ -46,12 +47,17 @@ class MethodStrategy(Strategy):
         "configrecord_key": "Key of the ConfigRecord in messages.",
         "evaluate_metrics_aggr_fn": "Aggregates the clients' evaluation MetricRecords (default: personalized accuracy "
                                     "statistics, see ``strategies.metrics``).",
+        "max_update_ratio": "Refuse an update whose change exceeds this multiple of max(the norm of the model its client "
+                            "was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).",
+        "max_weight_ratio": "Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.",
+        "node_wait_timeout": "Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.",
     }
     CONTRACT = (
         "Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the "
         "parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs "
         "back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply "
-        "holds one MetricRecord with ``accuracy`` and ``num-examples``."
+        "holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, "
+        "hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing."
     )
 
     def __init__(
@@ -69,9 +75,15 @@ class MethodStrategy(Strategy):
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         evaluate_metrics_aggr_fn: MetricsFn | None = None,
+        max_update_ratio: float = MAX_UPDATE_RATIO,
+        max_weight_ratio: float = MAX_WEIGHT_RATIO,
+        node_wait_timeout: float = NODE_WAIT_TIMEOUT,
     ) -> None:
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_train,
-                                   min_train_clients=min_train_nodes, seed=seed, device=device, store_dir=store_dir)
+                                   min_train_clients=min_train_nodes, seed=seed, device=device, store_dir=store_dir,
+                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio))
+        self.nodes = NodeWatch(node_wait_timeout)
+        self._outbox: list[Message] = []
         self.min_available_nodes = min_available_nodes
         self.fraction_evaluate = fraction_evaluate
         self.arrayrecord_key = arrayrecord_key
@@ -88,10 +100,7 @@ class MethodStrategy(Strategy):
         log(INFO, "\t└──> Evaluation: fraction %.2f of nodes, each on the model it would use", self.fraction_evaluate)
 
     def _nodes(self, grid: Grid) -> list[int]:
-        while len(nodes := list(grid.get_node_ids())) < self.min_available_nodes:
-            log(INFO, "Waiting for nodes: %d connected, %d needed", len(nodes), self.min_available_nodes)
-            time.sleep(1)
-        return nodes
+        return self.nodes.wait(grid, self.min_available_nodes)
 
     def _initialize(self, arrays: ArrayRecord) -> None:
         if not self.server.initialized:
@@ -110,21 +119,20 @@ class MethodStrategy(Strategy):
         self._initialize(arrays)
         plan = self.server.plan_training(server_round, self._nodes(grid))
         log(INFO, "configure_train: %d nodes train", len(plan))
-        return self._messages(plan, config, server_round, MessageType.TRAIN)
+        self._outbox = self._messages(plan, config, server_round, MessageType.TRAIN)
+        return self._outbox
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        batch = RoundReplies()
-        for msg in replies:
-            node_id = msg.metadata.src_node_id
-            if msg.has_error():
-                batch.failed += 1
-                log(INFO, "round %s: node %s failed (%s); its stored model is unchanged", server_round, node_id, msg.error.reason)
-                continue
+        good, failed = split_replies(server_round, replies, self._outbox)
+        batch, raws = RoundReplies(failed=failed), []
+        for node_id, msg in good:
             try:
-                batch.accepted.append(self.server.check(_raw_reply(msg)))
+                raws.append(raw_reply(node_id, msg))
             except UpdateRejected as err:
-                batch.rejected += 1
-                log_rejected(node_id, server_round, str(err))
+                batch.reject(node_id, str(err))
+        self.server.receive(raws, batch)
+        for node_id, reason in batch.rejections:
+            log_rejected(node_id, server_round, reason)
         model = self.server.aggregate(server_round, batch.accepted)
         arrays = None if model is None else ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(model).items()})
         return arrays, MetricRecord(round_replies_metrics(batch))
@@ -134,14 +142,28 @@ class MethodStrategy(Strategy):
             return []
         self._initialize(arrays)
         plan = self.server.plan_evaluation(server_round, self._nodes(grid), self.fraction_evaluate)
-        return self._messages(plan, config, server_round, MessageType.EVALUATE)
+        self._outbox = self._messages(plan, config, server_round, MessageType.EVALUATE)
+        return self._outbox
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        good = [msg.content for msg in replies if not msg.has_error() and msg.content.metric_records]
-        return self.evaluate_metrics_aggr_fn(good, NUM_EXAMPLES) if good else None
+        """The clients' evaluation metrics aggregated; replies without a usable ``accuracy`` and
+        ``num-examples`` (``check_evaluation``) are left out with a logged reason."""
+        good, _ = split_replies(server_round, replies, self._outbox)
+        rows = [(node_id, _metrics(msg)) for node_id, msg in good]
+        kept, refused = checked_evaluations(rows, ACCURACY, self.server.bounds.max_weight_ratio)
+        log_refused_evaluations(server_round, refused)
+        if not kept:
+            return None
+        records = [RecordDict({"metrics": MetricRecord(row)}) for row in kept]  # type: ignore[arg-type]
+        return self.evaluate_metrics_aggr_fn(records, NUM_EXAMPLES)
 
 
-def _raw_reply(msg: Message) -> RawReply:
+def _metrics(msg: Message) -> dict[str, Any]:
+    """The reply's metrics (all its MetricRecords together)."""
+    return {k: v for rec in msg.content.metric_records.values() for k, v in rec.items()}
+
+
+def raw_reply(node_id: int, msg: Message) -> RawReply:
     """A training reply's parts; ``UpdateRejected`` when its records are not what the contract says."""
     content = msg.content
     if len(content.array_records) != 1 or len(content.metric_records) != 1:
@@ -151,5 +173,5 @@ def _raw_reply(msg: Message) -> RawReply:
     if NUM_EXAMPLES not in metrics:
         raise UpdateRejected(f"MetricRecord lacks '{NUM_EXAMPLES}'")
     extras = {k: v for rec in content.config_records.values() for k, v in rec.items()}
-    return RawReply(msg.metadata.src_node_id, [a.numpy() for a in record.values()], list(record.keys()),
-                    metrics[NUM_EXAMPLES], metrics, extras)
+    arrays = [decoded(f"array '{name}'", array.numpy) for name, array in record.items()]
+    return RawReply(node_id, arrays, list(record.keys()), metrics[NUM_EXAMPLES], metrics, extras)

@@ -245,7 +245,7 @@ def test_the_step_refuses_what_its_arithmetic_cannot_use():
 # --- the server ----------------------------------------------------------------------------------
 
 def _arrays(w: float, b: list[float]) -> dict[str, np.ndarray]:
-    return {"fc.weight": np.full((2, 3), w, np.float32), "fc.bias": np.array(b, np.float32)}
+    return {"fc.weight": np.full((2, 2), w, np.float32), "fc.bias": np.array(b, np.float32)}
 
 
 def _extras(z, grad=(0.0, 0.0)) -> dict:
@@ -303,7 +303,7 @@ def test_server_sends_the_attention_over_the_k_nearest_and_steps_it_with_the_rep
                                      _extras(z[cid], grad)))
 
     plan = server.plan_training(1, [1, 2, 3])
-    assert all(torch.equal(ins.model, torch.zeros(8)) for ins in plan)
+    assert all(torch.equal(ins.model, torch.zeros(6)) for ins in plan)
     server.aggregate(1, [reply(cid) for cid in (1, 2, 3)])
     module = copy.deepcopy(method.module)
     plan = {ins.client_id: ins.model for ins in server.plan_training(2, [1, 2, 3])}
@@ -311,8 +311,8 @@ def test_server_sends_the_attention_over_the_k_nearest_and_steps_it_with_the_rep
     for cid, ids in nearest.items():
         by_hand = _attention_by_hand(module, torch.tensor(z[cid]), torch.tensor([z[j] for j in ids]),
                                      torch.tensor([biases[j] for j in ids]))
-        assert torch.allclose(plan[cid][6:], by_hand, atol=1e-6)
-        assert torch.allclose(plan[cid][:6], torch.full((6,), 2.0))  # G: the mean of the weights 1, 2, 3
+        assert torch.allclose(plan[cid][4:], by_hand, atol=1e-6)
+        assert torch.allclose(plan[cid][:4], torch.full((4,), 2.0))  # G: the mean of the weights 1, 2, 3
     grads = {1: [1.0, -1.0], 2: [0.5, 2.0], 3: [-3.0, 1.0]}
     server.aggregate(2, [reply(cid, grads[cid]) for cid in (1, 3)])  # client 2's reply is lost
     expected = copy.deepcopy(module)

@@ -1,0 +1,231 @@
+"""What the server refuses: the checks every client reply passes before a method sees it.
+
+Each reply is checked on its own (``check_update``, ``check_num_examples``, the method's
+``check_extras``; ``check_evaluation`` for evaluation replies), then against the round's other
+replies (``ReplyBounds``): an update whose change is far larger than both what its client was sent
+and the round's median change is refused, and no sample count weighs more than a multiple of the
+round's median. These are sanity bounds against broken or careless clients, not Byzantine-robust
+aggregation: clients that collude, or changes within the bounds, still reach the method.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from .layout import ParamLayout
+
+ClientId = Hashable
+
+#: the default of ``ReplyBounds.max_update_ratio`` (run config ``max-update-ratio``)
+MAX_UPDATE_RATIO = 10.0
+#: the default of ``ReplyBounds.max_weight_ratio`` (run config ``max-weight-ratio``)
+MAX_WEIGHT_RATIO = 1000.0
+
+
+class UpdateRejected(ValueError):
+    """A client reply that cannot be used; the message says why (naming the field)."""
+
+
+@dataclass
+class RawReply:
+    """A client's training reply as the Flower layer found it, before any check."""
+
+    client_id: ClientId
+    arrays: Sequence[np.ndarray]
+    names: Sequence[str] | None
+    num_examples: Any
+    metrics: Mapping[str, Any]
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One client's accepted training reply: its flat model, sample count, metrics and checked extras."""
+
+    client_id: ClientId
+    model: torch.Tensor
+    num_examples: int
+    metrics: Mapping[str, Any]
+    extras: Any = None
+
+
+@dataclass
+class RoundReplies:
+    """A round's accepted replies and what happened to the others."""
+
+    accepted: list[Reply] = field(default_factory=list)
+    failed: int = 0
+    #: ``(client, reason)`` of every refused reply, in the order they were refused
+    rejections: list[tuple[ClientId, str]] = field(default_factory=list)
+    #: the largest accepted change relative to its bound's reference (``ReplyBounds``); 0 if none
+    update_ratio: float = 0.0
+
+    @property
+    def rejected(self) -> int:
+        return len(self.rejections)
+
+    def reject(self, client_id: ClientId, reason: str) -> None:
+        self.rejections.append((client_id, reason))
+
+
+def is_number(value: Any) -> bool:
+    """A real number (Python or numpy, not a bool)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_finite_number(value: Any) -> bool:
+    return is_number(value) and math.isfinite(value)
+
+
+def check_num_examples(value: Any, name: str = "num-examples") -> int:
+    """A sample count: a finite number >= 1 (rounded down), else ``UpdateRejected``."""
+    if not is_finite_number(value) or value < 1:
+        raise UpdateRejected(f"'{name}' = {_show(value)} is not a finite number >= 1")
+    return int(value)
+
+
+def check_update(layout: ParamLayout, arrays: Sequence[np.ndarray], names: Sequence[str] | None = None) -> torch.Tensor:
+    """Returned arrays as a flat vector, or ``UpdateRejected`` with the reason.
+
+    Rejected: other parameter names or count, other shapes, a dtype other than float32, NaN
+    or Inf anywhere. ``names=None`` (the legacy API sends none): the layout's order.
+    """
+    if names is not None and tuple(names) != layout.names:
+        raise UpdateRejected(f"parameter names {list(names)} differ from {list(layout.names)}")
+    if len(arrays) != len(layout.shapes):
+        raise UpdateRejected(f"expected {len(layout.shapes)} arrays, got {len(arrays)}")
+    for name, arr, shape in zip(layout.names, arrays, layout.shapes):
+        if not isinstance(arr, np.ndarray):
+            raise UpdateRejected(f"'{name}' is a {type(arr).__name__}, not an array")
+        if tuple(arr.shape) != shape:
+            raise UpdateRejected(f"'{name}' has shape {tuple(arr.shape)}, expected {shape}")
+        if arr.dtype != np.float32:
+            raise UpdateRejected(f"'{name}' has dtype {arr.dtype}, expected float32")
+        if not np.isfinite(arr).all():
+            raise UpdateRejected(f"'{name}' contains NaN or Inf")
+    return layout.flatten(arrays)
+
+
+def decoded(what: str, convert: Callable[[], Any]) -> Any:
+    """``convert()``, with any error it raises (bytes that are not what they claim) as ``UpdateRejected``."""
+    try:
+        return convert()
+    except Exception as err:
+        raise UpdateRejected(f"{what} cannot be decoded ({type(err).__name__}: {err})") from err
+
+
+def check_evaluation(metrics: Mapping[str, Any], accuracy_key: str = "accuracy",
+                     fractions: Sequence[str] = ()) -> dict[str, float]:
+    """An evaluation reply's numeric metrics, or ``UpdateRejected``.
+
+    ``accuracy_key`` (and every key in ``fractions`` that is present) must be a finite number in
+    [0, 1] and ``num-examples`` a finite number >= 1; other metrics are kept when they are finite
+    numbers and left out otherwise (a diverged client's NaN loss does not hide its accuracy).
+    """
+    if accuracy_key not in metrics:
+        raise UpdateRejected(f"the evaluation reply lacks '{accuracy_key}'")
+    for key in (accuracy_key, *fractions):
+        if key in metrics and not (is_finite_number(metrics[key]) and 0 <= metrics[key] <= 1):
+            raise UpdateRejected(f"'{key}' = {_show(metrics[key])} is not a number in [0, 1]")
+    if "num-examples" not in metrics:
+        raise UpdateRejected("the evaluation reply lacks 'num-examples'")
+    out = {k: float(v) for k, v in metrics.items() if is_finite_number(v)}
+    out["num-examples"] = check_num_examples(metrics["num-examples"])
+    return out
+
+
+@dataclass(frozen=True)
+class ReplyBounds:
+    """Sanity bounds on a round's replies (on by default; ``math.inf`` turns one off).
+
+    ``max_update_ratio`` ρ: reply i is refused when what it changed (``ServerStep.update_norms``:
+    the model's change ``‖x_i − x_sent,i‖₂``, and e.g. SCAFFOLD's ``‖Δc_i‖``) exceeds
+    ``ρ · max(reference_i, lower median over the round's replies)``, where the reference is the
+    norm of what the client was sent (its model; SCAFFOLD's server control). Honest local training
+    changes a model by a fraction of its norm; the round's median covers models that start at zero.
+
+    ``max_weight_ratio``: a reply's ``num-examples`` counts at most this multiple of the round's
+    lower-median count (and at least 1). The default 1000 leaves the heavy-tailed Synthetic data
+    (up to ~850× between clients) untouched.
+    """
+
+    max_update_ratio: float = MAX_UPDATE_RATIO
+    max_weight_ratio: float = MAX_WEIGHT_RATIO
+
+    def __post_init__(self) -> None:
+        for name in ("max_update_ratio", "max_weight_ratio"):
+            value = getattr(self, name)
+            if not is_number(value) or not value >= 1:
+                raise ValueError(f"{name} must be a number >= 1 (math.inf: off), got {value!r}")
+
+    def apply(self, replies: Sequence[Reply], norms: Sequence[Mapping[str, tuple[float, float]]],
+              batch: RoundReplies) -> list[Reply]:
+        """The replies within the update bound, their counts capped; ``norms[i]`` maps each field
+        reply i changed to ``(norm of the change, norm of its reference)``. Refusals go to ``batch``."""
+        medians = {f: lower_median([n[f][0] for n in norms if f in n]) for f in {f for n in norms for f in n}}
+        kept = []
+        for reply, changed in zip(replies, norms):
+            ratios = {f: change / max(ref, medians[f]) if change > 0 else 0.0 for f, (change, ref) in changed.items()}
+            too_far = [f for f, r in ratios.items() if r > self.max_update_ratio]
+            if too_far:
+                f = too_far[0]
+                change, ref = changed[f]
+                batch.reject(reply.client_id, f"'{f}' changed by a norm of {change:.3g}, more than max-update-ratio "
+                                              f"{self.max_update_ratio:g} × max(what it was sent {ref:.3g}, the round's median "
+                                              f"{medians[f]:.3g})")
+                continue
+            batch.update_ratio = max(batch.update_ratio, *ratios.values(), 0.0)
+            kept.append(reply)
+        counts = cap_weights([r.num_examples for r in kept], self.max_weight_ratio)
+        return [r if r.num_examples == n else replace(r, num_examples=n) for r, n in zip(kept, counts)]
+
+
+def cap_weights(counts: Sequence[int], ratio: float) -> list[int]:
+    """Sample counts capped at ``ratio`` × their lower median."""
+    if not counts or math.isinf(ratio):
+        return list(counts)
+    cap = max(1, int(ratio * lower_median(counts)))
+    return [min(n, cap) for n in counts]
+
+
+def model_change(reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
+    """The model's change against what was sent, and the norm of what was sent (``ReplyBounds``' default)."""
+    return {"model": (float(torch.linalg.vector_norm(reply.model - sent)), float(torch.linalg.vector_norm(sent)))}
+
+
+def screen(raws: Sequence[RawReply], sent: Mapping[ClientId, torch.Tensor], check: Callable[[RawReply], Reply],
+           norms: Callable[[Reply, torch.Tensor], Mapping[str, tuple[float, float]]], bounds: ReplyBounds,
+           batch: RoundReplies) -> None:
+    """Put a round's usable training replies into ``batch.accepted`` and the reasons for the others into
+    ``batch.rejections``: each reply must answer an instruction (``sent``: what each client was sent),
+    once, and pass ``check``; then ``bounds`` apply to what ``norms`` says each changed."""
+    checked: list[Reply] = []
+    seen: set[ClientId] = set()
+    for raw in raws:
+        try:
+            if raw.client_id not in sent:
+                raise UpdateRejected("it was not asked to train this round")
+            if raw.client_id in seen:
+                raise UpdateRejected("a second reply in one round")
+            seen.add(raw.client_id)
+            checked.append(check(raw))
+        except UpdateRejected as err:
+            batch.reject(raw.client_id, str(err))
+    changes = [norms(r, sent[r.client_id].to(r.model.device)) for r in checked]
+    batch.accepted.extend(bounds.apply(checked, changes, batch))
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """The median, the lower middle value for an even count (so one outlier of two cannot move it)."""
+    return float(sorted(values)[(len(values) - 1) // 2]) if values else 0.0
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

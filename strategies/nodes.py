@@ -1,0 +1,78 @@
+"""Waiting for nodes, bounded, and naming nodes correctly in replies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+from flwr.app import Message
+from flwr.common.logger import log
+
+#: seconds a round waits for missing nodes before it goes on with those connected (run config ``node-wait-timeout``)
+NODE_WAIT_TIMEOUT = 120.0
+
+
+class NodeWatch:
+    """The nodes a strategy has seen, and a bounded wait for enough of them.
+
+    ``wait(grid, needed)`` returns the connected nodes once ``needed`` are there, or, after
+    ``timeout`` seconds, the ones that are (logging which nodes seen before are missing), so a
+    lost node never stalls a run for ever. A node that comes back gets a new node id unless it
+    authenticates; it is then a new client to the strategy.
+    """
+
+    def __init__(self, timeout: float = NODE_WAIT_TIMEOUT, poll: float = 1.0) -> None:
+        if not timeout >= 0:
+            raise ValueError(f"node_wait_timeout must be >= 0 seconds, got {timeout!r}")
+        self.timeout, self.poll = timeout, poll
+        self.seen: set[int] = set()
+
+    def wait(self, grid: Any, needed: int) -> list[int]:
+        deadline, shown = time.monotonic() + self.timeout, -1.0
+        while len(nodes := list(grid.get_node_ids())) < needed:
+            now = time.monotonic()
+            if now >= deadline:
+                missing = sorted(self.seen - set(nodes))
+                log(WARNING, "%d nodes connected, %d wanted; going on with them after %.0f s%s", len(nodes), needed,
+                    self.timeout, f" (missing since an earlier round: {missing})" if missing else "")
+                break
+            if now - shown >= 10:
+                log(INFO, "Waiting for nodes: %d connected, %d needed (at most %.0f s more)", len(nodes), needed, deadline - now)
+                shown = now
+            time.sleep(self.poll)
+        self.seen.update(nodes)
+        return nodes
+
+
+def senders(sent: Iterable[Message]) -> dict[str, int]:
+    """Message id -> the node it went to, for the messages a strategy sent (ids are set when sent)."""
+    return {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
+
+
+def sender(reply: Message, sent_to: dict[str, int]) -> int:
+    """The node a reply answers for: errors the SuperLink makes for an unreachable node carry the
+    SuperLink's own id as their source, so the instruction's destination is used."""
+    return sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+
+
+def split_replies(server_round: int, replies: Iterable[Message], sent: Iterable[Message]) -> tuple[list[tuple[int, Message]], int]:
+    """``(node, reply)`` for the replies that carry content, and how many of the nodes ``sent``
+    went to failed or never answered (each logged by its node id)."""
+    sent_to = senders(sent)
+    answered: set[int] = set()
+    good: list[tuple[int, Message]] = []
+    failed = 0
+    for msg in replies:
+        node_id = sender(msg, sent_to)
+        answered.add(node_id)
+        if msg.has_error():
+            failed += 1
+            log(WARNING, "round %s: node %s failed (%s); its stored model is unchanged", server_round, node_id, msg.error.reason)
+        else:
+            good.append((node_id, msg))
+    silent = sorted(set(sent_to.values()) - answered)
+    if silent:
+        log(WARNING, "round %s: no reply from nodes %s; their stored models are unchanged", server_round, silent)
+    return good, failed + len(silent)
