@@ -97,7 +97,7 @@ def check_update(layout: ParamLayout, arrays: Sequence[np.ndarray], names: Seque
     or Inf anywhere. ``names=None`` (the legacy API sends none): the layout's order.
     """
     if names is not None and tuple(names) != layout.names:
-        raise UpdateRejected(f"parameter names {list(names)} differ from {list(layout.names)}")
+        raise UpdateRejected(f"the arrays' names {list(names)} differ from the model's {list(layout.names)}")
     if len(arrays) != len(layout.shapes):
         raise UpdateRejected(f"expected {len(layout.shapes)} arrays, got {len(arrays)}")
     for name, arr, shape in zip(layout.names, arrays, layout.shapes):
@@ -145,10 +145,10 @@ class ReplyBounds:
     """Sanity bounds on a round's replies (on by default; ``math.inf`` turns one off).
 
     ``max_update_ratio`` ρ: reply i is refused when what it changed (``ServerStep.update_norms``:
-    the model's change ``‖x_i − x_sent,i‖₂``, and e.g. SCAFFOLD's ``‖Δc_i‖``) exceeds
-    ``ρ · max(reference_i, lower median over the round's replies)``, where the reference is the
-    norm of what the client was sent (its model; SCAFFOLD's server control). Honest local training
-    changes a model by a fraction of its norm; the round's median covers models that start at zero.
+    the model's change ``‖x_i − x_sent,i‖₂``, and e.g. SCAFFOLD's ``‖Δc_i‖``) exceeds ``ρ`` times
+    its reference: the norm of the model the client was sent, or, for what has no reference
+    (SCAFFOLD's ``Δc_i``, FedAttn's representation) and for a model sent as all zeros, the round's
+    lower-median change. Honest local training changes a model by a fraction of its norm.
 
     ``max_weight_ratio``: a reply's ``num-examples`` counts at most this multiple of the round's
     lower-median count (and at least 1). The default 1000 leaves the heavy-tailed Synthetic data
@@ -171,19 +171,25 @@ class ReplyBounds:
         medians = {f: lower_median([n[f][0] for n in norms if f in n]) for f in {f for n in norms for f in n}}
         kept = []
         for reply, changed in zip(replies, norms):
-            ratios = {f: change / max(ref, medians[f]) if change > 0 else 0.0 for f, (change, ref) in changed.items()}
-            too_far = [f for f, r in ratios.items() if r > self.max_update_ratio]
+            ratios = {f: _ratio(change, ref or medians[f]) for f, (change, ref) in changed.items()}
+            too_far = [f for f, r in ratios.items() if not r <= self.max_update_ratio]
             if too_far:
                 f = too_far[0]
                 change, ref = changed[f]
-                batch.reject(reply.client_id, f"'{f}' changed by a norm of {change:.3g}, more than max-update-ratio "
-                                              f"{self.max_update_ratio:g} × max(what it was sent {ref:.3g}, the round's median "
-                                              f"{medians[f]:.3g})")
+                against = f"the norm of what it was sent, {ref:.3g}" if ref else f"the round's median change, {medians[f]:.3g}"
+                batch.reject(reply.client_id, f"'{f}' changed by a norm of {change:.3g}, more than max-update-ratio = "
+                                              f"{self.max_update_ratio:g} times {against}")
                 continue
             batch.update_ratio = max(batch.update_ratio, *ratios.values(), 0.0)
             kept.append(reply)
         counts = cap_weights([r.num_examples for r in kept], self.max_weight_ratio)
         return [r if r.num_examples == n else replace(r, num_examples=n) for r, n in zip(kept, counts)]
+
+
+def _ratio(change: float, reference: float) -> float:
+    if change == 0:
+        return 0.0
+    return change / reference if reference > 0 else math.inf
 
 
 def cap_weights(counts: Sequence[int], ratio: float) -> list[int]:
@@ -196,7 +202,12 @@ def cap_weights(counts: Sequence[int], ratio: float) -> list[int]:
 
 def model_change(reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
     """The model's change against what was sent, and the norm of what was sent (``ReplyBounds``' default)."""
-    return {"model": (float(torch.linalg.vector_norm(reply.model - sent)), float(torch.linalg.vector_norm(sent)))}
+    return {"model": (norm(reply.model - sent), norm(sent))}
+
+
+def norm(vector: torch.Tensor) -> float:
+    """The Euclidean norm, in float64 (float32 squares of 1e20 already overflow)."""
+    return float(torch.linalg.vector_norm(vector, dtype=torch.float64))
 
 
 def screen(raws: Sequence[RawReply], sent: Mapping[ClientId, torch.Tensor], check: Callable[[RawReply], Reply],

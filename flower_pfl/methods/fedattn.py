@@ -28,6 +28,7 @@ from ..params import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, par
 from ..server_step import GlobalModelStep, Reply, Settings
 from ..solvers import trainable
 from ..wire import decode_flat, decode_vector, encode_vector
+from ..reply_checks import norm
 from .base import Method
 
 #: config keys: run FedAttn's client step, the bias regularization weight, the global biases (bytes)
@@ -262,7 +263,7 @@ class FedAttn(Method, GlobalModelStep):
     def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
         """The model's change, and ``Z_i`` and the bias gradient against the round's median."""
         z, grad = reply.extras
-        return {**super().update_norms(reply, sent), REPRESENTATION: (float(z.norm()), 0.0), BIAS_GRADIENT: (float(grad.norm()), 0.0)}
+        return {**super().update_norms(reply, sent), REPRESENTATION: (norm(z), 0.0), BIAS_GRADIENT: (norm(grad), 0.0)}
 
     def _ensure_module(self, d_z: int) -> None:
         if self.module is None:

@@ -14,6 +14,7 @@ from ..params import POSITIVE, param
 from ..server_step import GlobalModelStep, Reply, Settings
 from ..solvers import like_params, trainable
 from ..wire import decode_flat, decode_vector, encode_vector
+from ..reply_checks import norm
 from .base import Method
 
 #: config key of the server's control variate ``c``; reply key of the client's ``Δc_i`` (float32 bytes)
@@ -97,8 +98,8 @@ class SCAFFOLD(Method, GlobalModelStep):
         return delta
 
     def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
-        """The model's change and ``Δc_i`` against the server control ``c``."""
-        return {**super().update_norms(reply, sent), CONTROL_DELTA: (float(reply.extras.norm()), float(self.control.norm()))}  # type: ignore[union-attr]
+        """The model's change, and ``Δc_i`` against the round's median."""
+        return {**super().update_norms(reply, sent), CONTROL_DELTA: (norm(reply.extras), 0.0)}
 
     def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
         delta_y = torch.stack([r.model for r in replies]) - self.model

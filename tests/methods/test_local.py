@@ -3,6 +3,8 @@ step through both strategies, clients that train alone across rounds, and a shor
 
 from __future__ import annotations
 
+import math
+
 import json
 
 import numpy as np
@@ -41,7 +43,8 @@ def test_the_server_step_returns_the_stored_models_unchanged():
 
 def test_each_client_gets_its_own_model_and_no_proximal_term():
     grid = fb.FakeGrid(range(6))
-    strat = strategies.message.Local(clients_per_round=3, min_available_nodes=1, seed=1)
+    # fabricated jumps (a model of 3 comes back as 33) are beyond the update bound: off here
+    strat = strategies.message.Local(clients_per_round=3, min_available_nodes=1, seed=1, max_update_ratio=math.inf)
     start = ArrayRecord({n: fb.Array(a) for n, a in _arrays(0.0).items()})
     trained: dict[int, int] = {}
     for rnd in (1, 2, 3):

@@ -1,0 +1,193 @@
+"""No single client can crash a run or change what the server stores by sending something malformed.
+
+Every method is driven through both APIs with real client steps (``test_twins.Clients``): one
+honest round, then a round in which one client's reply is hostile. The round must go on, the
+hostile reply must be refused with a logged reason naming the client and the field, and the
+server must end exactly where it ends when that client simply fails.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+import fabricate as fb
+from test_twins import NODES, OURS, SOLVER, Clients, _assert_same_state, _twins
+
+
+@dataclass(frozen=True)
+class Case:
+    """A hostile change to an honest reply: to its arrays (by name), sample count, extras; ``field``
+    is what the refusal must name."""
+
+    name: str
+    field: str
+    arrays: Callable[[dict[str, np.ndarray]], dict[str, Any]] = lambda a: a
+    num_examples: Callable[[int], Any] = lambda n: n
+    extras: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    message_only: bool = False
+    legacy_only: bool = False
+
+
+def _first(arrays: dict[str, np.ndarray], value: Any) -> dict[str, Any]:
+    out = dict(arrays)
+    name = next(iter(out))
+    out[name] = value(out[name])
+    return out
+
+
+def _every_extra(value: Callable[[Any], Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda extras: {k: value(v) for k, v in extras.items()}
+
+
+CASES = [
+    Case("num-examples-list", "num-examples", num_examples=lambda n: [n, n]),
+    Case("num-examples-zero", "num-examples", num_examples=lambda n: 0),
+    Case("num-examples-negative", "num-examples", num_examples=lambda n: -10),
+    Case("num-examples-nan", "num-examples", num_examples=lambda n: math.nan),
+    Case("num-examples-inf", "num-examples", num_examples=lambda n: math.inf),
+    Case("num-examples-string", "num-examples", num_examples=lambda n: "10", legacy_only=True),
+    Case("num-examples-bool", "num-examples", num_examples=lambda n: True, legacy_only=True),
+    Case("array-bytes-short", "cannot be decoded", message_only=True,
+         arrays=lambda a: _first(a, lambda x: "truncate")),
+    Case("parameters-garbage", "cannot be decoded", legacy_only=True, arrays=lambda a: _first(a, lambda x: "garbage")),
+    Case("array-nan", "NaN", arrays=lambda a: _first(a, lambda x: np.full_like(x, np.nan))),
+    Case("array-inf", "Inf", arrays=lambda a: _first(a, lambda x: np.full_like(x, -np.inf))),
+    Case("array-huge", "max-update-ratio", arrays=lambda a: {k: np.full_like(v, 1e38) for k, v in a.items()}),
+    Case("array-large", "max-update-ratio", arrays=lambda a: {k: v + 1e3 for k, v in a.items()}),
+    Case("array-float64", "dtype", arrays=lambda a: _first(a, lambda x: x.astype(np.float64))),
+    Case("array-shape", "shape", arrays=lambda a: _first(a, lambda x: x.reshape(-1))),
+    Case("array-missing", "arrays", arrays=lambda a: dict(list(a.items())[:-1])),
+    Case("array-extra", "arrays", arrays=lambda a: {**a, "z.extra": np.zeros(1, np.float32)}),
+    Case("array-renamed", "names", message_only=True, arrays=lambda a: {f"x{k}": v for k, v in a.items()}),
+    Case("extras-short", "values", extras=_every_extra(lambda v: v[:4])),
+    Case("extras-not-bytes", "", extras=_every_extra(lambda v: 3.0), legacy_only=True),
+    Case("extras-missing", "lacks", extras=lambda e: {}),
+    Case("extras-nan", "NaN", extras=_every_extra(lambda v: np.full(len(v) // 4, np.nan, "<f4").tobytes())),
+    Case("extras-huge", "max-update-ratio", extras=_every_extra(lambda v: np.full(len(v) // 4, 1e30, "<f4").tobytes())),
+]
+
+
+def _case_params(api: str) -> list[Any]:
+    out = []
+    for entry in OURS:
+        for case in CASES:
+            if (api == "legacy" and case.message_only) or (api == "message" and case.legacy_only):
+                continue
+            if case.extras is not None and entry.method not in ("scaffold", "fedattn"):
+                continue  # the methods whose clients send more than a model
+            out.append(pytest.param(entry, case, id=f"{entry.label}-{case.name}"))
+    return out
+
+
+def _message_array(name: str, value: Any, like: np.ndarray) -> Array:
+    if isinstance(value, str):  # bytes that do not match the header's shape and dtype
+        honest = Array(like)
+        return Array(dtype=honest.dtype, shape=tuple(honest.shape), stype=honest.stype, data=honest.data[:10])
+    return Array(np.asarray(value))
+
+
+def _message_reply(msg: Message, arrays: dict[str, Any], honest: dict[str, np.ndarray], n: Any, extras: dict | None) -> Message:
+    content = RecordDict({
+        "arrays": ArrayRecord({k: _message_array(k, v, honest.get(k, np.zeros(1, np.float32))) for k, v in arrays.items()}),
+        "metrics": MetricRecord({"num-examples": n, "train-loss": 0.5}),
+    })
+    if extras:
+        content["payload"] = ConfigRecord(extras)
+    return Message(content, reply_to=msg)
+
+
+def _legacy_res(arrays: dict[str, Any], n: Any, extras: dict | None) -> FitRes:
+    if any(isinstance(v, str) for v in arrays.values()):
+        params = Parameters(tensors=[b"garbage"] * len(arrays), tensor_type="numpy.ndarray")
+    else:
+        params = ndarrays_to_parameters(list(arrays.values()))
+    res = FitRes(Status(Code.OK, ""), params, 10, {"train-loss": 0.5, **(extras or {})})
+    res.num_examples = n
+    return res
+
+
+def _round(strategy: Any, api: str, rnd: int, state: dict, clients: Clients, hostile: Case | None, fail: bool) -> dict:
+    """One training round of ``strategy``; the first participant's reply is changed by ``hostile`` (or it fails)."""
+    names = state["names"]
+    if api == "message":
+        msgs = list(strategy.configure_train(rnd, state["arrays"], ConfigRecord(dict(SOLVER)), fb.FakeGrid(NODES)))
+        replies = []
+        state["hostile"] = msgs[0].metadata.dst_node_id  # the round's first participant
+        for msg in msgs:
+            node = msg.metadata.dst_node_id
+            trained, n, extras = clients.train(node, [a.numpy() for a in msg.content["arrays"].values()], dict(msg.content["config"]))
+            honest = dict(zip(names, trained))
+            if node == state["hostile"] and fail:
+                replies.append(fb.error_reply(msg))
+            elif node == state["hostile"] and hostile is not None:
+                bad_extras = hostile.extras(dict(extras)) if hostile.extras is not None else extras
+                replies.append(_message_reply(msg, hostile.arrays(honest), honest, hostile.num_examples(n), bad_extras))
+            else:
+                replies.append(fb.train_reply(msg, honest, n, extras=extras or None))
+        arrays, metrics = strategy.aggregate_train(rnd, replies)
+        if arrays is not None:
+            state["arrays"] = arrays
+        return dict(metrics)
+    fit = strategy.configure_fit(rnd, state["params"], state["cm"])
+    results, failures = [], []
+    state["hostile"] = int(fit[0][0].cid)
+    for proxy, ins in fit:
+        node = int(proxy.cid)
+        trained, n, extras = clients.train(node, parameters_to_ndarrays(ins.parameters), dict(ins.config))
+        honest = dict(zip(names, trained))
+        if node == state["hostile"] and fail:
+            failures.append(RuntimeError("client crashed"))
+        elif node == state["hostile"] and hostile is not None:
+            bad_extras = hostile.extras(dict(extras)) if hostile.extras is not None else extras
+            results.append((proxy, _legacy_res(hostile.arrays(honest), hostile.num_examples(n), bad_extras)))
+        else:
+            results.append((proxy, fb.fit_res(trained, n, extras)))
+    params, metrics = strategy.aggregate_fit(rnd, results, failures)
+    if params is not None:
+        state["params"] = params
+    return dict(metrics)
+
+
+def _start(entry: Any, api: str) -> tuple[Any, dict, Clients]:
+    """A strategy after one honest round (every method has state then), with its clients."""
+    fb.set_task_identity()
+    legacy, message, initial = _twins(entry)
+    strategy = message if api == "message" else legacy
+    state = {"names": list(initial), "arrays": ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()}),
+             "params": legacy.initial_parameters, "cm": fb.client_manager([str(n) for n in NODES])}
+    clients = Clients()
+    _round(strategy, api, 1, state, clients, None, fail=False)
+    return strategy, state, clients
+
+
+def _check_refused_like_a_failure(entry: Any, case: Case, api: str, caplog: pytest.LogCaptureFixture) -> None:
+    strategy, state, clients = _start(entry, api)
+    twin = _start(entry, api)  # the same seed and clients: the same server so far
+    caplog.clear()
+    metrics = _round(strategy, api, 2, state, clients, case, fail=False)
+    expected = _round(twin[0], api, 2, twin[1], twin[2], None, fail=True)
+    assert metrics["clients-rejected"] == 1 and metrics["clients-accepted"] == expected["clients-accepted"] > 0
+    refusals = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(refusals) == 1 and f"client {state['hostile']} " in refusals[0] and case.field in refusals[0], refusals
+    _assert_same_state(strategy, twin[0])  # the refused reply changed nothing: as if the client had failed
+    if api == "message":
+        for k, v in state["arrays"].items():
+            np.testing.assert_array_equal(v.numpy(), twin[1]["arrays"][k].numpy())
+
+
+@pytest.mark.parametrize("entry,case", _case_params("message"))
+def test_message_api_refuses_a_hostile_reply_as_if_the_client_had_failed(entry, case, caplog):
+    _check_refused_like_a_failure(entry, case, "message", caplog)
+
+
+@pytest.mark.parametrize("entry,case", _case_params("legacy"))
+def test_legacy_api_refuses_a_hostile_reply_as_if_the_client_had_failed(entry, case, caplog):
+    _check_refused_like_a_failure(entry, case, "legacy", caplog)

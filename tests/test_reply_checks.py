@@ -1,0 +1,251 @@
+"""The reply bounds by hand, refused evaluation replies, bounded waits for nodes, Flower's own
+strategies behind the same checks, and runs that achieve nothing failing."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import Code, EvaluateRes, Status
+from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+
+import fabricate as fb
+from flower_pfl.reply_checks import Reply, ReplyBounds, RoundReplies, UpdateRejected, check_evaluation, lower_median
+from flower_pfl.results import RunFailed
+from server_apps.inprocess import run_in_process
+from strategies.metrics import checked_evaluations
+from strategies.nodes import NodeWatch, split_replies
+from test_twins import NODES, OURS, _twins
+
+
+def _reply(cid, n=10, value=0.0):
+    return Reply(cid, torch.full((4,), value), n, {})
+
+
+def test_lower_median_takes_the_lower_middle_value():
+    assert lower_median([5.0, 1.0, 3.0]) == 3.0
+    assert lower_median([1.0, 1e38]) == 1.0  # one outlier of two cannot move it
+    assert lower_median([]) == 0.0
+
+
+def test_update_bound_by_hand():
+    """Changes 1, 2, 3 and 40 of models of norm 1 (median change 2): ρ = 10 allows a change of 10."""
+    replies = [_reply(c) for c in "abcd"]
+    norms = [{"model": (1.0, 1.0)}, {"model": (2.0, 1.0)}, {"model": (3.0, 1.0)}, {"model": (40.0, 1.0)}]
+    batch = RoundReplies()
+    kept = ReplyBounds(max_update_ratio=10).apply(replies, norms, batch)
+    assert [r.client_id for r in kept] == ["a", "b", "c"]
+    assert batch.rejections[0][0] == "d" and "'model' changed by a norm of 40" in batch.rejections[0][1]
+    assert batch.update_ratio == pytest.approx(3.0)
+    assert len(ReplyBounds(10).apply(replies, norms[:3] + [{"model": (40.0, 5.0)}], RoundReplies())) == 4  # 40 <= 10 · 5
+    assert len(ReplyBounds(math.inf).apply(replies, norms, RoundReplies())) == 4  # off
+
+
+def test_a_model_sent_as_zeros_is_bounded_by_the_rounds_median_change():
+    replies = [_reply(c) for c in "abcd"]
+    norms = [{"model": (1.0, 0.0)}, {"model": (2.0, 0.0)}, {"model": (3.0, 0.0)}, {"model": (40.0, 0.0)}]
+    batch = RoundReplies()
+    assert [r.client_id for r in ReplyBounds(10).apply(replies, norms, batch)] == ["a", "b", "c"]  # 40 > 10 · 2
+    assert "median change, 2" in batch.rejections[0][1]
+
+
+def test_a_change_too_large_for_float32_norms_is_refused_not_waved_through():
+    """Norms in float32 of a 1e30 change overflow to inf, and inf / inf is NaN, which compares False."""
+    from flower_pfl.reply_checks import model_change
+
+    sent = torch.full((100,), 0.1)
+    change = model_change(Reply("a", torch.full((100,), 1e30), 1, {}), sent)["model"]
+    assert math.isfinite(change[0]) and change[0] == pytest.approx(1e31, rel=1e-6)
+    batch = RoundReplies()
+    assert ReplyBounds(10).apply([_reply("a"), _reply("b")], [{"model": (math.inf, 0.0)}, {"model": (math.inf, 0.0)}], batch) == []
+
+
+def test_every_field_is_bounded_and_one_field_out_refuses_the_reply():
+    replies = [_reply(c) for c in "abc"]
+    norms = [{"model": (1.0, 1.0), "extra": (1.0, 0.0)}, {"model": (1.0, 1.0), "extra": (2.0, 0.0)},
+             {"model": (1.0, 1.0), "extra": (100.0, 0.0)}]
+    batch = RoundReplies()
+    assert [r.client_id for r in ReplyBounds(10).apply(replies, norms, batch)] == ["a", "b"]
+    assert "'extra'" in batch.rejections[0][1]
+
+
+def test_sample_counts_are_capped_at_a_multiple_of_the_median_and_otherwise_untouched():
+    replies = [_reply("a", 100), _reply("b", 200), _reply("c", 10**12)]
+    kept = ReplyBounds(max_weight_ratio=1000).apply(replies, [{"model": (0.0, 1.0)}] * 3, RoundReplies())
+    assert [r.num_examples for r in kept] == [100, 200, 200 * 1000]
+    assert [r.num_examples for r in ReplyBounds(max_weight_ratio=math.inf).apply(replies, [{}] * 3, RoundReplies())] == [
+        100, 200, 10**12]
+
+
+@pytest.mark.parametrize("bad", [0.5, -1, math.nan, "10"])
+def test_bounds_refuse_meaningless_settings(bad):
+    with pytest.raises(ValueError, match="max_update_ratio"):
+        ReplyBounds(max_update_ratio=bad)
+
+
+EVALUATION_CASES = {
+    "accuracy missing": {"num-examples": 5, "loss": 1.0},
+    "accuracy list": {"accuracy": [0.5, 0.5], "num-examples": 5},
+    "accuracy string": {"accuracy": "0.5", "num-examples": 5},
+    "accuracy nan": {"accuracy": math.nan, "num-examples": 5},
+    "accuracy above one": {"accuracy": 7.0, "num-examples": 5},
+    "accuracy negative": {"accuracy": -0.1, "num-examples": 5},
+    "num-examples list": {"accuracy": 0.5, "num-examples": [5]},
+    "num-examples zero": {"accuracy": 0.5, "num-examples": 0},
+    "num-examples missing": {"accuracy": 0.5},
+    "global accuracy nan": {"accuracy": 0.5, "num-examples": 5, "global-accuracy": math.nan},
+}
+
+
+@pytest.mark.parametrize("case", list(EVALUATION_CASES))
+def test_check_evaluation_names_the_field(case):
+    metrics = EVALUATION_CASES[case]
+    with pytest.raises(UpdateRejected, match=case.split()[0] if case != "global accuracy nan" else "global-accuracy"):
+        check_evaluation(metrics, "accuracy", fractions=("global-accuracy",))
+
+
+def test_a_diverged_clients_nan_loss_is_dropped_but_its_accuracy_counts():
+    assert check_evaluation({"accuracy": 0.1, "num-examples": 3, "loss": math.nan}) == {"accuracy": 0.1, "num-examples": 3}
+
+
+def _evaluate(strategy, api, rnd, hostile):
+    """One evaluation round; the first node's reply is ``hostile`` metrics (None: it fails)."""
+    if api == "message":
+        msgs = list(strategy.configure_evaluate(rnd, strategy._arrays_for_test, ConfigRecord(), fb.FakeGrid(NODES)))
+        replies = []
+        for i, msg in enumerate(msgs):
+            if i == 0:
+                replies.append(fb.error_reply(msg) if hostile is None else
+                               Message(RecordDict({"metrics": MetricRecord(hostile)}), reply_to=msg))
+            else:
+                replies.append(fb.eval_reply(msg, 0.1 * i, 10 * i))
+        return dict(strategy.aggregate_evaluate(rnd, replies) or {})
+    cm = fb.client_manager([str(n) for n in NODES])
+    ins = strategy.configure_evaluate(rnd, strategy.initial_parameters, cm)
+    results, failures = [], []
+    for i, (proxy, _) in enumerate(ins):
+        if i == 0:
+            if hostile is None:
+                failures.append(RuntimeError("crashed"))
+                continue
+            res = EvaluateRes(Status(Code.OK, ""), 1.0, 5, {k: v for k, v in hostile.items() if k != "num-examples"})
+            res.num_examples = hostile.get("num-examples")
+            results.append((proxy, res))
+        else:
+            results.append((proxy, EvaluateRes(Status(Code.OK, ""), 1.0, 10 * i, {"accuracy": 0.1 * i})))
+    return dict(strategy.aggregate_evaluate(rnd, results, failures)[1])
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+@pytest.mark.parametrize("case", [c for c in EVALUATION_CASES if c != "global accuracy nan"])
+def test_every_method_leaves_out_a_hostile_evaluation_reply_as_if_the_client_had_failed(api, case, caplog):
+    from flwr.app import ArrayRecord
+
+    if api == "message" and case == "accuracy string":
+        pytest.skip("a MetricRecord cannot hold a string")
+    for entry in OURS:
+        fb.set_task_identity()
+        legacy, message, initial = _twins(entry)
+        strategy = message if api == "message" else legacy
+        strategy._arrays_for_test = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()})
+        if api == "message":
+            list(strategy.configure_train(1, strategy._arrays_for_test, ConfigRecord({}), fb.FakeGrid(NODES)))
+        caplog.clear()
+        got = _evaluate(strategy, api, 1, EVALUATION_CASES[case])
+        assert got == _evaluate(strategy, api, 1, None) and got["num_clients"] == len(NODES) - 1, entry.label
+        assert any("evaluation of client" in r.getMessage() and "left out" in r.getMessage() for r in caplog.records), entry.label
+
+
+def test_evaluation_counts_are_capped_too():
+    rows = [(1, {"accuracy": 0.5, "num-examples": 10}), (2, {"accuracy": 0.5, "num-examples": 20}),
+            (3, {"accuracy": 0.0, "num-examples": 10**12})]
+    kept, refused = checked_evaluations(rows, max_weight_ratio=1000)
+    assert not refused and [r["num-examples"] for r in kept] == [10, 20, 20_000]
+
+
+class ShrinkingGrid:
+    def __init__(self, nodes):
+        self.nodes = list(nodes)
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+
+def test_a_round_waits_for_missing_nodes_only_up_to_the_timeout_and_names_them(caplog):
+    watch = NodeWatch(timeout=0.3, poll=0.05)
+    grid = ShrinkingGrid([1, 2, 3])
+    assert watch.wait(grid, 3) == [1, 2, 3]
+    grid.nodes = [1, 3]  # node 2 is lost
+    start = time.monotonic()
+    assert watch.wait(grid, 3) == [1, 3]
+    assert 0.3 <= time.monotonic() - start < 2
+    assert any("missing since an earlier round: [2]" in r.getMessage() for r in caplog.records)
+
+
+def test_message_strategy_goes_on_without_a_lost_node(caplog):
+    fb.set_task_identity()
+    entry = next(e for e in OURS if e.method == "fedmcsa")
+    _, _, initial = _twins(entry)
+    import strategies.message
+    from flwr.app import ArrayRecord
+
+    strategy = strategies.message.FedMCSA(clients_per_round=3, min_available_nodes=3, node_wait_timeout=0.2)
+    arrays = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()})
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord({}), fb.FakeGrid([21, 22])))
+    assert sorted(m.metadata.dst_node_id for m in msgs) == [21, 22]
+
+
+def test_an_error_the_superlink_makes_for_an_unreachable_node_names_that_node(caplog):
+    fb.set_task_identity()
+    sent = [Message(RecordDict({"config": ConfigRecord()}), message_type="train", dst_node_id=n) for n in (7, 8)]
+    for i, msg in enumerate(sent):
+        msg.metadata.__dict__["_message_id"] = f"id-{i}"
+    lost = create_message_error_unavailable_res_message(sent[0].metadata, "node_unavail")
+    good, failed = split_replies(3, [lost], sent)
+    assert lost.metadata.src_node_id == 1 and good == [] and failed == 2  # one failed, one never answered
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "node 7 failed" in text and "no reply from nodes [8]" in text and "node 1 " not in text
+
+
+def test_flowers_own_fedavg_is_guarded_in_the_package_app(tmp_path, monkeypatch):
+    """A client that sends a huge model: FedAvg's run refuses it every round and ends like a run
+    in which that client fails."""
+    import client_apps.app as capp
+
+    honest_arrays = capp.Node.arrays
+
+    def poisoned(self):
+        arrays = honest_arrays(self)
+        return [np.full_like(a, 1e38) for a in arrays] if self.partition_id == 0 else arrays
+
+    def crashed(self, config):
+        if self.partition_id == 0:
+            raise RuntimeError("crashed")
+        return honest_fit(self, config)
+
+    honest_fit = capp.Node.fit
+    base = {"method": "fedavg", "num-rounds": 3, "clients-per-round": 4, "local-steps": 5, "eval-every": 3, "seed": 2}
+    with monkeypatch.context() as m:
+        m.setattr(capp.Node, "arrays", poisoned)
+        poisoned_run = run_in_process({**base, "output-dir": str(tmp_path / "a")}, num_nodes=4)
+    with monkeypatch.context() as m:
+        m.setattr(capp.Node, "fit", crashed)
+        failed_run = run_in_process({**base, "output-dir": str(tmp_path / "b")}, num_nodes=4)
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (poisoned_run, failed_run))
+    assert a["status"] == "completed" and a["final_accuracy"] == b["final_accuracy"]
+    rows = [json.loads(line) for line in (poisoned_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["clients-rejected"] for r in rows if r["phase"] == "train"] == [1, 1, 1]
+
+
+def test_a_run_in_which_no_update_is_accepted_fails_with_a_clear_reason(tmp_path):
+    with pytest.raises(RunFailed, match="accepted no client update.*max-idle-rounds"):
+        run_in_process({"method": "fedavg", "num-rounds": 4, "clients-per-round": 4, "local-steps": 2, "lr": 1e30,
+                        "output-dir": str(tmp_path)}, num_nodes=4)
+    (run_dir,) = list(tmp_path.iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["idle_rounds"] == 3 and "max-idle-rounds" in summary["error"]
