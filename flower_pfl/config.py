@@ -82,9 +82,11 @@ class ExperimentConfig:
     checkpoint_every: int = 10
     #: a results folder to continue: the run goes on after its last checkpointed round, in that folder
     resume_from: str = ""
-    #: refuse an update that changes a model by more than this multiple of max(the model sent, the round's
-    #: median change) (0: off; see ``flower_pfl.reply_checks``)
+    #: refuse an update that changes a model by more than this multiple of the model's norm as sent
+    #: (0: off; see ``flower_pfl.reply_checks.ReplyBounds``)
     max_update_ratio: float = 10.0
+    #: refuse extras (SCAFFOLD's Δc_i, FedAttn's Z_i) above this multiple of the round's median (0: off)
+    max_median_ratio: float = 100.0
     #: count a reply's num-examples at most this multiple of the round's median (0: off)
     max_weight_ratio: float = 1000.0
     #: seconds a round waits for missing nodes before it goes on with those connected
@@ -145,7 +147,7 @@ class ExperimentConfig:
             _fail("seed", self.seed, "an integer >= 0")
         if self.checkpoint_every < 0:
             _fail("checkpoint_every", self.checkpoint_every, "an integer >= 0 (0: only after the last round)")
-        for name in ("max_update_ratio", "max_weight_ratio"):
+        for name in ("max_update_ratio", "max_weight_ratio", "max_median_ratio"):
             if not (getattr(self, name) == 0 or getattr(self, name) >= 1):
                 _fail(name, getattr(self, name), "0 (off) or a number >= 1")
         if not self.node_wait_timeout >= 0:
@@ -167,7 +169,7 @@ class ExperimentConfig:
 
     def bounds(self) -> dict[str, float]:
         """The reply bounds as strategy arguments (0 in the run config: ``math.inf``, off)."""
-        return {name: getattr(self, name) or math.inf for name in ("max_update_ratio", "max_weight_ratio")}
+        return {name: getattr(self, name) or math.inf for name in ("max_update_ratio", "max_weight_ratio", "max_median_ratio")}
 
     def method_arguments(self) -> dict[str, Any]:
         """The strategy constructor's method arguments for this run."""

@@ -74,4 +74,4 @@ class ReplyGuard:
 
 def _counts(batch: RoundReplies) -> dict[str, float]:
     metrics = round_replies_metrics(batch)
-    return {k: metrics[k] for k in ("clients-accepted", "clients-rejected", "clients-failed", "update-ratio")}
+    return {k: metrics[k] for k in ("clients-accepted", "clients-rejected", "clients-failed", "update-bound-use")}

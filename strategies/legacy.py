@@ -16,7 +16,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from flower_pfl.client_step import SERVER_ROUND
-from flower_pfl.reply_checks import MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
+from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
 from .metrics import ACCURACY, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics_legacy, round_replies_metrics
@@ -62,8 +62,10 @@ class LegacyMethodStrategy(Strategy):
         "device": "Device of the per-client store and its aggregation (a global model is kept on the CPU).",
         "store_dir": "A folder for the per-client models on disk (memory-mapped; server memory then grows with the "
                      "round's participants, not the federation); None keeps them in memory.",
-        "max_update_ratio": "Refuse an update whose change exceeds this multiple of max(the norm of the model its client "
-                            "was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).",
+        "max_update_ratio": "Refuse an update whose model changed by more than this multiple of the norm of the model its "
+                            "client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).",
+        "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
+                            "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.",
     }
@@ -94,6 +96,7 @@ class LegacyMethodStrategy(Strategy):
         store_dir: str | None = None,
         max_update_ratio: float = MAX_UPDATE_RATIO,
         max_weight_ratio: float = MAX_WEIGHT_RATIO,
+        max_median_ratio: float = MAX_MEDIAN_RATIO,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
     ) -> None:
         super().__init__()
@@ -101,7 +104,7 @@ class LegacyMethodStrategy(Strategy):
             raise ValueError(f"node_wait_timeout must be >= 0 seconds, got {node_wait_timeout!r}")
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_fit, min_train_clients=min_fit_clients,
                                    seed=seed, device=device, store_dir=store_dir,
-                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio))
+                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio))
         self.node_wait_timeout = node_wait_timeout
         self.initial_parameters: Parameters | None = None
         if initial_parameters is not None:

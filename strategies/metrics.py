@@ -85,9 +85,9 @@ def weighted_train_metrics(results: list[tuple[int, Mapping[str, object]]]) -> d
 
 def round_replies_metrics(batch: RoundReplies) -> dict[str, float]:
     """A training round's metrics: the sample-weighted mean of the accepted clients' numeric metrics,
-    how many clients were accepted, rejected and failed, and the largest accepted change relative
-    to its bound (``update-ratio``: 1 = at ``max-update-ratio``'s reference)."""
+    how many clients were accepted, rejected and failed, and how close the closest accepted reply
+    came to the update bounds (``update-bound-use``: 1 = at the bound, see ``ReplyBounds``)."""
     out = weighted_train_metrics([(r.num_examples, r.metrics) for r in batch.accepted])
     out.update({"clients-accepted": len(batch.accepted), "clients-rejected": batch.rejected, "clients-failed": batch.failed,
-                "update-ratio": batch.update_ratio})
+                "update-bound-use": batch.bound_use})
     return out

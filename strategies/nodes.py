@@ -19,7 +19,9 @@ class NodeWatch:
 
     ``wait(grid, needed)`` returns the connected nodes once ``needed`` are there, or, after
     ``timeout`` seconds, the ones that are (logging which nodes seen before are missing), so a
-    lost node never stalls a run for ever. A node that comes back gets a new node id unless it
+    lost node never stalls a run for ever. Having gone on with ``n`` nodes, later rounds go on
+    without waiting while at least ``n`` are connected (a node lost for good costs one wait, not one
+    per round); fewer start a new wait. A node that comes back gets a new node id unless it
     authenticates; it is then a new client to the strategy.
     """
 
@@ -28,20 +30,26 @@ class NodeWatch:
             raise ValueError(f"node_wait_timeout must be >= 0 seconds, got {timeout!r}")
         self.timeout, self.poll = timeout, poll
         self.seen: set[int] = set()
+        #: how many nodes the last wait that timed out went on with (None: no shortfall accepted)
+        self.settled: int | None = None
 
     def wait(self, grid: Any, needed: int) -> list[int]:
+        enough = needed if self.settled is None else min(needed, self.settled)
         deadline, shown = time.monotonic() + self.timeout, -1.0
-        while len(nodes := list(grid.get_node_ids())) < needed:
+        while len(nodes := list(grid.get_node_ids())) < enough:
             now = time.monotonic()
             if now >= deadline:
                 missing = sorted(self.seen - set(nodes))
                 log(WARNING, "%d nodes connected, %d wanted; going on with them after %.0f s%s", len(nodes), needed,
                     self.timeout, f" (missing since an earlier round: {missing})" if missing else "")
+                self.settled = len(nodes)
                 break
             if now - shown >= 10:
-                log(INFO, "Waiting for nodes: %d connected, %d needed (at most %.0f s more)", len(nodes), needed, deadline - now)
+                log(INFO, "Waiting for nodes: %d connected, %d needed (at most %.0f s more)", len(nodes), enough, deadline - now)
                 shown = now
             time.sleep(self.poll)
+        if len(nodes) >= needed:
+            self.settled = None
         self.seen.update(nodes)
         return nodes
 

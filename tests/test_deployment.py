@@ -97,3 +97,102 @@ def test_killed_serverapp_resumes_on_the_same_supernodes(tmp_path, monkeypatch):
 
     (whole_dir,) = list((tmp_path / "whole").iterdir())
     assert numbers(folder) == numbers(whole_dir)
+
+
+def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path, monkeypatch):
+    """Deployment: SIGKILL one of three SuperNodes (and its ClientApps) after round 1 of a run that
+    wants all three every round. The run goes on with the two left: the round the lost node was
+    in answers once the SuperLink declares it offline (Flower's heartbeat patience), one wait for
+    the third node ends after ``node-wait-timeout`` and later rounds do not wait for it again; the
+    log names the lost node by its id."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import time
+
+    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
+
+    from deployment import ROOT, _alive, _descendants
+
+    timeout, rounds, victim = 10, 4, 2  # victim: the partition whose SuperNode is lost
+    monkeypatch.setenv("FLOWER_PFL_CLIENT_STATE_DIR", str(tmp_path / "client-state"))
+    out, stream = tmp_path / "results", tmp_path / "flwr-run.log"
+    settings = (f"method='fedmcsa' num-rounds={rounds} clients-per-round=3 eval-every=1 node-wait-timeout={timeout} "
+                f"output-dir='{out}'")
+
+    def rows(name):
+        found = list(out.glob(f"*/{name}"))
+        return [json.loads(line) for line in found[0].read_text().splitlines() if line.strip()] if found else []
+
+    with LocalDeployment(tmp_path / "deployment", nodes=3) as deployment:
+        before = {r["run-id"] for r in deployment.runs()}
+        started = time.monotonic()
+        with stream.open("w") as sink:
+            proc = subprocess.Popen(["flwr", "run", str(ROOT), "deploy", "--stream", "--run-config", settings],
+                                    cwd=ROOT, env=deployment.env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            # round 1 trained and every node evaluated (its row names node id and partition)
+            deadline, first = time.time() + 300, []
+            while time.time() < deadline and proc.poll() is None:
+                first = [r for r in rows("clients.jsonl") if r["round"] == 1]
+                if any(r["phase"] == "train" and r["round"] == 1 for r in rows("metrics.jsonl")) and len(first) == 3:
+                    break
+                time.sleep(0.2)
+            assert len(first) == 3, "round 1 did not finish on three nodes\n" + stream.read_text()[-3000:] + deployment.log_tail()
+            lost = {r["partition-id"]: r["node-id"] for r in first}[victim]
+            (node,) = [p for p in deployment.procs if f"partition-id={victim} " in " ".join(map(str, p.args))]
+            family = _descendants(node.pid)
+            node.kill()
+            for pid in family:  # its ClientApp processes, if any are running
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            killed = time.monotonic()
+            node.wait(timeout=30)
+            gone = time.time() + 30
+            while any(_alive(pid) for pid in family) and time.time() < gone:
+                time.sleep(0.1)
+            assert not [pid for pid in family if _alive(pid)], "the lost SuperNode's processes still run"
+            before_kill = killed - started  # start-up and one round on three nodes
+            proc.wait(timeout=300)
+            finished = time.monotonic()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        (run,) = [r for r in deployment.runs() if r["run-id"] not in before]
+    assert not deployment.left_running, "processes of the deployment are still running"
+    log = stream.read_text()
+    assert run["status"] == "finished:completed", run["status-details"] + log[-3000:]
+
+    metrics = rows("metrics.jsonl")
+    train = {r["round"]: r for r in metrics if r["phase"] == "train"}
+    assert sorted(train) == list(range(1, rounds + 1)), metrics
+    assert train[1]["clients-accepted"] == 3
+    assert all(train[r]["clients-accepted"] + train[r]["clients-failed"] <= 3 for r in train)
+    assert all(train[r]["clients-accepted"] >= 2 for r in train)  # the survivors always trained
+    assert any(train[r]["clients-accepted"] == 2 for r in range(2, rounds + 1)), train
+    assert train[rounds]["clients-accepted"] == 2  # the last round ran with the two left
+    last = [r for r in rows("clients.jsonl") if r["round"] == rounds]
+    assert sorted(r["partition-id"] for r in last) == sorted({0, 1, 2} - {victim})
+    assert lost not in {r["node-id"] for r in last}
+
+    # the lost node is named by its own id, never as node 1 (the SuperLink's id in the errors it makes)
+    assert not re.search(r"\bnode 1\b|nodes \[1\]|\[1\]\)", log), log[-3000:]
+    named = [line for line in log.splitlines() if str(lost) in line and ("failed" in line or "no reply" in line or "missing" in line)]
+    assert named, f"the log never names the lost node {lost}\n" + log[-3000:]
+    waits = [line for line in log.splitlines() if "going on with them after" in line]
+    # one bounded wait for the lost node, then later rounds go on with the two without waiting again
+    assert len(waits) == 1 and f"missing since an earlier round: [{lost}]" in waits[0], log[-3000:]
+
+    # bounded delay: the round in flight waits for the SuperLink to declare the node offline, then
+    # one wait of node-wait-timeout; the rounds left take about as long as round 1
+    after_kill = finished - killed
+    heartbeat = HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL
+    bound = heartbeat + timeout + (rounds - 1) * before_kill
+    print(f"\nlost node {lost} (partition {victim}); start-up + round 1: {before_kill:.0f} s; "
+          f"kill -> run finished: {after_kill:.0f} s (bound {bound:.0f} s); {len(waits)} bounded waits; "
+          f"train rows: {[(r, train[r]['clients-accepted'], train[r]['clients-failed']) for r in sorted(train)]}")
+    assert after_kill < bound, (after_kill, bound)

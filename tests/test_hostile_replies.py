@@ -71,7 +71,7 @@ CASES = [
     Case("extras-not-bytes", "", extras=_every_extra(lambda v: 3.0), legacy_only=True),
     Case("extras-missing", "lacks", extras=lambda e: {}),
     Case("extras-nan", "NaN", extras=_every_extra(lambda v: np.full(len(v) // 4, np.nan, "<f4").tobytes())),
-    Case("extras-huge", "max-update-ratio", extras=_every_extra(lambda v: np.full(len(v) // 4, 1e30, "<f4").tobytes())),
+    Case("extras-huge", "max-median-ratio", extras=_every_extra(lambda v: np.full(len(v) // 4, 1e30, "<f4").tobytes())),
 ]
 
 

@@ -12,7 +12,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from flower_pfl.client_step import SERVER_ROUND
-from flower_pfl.reply_checks import MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
+from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
 from ..metrics import ACCURACY, NUM_EXAMPLES, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics, round_replies_metrics
@@ -47,8 +47,10 @@ class MethodStrategy(Strategy):
         "configrecord_key": "Key of the ConfigRecord in messages.",
         "evaluate_metrics_aggr_fn": "Aggregates the clients' evaluation MetricRecords (default: personalized accuracy "
                                     "statistics, see ``strategies.metrics``).",
-        "max_update_ratio": "Refuse an update whose change exceeds this multiple of max(the norm of the model its client "
-                            "was sent, the round's median change); ``math.inf``: off (see ``flower_pfl.reply_checks``).",
+        "max_update_ratio": "Refuse an update whose model changed by more than this multiple of the norm of the model its "
+                            "client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).",
+        "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
+                            "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.",
     }
@@ -77,11 +79,12 @@ class MethodStrategy(Strategy):
         evaluate_metrics_aggr_fn: MetricsFn | None = None,
         max_update_ratio: float = MAX_UPDATE_RATIO,
         max_weight_ratio: float = MAX_WEIGHT_RATIO,
+        max_median_ratio: float = MAX_MEDIAN_RATIO,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
     ) -> None:
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_train,
                                    min_train_clients=min_train_nodes, seed=seed, device=device, store_dir=store_dir,
-                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio))
+                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio))
         self.nodes = NodeWatch(node_wait_timeout)
         self._outbox: list[Message] = []
         self.min_available_nodes = min_available_nodes
