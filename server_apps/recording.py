@@ -88,7 +88,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         self.before_round(server_round, self.arrays)
         if self.clients_per_round is not None:
             nodes = self.nodes.wait(grid, self.clients_per_round)  # as Flower's sampling waits, but not for ever
-            grid = SampledGrid(grid, self.sampler.sample(nodes, self.clients_per_round))  # type: ignore[assignment]
+            grid = SampledGrid(grid, self.sampler.sample(nodes, self.clients_per_round))  # type: ignore[assignment,arg-type]
         self._outbox = list(self.inner.configure_train(server_round, arrays, config, grid))
         return self._outbox
 

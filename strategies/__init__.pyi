@@ -21,7 +21,7 @@ from flower_pfl.methods.pfedme import PFedMe as _PFedMe
 from flower_pfl.methods.scaffold import SCAFFOLD as _SCAFFOLD
 from flower_pfl.server_step import UpdateRejected as UpdateRejected
 
-from .legacy import ConfigFn, LegacyMethodStrategy as LegacyMethodStrategy, MetricsFn
+from .legacy import ConfigFn, EvaluateFn, LegacyMethodStrategy as LegacyMethodStrategy, MetricsFn
 
 PersonalizedStrategy = LegacyMethodStrategy
 GlobalModelStrategy = LegacyMethodStrategy

@@ -139,7 +139,7 @@ def stubs() -> dict[Path, str]:
         flower="from flwr.common import Parameters\nfrom flwr.server.strategy import " + ", ".join(
             flower(n) for n in ("FedAdam", "FedAvg", "FedAvgM", "FedProx")),
         methods=methods + "\nfrom flower_pfl.server_step import UpdateRejected as UpdateRejected",
-        local="\nfrom .legacy import ConfigFn, LegacyMethodStrategy as LegacyMethodStrategy, MetricsFn\n",
+        local="\nfrom .legacy import ConfigFn, EvaluateFn, LegacyMethodStrategy as LegacyMethodStrategy, MetricsFn\n",
         base="LegacyMethodStrategy")
     message = _HEADER.format(
         flower="from flwr.serverapp.strategy import " + ", ".join(

@@ -118,6 +118,17 @@ def test_bad_run_config_stops_the_run_with_a_clear_message(flwr_env, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+def test_a_run_that_accepts_no_update_ends_failed_and_says_why(flwr_env, tmp_path):
+    """lr = 1e30: every update is refused by the update bound; the run must not report success."""
+    run = _flwr_run(flwr_env, f"method='fedmcsa' lr=1e30 num-rounds=4 clients-per-round=2 eval-every=4 output-dir='{tmp_path}'",
+                    nodes=2)
+    assert run["status"] == "finished:failed", run["status"]
+    assert "accepted no client update" in run["status-details"] + run["log"]
+    assert "rejected (" in run["log"]  # each refusal is logged with its reason
+    summary = json.loads((_results(tmp_path) / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["idle_rounds"] == 3
+
+
 def test_many_clients_partial_participation(flwr_env, tmp_path):
     run = _flwr_run(flwr_env, f"method='fedacs' train-samples-per-client=50 num-rounds=2 "
                               f"clients-per-round=50 eval-every=2 output-dir='{tmp_path}'", nodes=500)

@@ -287,3 +287,37 @@ def test_replies_that_do_not_answer_the_rounds_instructions_once_are_refused(tri
     after = strategy.method.store.get(NODES)
     changed = {n for n, a, b in zip(NODES, before, after) if not torch.equal(a, b)}
     assert changed == {m.metadata.src_node_id for m in honest}  # only the honest replies were stored
+
+
+def test_training_metrics_average_only_finite_numbers():
+    from strategies.metrics import weighted_train_metrics
+
+    got = weighted_train_metrics([(10, {"train-loss": 1.0, "acc": 0.5, "tag": [1, 2]}), (30, {"train-loss": math.nan, "acc": 1e308}),
+                                  (10, {"train-loss": 2.0, "acc": 1e308})])
+    assert got == {}  # train-loss is NaN for one client; acc's weighted sum overflows; tag is not a number
+    assert weighted_train_metrics([(10, {"a": 1.0}), (30, {"a": 3.0})]) == {"a": 2.5}
+
+
+def test_a_client_claiming_a_trillion_examples_weighs_as_a_thousand_median_clients():
+    from flower_pfl.server_step import GlobalModelStep, MethodServer, RawReply
+
+    server = MethodServer(GlobalModelStep(), clients_per_round=3, seed=0)
+    initial = {"w": np.ones(4, np.float32)}
+    server.initialize(initial)
+    plan = server.plan_training(1, [1, 2, 3])
+    counts = {1: 100, 2: 200, 3: 10**12}
+    values = {1: 1.0, 2: 1.5, 3: 4.0}  # client 3's model would win with its claimed count
+    raws = [RawReply(ins.client_id, [np.full(4, values[ins.client_id], np.float32)], ["w"], counts[ins.client_id], {})
+            for ins in plan]
+    batch = server.receive(raws)
+    model = server.aggregate(1, batch.accepted)
+    weights = np.array([100, 200, 200_000], float)  # 1000 × the median, 200
+    expected = (weights * [1.0, 1.5, 4.0]).sum() / weights.sum()
+    np.testing.assert_allclose(model.numpy(), np.full(4, expected), rtol=1e-6)
+
+
+def test_an_exploding_attention_temperature_fails_the_run(tmp_path):
+    """sigma = 1e308 makes FedMCSA's attention overflow: every model sent is NaN, every update refused."""
+    with pytest.raises(RunFailed, match="accepted no client update"):
+        run_in_process({"method": "fedmcsa", "sigma": 1e308, "num-rounds": 4, "clients-per-round": 4, "local-steps": 2,
+                        "output-dir": str(tmp_path)}, num_nodes=4)
