@@ -340,13 +340,14 @@ class MethodServer:
         self._sent = {ins.client_id: ins.model for ins in plan}
         return plan
 
-    def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float) -> list[Instruction]:
-        """Evaluation instructions for all clients (``fraction >= 1``) or ``ceil(fraction · n)`` of them."""
+    def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float, minimum: int = 1) -> list[Instruction]:
+        """Evaluation instructions for all clients (``fraction >= 1``) or ``max(minimum, ceil(fraction · n))`` of them."""
         self._require()
         if fraction <= 0:
             return []
         pool = self.sampler.order(available)
-        ids = pool if fraction >= 1.0 else self.sampler.sample(pool, max(1, math.ceil(fraction * len(pool))), evaluation=True)
+        k = max(minimum, math.ceil(fraction * len(pool)))
+        ids = pool if fraction >= 1.0 or k >= len(pool) else self.sampler.sample(pool, k, evaluation=True)
         return self.method.evaluation_instructions(server_round, ids)
 
     def check(self, raw: RawReply) -> Reply:

@@ -51,9 +51,17 @@ class FedACS(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -80,7 +88,7 @@ class FedACS(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAttn(LegacyMethodStrategy):
@@ -112,9 +120,17 @@ class FedAttn(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -141,7 +157,7 @@ class FedAttn(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedMCSA(LegacyMethodStrategy):
@@ -176,9 +192,17 @@ class FedMCSA(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -205,7 +229,7 @@ class FedMCSA(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class IGFL(LegacyMethodStrategy):
@@ -231,9 +255,17 @@ class IGFL(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -260,7 +292,7 @@ class IGFL(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class APFL(LegacyMethodStrategy):
@@ -282,9 +314,17 @@ class APFL(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -311,7 +351,7 @@ class APFL(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Ditto(LegacyMethodStrategy):
@@ -331,9 +371,17 @@ class Ditto(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -360,7 +408,7 @@ class Ditto(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAMP(LegacyMethodStrategy):
@@ -389,9 +437,17 @@ class FedAMP(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -418,7 +474,7 @@ class FedAMP(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedPer(LegacyMethodStrategy):
@@ -442,9 +498,17 @@ class FedPer(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -471,7 +535,7 @@ class FedPer(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class HeurFedAMP(LegacyMethodStrategy):
@@ -499,9 +563,17 @@ class HeurFedAMP(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -528,7 +600,7 @@ class HeurFedAMP(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Local(LegacyMethodStrategy):
@@ -547,9 +619,17 @@ class Local(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -576,7 +656,7 @@ class Local(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PerFedAvg(LegacyMethodStrategy):
@@ -596,9 +676,17 @@ class PerFedAvg(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -625,7 +713,7 @@ class PerFedAvg(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PFedMe(LegacyMethodStrategy):
@@ -652,9 +740,17 @@ class PFedMe(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -681,7 +777,7 @@ class PFedMe(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class SCAFFOLD(LegacyMethodStrategy):
@@ -703,9 +799,17 @@ class SCAFFOLD(LegacyMethodStrategy):
     min_fit_clients : int (default 1)
         Least number of clients that train when ``fraction_fit`` is used.
     min_available_clients : int (default 2)
-        Clients to wait for before a round starts.
+        Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_clients : int (default 1)
+        Least number of clients that evaluate when ``fraction_evaluate`` < 1.
+    accept_failures : bool (default True)
+        False: a round in which any client failed changes nothing (as Flower's FedAvg).
+    fit_metrics_aggregation_fn : MetricsFn | None (default None)
+        Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every numeric metric's sample-weighted mean); reply counts are added.
+    inplace : bool (default True)
+        Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).
     on_fit_config_fn : ConfigFn | None (default None)
         Config sent with every training instruction, by round.
     on_evaluate_config_fn : ConfigFn | None (default None)
@@ -732,5 +836,5 @@ class SCAFFOLD(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 

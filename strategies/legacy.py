@@ -51,7 +51,12 @@ class LegacyMethodStrategy(Strategy):
         "clients_per_round": "Clients that train each round (None: ``fraction_fit`` of the available clients).",
         "fraction_fit": "Fraction of the available clients that train when ``clients_per_round`` is None.",
         "min_fit_clients": "Least number of clients that train when ``fraction_fit`` is used.",
-        "min_available_clients": "Clients to wait for before a round starts.",
+        "min_available_clients": "Clients to wait for before a round starts (at most ``node_wait_timeout`` seconds).",
+        "min_evaluate_clients": "Least number of clients that evaluate when ``fraction_evaluate`` < 1.",
+        "accept_failures": "False: a round in which any client failed changes nothing (as Flower's FedAvg).",
+        "fit_metrics_aggregation_fn": "Aggregates the accepted clients' ``(num_examples, metrics)`` (default: every "
+                                      "numeric metric's sample-weighted mean); reply counts are added.",
+        "inplace": "Accepted for Flower's FedAvg's signature; no effect (received arrays are never modified).",
         "fraction_evaluate": "Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.",
         "on_fit_config_fn": "Config sent with every training instruction, by round.",
         "on_evaluate_config_fn": "Config sent with every evaluation instruction, by round.",
@@ -87,6 +92,10 @@ class LegacyMethodStrategy(Strategy):
         min_fit_clients: int = 1,
         min_available_clients: int = 2,
         fraction_evaluate: float = 1.0,
+        min_evaluate_clients: int = 1,
+        accept_failures: bool = True,
+        fit_metrics_aggregation_fn: MetricsFn | None = None,
+        inplace: bool = True,
         on_fit_config_fn: ConfigFn | None = None,
         on_evaluate_config_fn: ConfigFn | None = None,
         evaluate_metrics_aggregation_fn: MetricsFn | None = None,
@@ -110,7 +119,9 @@ class LegacyMethodStrategy(Strategy):
         if initial_parameters is not None:
             self._initialize(initial_parameters)
         self.min_available_clients = min_available_clients
-        self.fraction_evaluate = fraction_evaluate
+        self.fraction_evaluate, self.min_evaluate_clients = fraction_evaluate, min_evaluate_clients
+        self.accept_failures, self.inplace = accept_failures, inplace
+        self.fit_metrics_aggregation_fn = fit_metrics_aggregation_fn
         self.on_fit_config_fn = on_fit_config_fn
         self.on_evaluate_config_fn = on_evaluate_config_fn
         self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn or personalized_evaluate_metrics_legacy
@@ -173,15 +184,22 @@ class LegacyMethodStrategy(Strategy):
         self.server.receive(raws, batch)
         for cid, reason in batch.rejections:
             log_rejected(cid, server_round, reason)
+        if failures and not self.accept_failures:
+            log(WARNING, "round %s: %d clients failed and accept_failures is False: the round changes nothing", server_round, len(failures))
+            batch.accepted.clear()
         model = self.server.aggregate(server_round, batch.accepted)
         parameters = None if model is None else ndarrays_to_parameters(self.server.to_arrays(model))
-        return parameters, dict(round_replies_metrics(batch))
+        metrics = dict(round_replies_metrics(batch))
+        if self.fit_metrics_aggregation_fn is not None and batch.accepted:
+            own = self.fit_metrics_aggregation_fn([(r.num_examples, dict(r.metrics)) for r in batch.accepted])
+            metrics = {**own, **{k: v for k, v in metrics.items() if k.startswith(("clients-", "update-"))}}
+        return parameters, metrics
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self.fraction_evaluate <= 0 or not self.server.initialized:
             return []
         clients = self._clients(client_manager)
-        plan = self.server.plan_evaluation(server_round, clients, self.fraction_evaluate)
+        plan = self.server.plan_evaluation(server_round, clients, self.fraction_evaluate, self.min_evaluate_clients)
         config = dict(self.on_evaluate_config_fn(server_round)) if self.on_evaluate_config_fn else {}
         return self._instructions(plan, clients, config, server_round, EvaluateIns)
 

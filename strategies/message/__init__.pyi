@@ -47,9 +47,15 @@ class FedACS(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -74,7 +80,7 @@ class FedACS(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAttn(MethodStrategy):
@@ -104,9 +110,15 @@ class FedAttn(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -131,7 +143,7 @@ class FedAttn(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedMCSA(MethodStrategy):
@@ -164,9 +176,15 @@ class FedMCSA(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -191,7 +209,7 @@ class FedMCSA(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class IGFL(MethodStrategy):
@@ -215,9 +233,15 @@ class IGFL(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -242,7 +266,7 @@ class IGFL(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class APFL(MethodStrategy):
@@ -262,9 +286,15 @@ class APFL(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -289,7 +319,7 @@ class APFL(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Ditto(MethodStrategy):
@@ -307,9 +337,15 @@ class Ditto(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -334,7 +370,7 @@ class Ditto(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAMP(MethodStrategy):
@@ -361,9 +397,15 @@ class FedAMP(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -388,7 +430,7 @@ class FedAMP(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedPer(MethodStrategy):
@@ -410,9 +452,15 @@ class FedPer(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -437,7 +485,7 @@ class FedPer(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class HeurFedAMP(MethodStrategy):
@@ -463,9 +511,15 @@ class HeurFedAMP(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -490,7 +544,7 @@ class HeurFedAMP(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Local(MethodStrategy):
@@ -507,9 +561,15 @@ class Local(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -534,7 +594,7 @@ class Local(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PerFedAvg(MethodStrategy):
@@ -552,9 +612,15 @@ class PerFedAvg(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -579,7 +645,7 @@ class PerFedAvg(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PFedMe(MethodStrategy):
@@ -604,9 +670,15 @@ class PFedMe(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -631,7 +703,7 @@ class PFedMe(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class SCAFFOLD(MethodStrategy):
@@ -651,9 +723,15 @@ class SCAFFOLD(MethodStrategy):
     min_train_nodes : int (default 1)
         Least number of nodes that train when ``fraction_train`` is used.
     min_available_nodes : int (default 2)
-        Nodes to wait for before a round starts.
+        Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).
     fraction_evaluate : float (default 1.0)
         Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.
+    min_evaluate_nodes : int (default 1)
+        Least number of nodes that evaluate when ``fraction_evaluate`` < 1.
+    weighted_by_key : str (default 'num-examples')
+        The MetricRecord key of a reply's sample count (weights aggregation and metrics).
+    train_metrics_aggr_fn : MetricsFn | None (default None)
+        Aggregates the accepted training replies' records, as Flower's FedAvg's (default: every numeric metric's sample-weighted mean); reply counts are added.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -678,5 +756,5 @@ class SCAFFOLD(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
 

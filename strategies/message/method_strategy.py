@@ -37,7 +37,11 @@ class MethodStrategy(Strategy):
         "clients_per_round": "Clients that train each round (None: ``fraction_train`` of the connected nodes).",
         "fraction_train": "Fraction of the connected nodes that train when ``clients_per_round`` is None.",
         "min_train_nodes": "Least number of nodes that train when ``fraction_train`` is used.",
-        "min_available_nodes": "Nodes to wait for before a round starts.",
+        "min_available_nodes": "Nodes to wait for before a round starts (at most ``node_wait_timeout`` seconds).",
+        "min_evaluate_nodes": "Least number of nodes that evaluate when ``fraction_evaluate`` < 1.",
+        "weighted_by_key": "The MetricRecord key of a reply's sample count (weights aggregation and metrics).",
+        "train_metrics_aggr_fn": "Aggregates the accepted training replies' records, as Flower's FedAvg's "
+                                 "(default: every numeric metric's sample-weighted mean); reply counts are added.",
         "fraction_evaluate": "Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.",
         "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
         "device": "Device of the per-client store and its aggregation (a global model is kept on the CPU).",
@@ -71,6 +75,9 @@ class MethodStrategy(Strategy):
         min_train_nodes: int = 1,
         min_available_nodes: int = 2,
         fraction_evaluate: float = 1.0,
+        min_evaluate_nodes: int = 1,
+        weighted_by_key: str = NUM_EXAMPLES,
+        train_metrics_aggr_fn: MetricsFn | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
         store_dir: str | None = None,
@@ -88,7 +95,9 @@ class MethodStrategy(Strategy):
         self.nodes = NodeWatch(node_wait_timeout)
         self._outbox: list[Message] = []
         self.min_available_nodes = min_available_nodes
-        self.fraction_evaluate = fraction_evaluate
+        self.fraction_evaluate, self.min_evaluate_nodes = fraction_evaluate, min_evaluate_nodes
+        self.weighted_by_key = weighted_by_key
+        self.train_metrics_aggr_fn = train_metrics_aggr_fn
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
         self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn or personalized_evaluate_metrics
@@ -130,7 +139,7 @@ class MethodStrategy(Strategy):
         batch, raws = RoundReplies(failed=failed), []
         for node_id, msg in good:
             try:
-                raws.append(raw_reply(node_id, msg))
+                raws.append(raw_reply(node_id, msg, self.weighted_by_key))
             except UpdateRejected as err:
                 batch.reject(node_id, str(err))
         self.server.receive(raws, batch)
@@ -138,13 +147,19 @@ class MethodStrategy(Strategy):
             log_rejected(node_id, server_round, reason)
         model = self.server.aggregate(server_round, batch.accepted)
         arrays = None if model is None else ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(model).items()})
-        return arrays, MetricRecord(round_replies_metrics(batch))
+        metrics = round_replies_metrics(batch)
+        if self.train_metrics_aggr_fn is not None and batch.accepted:
+            records = [RecordDict({"metrics": MetricRecord({**_plain(r.metrics), self.weighted_by_key: r.num_examples})})
+                       for r in batch.accepted]
+            metrics = {**dict(self.train_metrics_aggr_fn(records, self.weighted_by_key)),
+                       **{k: v for k, v in metrics.items() if k.startswith(("clients-", "update-"))}}
+        return arrays, MetricRecord(metrics)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if self.fraction_evaluate <= 0:
             return []
         self._initialize(arrays)
-        plan = self.server.plan_evaluation(server_round, self._nodes(grid), self.fraction_evaluate)
+        plan = self.server.plan_evaluation(server_round, self._nodes(grid), self.fraction_evaluate, self.min_evaluate_nodes)
         self._outbox = self._messages(plan, config, server_round, MessageType.EVALUATE)
         return self._outbox
 
@@ -152,7 +167,7 @@ class MethodStrategy(Strategy):
         """The clients' evaluation metrics aggregated; replies without a usable ``accuracy`` and
         ``num-examples`` (``check_evaluation``) are left out with a logged reason."""
         good, _ = split_replies(server_round, replies, self._outbox)
-        rows = [(node_id, _metrics(msg)) for node_id, msg in good]
+        rows = [(node_id, _metrics(msg, self.weighted_by_key)) for node_id, msg in good]
         kept, refused = checked_evaluations(rows, ACCURACY, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
         if not kept:
@@ -161,20 +176,27 @@ class MethodStrategy(Strategy):
         return self.evaluate_metrics_aggr_fn(records, NUM_EXAMPLES)
 
 
-def _metrics(msg: Message) -> dict[str, Any]:
-    """The reply's metrics (all its MetricRecords together)."""
-    return {k: v for rec in msg.content.metric_records.values() for k, v in rec.items()}
+def _metrics(msg: Message, weighted_by_key: str = NUM_EXAMPLES) -> dict[str, Any]:
+    """The reply's metrics (all its MetricRecords together), its sample count as ``num-examples``."""
+    metrics = {k: v for rec in msg.content.metric_records.values() for k, v in rec.items()}
+    if weighted_by_key in metrics:
+        metrics[NUM_EXAMPLES] = metrics[weighted_by_key]
+    return metrics
 
 
-def raw_reply(node_id: int, msg: Message) -> RawReply:
+def _plain(metrics: Any) -> dict[str, Any]:
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def raw_reply(node_id: int, msg: Message, weighted_by_key: str = NUM_EXAMPLES) -> RawReply:
     """A training reply's parts; ``UpdateRejected`` when its records are not what the contract says."""
     content = msg.content
     if len(content.array_records) != 1 or len(content.metric_records) != 1:
         raise UpdateRejected("a reply must hold exactly one ArrayRecord and one MetricRecord")
     record = next(iter(content.array_records.values()))
     metrics = dict(next(iter(content.metric_records.values())))
-    if NUM_EXAMPLES not in metrics:
-        raise UpdateRejected(f"MetricRecord lacks '{NUM_EXAMPLES}'")
+    if weighted_by_key not in metrics:
+        raise UpdateRejected(f"MetricRecord lacks '{weighted_by_key}'")
     extras = {k: v for rec in content.config_records.values() for k, v in rec.items()}
     arrays = [decoded(f"array '{name}'", array.numpy) for name, array in record.items()]
-    return RawReply(node_id, arrays, list(record.keys()), metrics[NUM_EXAMPLES], metrics, extras)
+    return RawReply(node_id, arrays, list(record.keys()), metrics[weighted_by_key], metrics, extras)

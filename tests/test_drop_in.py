@@ -1,0 +1,84 @@
+"""The strategies drop into apps written for Flower's FedAvg: every FedAvg argument by name, in each API."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.server.strategy import FedAvg as LegacyFedAvg
+from flwr.serverapp.strategy import FedAvg
+
+import fabricate as fb
+import strategies
+import strategies.message
+from test_twins import NODES, OURS, _model
+
+ENTRIES = [pytest.param(e, id=e.label) for e in OURS if e.aggregation == "default"]
+
+
+def _flower_arguments(cls: type) -> dict:
+    """Every argument of Flower's FedAvg constructor with its default value."""
+    return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items() if name != "self"}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_strategy_takes_flowers_fedavg_arguments_by_name(entry):
+    message_cls, legacy_cls = getattr(strategies.message, entry.strategy), getattr(strategies, entry.strategy)
+    for ours, flowers in ((message_cls, FedAvg), (legacy_cls, LegacyFedAvg)):
+        signature = inspect.signature(ours)
+        assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+        missing = set(_flower_arguments(flowers)) - set(signature.parameters)
+        assert not missing, f"{ours.__name__} lacks {missing}"
+    initial = {k: v.numpy() for k, v in _model().state_dict().items()}
+    message_cls(**_flower_arguments(FedAvg))
+    legacy_cls(**{**_flower_arguments(LegacyFedAvg), "initial_parameters": initial})
+
+
+def _fedmcsa(**options):
+    fb.set_task_identity()
+    initial = {k: v.numpy() for k, v in _model().state_dict().items()}
+    strategy = strategies.message.FedMCSA(clients_per_round=3, min_available_nodes=1, **options)
+    return strategy, ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()}), initial
+
+
+def test_min_evaluate_nodes_raises_the_number_that_evaluate():
+    strategy, arrays, _ = _fedmcsa(fraction_evaluate=0.2, min_evaluate_nodes=3)
+    list(strategy.configure_train(1, arrays, ConfigRecord({}), fb.FakeGrid(NODES)))
+    assert len(list(strategy.configure_evaluate(1, arrays, ConfigRecord({}), fb.FakeGrid(NODES)))) == 3
+
+
+def test_weighted_by_key_and_train_metrics_aggr_fn_are_used():
+    seen = {}
+
+    def aggregate(records, key):
+        seen["key"], seen["n"] = key, [r["metrics"][key] for r in records]
+        return MetricRecord({"my-metric": 1.0})
+
+    strategy, arrays, initial = _fedmcsa(weighted_by_key="samples", train_metrics_aggr_fn=aggregate)
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord({}), fb.FakeGrid(NODES)))
+    replies = []
+    for i, msg in enumerate(msgs):
+        reply = fb.train_reply(msg, {k: v + 0.01 for k, v in initial.items()})
+        reply.content["metrics"] = MetricRecord({"samples": 5 + i, "train-loss": 0.1})
+        replies.append(reply)
+    _, metrics = strategy.aggregate_train(1, replies)
+    assert seen == {"key": "samples", "n": [5, 6, 7]}
+    assert metrics["my-metric"] == 1.0 and metrics["clients-accepted"] == 3
+
+
+def test_legacy_accept_failures_false_leaves_a_round_with_a_failure_unapplied():
+    fb.set_task_identity()
+    initial = {k: v.numpy() for k, v in _model().state_dict().items()}
+    strategy = strategies.FedMCSA(initial_parameters=initial, clients_per_round=3, min_available_clients=1, accept_failures=False)
+    cm = fb.client_manager([str(n) for n in NODES])
+    fit = strategy.configure_fit(1, strategy.initial_parameters, cm)
+    before = strategy.method.store.get(NODES).clone()
+    results = [(proxy, fb.fit_res([v + 0.01 for v in initial.values()])) for proxy, _ in fit[1:]]
+    _, metrics = strategy.aggregate_fit(1, results, [RuntimeError("crashed")])
+    assert metrics["clients-accepted"] == 0 and torch.equal(strategy.method.store.get(NODES), before)
+    strategy.accept_failures = True
+    _, metrics = strategy.aggregate_fit(1, results, [RuntimeError("crashed")])
+    assert metrics["clients-accepted"] == 2 and not np.array_equal(strategy.method.store.get(NODES), before)
