@@ -27,11 +27,12 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
+from .client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, LR, PROXIMAL_MU
 from .diagnostics import AttentionAccumulator
 from .layout import ParamLayout
 from .params import param
 from .reply_checks import (
+    is_finite_number,
     RawReply,
     Reply,
     ReplyBounds,
@@ -84,6 +85,20 @@ class ServerStep:
 
     def check_extras(self, extras: Mapping[str, Any]) -> Any:
         """Validate what a client returned besides its model; raise ``ValueError`` to reject the reply."""
+        return None
+
+    #: how the method's ``proximal-mu`` is made from its arguments (for messages about it)
+    proximal_mu_text: ClassVar[str] = "proximal-mu"
+
+    def settings_problem(self, settings: Mapping[str, Any]) -> str | None:
+        """Why a client cannot train with this round's settings (the user's and the method's
+        together), or ``None``. The proximal step ``w -= lr · μ (w − anchor)`` overshoots its anchor
+        for ``lr · μ >= 1``, so the model cannot move toward its own data."""
+        lr, mu = settings.get(LR), settings.get(PROXIMAL_MU)
+        if is_finite_number(lr) and is_finite_number(mu) and lr * mu >= 1:
+            return (f"lr · proximal-mu = {lr:g} · {mu:g} = {lr * mu:g} >= 1, with proximal-mu = {self.proximal_mu_text}: "
+                    "every local step pulls a client's model onto (or past) its anchor, so clients cannot train; "
+                    f"lower lr or raise the arguments so that lr · ({self.proximal_mu_text}) < 1")
         return None
 
     def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
@@ -292,6 +307,7 @@ class MethodServer:
         self._plan_order: dict[ClientId, int] = {}
         #: the model each of the round's trainers was sent (``ReplyBounds`` measures changes from it)
         self._sent: dict[ClientId, torch.Tensor] = {}
+        self._settings_seen = False
 
     @property
     def node_rank(self) -> dict[ClientId, int]:
@@ -319,6 +335,14 @@ class MethodServer:
         if self.layout is None:
             raise RuntimeError("initialize() must be called with the initial model first")
         return self.layout
+
+    def settings_problem(self, settings: Mapping[str, Any]) -> str | None:
+        """The method's ``settings_problem`` for the first training settings it sees (later: ``None``,
+        so a strategy says it once)."""
+        if self._settings_seen:
+            return None
+        self._settings_seen = True
+        return self.method.settings_problem(settings)
 
     def sample(self, available: Iterable[ClientId], k: int) -> list[ClientId]:
         """``k`` distinct clients for training, uniformly, reproducibly."""

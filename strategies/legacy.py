@@ -164,6 +164,8 @@ class LegacyMethodStrategy(Strategy):
         plan = self.server.plan_training(server_round, clients)
         log(INFO, "configure_fit: %d clients train", len(plan))
         config = dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {}
+        if plan and (problem := self.server.settings_problem({**config, **plan[0].config})):
+            log(WARNING, "%s: %s", type(self).__name__, problem)
         return self._instructions(plan, clients, config, server_round, FitIns)
 
     def aggregate_fit(

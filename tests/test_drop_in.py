@@ -82,3 +82,31 @@ def test_legacy_accept_failures_false_leaves_a_round_with_a_failure_unapplied():
     strategy.accept_failures = True
     _, metrics = strategy.aggregate_fit(1, results, [RuntimeError("crashed")])
     assert metrics["clients-accepted"] == 2 and not np.array_equal(strategy.method.store.get(NODES), before)
+
+
+@pytest.mark.parametrize("name", ["FedAMP", "HeurFedAMP"])
+def test_fedamp_at_a_learning_rate_that_cannot_train_is_warned_about_once_naming_the_arguments(name, caplog):
+    """lr · λ/α_k = 0.05 · 1 / 0.05 = 1: each local step lands on the anchor (FedAMP's defaults)."""
+    fb.set_task_identity()
+    initial = {k: v.numpy() for k, v in _model().state_dict().items()}
+    arrays = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()})
+    strategy = getattr(strategies.message, name)(clients_per_round=3, min_available_nodes=1)
+    for rnd in (1, 2):
+        list(strategy.configure_train(rnd, arrays, ConfigRecord({"lr": 0.05}), fb.FakeGrid(NODES)))
+    warnings = [r.getMessage() for r in caplog.records if "cannot train" in r.getMessage()]
+    assert len(warnings) == 1 and "fedamp-lambda / fedamp-alpha-k" in warnings[0] and "= 1 >= 1" in warnings[0]
+    caplog.clear()
+    legacy = getattr(strategies, name)(initial_parameters=initial, clients_per_round=3, min_available_clients=1,
+                                       on_fit_config_fn=lambda rnd: {"lr": 0.01})
+    legacy.configure_fit(1, legacy.initial_parameters, fb.client_manager([str(n) for n in NODES]))
+    assert not [r for r in caplog.records if "cannot train" in r.getMessage()]  # 0.01 · 20 = 0.2: fine
+
+
+@pytest.mark.parametrize("method", ["fedamp", "heurfedamp"])
+def test_the_package_app_refuses_a_fedamp_run_that_cannot_train(method):
+    from flower_pfl.config import ConfigError, ExperimentConfig
+
+    base = {**ExperimentConfig().to_run_config(), "method": method}
+    with pytest.raises(ConfigError, match="'fedamp-lambda'.*could not train"):
+        ExperimentConfig.from_mapping({**base, "lr": 0.05})
+    ExperimentConfig.from_mapping({**base, "lr": 0.04})  # 0.04 · 1 / 0.05 = 0.8

@@ -43,11 +43,15 @@ class FedAMP(Method, PersonalizedStep):
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
         """No self weight may turn negative: ``(m − 1) α_k / σ ≤ 1`` for ``m`` participants."""
+        if (stall := _stall(options)) is not None:
+            return stall
         others = options["clients-per-round"] - 1
         if others * options["fedamp-alpha-k"] / options["fedamp-sigma"] > 1:
             return "fedamp-alpha-k", (f"at most fedamp-sigma / (clients-per-round - 1) = {options['fedamp-sigma'] / others:.4g}, "
                                       "so no self weight can turn negative")
         return None
+
+    proximal_mu_text = "lam / alpha_k (run config fedamp-lambda / fedamp-alpha-k)"
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         weights = fedamp_weights(models, self.alpha_k, self.sigma)
@@ -70,8 +74,17 @@ class HeurFedAMP(FedAMP):
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        return None
+        return _stall(options)
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         weights = heuristic_fedamp_weights(models, self.sigma, self.self_weight)
         return weights @ models, {"model": weights}
+
+
+def _stall(options: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Clients cannot train when ``lr · λ / α_k >= 1``: their proximal step lands on (or past) the anchor."""
+    mu = options["fedamp-lambda"] / options["fedamp-alpha-k"]
+    if options["lr"] * mu >= 1:
+        return "fedamp-lambda", (f"below fedamp-alpha-k / lr = {options['fedamp-alpha-k'] / options['lr']:.4g}, so that "
+                                 f"lr · fedamp-lambda / fedamp-alpha-k < 1 (it is {options['lr'] * mu:.4g}: clients could not train)")
+    return None

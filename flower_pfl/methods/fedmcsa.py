@@ -43,6 +43,8 @@ class FedMCSA(Method, PersonalizedStep):
     client_settings: Mapping[str, Any] | None = param(None, doc="another method's client settings in place of the proximal step (Table 2's transfers)")
     evaluation_settings: Mapping[str, Any] | None = param(None, doc="evaluation settings that go with client_settings")
 
+    proximal_mu_text = "lam (run config lam)"
+
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
         if self.grouping == "module" and not layout.named:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any, Callable, Iterable
 
 import torch
@@ -132,6 +132,8 @@ class MethodStrategy(Strategy):
         plan = self.server.plan_training(server_round, self._nodes(grid))
         log(INFO, "configure_train: %d nodes train", len(plan))
         self._outbox = self._messages(plan, config, server_round, MessageType.TRAIN)
+        if plan and (problem := self.server.settings_problem({**config, **plan[0].config})):
+            log(WARNING, "%s: %s", type(self).__name__, problem)
         return self._outbox
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
