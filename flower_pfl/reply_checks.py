@@ -34,6 +34,19 @@ class UpdateRejected(ValueError):
     """A client reply that cannot be used; the message says why (naming the field)."""
 
 
+class MissingClientRule(UpdateRejected):
+    """A reply without what the method's client step returns: the client does not run that step
+    (``rule``, e.g. ``ScaffoldCorrection``; see ``client_apps.rules.ClientRule``)."""
+
+    def __init__(self, message: str, rule: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+class ClientRuleMissing(RuntimeError):
+    """No client of a round runs the method's client step: the method cannot work (the message says how to fix it)."""
+
+
 @dataclass
 class RawReply:
     """A client's training reply as the Flower layer found it, before any check."""
@@ -65,6 +78,9 @@ class RoundReplies:
     failed: int = 0
     #: ``(client, reason)`` of every refused reply, in the order they were refused
     rejections: list[tuple[ClientId, str]] = field(default_factory=list)
+    #: the client rule replies showed missing (``MissingClientRule``), and how many
+    missing_rule: str | None = None
+    missing_rule_count: int = 0
     #: the largest accepted change as a fraction of its bound (``ReplyBounds``; 1: at the bound); 0 if none
     bound_use: float = 0.0
 
@@ -234,6 +250,9 @@ def screen(raws: Sequence[RawReply], sent: Mapping[ClientId, torch.Tensor], chec
                 raise UpdateRejected("a second reply in one round")
             seen.add(raw.client_id)
             checked.append(check(raw))
+        except MissingClientRule as err:
+            batch.missing_rule, batch.missing_rule_count = err.rule, batch.missing_rule_count + 1
+            batch.reject(raw.client_id, str(err))
         except UpdateRejected as err:
             batch.reject(raw.client_id, str(err))
     changes = [norms(r, sent[r.client_id].to(r.model.device)) for r in checked]

@@ -308,6 +308,7 @@ class MethodServer:
         #: the model each of the round's trainers was sent (``ReplyBounds`` measures changes from it)
         self._sent: dict[ClientId, torch.Tensor] = {}
         self._settings_seen = False
+        self._rule_reported = False
 
     @property
     def node_rank(self) -> dict[ClientId, int]:
@@ -380,7 +381,7 @@ class MethodServer:
         n = check_num_examples(raw.num_examples)
         try:
             extras = self.method.check_extras(raw.extras)
-        except UpdateRejected:
+        except UpdateRejected:  # MissingClientRule included
             raise
         except (ValueError, TypeError) as err:
             raise UpdateRejected(str(err)) from err
@@ -393,6 +394,19 @@ class MethodServer:
         batch = batch if batch is not None else RoundReplies()
         screen(raws, self._sent, self.check, self.method.update_norms, self.bounds, batch)
         return batch
+
+    def client_rule_problem(self, batch: RoundReplies) -> tuple[str, bool] | None:
+        """``(message, fatal)`` the first time replies show that clients do not run the method's
+        client step; fatal when no reply of the round had it (the method cannot work without it)."""
+        if batch.missing_rule is None or self._rule_reported:
+            return None
+        self._rule_reported = True
+        fatal = not batch.accepted and batch.missing_rule_count == batch.rejected
+        name = type(self.method).__name__
+        return (f"{batch.missing_rule_count} clients' replies lack what {name}'s client step {batch.missing_rule} returns: "
+                f"their ClientApp does not run it. {name} cannot work without it; train with "
+                f"client_apps.rules.ClientRule.from_config(config) (or the package's ClientApp), see the README's "
+                f"'Using a strategy in your own Flower app'", fatal)
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> torch.Tensor | None:
         """Give the accepted replies to the method, in the order of the round's instructions (replies

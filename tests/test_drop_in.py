@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common import parameters_to_ndarrays
 from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.strategy import FedAvg
 
@@ -110,3 +111,50 @@ def test_the_package_app_refuses_a_fedamp_run_that_cannot_train(method):
     with pytest.raises(ConfigError, match="'fedamp-lambda'.*could not train"):
         ExperimentConfig.from_mapping({**base, "lr": 0.05})
     ExperimentConfig.from_mapping({**base, "lr": 0.04})  # 0.04 · 1 / 0.05 = 0.8
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+@pytest.mark.parametrize("name,rule", [("SCAFFOLD", "ScaffoldCorrection"), ("FedAttn", "FedAttnStep")])
+def test_a_method_whose_clients_lack_its_client_step_says_so_once_and_fails_when_none_has_it(api, name, rule, caplog):
+    from flower_pfl.reply_checks import ClientRuleMissing
+    from test_twins import Clients
+
+    fb.set_task_identity()
+    initial = {k: v.numpy() for k, v in _model().state_dict().items()}
+    names = list(initial)
+    clients = Clients()
+
+    def replies(rnd, strategy, plain):
+        """A round in which the nodes in ``plain`` run a plain client (no extras)."""
+        if api == "message":
+            arrays = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()})
+            msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord({"lr": 0.05, "local-steps": 2, "batch-size": 4}),
+                                                 fb.FakeGrid(NODES)))
+            out = []
+            for m in msgs:
+                trained, n, extras = clients.train(m.metadata.dst_node_id, [a.numpy() for a in m.content["arrays"].values()],
+                                                   dict(m.content["config"]))
+                keep = m.metadata.dst_node_id not in plain
+                out.append(fb.train_reply(m, dict(zip(names, trained)), n, extras=extras if keep else None))
+            return strategy.aggregate_train(rnd, out)
+        cm = fb.client_manager([str(n) for n in NODES])
+        fit = strategy.configure_fit(rnd, strategy.initial_parameters, cm)
+        results = []
+        for proxy, ins in fit:
+            trained, n, extras = clients.train(int(proxy.cid), parameters_to_ndarrays(ins.parameters), dict(ins.config))
+            results.append((proxy, fb.fit_res(trained, n, extras if int(proxy.cid) not in plain else None)))
+        return strategy.aggregate_fit(rnd, results, [])
+
+    def make():
+        if api == "message":
+            return getattr(strategies.message, name)(clients_per_round=5, min_available_nodes=1)
+        return getattr(strategies, name)(initial_parameters=initial, clients_per_round=5, min_available_clients=1,
+                                         on_fit_config_fn=lambda rnd: {"lr": 0.05, "local-steps": 2, "batch-size": 4})
+
+    strategy = make()
+    _, metrics = replies(1, strategy, plain={NODES[0]})  # one plain client: warned, refused, the round goes on
+    replies(2, strategy, plain={NODES[0]})
+    warnings = [r.getMessage() for r in caplog.records if "does not run it" in r.getMessage()]
+    assert metrics["clients-rejected"] == 1 and len(warnings) == 1 and rule in warnings[0] and "ClientRule" in warnings[0]
+    with pytest.raises(ClientRuleMissing, match=f"{rule}.*cannot work"):
+        replies(1, make(), plain=set(NODES))  # nobody runs it: the run ends and says why

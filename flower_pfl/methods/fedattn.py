@@ -28,7 +28,7 @@ from ..params import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, par
 from ..server_step import GlobalModelStep, Reply, Settings
 from ..solvers import trainable
 from ..wire import decode_flat, decode_vector, encode_vector
-from ..reply_checks import norm
+from ..reply_checks import MissingClientRule, norm
 from .base import Method
 
 #: config keys: run FedAttn's client step, the bias regularization weight, the global biases (bytes)
@@ -251,7 +251,7 @@ class FedAttn(Method, GlobalModelStep):
         """``Z_i`` (the size of the first client's) and ``∂L_i/∂M̃_i`` (one value per bias), all finite."""
         for key in (REPRESENTATION, BIAS_GRADIENT):
             if key not in extras:
-                raise ValueError(f"the reply lacks '{key}' (FedAttn)")
+                raise MissingClientRule(f"the reply lacks '{key}' (FedAttn)", FedAttnStep.__name__)
         data = extras[REPRESENTATION]
         size = self.d_z or (len(data) // 4 if isinstance(data, bytes) else 0)
         z = decode_flat(data, size)

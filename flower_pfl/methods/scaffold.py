@@ -14,7 +14,7 @@ from ..params import POSITIVE, param
 from ..server_step import GlobalModelStep, Reply, Settings
 from ..solvers import like_params, trainable
 from ..wire import decode_flat, decode_vector, encode_vector
-from ..reply_checks import norm
+from ..reply_checks import MissingClientRule, norm
 from .base import Method
 
 #: config key of the server's control variate ``c``; reply key of the client's ``Δc_i`` (float32 bytes)
@@ -91,7 +91,7 @@ class SCAFFOLD(Method, GlobalModelStep):
     def check_extras(self, extras: Mapping[str, Any]) -> torch.Tensor:
         """The client's ``Δc_i``: float32 bytes of the model's size, all finite."""
         if CONTROL_DELTA not in extras:
-            raise ValueError(f"the reply lacks '{CONTROL_DELTA}' (SCAFFOLD's Δc_i)")
+            raise MissingClientRule(f"the reply lacks '{CONTROL_DELTA}' (SCAFFOLD's Δc_i)", ScaffoldCorrection.__name__)
         delta = decode_flat(extras[CONTROL_DELTA], self.layout.dim)
         if not torch.isfinite(delta).all():
             raise ValueError(f"'{CONTROL_DELTA}' holds NaN or Inf")
