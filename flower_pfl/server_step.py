@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, LR, PROXIMAL_MU
+from .client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, LOCAL_STEPS, LR, PROXIMAL_MU
 from .diagnostics import AttentionAccumulator
 from .layout import ParamLayout
 from .params import param
@@ -94,6 +94,12 @@ class ServerStep:
         """Why a client cannot train with this round's settings (the user's and the method's
         together), or ``None``. The proximal step ``w -= lr · μ (w − anchor)`` overshoots its anchor
         for ``lr · μ >= 1``, so the model cannot move toward its own data."""
+        client = getattr(self, "client", None)
+        missing = [k for k in (LR, LOCAL_STEPS) if k not in settings]
+        if getattr(client, "needs_plain_sgd", False) and missing:
+            return (f"the training config lacks {missing}, which {client.__name__} (this method's client step) reads: "  # type: ignore[union-attr]
+                    f"pass them to the strategy (lr=..., local_steps=...) or in train_config / on_fit_config_fn, with the "
+                    "values the clients train with; without them every client fails")
         lr, mu = settings.get(LR), settings.get(PROXIMAL_MU)
         if is_finite_number(lr) and is_finite_number(mu) and lr * mu >= 1:
             return (f"lr · proximal-mu = {lr:g} · {mu:g} = {lr * mu:g} >= 1, with proximal-mu = {self.proximal_mu_text}: "

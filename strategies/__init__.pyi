@@ -82,13 +82,17 @@ class FedACS(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAttn(LegacyMethodStrategy):
@@ -151,13 +155,17 @@ class FedAttn(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedMCSA(LegacyMethodStrategy):
@@ -223,13 +231,17 @@ class FedMCSA(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class IGFL(LegacyMethodStrategy):
@@ -286,13 +298,17 @@ class IGFL(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class APFL(LegacyMethodStrategy):
@@ -345,13 +361,17 @@ class APFL(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Ditto(LegacyMethodStrategy):
@@ -402,13 +422,17 @@ class Ditto(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAMP(LegacyMethodStrategy):
@@ -468,13 +492,17 @@ class FedAMP(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedPer(LegacyMethodStrategy):
@@ -529,13 +557,17 @@ class FedPer(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class HeurFedAMP(LegacyMethodStrategy):
@@ -594,13 +626,17 @@ class HeurFedAMP(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Local(LegacyMethodStrategy):
@@ -650,13 +686,17 @@ class Local(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PerFedAvg(LegacyMethodStrategy):
@@ -707,13 +747,17 @@ class PerFedAvg(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PFedMe(LegacyMethodStrategy):
@@ -771,13 +815,17 @@ class PFedMe(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class SCAFFOLD(LegacyMethodStrategy):
@@ -830,11 +878,15 @@ class SCAFFOLD(LegacyMethodStrategy):
         Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.
     
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 

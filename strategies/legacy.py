@@ -15,7 +15,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flower_pfl.client_step import SERVER_ROUND
+from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, ClientRuleMissing, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
@@ -72,6 +72,9 @@ class LegacyMethodStrategy(Strategy):
         "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
                             "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.",
+        "lr": "The clients' learning rate, sent as ``lr`` with every training instruction unless the training config "
+              "has it (client steps that correct gradients or report per-step quantities need it).",
+        "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.",
     }
     CONTRACT = (
@@ -106,11 +109,15 @@ class LegacyMethodStrategy(Strategy):
         max_update_ratio: float = MAX_UPDATE_RATIO,
         max_weight_ratio: float = MAX_WEIGHT_RATIO,
         max_median_ratio: float = MAX_MEDIAN_RATIO,
+        lr: float | None = None,
+        local_steps: int | None = None,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
     ) -> None:
         super().__init__()
         if not node_wait_timeout >= 0:
             raise ValueError(f"node_wait_timeout must be >= 0 seconds, got {node_wait_timeout!r}")
+        #: settings sent with every training instruction unless the user's config has them
+        self.client_defaults = {k: v for k, v in ((LR, lr), (LOCAL_STEPS, local_steps)) if v is not None}
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_fit, min_train_clients=min_fit_clients,
                                    seed=seed, device=device, store_dir=store_dir,
                                    bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio))
@@ -163,7 +170,7 @@ class LegacyMethodStrategy(Strategy):
         clients = self._clients(client_manager)
         plan = self.server.plan_training(server_round, clients)
         log(INFO, "configure_fit: %d clients train", len(plan))
-        config = dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {}
+        config = {**self.client_defaults, **(dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {})}
         if plan and (problem := self.server.settings_problem({**config, **plan[0].config})):
             log(WARNING, "%s: %s", type(self).__name__, problem)
         return self._instructions(plan, clients, config, server_round, FitIns)

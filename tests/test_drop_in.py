@@ -158,3 +158,22 @@ def test_a_method_whose_clients_lack_its_client_step_says_so_once_and_fails_when
     assert metrics["clients-rejected"] == 1 and len(warnings) == 1 and rule in warnings[0] and "ClientRule" in warnings[0]
     with pytest.raises(ClientRuleMissing, match=f"{rule}.*cannot work"):
         replies(1, make(), plain=set(NODES))  # nobody runs it: the run ends and says why
+
+
+@pytest.mark.parametrize("name", ["SCAFFOLD", "IGFL", "FedAttn"])
+def test_settings_a_client_rule_needs_are_sent_from_the_strategys_arguments_or_asked_for(name, caplog):
+    fb.set_task_identity()
+    initial = {k: v.numpy() for k, v in _model().state_dict().items()}
+    arrays = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()})
+    bare = getattr(strategies.message, name)(clients_per_round=2, min_available_nodes=1)
+    list(bare.configure_train(1, arrays, ConfigRecord({"batch-size": 4}), fb.FakeGrid(NODES)))
+    (warning,) = [r.getMessage() for r in caplog.records if "lacks" in r.getMessage()]
+    assert "'lr'" in warning and "'local-steps'" in warning and bare.method_class.client.__name__ in warning
+    caplog.clear()
+    given = getattr(strategies.message, name)(clients_per_round=2, min_available_nodes=1, lr=0.05, local_steps=3)
+    msgs = list(given.configure_train(1, arrays, ConfigRecord({"batch-size": 4, "lr": 0.01}), fb.FakeGrid(NODES)))
+    assert all(m.content["config"]["lr"] == 0.01 and m.content["config"]["local-steps"] == 3 for m in msgs)  # the app's own lr wins
+    assert not [r for r in caplog.records if "lacks" in r.getMessage()]
+    legacy = getattr(strategies, name)(initial_parameters=initial, clients_per_round=2, min_available_clients=1, lr=0.05, local_steps=3)
+    fit = legacy.configure_fit(1, legacy.initial_parameters, fb.client_manager([str(n) for n in NODES]))
+    assert all(ins.config["lr"] == 0.05 and ins.config["local-steps"] == 3 for _, ins in fit)

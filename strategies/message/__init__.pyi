@@ -74,13 +74,17 @@ class FedACS(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAttn(MethodStrategy):
@@ -137,13 +141,17 @@ class FedAttn(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedMCSA(MethodStrategy):
@@ -203,13 +211,17 @@ class FedMCSA(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class IGFL(MethodStrategy):
@@ -260,13 +272,17 @@ class IGFL(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class APFL(MethodStrategy):
@@ -313,13 +329,17 @@ class APFL(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Ditto(MethodStrategy):
@@ -364,13 +384,17 @@ class Ditto(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAMP(MethodStrategy):
@@ -424,13 +448,17 @@ class FedAMP(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedPer(MethodStrategy):
@@ -479,13 +507,17 @@ class FedPer(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class HeurFedAMP(MethodStrategy):
@@ -538,13 +570,17 @@ class HeurFedAMP(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Local(MethodStrategy):
@@ -588,13 +624,17 @@ class Local(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PerFedAvg(MethodStrategy):
@@ -639,13 +679,17 @@ class PerFedAvg(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PFedMe(MethodStrategy):
@@ -697,13 +741,17 @@ class PFedMe(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class SCAFFOLD(MethodStrategy):
@@ -750,11 +798,15 @@ class SCAFFOLD(MethodStrategy):
         Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.
     max_median_ratio : float (default 100.0)
         Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds this multiple of the round's median; ``math.inf``: off.
+    lr : float | None (default None)
+        The clients' learning rate, sent as ``lr`` with every training instruction unless the training config has it (client steps that correct gradients or report per-step quantities need it).
+    local_steps : int | None (default None)
+        The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 

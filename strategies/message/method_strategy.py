@@ -11,7 +11,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from flower_pfl.client_step import SERVER_ROUND
+from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, ClientRuleMissing, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
@@ -56,6 +56,9 @@ class MethodStrategy(Strategy):
         "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
                             "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.",
+        "lr": "The clients' learning rate, sent as ``lr`` with every training instruction unless the training config "
+              "has it (client steps that correct gradients or report per-step quantities need it).",
+        "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.",
     }
     CONTRACT = (
@@ -87,8 +90,12 @@ class MethodStrategy(Strategy):
         max_update_ratio: float = MAX_UPDATE_RATIO,
         max_weight_ratio: float = MAX_WEIGHT_RATIO,
         max_median_ratio: float = MAX_MEDIAN_RATIO,
+        lr: float | None = None,
+        local_steps: int | None = None,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
     ) -> None:
+        #: settings sent with every training instruction unless the user's config has them
+        self.client_defaults = {k: v for k, v in ((LR, lr), (LOCAL_STEPS, local_steps)) if v is not None}
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_train,
                                    min_train_clients=min_train_nodes, seed=seed, device=device, store_dir=store_dir,
                                    bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio))
@@ -131,6 +138,7 @@ class MethodStrategy(Strategy):
         self._initialize(arrays)
         plan = self.server.plan_training(server_round, self._nodes(grid))
         log(INFO, "configure_train: %d nodes train", len(plan))
+        config = ConfigRecord({**self.client_defaults, **config})
         self._outbox = self._messages(plan, config, server_round, MessageType.TRAIN)
         if plan and (problem := self.server.settings_problem({**config, **plan[0].config})):
             log(WARNING, "%s: %s", type(self).__name__, problem)
