@@ -16,12 +16,12 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
-from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, ClientRuleMissing, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
+from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
 from .metrics import ACCURACY, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics_legacy, round_replies_metrics
 from .nodes import NODE_WAIT_TIMEOUT
-from .replies import log_rejected
+from .replies import receive_round
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
 MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
@@ -190,13 +190,7 @@ class LegacyMethodStrategy(Strategy):
                 raws.append(RawReply(client_id(proxy), arrays, None, res.num_examples, metrics, metrics))
             except UpdateRejected as err:
                 batch.reject(client_id(proxy), str(err))
-        self.server.receive(raws, batch)
-        for cid, reason in batch.rejections:
-            log_rejected(cid, server_round, reason)
-        if (problem := self.server.client_rule_problem(batch)) is not None:
-            log(WARNING, "%s: %s", type(self).__name__, problem[0])
-            if problem[1]:
-                raise ClientRuleMissing(f"round {server_round}: {problem[0]}")
+        receive_round(self.server, server_round, raws, batch, type(self).__name__)
         if failures and not self.accept_failures:
             log(WARNING, "round %s: %d clients failed and accept_failures is False: the round changes nothing", server_round, len(failures))
             batch.accepted.clear()

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from logging import WARNING
-from typing import Any
+from typing import Any, Sequence
 
 from flwr.common.logger import log
+
+from flower_pfl.reply_checks import ClientRuleMissing, RawReply, RoundReplies
+from flower_pfl.server_step import MethodServer
 
 
 def log_rejected(client_id: Any, server_round: int, reason: str) -> None:
     log(WARNING, "round %s: update of client %s rejected (%s); its stored model is unchanged", server_round, client_id, reason)
+
+
+def receive_round(server: MethodServer, server_round: int, raws: Sequence[RawReply], batch: RoundReplies, strategy: str) -> None:
+    """Check a round's training replies (``MethodServer.receive``), log each refusal, and say once
+    when the clients do not run the method's client step (``ClientRuleMissing`` when none does)."""
+    server.receive(raws, batch)
+    for client_id, reason in batch.rejections:
+        log_rejected(client_id, server_round, reason)
+    if (problem := server.client_rule_problem(batch)) is not None:
+        log(WARNING, "%s: %s", strategy, problem[0])
+        if problem[1]:
+            raise ClientRuleMissing(f"round {server_round}: {problem[0]}")

@@ -12,12 +12,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
-from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, ClientRuleMissing, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
+from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
 from ..metrics import ACCURACY, NUM_EXAMPLES, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics, round_replies_metrics
 from ..nodes import NODE_WAIT_TIMEOUT, NodeWatch, split_replies
-from ..replies import log_rejected
+from ..replies import receive_round
 
 MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
 
@@ -152,13 +152,7 @@ class MethodStrategy(Strategy):
                 raws.append(raw_reply(node_id, msg, self.weighted_by_key))
             except UpdateRejected as err:
                 batch.reject(node_id, str(err))
-        self.server.receive(raws, batch)
-        for node_id, reason in batch.rejections:
-            log_rejected(node_id, server_round, reason)
-        if (problem := self.server.client_rule_problem(batch)) is not None:
-            log(WARNING, "%s: %s", type(self).__name__, problem[0])
-            if problem[1]:
-                raise ClientRuleMissing(f"round {server_round}: {problem[0]}")
+        receive_round(self.server, server_round, raws, batch, type(self).__name__)
         model = self.server.aggregate(server_round, batch.accepted)
         arrays = None if model is None else ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(model).items()})
         metrics = round_replies_metrics(batch)
