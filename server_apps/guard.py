@@ -19,7 +19,7 @@ from flower_pfl.reply_checks import (
     RawReply, Reply, ReplyBounds, RoundReplies, UpdateRejected, check_num_examples, check_update, decoded, model_change, screen,
 )
 from strategies.message.method_strategy import raw_reply
-from strategies.metrics import round_replies_metrics
+from strategies.metrics import reply_counts
 from strategies.nodes import split_replies
 from strategies.replies import log_rejected
 
@@ -55,7 +55,7 @@ class ReplyGuard:
             except UpdateRejected as err:
                 batch.reject(node, str(err))
         self._screen(server_round, sent_arrays, [m.metadata.dst_node_id for m in outbox], raws, batch)
-        return [by_node[r.client_id] for r in batch.accepted], _counts(batch)
+        return [by_node[r.client_id] for r in batch.accepted], reply_counts(batch)
 
     def results(self, server_round: int, results: Sequence[tuple[Any, Any]], sent: Sequence[np.ndarray],
                 failures: Sequence[Any]) -> tuple[list[tuple[Any, Any]], dict[str, float]]:
@@ -69,9 +69,5 @@ class ReplyGuard:
             except UpdateRejected as err:
                 batch.reject(proxy.cid, str(err))
         self._screen(server_round, {str(i): a for i, a in enumerate(sent)}, [proxy.cid for proxy, _ in results], raws, batch)
-        return [by_cid[r.client_id] for r in batch.accepted], _counts(batch)
+        return [by_cid[r.client_id] for r in batch.accepted], reply_counts(batch)
 
-
-def _counts(batch: RoundReplies) -> dict[str, float]:
-    metrics = round_replies_metrics(batch)
-    return {k: metrics[k] for k in ("clients-accepted", "clients-rejected", "clients-failed", "update-bound-use")}

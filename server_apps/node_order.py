@@ -19,6 +19,8 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from strategies.nodes import sender, senders
+
 from flower_pfl.config import ConfigError
 
 #: how Flower's simulation wraps a ClientApp's exception message
@@ -34,12 +36,11 @@ def query_nodes(grid: Grid, timeout: float = 120.0) -> dict[int, dict[str, Any]]
     messages = [Message(RecordDict({"config": ConfigRecord()}), message_type=MessageType.QUERY, dst_node_id=n)
                 for n in grid.get_node_ids()]
     replies = list(grid.send_and_receive(messages, timeout=timeout))
-    # the grid sets each message's id when sending; a reply the SuperLink makes itself comes from node 1
-    addressed = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
+    addressed = senders(messages)  # a reply the SuperLink makes itself comes from node 1
     info: dict[int, dict[str, Any]] = {}
     errors: dict[str, list[int]] = {}
     for reply in replies:
-        node = addressed.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        node = sender(reply, addressed)
         if reply.has_error():
             errors.setdefault(_gist(reply.error.reason), []).append(node)
         elif reply.content.metric_records:

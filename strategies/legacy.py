@@ -19,7 +19,7 @@ from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from .metrics import ACCURACY, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics_legacy, round_replies_metrics
+from .metrics import ACCURACY, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics_legacy, reply_counts, round_replies_metrics
 from .nodes import NODE_WAIT_TIMEOUT
 from .replies import receive_round
 
@@ -196,11 +196,10 @@ class LegacyMethodStrategy(Strategy):
             batch.accepted.clear()
         model = self.server.aggregate(server_round, batch.accepted)
         parameters = None if model is None else ndarrays_to_parameters(self.server.to_arrays(model))
-        metrics = dict(round_replies_metrics(batch))
         if self.fit_metrics_aggregation_fn is not None and batch.accepted:
             own = self.fit_metrics_aggregation_fn([(r.num_examples, dict(r.metrics)) for r in batch.accepted])
-            metrics = {**own, **{k: v for k, v in metrics.items() if k.startswith(("clients-", "update-"))}}
-        return parameters, metrics
+            return parameters, {**own, **reply_counts(batch)}
+        return parameters, dict(round_replies_metrics(batch))
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self.fraction_evaluate <= 0 or not self.server.initialized:

@@ -83,11 +83,14 @@ def weighted_train_metrics(results: list[tuple[int, Mapping[str, object]]]) -> d
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
+def reply_counts(batch: RoundReplies) -> dict[str, float]:
+    """How many clients of a round were accepted, rejected and failed, and how close the closest
+    accepted reply came to the update bounds (``update-bound-use``: 1 = at the bound, see ``ReplyBounds``)."""
+    return {"clients-accepted": len(batch.accepted), "clients-rejected": batch.rejected, "clients-failed": batch.failed,
+            "update-bound-use": batch.bound_use}
+
+
 def round_replies_metrics(batch: RoundReplies) -> dict[str, float]:
-    """A training round's metrics: the sample-weighted mean of the accepted clients' numeric metrics,
-    how many clients were accepted, rejected and failed, and how close the closest accepted reply
-    came to the update bounds (``update-bound-use``: 1 = at the bound, see ``ReplyBounds``)."""
-    out = weighted_train_metrics([(r.num_examples, r.metrics) for r in batch.accepted])
-    out.update({"clients-accepted": len(batch.accepted), "clients-rejected": batch.rejected, "clients-failed": batch.failed,
-                "update-bound-use": batch.bound_use})
-    return out
+    """A training round's metrics: the sample-weighted mean of the accepted clients' numeric metrics
+    and the round's ``reply_counts``."""
+    return {**weighted_train_metrics([(r.num_examples, r.metrics) for r in batch.accepted]), **reply_counts(batch)}

@@ -12,10 +12,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
-from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
+from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, is_number, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from ..metrics import ACCURACY, NUM_EXAMPLES, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics, round_replies_metrics
+from ..metrics import ACCURACY, NUM_EXAMPLES, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics, reply_counts, round_replies_metrics
 from ..nodes import NODE_WAIT_TIMEOUT, NodeWatch, split_replies
 from ..replies import receive_round
 
@@ -155,13 +155,11 @@ class MethodStrategy(Strategy):
         receive_round(self.server, server_round, raws, batch, type(self).__name__)
         model = self.server.aggregate(server_round, batch.accepted)
         arrays = None if model is None else ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(model).items()})
-        metrics = round_replies_metrics(batch)
         if self.train_metrics_aggr_fn is not None and batch.accepted:
             records = [RecordDict({"metrics": MetricRecord({**_plain(r.metrics), self.weighted_by_key: r.num_examples})})
                        for r in batch.accepted]
-            metrics = {**dict(self.train_metrics_aggr_fn(records, self.weighted_by_key)),
-                       **{k: v for k, v in metrics.items() if k.startswith(("clients-", "update-"))}}
-        return arrays, MetricRecord(metrics)
+            return arrays, MetricRecord({**dict(self.train_metrics_aggr_fn(records, self.weighted_by_key)), **reply_counts(batch)})
+        return arrays, MetricRecord(round_replies_metrics(batch))
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if self.fraction_evaluate <= 0:
@@ -193,7 +191,7 @@ def _metrics(msg: Message, weighted_by_key: str = NUM_EXAMPLES) -> dict[str, Any
 
 
 def _plain(metrics: Any) -> dict[str, Any]:
-    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: v for k, v in metrics.items() if is_number(v)}
 
 
 def raw_reply(node_id: int, msg: Message, weighted_by_key: str = NUM_EXAMPLES) -> RawReply:
