@@ -51,7 +51,7 @@ def machine(workers: int) -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch CPU, {workers} runs in parallel"
 
 
-def mean_curve(runs: list[dict], key: str = "accuracy") -> tuple[list[int], np.ndarray]:
+def mean_curve(runs: list[dict], key: str = "accuracy-mean") -> tuple[list[int], np.ndarray]:
     """Rounds and the mean (over runs) of evaluation metric ``key`` in each evaluated round."""
     curves = []
     for r in runs:
@@ -67,7 +67,7 @@ def save(out: Path, table: str, payload: dict) -> None:
     (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
 
 
-def plot_curves(panels: Mapping[str, Mapping[str, list[dict]]], path: Path, ylabel: str, key: str = "accuracy") -> None:
+def plot_curves(panels: Mapping[str, Mapping[str, list[dict]]], path: Path, ylabel: str, key: str = "accuracy-mean") -> None:
     """One panel per title; in each, one line per label: metric ``key`` per round, mean over its runs."""
     import matplotlib
 

@@ -40,7 +40,7 @@ DEFAULT_MODEL = {"synthetic": "dnn", "femnist": "cnn"}
 
 def curve(run: dict) -> tuple[list[int], list[float]]:
     rows = [json.loads(x) for x in (Path(run["results_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    ev = [(r["round"], r["accuracy"]) for r in rows if r["phase"] == "evaluate"]
+    ev = [(r["round"], r["accuracy-mean"]) for r in rows if r["phase"] == "evaluate" and "accuracy-mean" in r]
     return [r for r, _ in ev], [a for _, a in ev]
 
 

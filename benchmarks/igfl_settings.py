@@ -134,7 +134,7 @@ def main() -> None:
     save(out, table + note, {"settings": vars(args) | {"out": str(out), "model": model}, "rows": rows, "runs": runs})
     panels = {name: {LABELS[m]: [r for r in runs if r["kind"] == "table" and r["setting"] == name and r["method"] == m]
                      for m in args.methods} for name in (names[0], names[-1])}
-    plot_curves(panels, out / "curves.png", "test accuracy, all clients pooled (%)", key="accuracy_weighted")
+    plot_curves(panels, out / "curves.png", "test accuracy, all clients pooled (%)", key="accuracy")
     if pairs:
         first = next(r for r in runs if r["kind"] == "figure2")
         (out / "figure2_attention.png").write_bytes((Path(first["results_dir"]) / "attention.png").read_bytes())

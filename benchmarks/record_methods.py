@@ -41,7 +41,7 @@ def record(runs: list[tuple[str, str]], apis: list[str], overrides: dict) -> dic
                 out[f"{method}+{aggregation}/{api}"] = rows + [
                     {"round": c["round"], "partition-id": c["partition-id"], "fingerprint": c.get("model-fingerprint")}
                     for c in clients]
-                print(f"{method}+{aggregation}/{api}: {rows[-1].get('accuracy')}", flush=True)
+                print(f"{method}+{aggregation}/{api}: {rows[-1].get('accuracy-mean')}", flush=True)
     return out
 
 

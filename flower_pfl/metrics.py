@@ -8,65 +8,122 @@ figure) and the mean over the last 10% of rounds (IGFL's figure).
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
 
-def round_metrics(accuracy: Sequence[float], num_examples: Sequence[int], loss: Sequence[float] | None = None) -> dict[str, float]:
-    """Aggregate one round's per-client results.
-
-    ``accuracy`` is the unweighted mean over clients (the papers' "mean test
-    accuracy"), ``accuracy_weighted`` weights clients by their test samples,
-    ``accuracy_std`` is the (population) std over clients.
-    """
-    acc = np.asarray(accuracy, dtype=np.float64)
-    n = np.asarray(num_examples, dtype=np.float64)
-    if acc.size == 0 or acc.shape != n.shape:
-        raise ValueError("need one accuracy and one sample count per client")
-    out = {
-        "accuracy": float(acc.mean()),
-        "accuracy_weighted": float((acc * n).sum() / max(n.sum(), 1.0)),
-        "accuracy_std": float(acc.std()),
-        "accuracy_min": float(acc.min()),
-        "num_clients": float(acc.size),
-    }
-    if loss is not None:
-        out["loss"] = float(np.asarray(loss, dtype=np.float64).mean())
+def weighted_means(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], skip: Collection[str] = ()) -> dict[str, Any]:
+    """Every numeric metric's weighted mean, under its own name: Flower's FedAvg aggregation
+    (``aggregate_metricrecords``: ``Σ_i w_i m_i / Σ_i w_i``; lists element-wise). A metric is averaged
+    over the rows that report it as finite number(s) of one shape, so a client that lacks a metric or
+    reports NaN, a string or a list of another length leaves that metric alone; where every row reports
+    every metric the result is Flower's exactly. Keys in ``skip`` (the weight itself) are left out."""
+    sums: dict[str, tuple[Any, float]] = {}
+    bad: set[str] = set()
+    for row, w in zip(rows, weights, strict=True):
+        for key, value in row.items():
+            if key in skip or key in bad:
+                continue
+            vec = numbers(value)
+            if vec is None:
+                continue
+            if key in sums:
+                total, weight = sums[key]
+                if np.shape(total) != np.shape(vec):
+                    bad.add(key)
+                    continue
+                with np.errstate(over="ignore", invalid="ignore"):
+                    sums[key] = (total + w * vec, weight + w)
+            else:
+                sums[key] = (w * vec, float(w))
+    out: dict[str, Any] = {}
+    for key in sorted(set(sums) - bad):
+        total, weight = sums[key]
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean = total / weight if weight > 0 else math.nan
+        if np.isfinite(mean).all():  # a sum that overflowed is left out, not reported as inf
+            out[key] = mean.tolist() if isinstance(mean, np.ndarray) else float(mean)
     return out
+
+
+def numbers(value: Any) -> Any:
+    """A finite number as float, a non-empty list of finite numbers as a float64 array, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        arr = np.asarray(value, dtype=np.float64)
+        return arr if np.isfinite(arr).all() else None
+    return None
+
+
+def spread(values: Sequence[float], key: str) -> dict[str, float]:
+    """The personalized view of one metric over clients (DESIGN.md, "Evaluation protocol"):
+    ``<key>-mean`` (unweighted, the papers' "mean test accuracy"), ``<key>-std`` (population std)
+    and ``<key>-min``."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        raise ValueError(f"no client value of '{key}'")
+    return {f"{key}-mean": float(arr.mean()), f"{key}-std": float(arr.std()), f"{key}-min": float(arr.min())}
+
+
+def round_metrics(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], accuracy_key: str = "accuracy",
+                  also: Sequence[str] = (), skip: str = "num-examples") -> dict[str, Any]:
+    """One evaluated round: ``weighted_means`` of every metric under the clients' own names (so
+    ``<accuracy_key>`` is the sample-weighted mean, as Flower reports it), ``spread`` of
+    ``accuracy_key`` and of each key in ``also`` over the clients that report it, and
+    ``clients-evaluated`` (clients with a finite ``accuracy_key``). ``skip``: the weight's own key."""
+    out = weighted_means(rows, weights, skip=(skip,))
+    for key in (accuracy_key, *also):
+        values = [float(r[key]) for r in rows if numbers(r.get(key)) is not None and np.ndim(r[key]) == 0]
+        if values:
+            out.update(spread(values, key))
+        if key == accuracy_key:
+            out[CLIENTS_EVALUATED] = float(len(values))
+    return out
+
+
+#: how many clients' ``accuracy_key`` entered a round's ``<key>-mean``
+CLIENTS_EVALUATED = "clients-evaluated"
 
 
 #: a client's accuracy of the global model, reported beside its personalized one (pFedMe's GM)
 GLOBAL_ACCURACY = "global-accuracy"
 
 
-def summarize_run(history: Sequence[Mapping[str, float]], num_rounds: int) -> dict[str, float]:
-    """Run summary from evaluated rounds (dicts with ``round`` and ``round_metrics`` keys).
+def summarize_run(history: Sequence[Mapping[str, float]], num_rounds: int, accuracy_key: str = "accuracy") -> dict[str, float]:
+    """Run summary from evaluated rounds (``round_metrics`` rows with a ``round``).
 
-    ``last10_*`` averages the evaluations in the last 10% of ``num_rounds``
-    (at least the final evaluation).
+    ``bmta`` is the best ``<key>-mean`` over rounds (FedMCSA's figure), ``bmta_weighted`` the best
+    sample-weighted ``<key>``; ``last10_*`` averages the evaluations in the last 10% of
+    ``num_rounds`` (IGFL's figure; at least the final evaluation).
     """
+    history = [h for h in history if f"{accuracy_key}-mean" in h]
     if not history:
-        raise ValueError("no evaluated round to summarize")
+        raise ValueError(f"no evaluated round with '{accuracy_key}-mean' to summarize")
     rounds = np.array([h["round"] for h in history], dtype=np.int64)
-    acc = np.array([h["accuracy"] for h in history])
-    wacc = np.array([h["accuracy_weighted"] for h in history])
+    acc = np.array([h[f"{accuracy_key}-mean"] for h in history])
+    wacc = np.array([h.get(accuracy_key, math.nan) for h in history])
     start = num_rounds - math.ceil(0.1 * num_rounds)
     tail = rounds > start
     if not tail.any():
         tail = rounds == rounds.max()
     best = int(acc.argmax())
     extra: dict[str, float] = {}
-    if all("global_accuracy" in h for h in history):  # methods that report their global model too (pFedMe's GM)
-        gacc = np.array([h["global_accuracy"] for h in history])
+    glob_key = f"{GLOBAL_ACCURACY}-mean"
+    if all(glob_key in h for h in history):  # methods that report their global model too (pFedMe's GM)
+        gacc = np.array([h[glob_key] for h in history])
         extra = {"bmta_global": float(gacc.max()), "last10_mean_global_accuracy": float(gacc[tail].mean())}
+    final = int(rounds.argmax())
     return extra | {
         "bmta": float(acc.max()),
         "bmta_round": int(rounds[best]),
         "bmta_weighted": float(wacc.max()),
         "last10_mean_accuracy": float(acc[tail].mean()),
         "last10_mean_accuracy_weighted": float(wacc[tail].mean()),
-        "final_accuracy": float(acc[rounds.argmax()]),
-        "final_accuracy_std": float(history[int(rounds.argmax())].get("accuracy_std", float("nan"))),
+        "final_accuracy": float(acc[final]),
+        "final_accuracy_std": float(history[final].get(f"{accuracy_key}-std", math.nan)),
         "evaluated_rounds": int(len(history)),
     }

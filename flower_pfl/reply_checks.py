@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .layout import ParamLayout
+from .metrics import numbers
 
 ClientId = Hashable
 
@@ -139,21 +140,21 @@ def decoded(what: str, convert: Callable[[], Any]) -> Any:
 
 
 def check_evaluation(metrics: Mapping[str, Any], accuracy_key: str = "accuracy",
-                     fractions: Sequence[str] = ()) -> dict[str, float]:
+                     fractions: Sequence[str] = ()) -> dict[str, Any]:
     """An evaluation reply's numeric metrics, or ``UpdateRejected``.
 
-    ``accuracy_key`` (and every key in ``fractions`` that is present) must be a finite number in
-    [0, 1] and ``num-examples`` a finite number >= 1; other metrics are kept when they are finite
-    numbers and left out otherwise (a diverged client's NaN loss does not hide its accuracy).
+    ``num-examples`` must be a finite number >= 1, and ``accuracy_key`` (and every key in
+    ``fractions``), where present, a finite number in [0, 1]: a client claiming 7.0 is left out
+    rather than averaged. Other metrics are kept when they are finite numbers (or lists of them) and
+    dropped otherwise (a diverged client's NaN loss does not hide its accuracy). A reply without
+    ``accuracy_key`` is kept for its other metrics.
     """
-    if accuracy_key not in metrics:
-        raise UpdateRejected(f"the evaluation reply lacks '{accuracy_key}'")
     for key in (accuracy_key, *fractions):
         if key in metrics and not (is_finite_number(metrics[key]) and 0 <= metrics[key] <= 1):
             raise UpdateRejected(f"'{key}' = {_show(metrics[key])} is not a number in [0, 1]")
     if "num-examples" not in metrics:
         raise UpdateRejected("the evaluation reply lacks 'num-examples'")
-    out = {k: float(v) for k, v in metrics.items() if is_finite_number(v)}
+    out = {k: [float(x) for x in v] if isinstance(v, (list, tuple)) else float(v) for k, v in metrics.items() if numbers(v) is not None}
     out["num-examples"] = check_num_examples(metrics["num-examples"])
     return out
 

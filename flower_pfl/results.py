@@ -18,6 +18,8 @@ CONFIG, METRICS, SUMMARY, CURVE = "config.json", "metrics.jsonl", "summary.json"
 MODELS, SERVER_STATE = "personalized_models.safetensors", "server_state.safetensors"
 #: one JSON object per client evaluation: ``{"round", "node-id", "partition-id", "accuracy", ...}``
 CLIENTS = "clients.jsonl"
+#: an evaluated round's mean client accuracy (``flower_pfl.metrics.round_metrics``)
+MEAN = "accuracy-mean"
 
 
 class RunRecorder:
@@ -56,7 +58,8 @@ class RunRecorder:
                 tmp.write_text("".join(line + "\n" for line in kept))
                 tmp.replace(path)
         rows = list(map(json.loads, _complete_lines(self.out_dir / METRICS)))
-        self.evaluations = [{k: v for k, v in row.items() if k not in ("phase", "elapsed_s")} for row in rows if row["phase"] == "evaluate"]
+        self.evaluations = [{k: v for k, v in row.items() if k not in ("phase", "elapsed_s")} for row in rows
+                            if row["phase"] == "evaluate" and MEAN in row]
         self.idle_rounds = sum(1 for row in rows if row["phase"] == "train" and _idle(row))
         return self
 
@@ -76,14 +79,24 @@ class RunRecorder:
                       **{k: float(v) for k, v in metrics.items()}})
 
     def on_evaluate(self, server_round: int, metrics: Mapping[str, Any]) -> None:
-        row = {"round": server_round, **{k: float(v) for k, v in metrics.items()}}
-        self.evaluations.append(row)
+        """An evaluated round's metrics (``flower_pfl.metrics.round_metrics``); it enters the summary
+        when it has ``accuracy-mean``."""
+        row = {"round": server_round, **{k: v if isinstance(v, list) else float(v) for k, v in metrics.items()}}
         self._append({"round": server_round, "phase": "evaluate", "elapsed_s": self.elapsed, **row})
+        if MEAN not in row:
+            self._log(f"round {server_round}/{self.num_rounds}: no client accuracy [{self.elapsed:.0f}s]")
+            return
+        self.evaluations.append(row)
         self._log(
-            f"round {server_round}/{self.num_rounds}: accuracy {row['accuracy']:.4f} "
-            f"(weighted {row['accuracy_weighted']:.4f}, std {row['accuracy_std']:.4f}) "
+            f"round {server_round}/{self.num_rounds}: accuracy {row[MEAN]:.4f} over clients "
+            f"(std {row.get('accuracy-std', math.nan):.4f}; sample-weighted {row.get('accuracy', math.nan):.4f}) "
             f"[{self.elapsed:.0f}s]"
         )
+
+    @property
+    def best_mean(self) -> float:
+        """The best ``accuracy-mean`` recorded so far (BMTA; ``-inf`` before any)."""
+        return max((e[MEAN] for e in self.evaluations), default=-math.inf)
 
     @property
     def elapsed(self) -> float:
@@ -170,12 +183,12 @@ def plot_learning_curve(evaluations: list[Mapping[str, float]], path: Path, titl
     import matplotlib.pyplot as plt
 
     rounds = [e["round"] for e in evaluations]
-    acc = [e["accuracy"] for e in evaluations]
-    std = [e.get("accuracy_std", math.nan) for e in evaluations]
+    acc = [e[MEAN] for e in evaluations]
+    std = [e.get("accuracy-std", math.nan) for e in evaluations]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     ax.plot(rounds, acc, label="mean over clients")
     ax.fill_between(rounds, [a - s for a, s in zip(acc, std)], [a + s for a, s in zip(acc, std)], alpha=0.2, label="±1 std over clients")
-    ax.plot(rounds, [e["accuracy_weighted"] for e in evaluations], "--", label="sample-weighted")
+    ax.plot(rounds, [e.get("accuracy", math.nan) for e in evaluations], "--", label="sample-weighted")
     ax.set(xlabel="round", ylabel="test accuracy of each client's model", title=title, ylim=(0, 1))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")

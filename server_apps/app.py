@@ -26,6 +26,7 @@ from flower_pfl.sampling import Sampler
 from flower_pfl.server_step import MethodServer
 from flower_pfl.store import DiskClientModelStore
 from strategies.nodes import NodeWatch
+from strategies.metrics import PersonalizedMetrics
 
 from .factory import build_legacy_strategy, build_message_strategy, participants
 from .node_order import RankedGrid, query_nodes
@@ -100,6 +101,14 @@ def main(grid: Grid, context: Context) -> None:
     run_experiment(grid, context.run_config)
 
 
+def _continue_bmta(strategy: Any, best: float) -> None:
+    """A resumed run's ``accuracy-bmta`` continues from the best mean accuracy recorded before."""
+    fn = getattr(strategy, "evaluate_metrics_aggr_fn", None) or getattr(strategy, "evaluate_metrics_aggregation_fn", None)
+    owner = getattr(strategy, "personalized", None) or getattr(fn, "__self__", fn)  # Flower's legacy: the bound ``.legacy``
+    if isinstance(owner, PersonalizedMetrics):
+        owner.best = best
+
+
 def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     """Run the experiment ``run_config`` describes on ``grid`` (or continue the one ``resume-from``
     names); returns the results folder."""
@@ -161,6 +170,7 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         if saved is not None:  # by name; legacy checkpoints keep positions only
             arrays = {k: saved[k] for k in initial} if set(saved) == set(initial) else dict(zip(initial, saved.values()))
         sampler.set_state(resumed.sampler_state())
+        _continue_bmta(strategy, recorder.best_mean)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, strategy, recorder, settings, ranks, layout, sampler, run_key)
     remaining = cfg.num_rounds - offset
     guard = ReplyGuard(ReplyBounds(**cfg.bounds())) if cfg.entry.builtin else None  # ours check their own replies

@@ -16,7 +16,7 @@ import strategies.message
 from flower_pfl.client_step import SERVER_ROUND
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.experiment import resolve_device, solver_config
-from strategies.metrics import personalized_evaluate_metrics, personalized_evaluate_metrics_legacy, weighted_train_metrics
+from strategies.metrics import PersonalizedMetrics, weighted_train_metrics
 
 
 def participants(cfg: ExperimentConfig, num_nodes: int) -> int:
@@ -35,7 +35,7 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping
     cls = getattr(strategies.message, cfg.entry.strategy)
     if cfg.entry.builtin:  # Flower's own FedAvg family
         return cls(fraction_train=min(1.0, k / max(num_nodes, 1)), min_train_nodes=k, min_available_nodes=k,
-                   fraction_evaluate=1.0, evaluate_metrics_aggr_fn=personalized_evaluate_metrics, **cfg.method_arguments())
+                   fraction_evaluate=1.0, evaluate_metrics_aggr_fn=PersonalizedMetrics(), **cfg.method_arguments())
     strategy = cls(**cfg.method_arguments(), clients_per_round=k, min_available_nodes=k, seed=cfg.seed,
                    device=resolve_device(cfg.device), store_dir=store_dir, node_wait_timeout=cfg.node_wait_timeout, **cfg.bounds())
     strategy.server.node_rank = dict(ranks or {})
@@ -57,7 +57,7 @@ def build_legacy_strategy(
         return cls(fraction_fit=min(1.0, k / max(num_nodes, 1)), min_fit_clients=k, min_available_clients=k,
                    fraction_evaluate=1.0, initial_parameters=ndarrays_to_parameters(list(initial.values())),
                    on_fit_config_fn=fit_config, on_evaluate_config_fn=evaluate_config, fit_metrics_aggregation_fn=weighted_train_metrics,
-                   evaluate_metrics_aggregation_fn=personalized_evaluate_metrics_legacy, **cfg.method_arguments())
+                   evaluate_metrics_aggregation_fn=PersonalizedMetrics().legacy, **cfg.method_arguments())
     strategy = cls(**cfg.method_arguments(), initial_parameters=initial, clients_per_round=k, min_available_clients=k,
                    on_fit_config_fn=fit_config, on_evaluate_config_fn=evaluate_config, seed=cfg.seed,
                    device=resolve_device(cfg.device), store_dir=store_dir, node_wait_timeout=cfg.node_wait_timeout, **cfg.bounds())

@@ -183,8 +183,8 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         if self.guard is not None:  # Flower's own strategy stops at a result it cannot aggregate
             results = [(proxy, res) for proxy, res in results if id(res) in usable]
         loss, metrics = self.inner.aggregate_evaluate(server_round, results, failures) if results else (None, {})
-        if metrics:
-            self.recorder.on_evaluate(server_round, metrics)
+        if metrics:  # the legacy API returns the loss beside the metrics
+            self.recorder.on_evaluate(server_round, {**({"loss": loss} if loss is not None else {}), **metrics})
         return loss, metrics
 
     def evaluate(self, server_round: int, parameters: Any) -> Any:

@@ -67,9 +67,11 @@ class FedACS(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -92,7 +94,7 @@ class FedACS(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAttn(LegacyMethodStrategy):
@@ -140,9 +142,11 @@ class FedAttn(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -165,7 +169,7 @@ class FedAttn(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedMCSA(LegacyMethodStrategy):
@@ -216,9 +220,11 @@ class FedMCSA(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -241,7 +247,7 @@ class FedMCSA(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class IGFL(LegacyMethodStrategy):
@@ -283,9 +289,11 @@ class IGFL(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -308,7 +316,7 @@ class IGFL(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class APFL(LegacyMethodStrategy):
@@ -346,9 +354,11 @@ class APFL(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -371,7 +381,7 @@ class APFL(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Ditto(LegacyMethodStrategy):
@@ -407,9 +417,11 @@ class Ditto(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -432,7 +444,7 @@ class Ditto(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, lam: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAMP(LegacyMethodStrategy):
@@ -477,9 +489,11 @@ class FedAMP(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -502,7 +516,7 @@ class FedAMP(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedPer(LegacyMethodStrategy):
@@ -542,9 +556,11 @@ class FedPer(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -567,7 +583,7 @@ class FedPer(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, head_layers: int = 1, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class HeurFedAMP(LegacyMethodStrategy):
@@ -611,9 +627,11 @@ class HeurFedAMP(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -636,7 +654,7 @@ class HeurFedAMP(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Local(LegacyMethodStrategy):
@@ -671,9 +689,11 @@ class Local(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -696,7 +716,7 @@ class Local(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PerFedAvg(LegacyMethodStrategy):
@@ -732,9 +752,11 @@ class PerFedAvg(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -757,7 +779,7 @@ class PerFedAvg(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha: float = 0.01, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PFedMe(LegacyMethodStrategy):
@@ -800,9 +822,11 @@ class PFedMe(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -825,7 +849,7 @@ class PFedMe(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class SCAFFOLD(LegacyMethodStrategy):
@@ -863,9 +887,11 @@ class SCAFFOLD(LegacyMethodStrategy):
     on_evaluate_config_fn : ConfigFn | None (default None)
         Config sent with every evaluation instruction, by round.
     evaluate_metrics_aggregation_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).
+        Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way. The loss is Flower's sample-weighted mean.
     evaluate_fn : EvaluateFn | None (default None)
         Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: ``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     seed : int (default 0)
         Seed of the sampling generator (and of the method's own random initialisation).
     device : str | torch.device (default 'cpu')
@@ -888,5 +914,5 @@ class SCAFFOLD(LegacyMethodStrategy):
     Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, initial_parameters: Parameters | Mapping[str, Any] | None = None, clients_per_round: int | None = None, fraction_fit: float = 1.0, min_fit_clients: int = 1, min_available_clients: int = 2, fraction_evaluate: float = 1.0, min_evaluate_clients: int = 1, accept_failures: bool = True, fit_metrics_aggregation_fn: MetricsFn | None = None, inplace: bool = True, on_fit_config_fn: ConfigFn | None = None, on_evaluate_config_fn: ConfigFn | None = None, evaluate_metrics_aggregation_fn: MetricsFn | None = None, evaluate_fn: EvaluateFn | None = None, accuracy_key: str = 'accuracy', seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 

@@ -14,12 +14,13 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
+from flwr.server.strategy.aggregate import weighted_loss_avg
 
 from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
-from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
+from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded, is_finite_number
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from .metrics import ACCURACY, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics_legacy, reply_counts, round_replies_metrics
+from .metrics import ACCURACY, NUM_EXAMPLES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics
 from .nodes import NODE_WAIT_TIMEOUT
 from .replies import receive_round
 
@@ -60,7 +61,12 @@ class LegacyMethodStrategy(Strategy):
         "fraction_evaluate": "Fraction of the available clients that evaluate (each the model it would use); 0 turns evaluation off.",
         "on_fit_config_fn": "Config sent with every training instruction, by round.",
         "on_evaluate_config_fn": "Config sent with every evaluation instruction, by round.",
-        "evaluate_metrics_aggregation_fn": "Aggregates the clients' evaluation metrics (default: personalized accuracy statistics).",
+        "evaluate_metrics_aggregation_fn": "Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's "
+                                           "FedAvg's (None: every numeric metric's sample-weighted mean under its own name); "
+                                           "the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) "
+                                           "is added either way. The loss is Flower's sample-weighted mean.",
+        "accuracy_key": "The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); "
+                        "a fraction in [0, 1], a reply claiming more is left out.",
         "evaluate_fn": "Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: "
                        "``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.",
         "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
@@ -103,6 +109,7 @@ class LegacyMethodStrategy(Strategy):
         on_evaluate_config_fn: ConfigFn | None = None,
         evaluate_metrics_aggregation_fn: MetricsFn | None = None,
         evaluate_fn: EvaluateFn | None = None,
+        accuracy_key: str = ACCURACY,
         seed: int = 0,
         device: str | torch.device = "cpu",
         store_dir: str | None = None,
@@ -131,7 +138,10 @@ class LegacyMethodStrategy(Strategy):
         self.fit_metrics_aggregation_fn = fit_metrics_aggregation_fn
         self.on_fit_config_fn = on_fit_config_fn
         self.on_evaluate_config_fn = on_evaluate_config_fn
-        self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn or personalized_evaluate_metrics_legacy
+        self.accuracy_key = accuracy_key
+        #: the personalized summary of ``accuracy_key``, added to what ``evaluate_metrics_aggregation_fn`` returns
+        self.personalized = PersonalizedMetrics(accuracy_key)
+        self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn
         self.evaluate_fn = evaluate_fn
 
     @property
@@ -212,13 +222,19 @@ class LegacyMethodStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
     ) -> tuple[float | None, dict[str, Scalar]]:
-        rows = [(client_id(proxy), {**res.metrics, "loss": res.loss, "num-examples": res.num_examples}) for proxy, res in results]
-        kept, refused = checked_evaluations(rows, ACCURACY, self.server.bounds.max_weight_ratio)
+        rows = [(client_id(proxy), {**res.metrics, NUM_EXAMPLES: res.num_examples}) for proxy, res in results]
+        losses = {client_id(proxy): res.loss for proxy, res in results}
+        kept_rows, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
-        if not kept:
+        if not kept_rows:
             return None, {}
-        metrics = self.evaluate_metrics_aggregation_fn([(int(row.pop("num-examples")), row) for row in kept])  # type: ignore[misc]
-        return metrics.get("loss"), metrics
+        weighted = [(row[NUM_EXAMPLES], float(losses[cid])) for cid, row in kept_rows if is_finite_number(losses[cid])]
+        loss = weighted_loss_avg(weighted) if weighted else None  # type: ignore[arg-type]
+        pairs = [(int(row[NUM_EXAMPLES]), {k: v for k, v in row.items() if k != NUM_EXAMPLES}) for _, row in kept_rows]
+        metrics = self.personalized.legacy(pairs)
+        if self.evaluate_metrics_aggregation_fn is not None:  # the app's own aggregation wins where names meet
+            metrics.update(self.evaluate_metrics_aggregation_fn(pairs))  # type: ignore[arg-type]
+        return loss, metrics
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         model = self.method.global_model() if self.server.initialized else None

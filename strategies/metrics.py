@@ -10,7 +10,7 @@ from typing import Any
 from flwr.app import MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from flower_pfl.metrics import GLOBAL_ACCURACY, round_metrics
+from flower_pfl.metrics import GLOBAL_ACCURACY, round_metrics, weighted_means
 from flower_pfl.reply_checks import (
     MAX_WEIGHT_RATIO,
     RoundReplies,
@@ -24,17 +24,18 @@ ACCURACY, LOSS, NUM_EXAMPLES = "accuracy", "loss", "num-examples"
 
 
 def checked_evaluations(rows: Iterable[tuple[Hashable, Mapping[str, Any]]], accuracy_key: str = ACCURACY,
-                        max_weight_ratio: float = MAX_WEIGHT_RATIO) -> tuple[list[dict[str, float]], list[tuple[Hashable, str]]]:
-    """The usable evaluation replies of ``(client, metrics)`` rows (``check_evaluation``; sample
-    counts capped at ``max_weight_ratio`` × their median) and ``(client, reason)`` for the others."""
-    good: list[dict[str, float]] = []
+                        max_weight_ratio: float = MAX_WEIGHT_RATIO) -> tuple[list[tuple[Hashable, dict[str, Any]]], list[tuple[Hashable, str]]]:
+    """The usable evaluation replies of ``(client, metrics)`` rows as ``(client, metrics)``
+    (``check_evaluation``; sample counts capped at ``max_weight_ratio`` × their median) and
+    ``(client, reason)`` for the others."""
+    good: list[tuple[Hashable, dict[str, Any]]] = []
     refused: list[tuple[Hashable, str]] = []
     for cid, metrics in rows:
         try:
-            good.append(check_evaluation(metrics, accuracy_key, fractions=(GLOBAL_ACCURACY,)))
+            good.append((cid, check_evaluation(metrics, accuracy_key, fractions=(GLOBAL_ACCURACY,))))
         except UpdateRejected as err:
             refused.append((cid, str(err)))
-    for row, n in zip(good, cap_weights([int(r[NUM_EXAMPLES]) for r in good], max_weight_ratio)):
+    for (_, row), n in zip(good, cap_weights([int(r[NUM_EXAMPLES]) for _, r in good], max_weight_ratio)):
         row[NUM_EXAMPLES] = n
     return good, refused
 
@@ -44,43 +45,59 @@ def log_refused_evaluations(server_round: int | None, refused: list[tuple[Hashab
         log(WARNING, "round %s: evaluation of client %s left out (%s)", server_round, cid, reason)
 
 
-def _from_metrics(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    rows, refused = checked_evaluations((None, m) for m in metrics)
-    log_refused_evaluations(None, refused)
-    if not rows:
-        return {}
-    sizes = [int(m[NUM_EXAMPLES]) for m in rows]
-    out = round_metrics(
-        [m[ACCURACY] for m in rows], sizes,
-        [m[LOSS] for m in rows] if all(LOSS in m for m in rows) else None,
-    )
-    if all(GLOBAL_ACCURACY in m for m in rows):
-        glob = round_metrics([m[GLOBAL_ACCURACY] for m in rows], sizes)
-        out.update({"global_accuracy": glob["accuracy"], "global_accuracy_weighted": glob["accuracy_weighted"]})
-    return out
+class PersonalizedMetrics:
+    """Every strategy's default evaluation aggregation: ``flower_pfl.metrics.round_metrics``, i.e.
+    every numeric metric the clients report, sample-weighted under its own name exactly as Flower's
+    FedAvg reports it, plus the personalized view of ``accuracy_key`` over clients
+    (``<key>-mean``, ``-std``, ``-min``, ``clients-evaluated``) and ``<key>-bmta``, the best
+    ``<key>-mean`` so far (BMTA). ``global-accuracy`` (a method's global model, pFedMe's GM) gets the
+    same spread. Clients that lack ``accuracy_key`` still count for the other metrics; when none
+    reports it, one warning names the metrics they do report.
+
+    Message API: ``evaluate_metrics_aggr_fn=PersonalizedMetrics("eval-acc")``; legacy API:
+    ``evaluate_metrics_aggregation_fn=PersonalizedMetrics("eval-acc").legacy``.
+    """
+
+    def __init__(self, accuracy_key: str = ACCURACY) -> None:
+        self.accuracy_key = accuracy_key
+        #: the best ``<key>-mean`` so far (restored from a resumed run's history)
+        self.best = -math.inf
+        self._warned = False
+
+    def __repr__(self) -> str:
+        return f"PersonalizedMetrics({self.accuracy_key!r})"
+
+    def aggregate(self, rows: list[Mapping[str, Any]], weights: list[float], weight_key: str = NUM_EXAMPLES) -> dict[str, Any]:
+        """``round_metrics`` of the rows (``weight_key`` left out) and the running BMTA."""
+        key = self.accuracy_key
+        out = round_metrics(rows, weights, key, also=() if key == GLOBAL_ACCURACY else (GLOBAL_ACCURACY,), skip=weight_key)
+        mean = out.get(f"{key}-mean")
+        if mean is not None:
+            self.best = max(self.best, mean)
+            out[f"{key}-bmta"] = self.best
+        elif rows and not self._warned:
+            self._warned = True
+            seen = sorted({k for r in rows for k in r} - {weight_key})
+            log(WARNING, "no client reports '%s' in its evaluation (they report %s): the personalized summary "
+                "needs accuracy_key=<the clients' accuracy metric>", key, ", ".join(seen) or "nothing")
+        return out
+
+    def __call__(self, records: list[RecordDict], weighted_by_key: str = NUM_EXAMPLES) -> MetricRecord:
+        """Message API (``evaluate_metrics_aggr_fn``)."""
+        rows = [{k: v for rec in rd.metric_records.values() for k, v in rec.items()} for rd in records]
+        rows = [r for r in rows if is_finite_number(r.get(weighted_by_key)) and r[weighted_by_key] > 0]
+        return MetricRecord(self.aggregate(rows, [float(r[weighted_by_key]) for r in rows], weighted_by_key))
+
+    def legacy(self, results: list[tuple[int, Mapping[str, Any]]]) -> dict[str, Any]:
+        """Legacy API (``evaluate_metrics_aggregation_fn``): ``(num_examples, metrics)`` pairs."""
+        results = [(n, m) for n, m in results if is_finite_number(n) and n > 0]
+        return self.aggregate([m for _, m in results], [float(n) for n, _ in results])
 
 
-def personalized_evaluate_metrics(records: list[RecordDict], weighted_by_key: str = NUM_EXAMPLES) -> MetricRecord:
-    """Message-API ``evaluate_metrics_aggr_fn``: mean, weighted mean and std of client accuracies
-    (replies that fail ``check_evaluation`` are left out)."""
-    metrics = [next(iter(rd.metric_records.values())) for rd in records if rd.metric_records]
-    return MetricRecord(_from_metrics(metrics))
-
-
-def personalized_evaluate_metrics_legacy(results: list[tuple[int, Mapping[str, Any]]]) -> dict[str, float]:
-    """Legacy ``evaluate_metrics_aggregation_fn`` with the same output."""
-    return _from_metrics({**m, NUM_EXAMPLES: n} for n, m in results)
-
-
-def weighted_train_metrics(results: list[tuple[int, Mapping[str, object]]]) -> dict[str, float]:
-    """Sample-weighted mean of every metric all clients report as a finite number (others are skipped)."""
-    total = sum(n for n, _ in results)
-    if not results or total <= 0:
-        return {}
-    keys = {k for k in set.intersection(*(set(m) for _, m in results)) - {NUM_EXAMPLES}
-            if all(is_finite_number(m[k]) for _, m in results)}
-    out = {k: float(sum(n * float(m[k]) for n, m in results) / total) for k in sorted(keys)}  # type: ignore[arg-type]
-    return {k: v for k, v in out.items() if math.isfinite(v)}
+def weighted_train_metrics(results: list[tuple[int, Mapping[str, object]]], weight_key: str = NUM_EXAMPLES) -> dict[str, Any]:
+    """Flower's FedAvg training metrics: every numeric metric's sample-weighted mean under its own
+    name (``flower_pfl.metrics.weighted_means``; non-numeric or non-finite values are left out)."""
+    return weighted_means([m for _, m in results], [float(n) for n, _ in results], skip=(weight_key,))
 
 
 def reply_counts(batch: RoundReplies) -> dict[str, float]:
@@ -90,7 +107,7 @@ def reply_counts(batch: RoundReplies) -> dict[str, float]:
             "update-bound-use": batch.bound_use}
 
 
-def round_replies_metrics(batch: RoundReplies) -> dict[str, float]:
+def round_replies_metrics(batch: RoundReplies, weight_key: str = NUM_EXAMPLES) -> dict[str, Any]:
     """A training round's metrics: the sample-weighted mean of the accepted clients' numeric metrics
     and the round's ``reply_counts``."""
-    return {**weighted_train_metrics([(r.num_examples, r.metrics) for r in batch.accepted]), **reply_counts(batch)}
+    return {**weighted_train_metrics([(r.num_examples, r.metrics) for r in batch.accepted], weight_key), **reply_counts(batch)}

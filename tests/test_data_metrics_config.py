@@ -6,7 +6,7 @@ import pytest
 
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.data import generate_synthetic, train_test_split
-from flower_pfl.metrics import round_metrics, summarize_run
+from flower_pfl.metrics import round_metrics, summarize_run, weighted_means
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,15 +46,36 @@ def test_split_is_seeded_disjoint_and_covers_everything():
 
 
 def test_round_metrics_by_hand():
-    m = round_metrics([1.0, 0.5], [10, 30], loss=[0.2, 0.4])
-    assert m["accuracy"] == 0.75
-    assert m["accuracy_weighted"] == pytest.approx((10 + 15) / 40)
-    assert m["accuracy_std"] == pytest.approx(0.25)
-    assert m["loss"] == pytest.approx(0.3)
+    m = round_metrics([{"accuracy": 1.0, "loss": 0.2}, {"accuracy": 0.5, "loss": 0.4}], [10, 30])
+    assert m["accuracy-mean"] == 0.75 and m["accuracy-min"] == 0.5
+    assert m["accuracy"] == pytest.approx((10 + 15) / 40)  # sample-weighted, as Flower names it
+    assert m["accuracy-std"] == pytest.approx(0.25)
+    assert m["loss"] == pytest.approx((2 + 12) / 40) and "loss-mean" not in m
+    assert m["clients-evaluated"] == 2
+
+
+def test_weighted_means_are_flowers_where_every_client_reports_every_metric():
+    from flwr.app import MetricRecord, RecordDict
+    from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+
+    rows = [{"eval-acc": 0.9, "eval-loss": 0.3, "hist": [1.0, 2.0], "n": 5}, {"eval-acc": 0.4, "eval-loss": 1.1, "hist": [3.0, 0.0], "n": 15}]
+    flower = aggregate_metricrecords([RecordDict({"m": MetricRecord(r)}) for r in rows], "n")
+    ours = weighted_means(rows, [5, 15], skip=("n",))
+    assert set(ours) == set(flower) == {"eval-acc", "eval-loss", "hist"}
+    for key in ours:
+        assert np.allclose(ours[key], flower[key])
+
+
+def test_weighted_means_average_each_metric_over_the_clients_that_report_it():
+    rows = [{"a": 1.0, "b": float("nan"), "s": "text"}, {"a": 0.0, "b": 2.0, "c": [1.0]}, {"a": 0.5, "c": [1.0, 2.0], "d": True}]
+    out = weighted_means(rows, [1, 3, 4])
+    assert out["a"] == pytest.approx((1 + 0 + 2) / 8)
+    assert out["b"] == 2.0  # NaN left out, not the whole metric
+    assert "c" not in out and "s" not in out and "d" not in out  # lists of two lengths, a string, a bool
 
 
 def test_summary_bmta_and_last_ten_percent():
-    hist = [{"round": r, "accuracy": a, "accuracy_weighted": w, "accuracy_std": 0.0}
+    hist = [{"round": r, "accuracy-mean": a, "accuracy": w, "accuracy-std": 0.0}
             for r, a, w in [(10, 0.5, 0.4), (50, 0.9, 0.7), (90, 0.8, 0.8), (95, 0.7, 0.6), (100, 0.6, 0.9)]]
     s = summarize_run(hist, num_rounds=100)
     assert s["bmta"] == 0.9 and s["bmta_round"] == 50 and s["bmta_weighted"] == 0.9

@@ -94,7 +94,7 @@ def test_flwr_run_finishes_and_writes_metrics(flwr_env, tmp_path, method, api):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["phase"] == "evaluate"]
     assert [r["round"] for r in evals] == [1, 2, 3]
-    assert all(r["num_clients"] == 6 for r in evals)  # every client evaluated its own model
+    assert all(r["clients-evaluated"] == 6 for r in evals)  # every client evaluated its own model
     train = [r for r in rows if r["phase"] == "train"]
     assert len(train) == rounds and all(r["train-loss"] > 0 for r in train)
     assert all(r["clients-accepted"] == 4 for r in train)  # our strategies count accepted / rejected / failed updates
@@ -135,7 +135,7 @@ def test_many_clients_partial_participation(flwr_env, tmp_path):
     assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
     rows = [json.loads(line) for line in (_results(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [50, 50]
-    assert [r["num_clients"] for r in rows if r["phase"] == "evaluate"] == [500, 500]  # rounds 1 and 2
+    assert [r["clients-evaluated"] for r in rows if r["phase"] == "evaluate"] == [500, 500]  # rounds 1 and 2
 
 
 def _accuracies(log: str, pattern: str) -> list[float]:

@@ -87,7 +87,7 @@ def test_data_scarce_dirichlet_run_with_partial_participation(tmp_path):
                           "output-dir": str(tmp_path)}, num_nodes=40)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [4, 4, 4]
-    assert all(r["num_clients"] == 40 for r in rows if r["phase"] == "evaluate")
+    assert all(r["clients-evaluated"] == 40 for r in rows if r["phase"] == "evaluate")
 
 
 def test_run_without_any_successful_evaluation_fails_after_writing_results(tmp_path, monkeypatch):

@@ -266,9 +266,10 @@ def test_message_evaluation_sends_stored_models_and_aggregates_personalized_metr
     accs = {0: (1.0, 10), 1: (0.5, 30), 2: (0.0, 60)}
     metrics = strat.aggregate_evaluate(1, [fb.eval_reply(m, *accs[m.metadata.dst_node_id]) for m in msgs] +
                                        [fb.error_reply(msgs[0])])
-    assert metrics["accuracy"] == pytest.approx(0.5)
-    assert metrics["accuracy_weighted"] == pytest.approx(25 / 100)
-    assert metrics["num_clients"] == 3
+    assert metrics["accuracy-mean"] == pytest.approx(0.5) and metrics["accuracy-min"] == 0.0
+    assert metrics["accuracy"] == pytest.approx(25 / 100)  # Flower's sample-weighted mean, under the client's name
+    assert metrics["accuracy-std"] == pytest.approx(np.std([1.0, 0.5, 0.0]))
+    assert metrics["clients-evaluated"] == 3 and metrics["accuracy-bmta"] == pytest.approx(0.5)
     assert strat.aggregate_evaluate(1, [fb.error_reply(msgs[0])]) is None
 
 
@@ -299,7 +300,7 @@ def test_legacy_evaluation_sends_stored_models_and_aggregates_personalized_metri
     results = [(p, EvaluateRes(Status(Code.OK, ""), 2.0, accs[int(p.cid)][1], {"accuracy": accs[int(p.cid)][0]}))
                for p, _ in evals]
     loss, metrics = strat.aggregate_evaluate(1, results, [RuntimeError("lost")])
-    assert metrics["accuracy"] == pytest.approx(0.5) and metrics["accuracy_weighted"] == pytest.approx(0.25)
+    assert metrics["accuracy-mean"] == pytest.approx(0.5) and metrics["accuracy"] == pytest.approx(0.25)
     assert loss == pytest.approx(2.0)
     assert strat.aggregate_evaluate(1, [], []) == (None, {})
     assert strat.evaluate(1, strat.initial_parameters) is None

@@ -89,7 +89,6 @@ def test_bounds_refuse_meaningless_settings(bad):
 
 
 EVALUATION_CASES = {
-    "accuracy missing": {"num-examples": 5, "loss": 1.0},
     "accuracy list": {"accuracy": [0.5, 0.5], "num-examples": 5},
     "accuracy string": {"accuracy": "0.5", "num-examples": 5},
     "accuracy nan": {"accuracy": math.nan, "num-examples": 5},
@@ -107,6 +106,15 @@ def test_check_evaluation_names_the_field(case):
     metrics = EVALUATION_CASES[case]
     with pytest.raises(UpdateRejected, match=case.split()[0] if case != "global accuracy nan" else "global-accuracy"):
         check_evaluation(metrics, "accuracy", fractions=("global-accuracy",))
+
+
+def test_a_reply_without_the_accuracy_key_counts_for_its_other_metrics_only():
+    assert check_evaluation({"num-examples": 5, "loss": 1.0, "hist": [1, 2]}) == {"num-examples": 5, "loss": 1.0, "hist": [1.0, 2.0]}
+    kept, _ = checked_evaluations([(1, {"accuracy": 0.5, "loss": 1.0, "num-examples": 10}), (2, {"loss": 3.0, "num-examples": 10})])
+    from strategies.metrics import PersonalizedMetrics
+
+    out = PersonalizedMetrics().legacy([(row["num-examples"], row) for _, row in kept])
+    assert out["loss"] == 2.0 and out["accuracy"] == 0.5 and out["accuracy-mean"] == 0.5 and out["clients-evaluated"] == 1
 
 
 def test_a_diverged_clients_nan_loss_is_dropped_but_its_accuracy_counts():
@@ -155,7 +163,7 @@ def test_every_method_leaves_out_a_hostile_evaluation_reply_as_if_the_client_had
             list(strategy.configure_train(1, strategy._arrays_for_test, ConfigRecord({}), fb.FakeGrid(NODES)))
         caplog.clear()
         got = _evaluate(strategy, api, 1, EVALUATION_CASES[case])
-        assert got == _evaluate(strategy, api, 1, None) and got["num_clients"] == len(NODES) - 1, entry.label
+        assert got == _evaluate(strategy, api, 1, None) and got["clients-evaluated"] == len(NODES) - 1, entry.label
         assert any("evaluation of client" in r.getMessage() and "left out" in r.getMessage() for r in caplog.records), entry.label
 
 
@@ -163,7 +171,7 @@ def test_evaluation_counts_are_capped_too():
     rows = [(1, {"accuracy": 0.5, "num-examples": 10}), (2, {"accuracy": 0.5, "num-examples": 20}),
             (3, {"accuracy": 0.0, "num-examples": 10**12})]
     kept, refused = checked_evaluations(rows, max_weight_ratio=1000)
-    assert not refused and [r["num-examples"] for r in kept] == [10, 20, 20_000]
+    assert not refused and [r["num-examples"] for _, r in kept] == [10, 20, 20_000]
 
 
 class ShrinkingGrid:
@@ -294,7 +302,8 @@ def test_training_metrics_average_only_finite_numbers():
 
     got = weighted_train_metrics([(10, {"train-loss": 1.0, "acc": 0.5, "tag": [1, 2]}), (30, {"train-loss": math.nan, "acc": 1e308}),
                                   (10, {"train-loss": 2.0, "acc": 1e308})])
-    assert got == {}  # train-loss is NaN for one client; acc's weighted sum overflows; tag is not a number
+    # train-loss: the NaN client is left out of that metric only; acc's weighted sum overflows: left out
+    assert got == {"train-loss": 1.5, "tag": [1.0, 2.0]}
     assert weighted_train_metrics([(10, {"a": 1.0}), (30, {"a": 3.0})]) == {"a": 2.5}
 
 

@@ -67,7 +67,9 @@ class FedACS(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -84,7 +86,7 @@ class FedACS(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAttn(MethodStrategy):
@@ -134,7 +136,9 @@ class FedAttn(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -151,7 +155,7 @@ class FedAttn(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedMCSA(MethodStrategy):
@@ -204,7 +208,9 @@ class FedMCSA(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -221,7 +227,7 @@ class FedMCSA(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class IGFL(MethodStrategy):
@@ -265,7 +271,9 @@ class IGFL(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -282,7 +290,7 @@ class IGFL(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class APFL(MethodStrategy):
@@ -322,7 +330,9 @@ class APFL(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -339,7 +349,7 @@ class APFL(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Ditto(MethodStrategy):
@@ -377,7 +387,9 @@ class Ditto(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -394,7 +406,7 @@ class Ditto(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedAMP(MethodStrategy):
@@ -441,7 +453,9 @@ class FedAMP(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -458,7 +472,7 @@ class FedAMP(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class FedPer(MethodStrategy):
@@ -500,7 +514,9 @@ class FedPer(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -517,7 +533,7 @@ class FedPer(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class HeurFedAMP(MethodStrategy):
@@ -563,7 +579,9 @@ class HeurFedAMP(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -580,7 +598,7 @@ class HeurFedAMP(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class Local(MethodStrategy):
@@ -617,7 +635,9 @@ class Local(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -634,7 +654,7 @@ class Local(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PerFedAvg(MethodStrategy):
@@ -672,7 +692,9 @@ class PerFedAvg(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -689,7 +711,7 @@ class PerFedAvg(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class PFedMe(MethodStrategy):
@@ -734,7 +756,9 @@ class PFedMe(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -751,7 +775,7 @@ class PFedMe(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 
 
 class SCAFFOLD(MethodStrategy):
@@ -791,7 +815,9 @@ class SCAFFOLD(MethodStrategy):
     configrecord_key : str (default 'config')
         Key of the ConfigRecord in messages.
     evaluate_metrics_aggr_fn : MetricsFn | None (default None)
-        Aggregates the clients' evaluation MetricRecords (default: personalized accuracy statistics, see ``strategies.metrics``).
+        Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every numeric metric's sample-weighted mean under its own name); the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.
+    accuracy_key : str (default 'accuracy')
+        The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); a fraction in [0, 1], a reply claiming more is left out.
     max_update_ratio : float (default 10.0)
         Refuse an update whose model changed by more than this multiple of the norm of the model its client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).
     max_weight_ratio : float (default 1000.0)
@@ -808,5 +834,5 @@ class SCAFFOLD(MethodStrategy):
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
 

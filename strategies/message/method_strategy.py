@@ -15,7 +15,9 @@ from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, is_number, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from ..metrics import ACCURACY, NUM_EXAMPLES, checked_evaluations, log_refused_evaluations, personalized_evaluate_metrics, reply_counts, round_replies_metrics
+from ..metrics import (
+    ACCURACY, NUM_EXAMPLES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics,
+)
 from ..nodes import NODE_WAIT_TIMEOUT, NodeWatch, split_replies
 from ..replies import receive_round
 
@@ -49,8 +51,11 @@ class MethodStrategy(Strategy):
                      "round's participants, not the federation); None keeps them in memory.",
         "arrayrecord_key": "Key of the ArrayRecord in messages.",
         "configrecord_key": "Key of the ConfigRecord in messages.",
-        "evaluate_metrics_aggr_fn": "Aggregates the clients' evaluation MetricRecords (default: personalized accuracy "
-                                    "statistics, see ``strategies.metrics``).",
+        "evaluate_metrics_aggr_fn": "Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every "
+                                    "numeric metric's sample-weighted mean under its own name); the personalized summary "
+                                    "of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.",
+        "accuracy_key": "The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); "
+                        "a fraction in [0, 1], a reply claiming more is left out.",
         "max_update_ratio": "Refuse an update whose model changed by more than this multiple of the norm of the model its "
                             "client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).",
         "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
@@ -87,6 +92,7 @@ class MethodStrategy(Strategy):
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         evaluate_metrics_aggr_fn: MetricsFn | None = None,
+        accuracy_key: str = ACCURACY,
         max_update_ratio: float = MAX_UPDATE_RATIO,
         max_weight_ratio: float = MAX_WEIGHT_RATIO,
         max_median_ratio: float = MAX_MEDIAN_RATIO,
@@ -107,7 +113,10 @@ class MethodStrategy(Strategy):
         self.train_metrics_aggr_fn = train_metrics_aggr_fn
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
-        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn or personalized_evaluate_metrics
+        self.accuracy_key = accuracy_key
+        #: the personalized summary of ``accuracy_key``, added to what ``evaluate_metrics_aggr_fn`` returns
+        self.personalized = PersonalizedMetrics(accuracy_key)
+        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
 
     @property
     def method(self) -> ServerStep:
@@ -159,7 +168,7 @@ class MethodStrategy(Strategy):
             records = [RecordDict({"metrics": MetricRecord({**_plain(r.metrics), self.weighted_by_key: r.num_examples})})
                        for r in batch.accepted]
             return arrays, MetricRecord({**dict(self.train_metrics_aggr_fn(records, self.weighted_by_key)), **reply_counts(batch)})
-        return arrays, MetricRecord(round_replies_metrics(batch))
+        return arrays, MetricRecord(round_replies_metrics(batch, self.weighted_by_key))
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if self.fraction_evaluate <= 0:
@@ -170,16 +179,21 @@ class MethodStrategy(Strategy):
         return self._outbox
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """The clients' evaluation metrics aggregated; replies without a usable ``accuracy`` and
-        ``num-examples`` (``check_evaluation``) are left out with a logged reason."""
+        """The clients' evaluation metrics aggregated by ``evaluate_metrics_aggr_fn``; replies without a
+        usable ``num-examples``, or with an ``accuracy_key`` outside [0, 1] (``check_evaluation``), are
+        left out with a logged reason."""
         good, _ = split_replies(server_round, replies, self._outbox)
         rows = [(node_id, _metrics(msg, self.weighted_by_key)) for node_id, msg in good]
-        kept, refused = checked_evaluations(rows, ACCURACY, self.server.bounds.max_weight_ratio)
+        kept, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
         if not kept:
             return None
-        records = [RecordDict({"metrics": MetricRecord(row)}) for row in kept]  # type: ignore[arg-type]
-        return self.evaluate_metrics_aggr_fn(records, NUM_EXAMPLES)
+        records = [RecordDict({"metrics": MetricRecord({**{k: v for k, v in row.items() if k != NUM_EXAMPLES},  # type: ignore[dict-item]
+                                                        self.weighted_by_key: row[NUM_EXAMPLES]})}) for _, row in kept]
+        out = self.personalized(records, self.weighted_by_key)
+        if self.evaluate_metrics_aggr_fn is not None:  # the app's own aggregation wins where names meet
+            out = MetricRecord({**out, **self.evaluate_metrics_aggr_fn(records, self.weighted_by_key)})
+        return out
 
 
 def _metrics(msg: Message, weighted_by_key: str = NUM_EXAMPLES) -> dict[str, Any]:

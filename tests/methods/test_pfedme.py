@@ -27,7 +27,7 @@ from flower_pfl.models import MLR
 from flower_pfl.server_step import MethodServer, RawReply
 from flower_pfl.solvers import EvalResult, MinibatchStream
 from server_apps.factory import build_message_strategy
-from strategies.metrics import personalized_evaluate_metrics_legacy
+from strategies.metrics import PersonalizedMetrics
 
 from .runs import assert_as_recorded, short_run
 
@@ -258,9 +258,9 @@ def test_node_reports_pm_and_gm_and_they_aggregate():
     node.load(received)
     after = node.evaluate({"pfedme-pm-gm": True})
     assert after["global-accuracy"] == before["global-accuracy"] and after["loss"] != before["loss"]
-    agg = personalized_evaluate_metrics_legacy([(10, {"accuracy": 0.8, "global-accuracy": 0.5, "loss": 1.0}),
-                                                (30, {"accuracy": 0.6, "global-accuracy": 0.3, "loss": 1.0})])
-    assert np.isclose(agg["global_accuracy"], 0.4) and np.isclose(agg["global_accuracy_weighted"], 0.35)
+    agg = PersonalizedMetrics().legacy([(10, {"accuracy": 0.8, "global-accuracy": 0.5, "loss": 1.0}),
+                                        (30, {"accuracy": 0.6, "global-accuracy": 0.3, "loss": 1.0})])
+    assert np.isclose(agg["global-accuracy-mean"], 0.4) and np.isclose(agg["global-accuracy"], 0.35)
 
 
 # --- 4. whole runs --------------------------------------------------------------------------------
