@@ -19,7 +19,12 @@ ClientId = Hashable
 
 class Sampler:
     """``k`` of the available clients, uniformly, from generators seeded with ``seed``: one for
-    training, one for evaluation (so evaluating a fraction never shifts the training sample)."""
+    training, one for evaluation (so evaluating a fraction never shifts the training sample).
+
+    A draw picks positions in the rank order; how much randomness it takes depends only on how
+    many clients are available and drawn, never on their ranks. So once every client has its
+    rank, the samples are the same however late the ranks were learned.
+    """
 
     def __init__(self, seed: int = 0, rank: dict[ClientId, int] | None = None) -> None:
         self.seed = seed
@@ -28,9 +33,13 @@ class Sampler:
         self._train = np.random.default_rng(seed)
         self._evaluate = np.random.default_rng([seed, 1])
 
+    def key(self, cid: ClientId) -> tuple[float, ClientId]:
+        """A client's place in rank order: its rank, then its id (unranked clients last)."""
+        return self.rank.get(cid, math.inf), cid
+
     def order(self, available: Iterable[ClientId]) -> list[ClientId]:
         """The clients in rank order (the order every sample and every aggregation follows)."""
-        return sorted(available, key=lambda cid: (self.rank.get(cid, math.inf), cid))
+        return sorted(available, key=self.key)
 
     def sample(self, available: Iterable[ClientId], k: int, evaluation: bool = False) -> list[ClientId]:
         """``k`` distinct clients (all of them when fewer are available), in rank order."""

@@ -289,12 +289,15 @@ class MethodServer:
     ``clients_per_round`` clients train each round (``None``: ``ceil(fraction_train · n)`` of the
     ``n`` connected, at least ``min_train_clients``), drawn by a ``Sampler`` seeded with ``seed``
     after ordering clients by ``node_rank`` (e.g. their partition id): Flower's node ids change from
-    run to run, so ranking by something stable makes runs repeatable.
+    run to run, so ranking by something stable makes runs repeatable. A strategy sets the ranks
+    (``node_rank``) or lets the server learn them from what clients report under ``rank_key``
+    (``learn_rank``); a client keeps the first rank it reports.
     """
 
     def __init__(self, method: ServerStep, clients_per_round: int | None = None, *, fraction_train: float = 1.0,
                  min_train_clients: int = 1, seed: int = 0, device: str | torch.device = "cpu",
-                 store_dir: str | Path | None = None, bounds: ReplyBounds | None = None) -> None:
+                 store_dir: str | Path | None = None, bounds: ReplyBounds | None = None,
+                 rank_key: str | None = None) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
         if not 0 < fraction_train <= 1:
@@ -307,10 +310,15 @@ class MethodServer:
         self.bounds = bounds or ReplyBounds()
         self.seed = seed
         self.sampler = Sampler(seed)
+        #: the metric under which clients report their rank (None: ranks are only set, never learned)
+        self.rank_key = rank_key
+        self._claims: dict[int, ClientId] = {}  # rank -> the first client that has it
+        self._asked: set[ClientId] = set()
+        self._duplicate_reported = self._unranked_reported = False
         self.layout: ParamLayout | None = None
         #: the clients sampled in the last round, in the method's row order
         self.last_participants: list[ClientId] = []
-        self._plan_order: dict[ClientId, int] = {}
+        self._sampled: set[ClientId] = set()
         #: the model each of the round's trainers was sent (``ReplyBounds`` measures changes from it)
         self._sent: dict[ClientId, torch.Tensor] = {}
         self._settings_seen = False
@@ -324,6 +332,45 @@ class MethodServer:
     @node_rank.setter
     def node_rank(self, rank: dict[ClientId, int]) -> None:
         self.sampler.rank = dict(rank)
+        self._claims = {}
+        for cid, r in sorted(rank.items(), key=lambda item: self.sampler.key(item[0])):
+            self._claims.setdefault(r, cid)
+
+    def learn_rank(self, client_id: ClientId, value: Any) -> str | None:
+        """Take ``value`` (a finite, integer-valued number) as ``client_id``'s rank unless it has one.
+        Returns a message the first time two clients claim the same rank (they are then ordered by
+        client id among themselves), else ``None``."""
+        if client_id in self.sampler.rank or not (is_finite_number(value) and float(value).is_integer()):
+            return None
+        rank = int(value)
+        self.sampler.rank[client_id] = rank
+        first = self._claims.setdefault(rank, client_id)
+        if first == client_id or self._duplicate_reported:
+            return None
+        self._duplicate_reported = True
+        return (f"nodes {first} and {client_id} both report {self.rank_key} = {rank}: they are ordered by node id "
+                "among themselves, which changes from run to run (further nodes sharing a rank are not reported)")
+
+    def unasked(self, available: Iterable[ClientId]) -> list[ClientId]:
+        """The clients of ``available`` without a rank that were not asked for one yet, now marked asked
+        (a strategy asks each client at most once per run); none when ranks are not learned."""
+        if self.rank_key is None:
+            return []
+        out = [c for c in available if c not in self.sampler.rank and c not in self._asked]
+        self._asked.update(out)
+        return out
+
+    def rank_problem(self, available: Iterable[ClientId], advice: str) -> str | None:
+        """Once per run, when a draw from ``available`` meets clients without a rank: what follows and
+        ``advice`` on how clients report one; else ``None``."""
+        pool = list(available)
+        missing = sum(c not in self.sampler.rank for c in pool)
+        if not missing or self.rank_key is None or self._unranked_reported:
+            return None
+        self._unranked_reported = True
+        return (f"{missing} of {len(pool)} nodes did not report '{self.rank_key}', the rank that orders nodes for "
+                "sampling: those nodes are ordered by node id, which changes from run to run: the same seed then "
+                f"samples other clients; {advice}")
 
     @property
     def initialized(self) -> bool:
@@ -356,9 +403,15 @@ class MethodServer:
         return self.sampler.sample(available, k)
 
     def participants(self, num_available: int) -> int:
+        """How many of ``num_available`` clients a training round samples."""
         if self.clients_per_round is not None:
             return self.clients_per_round
         return max(self.min_train_clients, math.ceil(self.fraction_train * num_available))
+
+    @staticmethod
+    def evaluators(num_available: int, fraction: float, minimum: int = 1) -> int:
+        """How many of ``num_available`` clients evaluate: all (``fraction >= 1``) or ``max(minimum, ceil(fraction · n))``."""
+        return num_available if fraction >= 1.0 else max(minimum, math.ceil(fraction * num_available))
 
     def plan_training(self, server_round: int, available: Iterable[ClientId]) -> list[Instruction]:
         """Sample the round's participants and return the method's training instructions."""
@@ -367,7 +420,7 @@ class MethodServer:
         sampled = self.last_participants = self.sample(pool, self.participants(len(pool)))
         chosen = set(sampled)
         plan = self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
-        self._plan_order = {ins.client_id: i for i, ins in enumerate(plan)}
+        self._sampled = chosen
         self._sent = {ins.client_id: ins.model for ins in plan}
         return plan
 
@@ -377,8 +430,8 @@ class MethodServer:
         if fraction <= 0:
             return []
         pool = self.sampler.order(available)
-        k = max(minimum, math.ceil(fraction * len(pool)))
-        ids = pool if fraction >= 1.0 or k >= len(pool) else self.sampler.sample(pool, k, evaluation=True)
+        k = self.evaluators(len(pool), fraction, minimum)
+        ids = pool if k >= len(pool) else self.sampler.sample(pool, k, evaluation=True)
         return self.method.evaluation_instructions(server_round, ids)
 
     def check(self, raw: RawReply) -> Reply:
@@ -415,11 +468,11 @@ class MethodServer:
                 f"'Using a strategy in your own Flower app'", fatal)
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> torch.Tensor | None:
-        """Give the accepted replies to the method, in the order of the round's instructions (replies
-        arrive in any order; sums over them must not depend on it); returns the new global model
-        (``None``: none)."""
+        """Give the accepted replies to the method in the order of the round's instructions (the sampled
+        clients, then the others, each in rank order, with ranks learned since the plan): replies arrive
+        in any order, and sums over them must not depend on it. Returns the new global model (``None``: none)."""
         if replies:
-            ordered = sorted(replies, key=lambda r: (self._plan_order.get(r.client_id, math.inf), str(r.client_id)))
+            ordered = sorted(replies, key=lambda r: (r.client_id not in self._sampled, self.sampler.key(r.client_id)))
             self.method.aggregate(server_round, ordered)
         return self.method.global_model()
 

@@ -15,11 +15,10 @@ import re
 from logging import WARNING
 from typing import Any
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from strategies.nodes import sender, senders
+from strategies.nodes import query
 
 from flower_pfl.config import ConfigError
 
@@ -33,21 +32,17 @@ def query_nodes(grid: Grid, timeout: float = 120.0) -> dict[int, dict[str, Any]]
     Every node loads its data and model to answer, so a run config they cannot serve fails here, before
     any training: ``ConfigError`` with the nodes' errors when no node answers and some report an error.
     Nodes that fail while others answer, and nodes that claim the same partition, are logged as warnings."""
-    messages = [Message(RecordDict({"config": ConfigRecord()}), message_type=MessageType.QUERY, dst_node_id=n)
-                for n in grid.get_node_ids()]
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
-    addressed = senders(messages)  # a reply the SuperLink makes itself comes from node 1
+    asked = list(grid.get_node_ids())
     info: dict[int, dict[str, Any]] = {}
     errors: dict[str, list[int]] = {}
-    for reply in replies:
-        node = sender(reply, addressed)
+    for node, reply in query(grid, asked, timeout):
         if reply.has_error():
             errors.setdefault(_gist(reply.error.reason), []).append(node)
         elif reply.content.metric_records:
             metrics = next(iter(reply.content.metric_records.values()))
             if "partition-id" in metrics:
                 info[node] = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
-    _report(info, errors, len(messages))
+    _report(info, errors, len(asked))
     return info
 
 

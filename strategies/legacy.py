@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from logging import INFO, WARNING
+from concurrent.futures import ThreadPoolExecutor
+from logging import DEBUG, INFO, WARNING
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 from flwr.common import (
-    EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays,
+    Code, EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns, Parameters, Scalar, ndarrays_to_parameters,
+    parameters_to_ndarrays,
 )
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
@@ -22,6 +24,7 @@ from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundRep
 
 from .metrics import ACCURACY, NUM_EXAMPLES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics
 from .nodes import NODE_WAIT_TIMEOUT
+from .ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from .replies import receive_round
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
@@ -82,6 +85,10 @@ class LegacyMethodStrategy(Strategy):
               "has it (client steps that correct gradients or report per-step quantities need it).",
         "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.",
+        "rank_key": "The metric (or property) under which clients report a stable rank (e.g. their partition id) that orders "
+                    "them for sampling and aggregation, as node ids change from run to run; learned from fit and evaluate "
+                    "metrics and, before a draw, from one ``get_properties`` call to each client without one. None: clients "
+                    "are ordered by node id.",
     }
     CONTRACT = (
         "Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of "
@@ -119,6 +126,7 @@ class LegacyMethodStrategy(Strategy):
         lr: float | None = None,
         local_steps: int | None = None,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
+        rank_key: str | None = "partition-id",
     ) -> None:
         super().__init__()
         if not node_wait_timeout >= 0:
@@ -127,7 +135,7 @@ class LegacyMethodStrategy(Strategy):
         self.client_defaults = {k: v for k, v in ((LR, lr), (LOCAL_STEPS, local_steps)) if v is not None}
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_fit, min_train_clients=min_fit_clients,
                                    seed=seed, device=device, store_dir=store_dir,
-                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio))
+                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio), rank_key=rank_key)
         self.node_wait_timeout = node_wait_timeout
         self.initial_parameters: Parameters | None = None
         if initial_parameters is not None:
@@ -169,6 +177,13 @@ class LegacyMethodStrategy(Strategy):
                 self.min_available_clients, self.node_wait_timeout)
         return {client_id(proxy): proxy for proxy in client_manager.all().values()}
 
+    def _prepare_draw(self, clients: Mapping[Any, ClientProxy], k: int, server_round: int) -> None:
+        """Before ``k`` of ``clients`` are drawn: ask the unranked ones for their rank (``strategies.ranks``)."""
+        def ask(ids: list[Any]) -> list[tuple[Any, Mapping[str, Scalar]]]:
+            return properties({c: clients[c] for c in ids}, self.node_wait_timeout, server_round)
+
+        prepare_draw(self.server, list(clients), k, ask, LEGACY_ADVICE)
+
     def _instructions(self, plan: list[Instruction], clients: Mapping[Any, ClientProxy], config: dict[str, Scalar],
                       server_round: int, kind: type) -> list[tuple[ClientProxy, Any]]:
         return [(clients[ins.client_id], kind(ndarrays_to_parameters(self.server.to_arrays(ins.model)),
@@ -178,6 +193,7 @@ class LegacyMethodStrategy(Strategy):
         if not self.server.initialized:
             self._initialize(parameters)
         clients = self._clients(client_manager)
+        self._prepare_draw(clients, self.server.participants(len(clients)), server_round)
         plan = self.server.plan_training(server_round, clients)
         log(INFO, "configure_fit: %d clients train", len(plan))
         config = {**self.client_defaults, **(dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {})}
@@ -188,6 +204,7 @@ class LegacyMethodStrategy(Strategy):
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[tuple[ClientProxy, FitRes] | BaseException]
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        learn_ranks(self.server, [(client_id(proxy), res.metrics) for proxy, res in results])
         batch, raws = RoundReplies(failed=len(failures)), []
         for failure in failures:
             who = f"client {failure[0].cid}" if isinstance(failure, tuple) else "a client"
@@ -215,6 +232,8 @@ class LegacyMethodStrategy(Strategy):
         if self.fraction_evaluate <= 0 or not self.server.initialized:
             return []
         clients = self._clients(client_manager)
+        self._prepare_draw(clients, self.server.evaluators(len(clients), self.fraction_evaluate, self.min_evaluate_clients),
+                           server_round)
         plan = self.server.plan_evaluation(server_round, clients, self.fraction_evaluate, self.min_evaluate_clients)
         config = dict(self.on_evaluate_config_fn(server_round)) if self.on_evaluate_config_fn else {}
         return self._instructions(plan, clients, config, server_round, EvaluateIns)
@@ -222,7 +241,7 @@ class LegacyMethodStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
     ) -> tuple[float | None, dict[str, Scalar]]:
-        rows = [(client_id(proxy), {**res.metrics, NUM_EXAMPLES: res.num_examples}) for proxy, res in results]
+        rows = ranked_rows(self.server, [(client_id(proxy), {**res.metrics, NUM_EXAMPLES: res.num_examples}) for proxy, res in results])
         losses = {client_id(proxy): res.loss for proxy, res in results}
         kept_rows, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
@@ -241,3 +260,20 @@ class LegacyMethodStrategy(Strategy):
         if self.evaluate_fn is None or model is None:
             return None
         return self.evaluate_fn(server_round, self.server.to_arrays(model), {})
+
+
+def properties(proxies: Mapping[Any, ClientProxy], timeout: float, group_id: int) -> list[tuple[Any, Mapping[str, Scalar]]]:
+    """``(id, properties)`` of the clients whose ``get_properties`` answers (asked in parallel). A client
+    without it answers ``GET_PROPERTIES_NOT_IMPLEMENTED``; on a grid, a ClientApp that cannot take the
+    legacy message answers with an error, which the proxy raises: both are left out."""
+    def ask(item: tuple[Any, ClientProxy]) -> tuple[Any, Mapping[str, Scalar]] | None:
+        cid, proxy = item
+        try:
+            res = proxy.get_properties(GetPropertiesIns({}), timeout, group_id)
+        except Exception as err:  # noqa: BLE001 - whatever the transport raises, the client is unranked
+            log(DEBUG, "client %s: get_properties failed (%s)", cid, err)
+            return None
+        return (cid, res.properties) if res.status.code == Code.OK else None
+
+    with ThreadPoolExecutor() as pool:
+        return [answer for answer in pool.map(ask, proxies.items()) if answer is not None]

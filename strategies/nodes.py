@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 
 #: seconds a round waits for missing nodes before it goes on with those connected (run config ``node-wait-timeout``)
@@ -63,6 +63,15 @@ def sender(reply: Message, sent_to: dict[str, int]) -> int:
     """The node a reply answers for: errors the SuperLink makes for an unreachable node carry the
     SuperLink's own id as their source, so the instruction's destination is used."""
     return sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+
+
+def query(grid: Any, node_ids: Iterable[int], timeout: float) -> list[tuple[int, Message]]:
+    """Send each of ``node_ids`` a QUERY message (an empty ConfigRecord ``config``); ``(node, reply)``
+    for the replies that came within ``timeout`` seconds, errors included."""
+    messages = [Message(RecordDict({"config": ConfigRecord()}), message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    sent_to = senders(messages)  # ids are set once sent; a reply the SuperLink makes itself comes from node 1
+    return [(sender(reply, sent_to), reply) for reply in replies]
 
 
 def split_replies(server_round: int, replies: Iterable[Message], sent: Iterable[Message]) -> tuple[list[tuple[int, Message]], int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
-from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import Code, FitRes, GetPropertiesRes, Parameters, Status, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.supercore.task_identity import TaskIdentity
@@ -63,26 +63,56 @@ def set_task_identity() -> None:
 
 
 class FakeGrid:
-    """Only what the strategies call: the connected node ids."""
+    """Only what the strategies call: the connected node ids, and answers to QUERY messages: the
+    metrics ``answers`` holds for a node, else the error of a ClientApp without ``@app.query()``.
+    ``queried`` lists the nodes each ``send_and_receive`` call addressed."""
 
-    def __init__(self, node_ids: Iterable[int]) -> None:
+    def __init__(self, node_ids: Iterable[int], answers: dict[int, dict] | None = None) -> None:
         self.node_ids = list(node_ids)
+        self.answers = dict(answers or {})
+        self.queried: list[list[int]] = []
 
     def get_node_ids(self) -> list[int]:
         return list(self.node_ids)
 
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        assert all(m.metadata.message_type == MessageType.QUERY for m in messages)
+        self.queried.append([m.metadata.dst_node_id for m in messages])
+        return [_reply(m, RecordDict({"metrics": MetricRecord(self.answers[m.metadata.dst_node_id])}))
+                if m.metadata.dst_node_id in self.answers
+                else _reply(m, None, error=Error(code=0, reason="ValueError: No query function registered with name 'default'"))
+                for m in messages]
+
 
 class FakeProxy(ClientProxy):
-    def get_properties(self, *a, **k):  # pragma: no cover - never called
+    """A legacy client proxy whose ``get_properties`` returns ``properties`` (None: a NumPyClient that
+    does not override it; an exception: raised, as a grid's proxy raises an error reply)."""
+
+    def __init__(self, cid: str, properties: dict | BaseException | None = None) -> None:
+        super().__init__(cid)
+        self.properties = properties
+        self.asked = 0
+
+    def get_properties(self, ins, timeout, group_id):
+        self.asked += 1
+        if isinstance(self.properties, BaseException):
+            raise self.properties
+        if self.properties is None:
+            return GetPropertiesRes(Status(Code.GET_PROPERTIES_NOT_IMPLEMENTED, "not implemented"), {})
+        return GetPropertiesRes(Status(Code.OK, ""), dict(self.properties))
+
+    def get_parameters(self, *a, **k):  # pragma: no cover - never called
         raise NotImplementedError
 
-    get_parameters = fit = evaluate = reconnect = get_properties
+    fit = evaluate = reconnect = get_parameters
 
 
-def client_manager(cids: Iterable[str]) -> SimpleClientManager:
+def client_manager(cids: Iterable[str], properties: dict | None = None) -> SimpleClientManager:
+    """Proxies for ``cids``; ``properties``: cid -> what its ``get_properties`` gives (see ``FakeProxy``)."""
     cm = SimpleClientManager()
     for cid in cids:
-        cm.register(FakeProxy(cid))
+        cm.register(FakeProxy(cid, (properties or {}).get(cid)))
     return cm
 
 

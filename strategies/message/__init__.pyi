@@ -82,11 +82,13 @@ class FedACS(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedACS]
-    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, p: float = 0.5, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class FedAttn(MethodStrategy):
@@ -151,11 +153,13 @@ class FedAttn(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAttn]
-    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, k: int = 5, d_k: int = 16, attention_lr: float = 0.01, bias_reg: float = 0.0, warmup_rounds: int = 0, learn_values: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class FedMCSA(MethodStrategy):
@@ -223,11 +227,13 @@ class FedMCSA(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedMCSA]
-    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, sigma: float = 50.0, lam: float = 5.0, grouping: str = 'tensor', all_clients_train: bool = False, client_settings: Mapping[str, Any] | None = None, evaluation_settings: Mapping[str, Any] | None = None, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class IGFL(MethodStrategy):
@@ -286,11 +292,13 @@ class IGFL(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_IGFL]
-    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, attention: str | None = 'self', client_correction: bool = True, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class APFL(MethodStrategy):
@@ -345,11 +353,13 @@ class APFL(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_APFL]
-    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_init: float = 0.5, alpha_lr: float = 0.02, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class Ditto(MethodStrategy):
@@ -402,11 +412,13 @@ class Ditto(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Ditto]
-    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, lam: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class FedAMP(MethodStrategy):
@@ -468,11 +480,13 @@ class FedAMP(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 1.0, lam: float = 1.0, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class FedPer(MethodStrategy):
@@ -529,11 +543,13 @@ class FedPer(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedPer]
-    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, head_layers: int = 1, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class HeurFedAMP(MethodStrategy):
@@ -594,11 +610,13 @@ class HeurFedAMP(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_HeurFedAMP]
-    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha_k: float = 0.05, sigma: float = 10.0, lam: float = 1.0, all_clients_train: bool = False, self_weight: float = 0.3, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class Local(MethodStrategy):
@@ -650,11 +668,13 @@ class Local(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Local]
-    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, all_clients_train: bool = False, clients_per_round: int | None = 10, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class PerFedAvg(MethodStrategy):
@@ -707,11 +727,13 @@ class PerFedAvg(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PerFedAvg]
-    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, alpha: float = 0.01, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class PFedMe(MethodStrategy):
@@ -771,11 +793,13 @@ class PFedMe(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PFedMe]
-    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, beta: float = 1.0, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 
 
 class SCAFFOLD(MethodStrategy):
@@ -830,9 +854,11 @@ class SCAFFOLD(MethodStrategy):
         The clients' local steps, sent as ``local-steps`` unless the training config has them.
     node_wait_timeout : float (default 120.0)
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
+    rank_key : str | None (default 'partition-id')
+        The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
     
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_SCAFFOLD]
-    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0) -> None: ...
+    def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
 

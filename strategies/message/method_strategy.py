@@ -18,7 +18,8 @@ from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundRep
 from ..metrics import (
     ACCURACY, NUM_EXAMPLES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics,
 )
-from ..nodes import NODE_WAIT_TIMEOUT, NodeWatch, split_replies
+from ..nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
+from ..ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from ..replies import receive_round
 
 MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
@@ -65,6 +66,9 @@ class MethodStrategy(Strategy):
               "has it (client steps that correct gradients or report per-step quantities need it).",
         "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.",
+        "rank_key": "The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them "
+                    "for sampling and aggregation, as node ids change from run to run; learned from replies and, before a "
+                    "draw, from one QUERY message to each node without one. None: nodes are ordered by node id.",
     }
     CONTRACT = (
         "Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the "
@@ -99,12 +103,13 @@ class MethodStrategy(Strategy):
         lr: float | None = None,
         local_steps: int | None = None,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
+        rank_key: str | None = "partition-id",
     ) -> None:
         #: settings sent with every training instruction unless the user's config has them
         self.client_defaults = {k: v for k, v in ((LR, lr), (LOCAL_STEPS, local_steps)) if v is not None}
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_train,
                                    min_train_clients=min_train_nodes, seed=seed, device=device, store_dir=store_dir,
-                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio))
+                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio), rank_key=rank_key)
         self.nodes = NodeWatch(node_wait_timeout)
         self._outbox: list[Message] = []
         self.min_available_nodes = min_available_nodes
@@ -130,6 +135,13 @@ class MethodStrategy(Strategy):
     def _nodes(self, grid: Grid) -> list[int]:
         return self.nodes.wait(grid, self.min_available_nodes)
 
+    def _prepare_draw(self, grid: Grid, nodes: list[int], k: int) -> None:
+        """Before ``k`` of ``nodes`` are drawn: ask the unranked ones for their rank (``strategies.ranks``)."""
+        def ask(ids: list[Any]) -> list[tuple[Any, dict[str, Any]]]:
+            return [(node, _metrics(reply)) for node, reply in query(grid, ids, self.nodes.timeout) if not reply.has_error()]
+
+        prepare_draw(self.server, nodes, k, ask, MESSAGE_ADVICE)
+
     def _initialize(self, arrays: ArrayRecord) -> None:
         if not self.server.initialized:
             self.server.initialize({k: v.numpy() for k, v in arrays.items()})
@@ -145,7 +157,9 @@ class MethodStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         self._initialize(arrays)
-        plan = self.server.plan_training(server_round, self._nodes(grid))
+        nodes = self._nodes(grid)
+        self._prepare_draw(grid, nodes, self.server.participants(len(nodes)))
+        plan = self.server.plan_training(server_round, nodes)
         log(INFO, "configure_train: %d nodes train", len(plan))
         config = ConfigRecord({**self.client_defaults, **config})
         self._outbox = self._messages(plan, config, server_round, MessageType.TRAIN)
@@ -155,6 +169,7 @@ class MethodStrategy(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         good, failed = split_replies(server_round, replies, self._outbox)
+        learn_ranks(self.server, [(node_id, _metrics(msg)) for node_id, msg in good])
         batch, raws = RoundReplies(failed=failed), []
         for node_id, msg in good:
             try:
@@ -174,7 +189,9 @@ class MethodStrategy(Strategy):
         if self.fraction_evaluate <= 0:
             return []
         self._initialize(arrays)
-        plan = self.server.plan_evaluation(server_round, self._nodes(grid), self.fraction_evaluate, self.min_evaluate_nodes)
+        nodes = self._nodes(grid)
+        self._prepare_draw(grid, nodes, self.server.evaluators(len(nodes), self.fraction_evaluate, self.min_evaluate_nodes))
+        plan = self.server.plan_evaluation(server_round, nodes, self.fraction_evaluate, self.min_evaluate_nodes)
         self._outbox = self._messages(plan, config, server_round, MessageType.EVALUATE)
         return self._outbox
 
@@ -183,7 +200,7 @@ class MethodStrategy(Strategy):
         usable ``num-examples``, or with an ``accuracy_key`` outside [0, 1] (``check_evaluation``), are
         left out with a logged reason."""
         good, _ = split_replies(server_round, replies, self._outbox)
-        rows = [(node_id, _metrics(msg, self.weighted_by_key)) for node_id, msg in good]
+        rows = ranked_rows(self.server, [(node_id, _metrics(msg, self.weighted_by_key)) for node_id, msg in good])
         kept, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
         if not kept:
