@@ -70,12 +70,13 @@ def spread(values: Sequence[float], key: str) -> dict[str, float]:
 
 
 def round_metrics(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], accuracy_key: str = "accuracy",
-                  also: Sequence[str] = (), skip: str = "num-examples") -> dict[str, Any]:
+                  also: Sequence[str] = (), skip: Collection[str] = ("num-examples",)) -> dict[str, Any]:
     """One evaluated round: ``weighted_means`` of every metric under the clients' own names (so
     ``<accuracy_key>`` is the sample-weighted mean, as Flower reports it), ``spread`` of
     ``accuracy_key`` and of each key in ``also`` over the clients that report it, and
-    ``clients-evaluated`` (clients with a finite ``accuracy_key``). ``skip``: the weight's own key."""
-    out = weighted_means(rows, weights, skip=(skip,))
+    ``clients-evaluated`` (clients with a finite ``accuracy_key``). ``skip``: the weight's own key and
+    metrics that name rather than measure."""
+    out = weighted_means(rows, weights, skip=skip)
     for key in (accuracy_key, *also):
         values = [float(r[key]) for r in rows if numbers(r.get(key)) is not None and np.ndim(r[key]) == 0]
         if values:

@@ -22,7 +22,7 @@ from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded, is_finite_number
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from .metrics import ACCURACY, NUM_EXAMPLES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics
+from .metrics import ACCURACY, NUM_EXAMPLES, IDENTITIES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics
 from .nodes import NODE_WAIT_TIMEOUT
 from .ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from .replies import receive_round
@@ -148,7 +148,7 @@ class LegacyMethodStrategy(Strategy):
         self.on_evaluate_config_fn = on_evaluate_config_fn
         self.accuracy_key = accuracy_key
         #: the personalized summary of ``accuracy_key``, added to what ``evaluate_metrics_aggregation_fn`` returns
-        self.personalized = PersonalizedMetrics(accuracy_key)
+        self.personalized = PersonalizedMetrics(accuracy_key, IDENTITIES + ((rank_key,) if rank_key else ()))
         self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn
         self.evaluate_fn = evaluate_fn
 

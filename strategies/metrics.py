@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from logging import WARNING
 from typing import Any
 
@@ -21,6 +21,8 @@ from flower_pfl.reply_checks import (
 )
 
 ACCURACY, LOSS, NUM_EXAMPLES = "accuracy", "loss", "num-examples"
+#: evaluation metrics that name rather than measure (a node's partition, a CRC of its model): never averaged
+IDENTITIES = ("partition-id", "model-fingerprint")
 
 
 def checked_evaluations(rows: Iterable[tuple[Hashable, Mapping[str, Any]]], accuracy_key: str = ACCURACY,
@@ -51,15 +53,17 @@ class PersonalizedMetrics:
     FedAvg reports it, plus the personalized view of ``accuracy_key`` over clients
     (``<key>-mean``, ``-std``, ``-min``, ``clients-evaluated``) and ``<key>-bmta``, the best
     ``<key>-mean`` so far (BMTA). ``global-accuracy`` (a method's global model, pFedMe's GM) gets the
-    same spread. Clients that lack ``accuracy_key`` still count for the other metrics; when none
-    reports it, one warning names the metrics they do report.
+    same spread; ``identities`` (a node's ``partition-id``, ``model-fingerprint``) are not averaged.
+    Clients that lack ``accuracy_key`` still count for the other metrics; when none reports it, one
+    warning names the metrics they do report.
 
     Message API: ``evaluate_metrics_aggr_fn=PersonalizedMetrics("eval-acc")``; legacy API:
     ``evaluate_metrics_aggregation_fn=PersonalizedMetrics("eval-acc").legacy``.
     """
 
-    def __init__(self, accuracy_key: str = ACCURACY) -> None:
+    def __init__(self, accuracy_key: str = ACCURACY, identities: Collection[str] = IDENTITIES) -> None:
         self.accuracy_key = accuracy_key
+        self.identities = tuple(identities)
         #: the best ``<key>-mean`` so far (restored from a resumed run's history)
         self.best = -math.inf
         self._warned = False
@@ -70,14 +74,15 @@ class PersonalizedMetrics:
     def aggregate(self, rows: list[Mapping[str, Any]], weights: list[float], weight_key: str = NUM_EXAMPLES) -> dict[str, Any]:
         """``round_metrics`` of the rows (``weight_key`` left out) and the running BMTA."""
         key = self.accuracy_key
-        out = round_metrics(rows, weights, key, also=() if key == GLOBAL_ACCURACY else (GLOBAL_ACCURACY,), skip=weight_key)
+        out = round_metrics(rows, weights, key, also=() if key == GLOBAL_ACCURACY else (GLOBAL_ACCURACY,),
+                            skip=(weight_key, *self.identities))
         mean = out.get(f"{key}-mean")
         if mean is not None:
             self.best = max(self.best, mean)
             out[f"{key}-bmta"] = self.best
         elif rows and not self._warned:
             self._warned = True
-            seen = sorted({k for r in rows for k in r} - {weight_key})
+            seen = sorted({k for r in rows for k in r} - {weight_key, *self.identities})
             log(WARNING, "no client reports '%s' in its evaluation (they report %s): the personalized summary "
                 "needs accuracy_key=<the clients' accuracy metric>", key, ", ".join(seen) or "nothing")
         return out
@@ -97,7 +102,7 @@ class PersonalizedMetrics:
 def weighted_train_metrics(results: list[tuple[int, Mapping[str, object]]], weight_key: str = NUM_EXAMPLES) -> dict[str, Any]:
     """Flower's FedAvg training metrics: every numeric metric's sample-weighted mean under its own
     name (``flower_pfl.metrics.weighted_means``; non-numeric or non-finite values are left out)."""
-    return weighted_means([m for _, m in results], [float(n) for n, _ in results], skip=(weight_key,))
+    return weighted_means([m for _, m in results], [float(n) for n, _ in results], skip=(weight_key, *IDENTITIES))
 
 
 def reply_counts(batch: RoundReplies) -> dict[str, float]:

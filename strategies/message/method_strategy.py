@@ -16,7 +16,7 @@ from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, is_number, MAX_UPDATE_RATI
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
 from ..metrics import (
-    ACCURACY, NUM_EXAMPLES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics,
+    ACCURACY, NUM_EXAMPLES, IDENTITIES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics,
 )
 from ..nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
 from ..ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
@@ -120,7 +120,7 @@ class MethodStrategy(Strategy):
         self.configrecord_key = configrecord_key
         self.accuracy_key = accuracy_key
         #: the personalized summary of ``accuracy_key``, added to what ``evaluate_metrics_aggr_fn`` returns
-        self.personalized = PersonalizedMetrics(accuracy_key)
+        self.personalized = PersonalizedMetrics(accuracy_key, IDENTITIES + ((rank_key,) if rank_key else ()))
         self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
 
     @property

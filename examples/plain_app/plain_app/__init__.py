@@ -1,0 +1,1 @@
+"""An ordinary Flower app, not written for any particular strategy."""

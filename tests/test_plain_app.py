@@ -1,0 +1,99 @@
+"""Every strategy dropped into an app that was not written for it (``examples/plain_app``): a plain-SGD
+client reporting ``eval-acc`` / ``eval-loss``, a ServerApp that builds its strategy from an import path,
+and a legacy twin. The run goes exactly as the README's client-contract table says: it trains and reports
+the app's own metric names, warns once where the method asks the client for more than plain training,
+and fails with the reason where the method cannot work without it. The server and client code are what
+``flwr run`` executes (``server_apps.inprocess`` leaves out only the transport)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+from flwr.server import ServerConfig
+from flwr.server.compat import start_grid
+
+import fabricate as fb
+from conftest import ROOT
+from flower_pfl.reply_checks import ClientRuleMissing
+from server_apps.inprocess import InProcessGrid
+
+sys.path.insert(0, str(ROOT / "examples" / "plain_app"))
+from plain_app import legacy, server_app  # noqa: E402
+from plain_app.client_app import app as client_app  # noqa: E402
+
+NODES, ROUNDS = 6, 6
+CONFIG = {"num-rounds": ROUNDS, "fraction-train": 0.5, "lr": 0.1, "local-steps": 10}
+#: the README's table, column "if the client ignores it": nothing to ignore, a warning, or a failure
+PLAIN = ["FedACS", "Local", "FedPer"]
+WARNS = ["FedMCSA", "FedAMP", "HeurFedAMP", "IGFL", "PFedMe", "Ditto", "APFL", "PerFedAvg"]
+FAILS = ["SCAFFOLD", "FedAttn"]
+#: methods whose personalization lives in the server's store: with a plain client they still personalize
+SERVER_PERSONALIZED = ["FedACS", "Local", "FedPer", "FedMCSA", "FedAMP", "HeurFedAMP"]
+
+
+def _run(api: str, strategy: str, args: dict) -> dict[int, dict[str, float]]:
+    """The app's evaluation metrics per round."""
+    fb.set_task_identity()
+    cfg = {**CONFIG, "strategy": strategy, "strategy-args": json.dumps(args)}
+    if api == "message":
+        result = server_app.run(InProcessGrid(client_app, NODES, cfg), cfg)  # type: ignore[arg-type]
+        return {rnd: dict(m) for rnd, m in result.evaluate_metrics_clientapp.items()}
+    context = type("Context", (), {"run_config": cfg})()
+    parts = legacy.server_fn(context)  # type: ignore[arg-type]
+    history = start_grid(grid=InProcessGrid(legacy.client_app, NODES, cfg), strategy=parts.strategy,  # type: ignore[arg-type]
+                         config=ServerConfig(num_rounds=ROUNDS))
+    rounds: dict[int, dict[str, float]] = {}
+    for key, values in history.metrics_distributed.items():
+        for rnd, value in values:
+            rounds.setdefault(rnd, {})[key] = value
+    for rnd, loss in history.losses_distributed:
+        rounds.setdefault(rnd, {})["loss"] = loss
+    return rounds
+
+
+def _ours(api: str, name: str) -> str:
+    return f"strategies.message.{name}" if api == "message" else f"strategies.{name}"
+
+
+@pytest.fixture(scope="module")
+def flower_fedavg() -> dict[str, dict[int, dict[str, float]]]:
+    """Flower's own FedAvg in the same app, both APIs: the figure the methods are compared with."""
+    return {"message": _run("message", "flwr.serverapp.strategy.FedAvg", {}),
+            "legacy": _run("legacy", "flwr.server.strategy.FedAvg", {})}
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+@pytest.mark.parametrize("name", PLAIN + WARNS)
+def test_a_strategy_runs_in_a_plain_app_under_the_apps_metric_names(api, name, flower_fedavg, caplog):
+    caplog.set_level(logging.WARNING)
+    rounds = _run(api, _ours(api, name), {"accuracy_key": "eval-acc"})
+    assert sorted(rounds) == list(range(1, ROUNDS + 1))
+    flower = flower_fedavg[api][ROUNDS]
+    final = rounds[ROUNDS]
+    assert set(flower) <= set(final)  # every metric Flower's FedAvg reports, under the app's names
+    assert {"eval-acc-mean", "eval-acc-std", "eval-acc-min", "eval-acc-bmta", "clients-evaluated"} <= set(final)
+    assert final["clients-evaluated"] == NODES and 0 <= final["eval-acc-min"] <= final["eval-acc-mean"] <= 1
+    assert final["eval-acc-bmta"] == max(r["eval-acc-mean"] for r in rounds.values())
+    if name in SERVER_PERSONALIZED:  # half the clients name the classes the other way round: one model serves half
+        assert final["eval-acc"] > flower["eval-acc"] + 0.2, (final["eval-acc"], flower["eval-acc"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "ClientRule" in r.getMessage()]
+    assert len(warnings) == (1 if name in WARNS else 0), warnings
+    assert not [r.getMessage() for r in caplog.records if "no client reports" in r.getMessage()]
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+@pytest.mark.parametrize("name", FAILS)
+def test_a_method_that_cannot_work_without_its_client_rule_ends_the_run_saying_so(api, name):
+    with pytest.raises(ClientRuleMissing, match="ClientRule"):
+        _run(api, _ours(api, name), {"accuracy_key": "eval-acc"})
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_without_accuracy_key_the_run_goes_on_and_says_which_metrics_the_clients_report(api, caplog):
+    rounds = _run(api, _ours(api, "FedACS"), {})
+    assert all("eval-acc" in m and "accuracy-mean" not in m for m in rounds.values())
+    said = [r.getMessage() for r in caplog.records if "no client reports 'accuracy'" in r.getMessage()]
+    assert len(said) == 1 and "eval-acc" in said[0]
