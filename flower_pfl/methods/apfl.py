@@ -87,7 +87,7 @@ class APFLStep(ClientStep):
         self.alpha = float(min(1.0, max(0.0, self.alpha - self.alpha_lr * float(a_grad))))
         return float(loss.detach())
 
-    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, PERSONAL_STATE, [flatten_module(self.personal), torch.tensor([self.alpha], dtype=torch.float32)])
         return {}
 

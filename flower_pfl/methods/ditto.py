@@ -49,7 +49,7 @@ class DittoStep(ClientStep):
         self.personal_step.train_step(self.personal, lambda: batch, lr)
         return ClientStep.train_step(self, model, lambda: batch, lr)
 
-    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, PERSONAL_STATE, [flatten_module(self.personal)])
         return {}
 

@@ -101,7 +101,7 @@ class IGFLCorrection(ClientStep):
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
                 p.grad = -corrected_step(grad, dp, dg, lr=lr, steps=self.total_steps, num_participants=self.participants) / lr
 
-    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         if self.steps != self.total_steps:
             raise ValueError(f"IGFL-C's correction assumes local-steps = {self.total_steps} steps; {self.steps} were taken")
         keep(self.state, DELTA_STATE, [p.detach() - r for p, r in zip(trainable(model), self.received)])

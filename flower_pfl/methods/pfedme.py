@@ -96,7 +96,7 @@ class PFedMeStep(ClientStep):
         sgd_update(model, lr)
         return self.step_loss  # type: ignore[return-value]
 
-    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, THETA_STATE, [personalized_vector(model, self.theta)])
         return {}
 
