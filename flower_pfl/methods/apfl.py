@@ -108,6 +108,7 @@ class APFL(Method, GlobalModelStep):
     name = "apfl"
     strategy = "APFL"
     client = APFLStep
+    without_client_step = "runs as FedAvg: no personal model v_i or mixing weight α is trained"
 
     alpha_init: float = param(0.5, key="apfl-alpha-init", must=UNIT_INTERVAL, doc="the mixing weight α a client starts with")
     alpha_lr: float = param(0.02, key="apfl-alpha-lr", must=NON_NEGATIVE, doc="step of α (0 keeps it fixed)")

@@ -69,6 +69,7 @@ class Ditto(Method, GlobalModelStep):
     name = "ditto"
     strategy = "Ditto"
     client = DittoStep
+    without_client_step = "runs as FedAvg: no personal model v_i is trained"
 
     lam: float = param(1.0, key="ditto-lambda", must=NON_NEGATIVE, doc="weight λ of the personal model's pull toward the global model")
 

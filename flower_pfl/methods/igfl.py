@@ -135,6 +135,12 @@ class IGFL(Method, GlobalModelStep):
         self.global_delta = torch.zeros(layout.dim)
         self.previous: dict[Hashable, torch.Tensor] = {}
 
+    def ignored_step_consequence(self, step: type[ClientStep]) -> str:
+        """Without IGFL-C, IGFL is IGFL-S; IGFL-C (no attention) is FedAvg."""
+        if self.attention is None:
+            return "runs as FedAvg (no IGFL-C client correction, no attention)"
+        return "runs as IGFL-S (server attention only, no IGFL-C client correction)"
+
     def train_config(self, num_participants: int) -> Settings:
         """IGFL-C's inputs (``Δw_ps`` is zero before the first update)."""
         return {CORRECTION: self.client_correction, PARTICIPANTS: num_participants,

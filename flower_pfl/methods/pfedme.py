@@ -117,6 +117,7 @@ class PFedMe(Method, GlobalModelStep):
     name = "pfedme"
     strategy = "PFedMe"
     client = PFedMeStep
+    without_client_step = "runs as FedAvg with server mixing β: no personalized model θ_i is trained"
 
     beta: float = param(1.0, key="pfedme-beta", must=Rule(lambda v: 0 < v <= 2, "a number in (0, 2]"),
                         doc="server mixing β: w ← (1 − β) w + β mean(w_i)")
