@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 
 from client_apps import persisted_state
 from client_apps.rules import RecordState
-from flower_pfl.client_step import SERVER_ROUND, TrainData, train_locally
+from flower_pfl.client_step import SERVER_ROUND, Extras, TrainData, train_locally
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
 from flower_pfl.experiment import dataset_shape, load_client_data, make_model, resolve_device, solver_settings
@@ -68,9 +68,9 @@ class Node:
         device = next(self.model.parameters()).device
         return TrainData(self.data.x_train.to(device), self.data.y_train.to(device))
 
-    def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, bytes]]:
-        """Train with the client step ``config`` asks for; returns the metrics and the extra bytes
-        the server needs back."""
+    def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, float], Extras]:
+        """Train with the client step ``config`` asks for; returns the metrics and what the server
+        needs back (the step's bytes and receipt, ``ClientStep.finish``)."""
         persisted_state.restore(self.state, self.node_config, config, self.partition_id)
         step = client_step_for(config)(self.model, config, RecordState(self.state))
         result, extras = train_locally(step, self.model, self._train_data(), **solver_settings(config, self.cfg.seed, self.partition_id))

@@ -13,13 +13,15 @@ strategy asks for and hands you that step: the very object this package's own Cl
         F.cross_entropy(model(x), y).backward()
         rule.adjust_gradients(model, (x, y))
         optimizer.step()
-    extras = rule.finish(model, train_inputs)  # bytes the strategy needs back (often none)
+    extras = rule.finish(model, train_inputs)  # what the strategy needs back, with the step's receipt
 
 Send ``extras`` back as a ``ConfigRecord`` in the reply (Message API) or inside the fit
-metrics (legacy API). The IGFL-C, SCAFFOLD, FedAttn and pFedMe steps assume plain SGD steps of
-the instruction's ``lr`` (no momentum, weight decay, schedule or clipping); pass the optimizer
-to ``from_config`` to have that checked, and send ``lr`` and ``local-steps`` in the strategy's
-train config. The steps:
+metrics (legacy API): besides the bytes some steps return, they hold the step's receipt
+(``client-step``: the config key that asked for it), without which the strategy warns once that
+its clients ignored the step (the method then runs as another one, e.g. FedMCSA without λ).
+The IGFL-C, SCAFFOLD, FedAttn and pFedMe steps assume plain SGD steps of the instruction's
+``lr`` (no momentum, weight decay, schedule or clipping); pass the optimizer to ``from_config``
+to have that checked, and send ``lr`` and ``local-steps`` in the strategy's train config. The steps:
 
 - proximal term ``μ/2 ||w − a||²`` (FedMCSA, FedProx, FedAMP, HeurFedAMP; the anchor ``a`` is the
   received model, or the one the client remembered for FedMCSA's clients that were not sampled);

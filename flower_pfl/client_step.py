@@ -9,14 +9,16 @@ hooks (``client_apps.rules.ClientRule.from_config`` hands it out)::
         loss_fn(model(x), y).backward()
         step.adjust_gradients(model, (x, y))   # the method's change to the gradient
         optimizer.step()                       # plain SGD with the instruction's lr
-    extras = step.finish(model, x_train)       # bytes the server needs back (often none)
+    extras = step.finish(model, x_train)       # what the server needs back, and the step's receipt
 
 ``train_step`` is one iteration of that loop; methods that train a second model or take a
 second minibatch per step (Ditto, APFL, Per-FedAvg) override it, and are then not hooks
-on a user's loop (``hookable = False``). ``evaluation_model`` says which model a client
-evaluates when the evaluation instruction asks for the method's own (Ditto's personal
-model, pFedMe's θ_i, ...). State kept between rounds lives in a ``ClientState``: a mapping
-from a name to a list of tensors (``context.state`` through an adapter on a SuperNode).
+on a user's loop (``hookable = False``). ``finish`` adds the step's receipt to the bytes a
+step returns (``CLIENT_STEP``: the config key that asked for it), so the server notices clients
+that ignored the step. ``evaluation_model`` says which model a client evaluates when the
+evaluation instruction asks for the method's own (Ditto's personal model, pFedMe's θ_i, ...).
+State kept between rounds lives in a ``ClientState``: a mapping from a name to a list of tensors
+(``context.state`` through an adapter on a SuperNode).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ RUN_KEY, RESUMED_AFTER = "run-key", "resumed-after"
 #: proximal weight μ in ``min f_i(w) + μ/2 ||w − a||²`` (the key of Flower's Message-API FedProx;
 #: its legacy FedProx sends ``proximal_mu``, also understood)
 PROXIMAL_MU, LEGACY_PROXIMAL_MU = "proximal-mu", "proximal_mu"
+#: reply-extras entry with a client step's receipt (``ClientStep.receipt``): the client ran the step it was asked for
+CLIENT_STEP = "client-step"
 #: which model the proximal term pulls toward. Absent: the received model. ``ANCHOR_SET``: the
 #: received model, remembered in the client state. ``ANCHOR_KEEP``: the model remembered last
 #: (FedMCSA's W_local for clients that were not sampled this round; Algorithm 1, lines 8-14).
@@ -48,6 +52,8 @@ ANCHOR_STATE = "proximal-anchor"
 
 #: a client's state between rounds: name -> tensors (``client_apps.rules.RecordState`` wraps ``context.state``)
 ClientState = MutableMapping[str, list[torch.Tensor]]
+#: what a client step returns for the server: its bytes by reply key, and its receipt (a str)
+Extras = dict[str, bytes | str]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -106,9 +112,9 @@ class ClientStep:
     Subclasses override the hooks they need. Class attributes say what the step needs:
     ``key`` (the training-config entry that asks for it), ``evaluation_key`` (the
     evaluation-config entry that asks for its ``evaluation_model``), ``needs_state``,
-    ``needs_plain_sgd`` (its arithmetic assumes SGD steps of size ``config["lr"]``), and
+    ``needs_plain_sgd`` (its arithmetic assumes SGD steps of size ``config["lr"]``),
     ``hookable`` (``False``: it trains a second model or takes a second minibatch per
-    step, so only ``train_locally`` can run it).
+    step, so only ``train_locally`` can run it) and ``reply_keys``.
     """
 
     key: ClassVar[str | None] = None
@@ -119,6 +125,9 @@ class ClientStep:
     keeps_state: ClassVar[bool] = False
     needs_plain_sgd: ClassVar[bool] = False
     hookable: ClassVar[bool] = True
+    #: the reply keys ``end_round`` always returns; a reply without them is refused
+    #: (``MissingClientRule``), so they, not the receipt, show that the step ran
+    reply_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -136,6 +145,12 @@ class ClientStep:
         ``False`` (IGFL-S sends ``igfl-correction = False``; Ditto's λ may be 0)."""
         return cls.key is not None and cls.key in config and config[cls.key] is not False
 
+    @classmethod
+    def receipt(cls) -> str | None:
+        """What ``finish`` returns under ``CLIENT_STEP``: the config key that asks for the step
+        (``None``: plain SGD, which no instruction asks for)."""
+        return cls.key
+
     # --- the hooks a user's loop calls ---------------------------------------------------------
     def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
         """Call after ``loss.backward()`` and before ``optimizer.step()``."""
@@ -149,8 +164,17 @@ class ClientStep:
         """What the method adds to each trainable parameter's gradient (none by default)."""
         return []
 
-    def finish(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
-        """Call after the loop: update the client state, return the bytes the server needs back."""
+    def finish(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> Extras:
+        """Call after the loop: update the client state, return what the server needs back (the
+        step's bytes and its receipt; send it all with the reply)."""
+        extras: Extras = dict(self.end_round(model, inputs))
+        if (receipt := self.receipt()) is not None:
+            extras[CLIENT_STEP] = receipt
+        return extras
+
+    def end_round(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
+        """The step's part of ``finish``: update the client state, return the bytes the server needs
+        back (none by default)."""
         return {}
 
     # --- the package's loop --------------------------------------------------------------------
@@ -203,6 +227,10 @@ class Proximal(ClientStep):
     def wanted(cls, config: Mapping[str, Any]) -> bool:
         return proximal_mu(config) > 0
 
+    @classmethod
+    def receipt(cls) -> str | None:
+        return PROXIMAL_MU
+
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
         super().__init__(model, config, state, loss_fn)
@@ -222,9 +250,9 @@ class Proximal(ClientStep):
 
 
 def train_locally(step: ClientStep, model: nn.Module, data: TrainData, *, steps: int, lr: float, batch_size: int,
-                  generator: torch.Generator) -> tuple[LocalResult, dict[str, bytes]]:
+                  generator: torch.Generator) -> tuple[LocalResult, Extras]:
     """The one local-training loop: ``steps`` fresh minibatches through ``step.train_step``, then
-    ``step.finish``. Returns the mean training loss and the bytes for the server."""
+    ``step.finish``. Returns the mean training loss and what the server needs back."""
     stream = MinibatchStream(len(data.y), batch_size, generator)
 
     def next_batch() -> Batch:

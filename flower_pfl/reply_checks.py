@@ -62,13 +62,15 @@ class RawReply:
 
 @dataclass(frozen=True)
 class Reply:
-    """One client's accepted training reply: its flat model, sample count, metrics and checked extras."""
+    """One client's accepted training reply: its flat model, sample count, metrics, checked extras
+    and the receipt of the client step it ran (``ClientStep.finish``; ``None``: none)."""
 
     client_id: ClientId
     model: torch.Tensor
     num_examples: int
     metrics: Mapping[str, Any]
     extras: Any = None
+    client_step: str | None = None
 
 
 @dataclass

@@ -27,9 +27,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, LOCAL_STEPS, LR, PROXIMAL_MU
+from .client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, CLIENT_STEP, LOCAL_STEPS, LR, PROXIMAL_MU, ClientStep
 from .diagnostics import AttentionAccumulator
 from .layout import ParamLayout
+from .methods.registry import client_step_for
 from .params import param
 from .reply_checks import (
     is_finite_number,
@@ -57,6 +58,13 @@ class Instruction:
     client_id: ClientId
     model: torch.Tensor
     config: Settings
+
+
+def receipt_expected(config: Mapping[str, Any]) -> type[ClientStep] | None:
+    """The client step a training instruction asks for, when only its receipt shows that a client ran
+    it (``ClientStep.finish``); ``None`` for plain SGD and for steps whose reply keys show it."""
+    step = client_step_for(config)
+    return step if step.receipt() is not None and not step.reply_keys else None
 
 
 class ServerStep:
@@ -89,6 +97,14 @@ class ServerStep:
 
     #: how the method's ``proximal-mu`` is made from its arguments (for messages about it)
     proximal_mu_text: ClassVar[str] = "proximal-mu"
+    #: what the method becomes when clients ignore its client step (``MethodServer.ignored_step_problem``)
+    without_client_step: ClassVar[str] = "runs without its client step"
+
+    def ignored_step_consequence(self, step: type[ClientStep]) -> str:
+        """What the method becomes when clients ignore ``step``, the client step its instructions ask for."""
+        if step is getattr(self, "client", None):
+            return self.without_client_step
+        return f"runs without {step.__name__}, the client step its client settings ask for"
 
     def settings_problem(self, settings: Mapping[str, Any]) -> str | None:
         """Why a client cannot train with this round's settings (the user's and the method's
@@ -321,8 +337,10 @@ class MethodServer:
         self._sampled: set[ClientId] = set()
         #: the model each of the round's trainers was sent (``ReplyBounds`` measures changes from it)
         self._sent: dict[ClientId, torch.Tensor] = {}
+        #: the client step each of the round's trainers was asked for, where only its receipt shows it ran
+        self._asked: dict[ClientId, type[ClientStep]] = {}
         self._settings_seen = False
-        self._rule_reported = False
+        self._rule_reported = self._receipt_reported = False
 
     @property
     def node_rank(self) -> dict[ClientId, int]:
@@ -422,6 +440,7 @@ class MethodServer:
         plan = self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
         self._sampled = chosen
         self._sent = {ins.client_id: ins.model for ins in plan}
+        self._asked = {ins.client_id: step for ins in plan if (step := receipt_expected(ins.config)) is not None}
         return plan
 
     def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float, minimum: int = 1) -> list[Instruction]:
@@ -444,7 +463,8 @@ class MethodServer:
             raise
         except (ValueError, TypeError) as err:
             raise UpdateRejected(str(err)) from err
-        return Reply(raw.client_id, vector, n, raw.metrics, extras)
+        receipt = raw.extras.get(CLIENT_STEP)
+        return Reply(raw.client_id, vector, n, raw.metrics, extras, receipt if isinstance(receipt, str) else None)
 
     def receive(self, raws: Sequence[RawReply], batch: RoundReplies | None = None) -> RoundReplies:
         """The round's training replies checked: each on its own (``check``; it must answer this
@@ -466,6 +486,26 @@ class MethodServer:
                 f"their ClientApp does not run it. {name} cannot work without it; train with "
                 f"client_apps.rules.ClientRule.from_config(config) (or the package's ClientApp), see the README's "
                 f"'Using a strategy in your own Flower app'", fatal)
+
+    def ignored_step_problem(self, batch: RoundReplies) -> str | None:
+        """A warning the first time accepted replies lack the receipt of the client step their
+        instruction asked for: their clients trained without it. Not fatal: the method still runs,
+        as another method (``ServerStep.ignored_step_consequence`` says which)."""
+        if self._receipt_reported:
+            return None
+        ignored = [r for r in batch.accepted if r.client_id in self._asked and r.client_step != self._asked[r.client_id].receipt()]
+        if not ignored:
+            return None
+        self._receipt_reported = True
+        step = self._asked[ignored[0].client_id]
+        name, key = type(self.method).__name__, step.receipt()
+        fix = ("train with client_apps.rules.ClientRule.from_config(config) and send what its finish() returns with the "
+               "reply (or use the package's ClientApp)" if step.hookable else
+               f"use the package's ClientApp (client_apps.app): {step.__name__} is not a hook on a user's loop")
+        return (f"{len(ignored)} of {len(batch.accepted)} clients' replies lack the receipt '{CLIENT_STEP}' = '{key}': their "
+                f"ClientApp ignored the training config's '{key}', which asks for {name}'s client step {step.__name__}. "
+                f"{name} then {self.method.ignored_step_consequence(step)}. To run it, {fix}; see the README's "
+                "'Using a strategy in your own Flower app'")
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> torch.Tensor | None:
         """Give the accepted replies to the method in the order of the round's instructions (the sampled

@@ -17,7 +17,8 @@ def log_rejected(client_id: Any, server_round: int, reason: str) -> None:
 
 def receive_round(server: MethodServer, server_round: int, raws: Sequence[RawReply], batch: RoundReplies, strategy: str) -> None:
     """Check a round's training replies (``MethodServer.receive``), log each refusal, and say once
-    when the clients do not run the method's client step (``ClientRuleMissing`` when none does)."""
+    when the clients do not run the method's client step (``ClientRuleMissing`` when none does and
+    the method cannot work without it; a warning when it still runs, as another method)."""
     server.receive(raws, batch)
     for client_id, reason in batch.rejections:
         log_rejected(client_id, server_round, reason)
@@ -25,3 +26,5 @@ def receive_round(server: MethodServer, server_round: int, raws: Sequence[RawRep
         log(WARNING, "%s: %s", strategy, problem[0])
         if problem[1]:
             raise ClientRuleMissing(f"round {server_round}: {problem[0]}")
+    if (ignored := server.ignored_step_problem(batch)) is not None:
+        log(WARNING, "%s: round %s: %s", strategy, server_round, ignored)

@@ -61,7 +61,7 @@ def test_fit_with_kept_anchor_is_pulled_toward_it():
         node.load([np.full(a.shape, 2.0, np.float32) for a in node.arrays()])
         metrics, extras = node.fit({"lr": 0.05, "local-steps": 3, "batch-size": 20, "proximal-mu": 5.0, "anchor": mode,
                                     "server-round": 2})
-        assert extras == {} and metrics["num-examples"] == node.data.num_train and np.isfinite(metrics["train-loss"])
+        assert extras == {"client-step": "proximal-mu"} and metrics["num-examples"] == node.data.num_train and np.isfinite(metrics["train-loss"])
         ends[mode] = np.concatenate([p.ravel() for p in _params(node)])
     assert np.linalg.norm(ends["keep"]) < np.linalg.norm(ends[None]) - 1.0
 

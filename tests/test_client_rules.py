@@ -17,7 +17,7 @@ from client_apps.rules import (
     ClientRule, FedAttnStep, IGFLCorrection, PFedMeStep, Proximal, RecordState, ScaffoldCorrection,
 )
 from flower_pfl.client_step import (
-    ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, LEGACY_PROXIMAL_MU, PROXIMAL_MU, ClientStep, TrainData, train_locally,
+    ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, CLIENT_STEP, LEGACY_PROXIMAL_MU, PROXIMAL_MU, ClientStep, TrainData, train_locally,
 )
 from flower_pfl.methods.apfl import APFLStep
 from flower_pfl.methods.ditto import DittoStep
@@ -114,9 +114,9 @@ def test_proximal_rule_matches_the_package_loop_and_remembers_its_anchor():
     assert isinstance(rule, Proximal) and rule.mu == 3.0
     assert torch.equal(_kept(state, ANCHOR_STATE), _flat(received))
     _user_loop(mine, rule, x, y)
-    assert rule.finish(mine) == {}
+    assert rule.finish(mine) == {CLIENT_STEP: PROXIMAL_MU}  # nothing but the receipt
     package_state: dict = {}
-    assert _package_loop(package, config, package_state, x, y) == {}
+    assert _package_loop(package, config, package_state, x, y) == {CLIENT_STEP: PROXIMAL_MU}
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
     assert torch.allclose(_flat(package.parameters()), _flat(mine.parameters()), atol=1e-6)
     assert torch.equal(_flat(package_state[ANCHOR_STATE]), _flat(received))
@@ -231,8 +231,8 @@ def test_igfl_rule_matches_algorithm_2_and_keeps_the_delta_for_the_next_round():
     rule = ClientRule.from_config(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
     assert isinstance(rule, IGFLCorrection)
     _user_loop(mine, rule, x, y)
-    assert rule.finish(mine) == {}
-    assert _package_loop(package, config, package_state, x, y) == {}
+    assert rule.finish(mine) == {CLIENT_STEP: CORRECTION}
+    assert _package_loop(package, config, package_state, x, y) == {CLIENT_STEP: CORRECTION}
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-5)
     assert torch.allclose(_flat(package.parameters()), _flat(mine.parameters()), atol=1e-6)
     kept = _kept(state, DELTA_STATE)
@@ -356,7 +356,7 @@ def test_pfedme_rule_matches_algorithm_1_and_keeps_theta():
     rule = ClientRule.from_config(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
     assert isinstance(rule, PFedMeStep)
     _user_loop(mine, rule, x, y)
-    assert rule.finish(mine) == {}
+    assert rule.finish(mine) == {CLIENT_STEP: LAMBDA}
     _package_loop(package, config, package_state, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
     assert torch.allclose(_flat(package.parameters()), _flat(mine.parameters()), atol=1e-6)

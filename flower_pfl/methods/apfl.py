@@ -87,7 +87,7 @@ class APFLStep(ClientStep):
         self.alpha = float(min(1.0, max(0.0, self.alpha - self.alpha_lr * float(a_grad))))
         return float(loss.detach())
 
-    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, PERSONAL_STATE, [flatten_module(self.personal), torch.tensor([self.alpha], dtype=torch.float32)])
         return {}
 
@@ -108,6 +108,7 @@ class APFL(Method, GlobalModelStep):
     name = "apfl"
     strategy = "APFL"
     client = APFLStep
+    without_client_step = "runs as FedAvg: no personal model v_i or mixing weight α is trained"
 
     alpha_init: float = param(0.5, key="apfl-alpha-init", must=UNIT_INTERVAL, doc="the mixing weight α a client starts with")
     alpha_lr: float = param(0.02, key="apfl-alpha-lr", must=NON_NEGATIVE, doc="step of α (0 keeps it fixed)")

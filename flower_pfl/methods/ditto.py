@@ -49,7 +49,7 @@ class DittoStep(ClientStep):
         self.personal_step.train_step(self.personal, lambda: batch, lr)
         return ClientStep.train_step(self, model, lambda: batch, lr)
 
-    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, PERSONAL_STATE, [flatten_module(self.personal)])
         return {}
 
@@ -69,6 +69,7 @@ class Ditto(Method, GlobalModelStep):
     name = "ditto"
     strategy = "Ditto"
     client = DittoStep
+    without_client_step = "runs as FedAvg: no personal model v_i is trained"
 
     lam: float = param(1.0, key="ditto-lambda", must=NON_NEGATIVE, doc="weight λ of the personal model's pull toward the global model")
 

@@ -52,6 +52,7 @@ class FedAMP(Method, PersonalizedStep):
         return None
 
     proximal_mu_text = "lam / alpha_k (run config fedamp-lambda / fedamp-alpha-k)"
+    without_client_step = "runs without its proximal term toward the cloud model u_i (weight λ / α_k): clients train plain SGD from u_i"
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         weights = fedamp_weights(models, self.alpha_k, self.sigma)

@@ -130,6 +130,7 @@ class FedAttnStep(ClientStep):
 
     key = FEDATTN
     needs_plain_sgd = True
+    reply_keys = (REPRESENTATION, BIAS_GRADIENT)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -149,7 +150,7 @@ class FedAttnStep(ClientStep):
         return [self.reg * (p - next(anchors)) if b else None
                 for p, b in zip(trainable(model), self.is_bias)]
 
-    def finish(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
         if inputs is None:
             raise ValueError("FedAttn's client reports a representation of its training inputs: pass them to finish()")
         if self.steps < 1:

@@ -44,6 +44,7 @@ class FedMCSA(Method, PersonalizedStep):
     evaluation_settings: Mapping[str, Any] | None = param(None, doc="evaluation settings that go with client_settings")
 
     proximal_mu_text = "lam (run config lam)"
+    without_client_step = "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA (λ = 0)"
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)

@@ -101,7 +101,7 @@ class IGFLCorrection(ClientStep):
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
                 p.grad = -corrected_step(grad, dp, dg, lr=lr, steps=self.total_steps, num_participants=self.participants) / lr
 
-    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         if self.steps != self.total_steps:
             raise ValueError(f"IGFL-C's correction assumes local-steps = {self.total_steps} steps; {self.steps} were taken")
         keep(self.state, DELTA_STATE, [p.detach() - r for p, r in zip(trainable(model), self.received)])
@@ -134,6 +134,12 @@ class IGFL(Method, GlobalModelStep):
         #: the server's last global delta Δw_ps and every client's previous delta Δw_i^r
         self.global_delta = torch.zeros(layout.dim)
         self.previous: dict[Hashable, torch.Tensor] = {}
+
+    def ignored_step_consequence(self, step: type[ClientStep]) -> str:
+        """Without IGFL-C, IGFL is IGFL-S; IGFL-C (no attention) is FedAvg."""
+        if self.attention is None:
+            return "runs as FedAvg (no IGFL-C client correction, no attention)"
+        return "runs as IGFL-S (server attention only, no IGFL-C client correction)"
 
     def train_config(self, num_participants: int) -> Settings:
         """IGFL-C's inputs (``Δw_ps`` is zero before the first update)."""

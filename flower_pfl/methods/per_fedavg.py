@@ -76,6 +76,7 @@ class PerFedAvg(Method, GlobalModelStep):
     name = "per-fedavg"
     strategy = "PerFedAvg"
     client = PerFedAvgStep
+    without_client_step = "runs as FedAvg: its clients take plain SGD steps, not the MAML step"
 
     alpha: float = param(0.01, key="per-fedavg-alpha", must=POSITIVE, doc="inner (adaptation) step α; lr is the outer step β")
 

@@ -96,7 +96,7 @@ class PFedMeStep(ClientStep):
         sgd_update(model, lr)
         return self.step_loss  # type: ignore[return-value]
 
-    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, THETA_STATE, [personalized_vector(model, self.theta)])
         return {}
 
@@ -117,6 +117,7 @@ class PFedMe(Method, GlobalModelStep):
     name = "pfedme"
     strategy = "PFedMe"
     client = PFedMeStep
+    without_client_step = "runs as FedAvg with server mixing β: no personalized model θ_i is trained"
 
     beta: float = param(1.0, key="pfedme-beta", must=Rule(lambda v: 0 < v <= 2, "a number in (0, 2]"),
                         doc="server mixing β: w ← (1 − β) w + β mean(w_i)")

@@ -45,7 +45,7 @@ class ScaffoldCorrection(ClientStep):
     keeps_state = True
     key = CONTROL
     needs_state = needs_plain_sgd = True
-
+    reply_keys = (CONTROL_DELTA,)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -58,7 +58,7 @@ class ScaffoldCorrection(ClientStep):
     def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
         return [cg - cl for cg, cl in zip(self.c_global, self.c_local)]
 
-    def finish(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         if self.steps < 1:
             raise ValueError("SCAFFOLD's control variate needs at least one step")
         new = new_control(self.c_local, self.c_global, self.received, trainable(model), steps=self.steps, lr=self.lr)

@@ -12,7 +12,7 @@ import fabricate as fb
 import strategies.message
 from client_apps.app import Node
 from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import LR, TrainData, train_locally
+from flower_pfl.client_step import CLIENT_STEP, LR, TrainData, train_locally
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.layout import flatten_module, load_flat_
 from flower_pfl.methods.apfl import ALPHA_INIT, ALPHA_LR, APFL, EVALUATE_MIXED, PERSONAL_STATE, APFLStep, Mixture
@@ -78,7 +78,7 @@ def test_one_step_by_hand():
     idx = MinibatchStream(24, 8, torch.Generator().manual_seed(1)).next()
     alpha = _by_hand(ref_w, ref_v, 0.4, x, y, [idx], lr=0.1, alpha_lr=0.5)
     personal, kept_alpha = _personal(state, v)
-    assert extras == {}
+    assert extras == {CLIENT_STEP: ALPHA_LR}  # the receipt only
     for p, r in zip(w.parameters(), ref_w.parameters()):
         assert torch.allclose(p, r, atol=1e-6)
     for p, r, start in zip(personal.parameters(), ref_v.parameters(), v.parameters()):

@@ -15,7 +15,7 @@ import strategies
 import strategies.message
 from client_apps.app import Node
 from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import LR, ClientStep, Proximal, PROXIMAL_MU, TrainData, train_locally
+from flower_pfl.client_step import CLIENT_STEP, LR, ClientStep, Proximal, PROXIMAL_MU, TrainData, train_locally
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.experiment import client_generator
 from flower_pfl.layout import flatten_module
@@ -70,7 +70,7 @@ def test_two_rounds_by_hand_from_the_kept_personal_model():
     _, extras = _train(w, state, lam=2.0, steps=3, seed=3)
     stream = MinibatchStream(48, 8, torch.Generator().manual_seed(3))
     _by_hand(ref_w, ref_v, x, y, [stream.next() for _ in range(3)], lam=2.0, lr=0.05)
-    assert extras == {}
+    assert extras == {CLIENT_STEP: LAMBDA}  # the receipt only
     assert torch.allclose(_flat(w), _flat(ref_w), atol=1e-6)
     assert torch.allclose(state[PERSONAL_STATE][0], _flat(ref_v), atol=1e-6)
     assert not torch.allclose(_flat(ref_v), _flat(ref_w), atol=1e-4)

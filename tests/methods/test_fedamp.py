@@ -19,7 +19,7 @@ import strategies
 import strategies.message
 from client_apps.rules import ClientRule
 from flower_pfl.attention import fedamp_weights, heuristic_fedamp_weights
-from flower_pfl.client_step import PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.client_step import CLIENT_STEP, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.layout import ParamLayout
 from flower_pfl.methods.fedamp import FedAMP, HeurFedAMP
@@ -201,7 +201,7 @@ def test_users_loop_equals_the_package_loop_and_the_objective_written_out():
         F.cross_entropy(users(x[idx]), y[idx]).backward()
         step.adjust_gradients(users, (x[idx], y[idx]))
         optimizer.step()
-    assert step.finish(users, x) == {}
+    assert step.finish(users, x) == {CLIENT_STEP: PROXIMAL_MU}  # nothing but the receipt
 
     train_locally(client_step_for(config)(package, config), package, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
                   generator=torch.Generator().manual_seed(2))

@@ -15,7 +15,7 @@ import flower_pfl.methods.fedattn as fa
 import strategies
 import strategies.message
 from client_apps.rules import ClientRule
-from flower_pfl.client_step import LR, TrainData, train_locally
+from flower_pfl.client_step import CLIENT_STEP, LR, TrainData, train_locally
 from flower_pfl.layout import ParamLayout
 from flower_pfl.models import DNN, MLR
 from flower_pfl.server_step import MethodServer, RawReply, UpdateRejected
@@ -218,7 +218,7 @@ def test_the_step_in_a_users_own_loop_gives_what_train_locally_gives():
     extras = step.finish(model, x)
     for p, r in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p, r, atol=1e-6)
-    assert extras.keys() == expected.keys() == {fa.REPRESENTATION, fa.BIAS_GRADIENT}
+    assert extras.keys() == expected.keys() == {fa.REPRESENTATION, fa.BIAS_GRADIENT, CLIENT_STEP}
     assert torch.allclose(decode_flat(extras[fa.REPRESENTATION], 4), decode_flat(expected[fa.REPRESENTATION], 4), atol=1e-6)
     assert torch.allclose(decode_flat(extras[fa.BIAS_GRADIENT], 7), decode_flat(expected[fa.BIAS_GRADIENT], 7), atol=1e-5)
     # finish also takes the training batches instead of one tensor

@@ -25,7 +25,7 @@ import strategies.message
 from client_apps.rules import ClientRule, RecordState
 from flower_pfl.attention import layerwise_attention
 from flower_pfl.client_step import (
-    ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally,
+    ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, CLIENT_STEP, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally,
 )
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.layout import ParamLayout
@@ -329,12 +329,12 @@ def test_algorithm_1_clients_in_a_users_loop_and_in_the_package_loop():
             package, package_state = _model(received), {k: list(v) for k, v in RecordState(state).items()}
             step = ClientRule.from_config(config, users, state, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
             assert isinstance(step, Proximal) and step.mu == LAM
-            assert _user_loop(users, step, x, y, seed=rnd) == {}
+            assert _user_loop(users, step, x, y, seed=rnd) == {CLIENT_STEP: PROXIMAL_MU}  # the receipt only
 
             pstep = client_step_for(config)(package, config, package_state)
             _, extras = train_locally(pstep, package, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
                                       generator=torch.Generator().manual_seed(rnd))
-            assert extras == {}
+            assert extras == {CLIENT_STEP: PROXIMAL_MU}
             assert torch.allclose(_params(users), _params(package), atol=1e-6)
             assert torch.allclose(_params(users), _params(reference), atol=1e-5)
             # the anchor the client remembers is the last model it received while sampled

@@ -18,7 +18,7 @@ import strategies
 import strategies.message
 from client_apps.app import Node
 from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
+from flower_pfl.client_step import CLIENT_STEP, BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.methods.igfl import (
     ATTENTION_MODES, CORRECTION, DELTA_STATE, GLOBAL_DELTA, IGFL, PARTICIPANTS, IGFLCorrection, afl_global_delta,
@@ -280,7 +280,7 @@ def test_users_loop_matches_train_locally_over_two_rounds():
         step = client_step_for(config)(ours, config, ours_state)
         _, extras = train_locally(step, ours, TrainData(x, y), steps=4, lr=0.1, batch_size=8,
                                   generator=torch.Generator().manual_seed(rnd))
-        assert extras == _user_loop(theirs, config, their_state, x, y, seed=rnd) == {}
+        assert extras == _user_loop(theirs, config, their_state, x, y, seed=rnd) == {CLIENT_STEP: CORRECTION}
         assert torch.allclose(_flat(ours), _flat(theirs), atol=1e-6)
         kept = torch.cat([t.flatten() for t in ours_state[DELTA_STATE]])
         assert torch.allclose(kept, torch.cat([t.flatten() for t in their_state[DELTA_STATE]]), atol=1e-6)

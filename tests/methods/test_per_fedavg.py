@@ -13,7 +13,7 @@ import flower_pfl.methods.per_fedavg as pf
 import strategies.message
 from client_apps.app import Node
 from client_apps.rules import ClientRule
-from flower_pfl.client_step import LR, TrainData, train_locally
+from flower_pfl.client_step import CLIENT_STEP, LR, TrainData, train_locally
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.layout import flatten_module
 from flower_pfl.methods.per_fedavg import ADAPT, ALPHA, PerFedAvg, PerFedAvgStep, adapt_one_step
@@ -55,7 +55,7 @@ def test_first_order_step_by_hand():
                 p.copy_(s - 0.1 * g)  # w ← w − β ∇f(w_tmp; D')
     for p, r in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(p, r, atol=1e-6)
-    assert extras == {} and result.steps == 2 and result.loss == pytest.approx(sum(losses) / 2, abs=1e-6)
+    assert extras == {CLIENT_STEP: ALPHA} and result.steps == 2 and result.loss == pytest.approx(sum(losses) / 2, abs=1e-6)
 
 
 def test_adaptation_is_one_full_batch_gradient_step():

@@ -16,7 +16,7 @@ import strategies
 import strategies.message
 from client_apps.app import Node
 from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
+from flower_pfl.client_step import CLIENT_STEP, BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.methods.pfedme import (
     EVALUATE_BOTH, INNER_STEPS, LAMBDA, PERSONAL_LR, THETA_STATE, PFedMe, PFedMeStep, personalize, personalized_vector,
@@ -105,7 +105,7 @@ def test_client_steps_by_hand():
         assert torch.allclose(a, b, atol=1e-6)
     for a, b in zip(step.theta, th):
         assert torch.allclose(a, b, atol=1e-6)
-    assert extras == {} and np.isclose(result.loss, np.mean(losses), atol=1e-6)
+    assert extras == {CLIENT_STEP: LAMBDA} and np.isclose(result.loss, np.mean(losses), atol=1e-6)
     assert torch.allclose(state[THETA_STATE][0], _flat(th), atol=1e-6)  # θ_i kept (MLR's state_dict is its parameters)
 
 
@@ -211,7 +211,7 @@ def test_users_loop_matches_train_locally_with_the_users_loss():
         _smoothed(theirs(x[idx]), y[idx]).backward()  # discarded: pFedMe's gradient is λ (w − θ)
         rule.adjust_gradients(theirs, (x[idx], y[idx]))
         optimizer.step()
-    assert rule.finish(theirs, x) == {}
+    assert rule.finish(theirs, x) == {CLIENT_STEP: LAMBDA}
     assert torch.allclose(_flat(ours.parameters()), _flat(theirs.parameters()), atol=1e-6)
     assert torch.allclose(ours_state[THETA_STATE][0], RecordState(their_state)[THETA_STATE][0], atol=1e-6)
     plain = MLR(3, 2)

@@ -25,7 +25,7 @@ def train_fn(msg: Message, context: Context) -> Message:
     config = msg.content["config"]
     rule = ClientRule.from_config(config, model, context.state)  # e.g. FedMCSA's proximal term, SCAFFOLD's c - c_i
     loss = train(model, x, y, float(config["lr"]), int(config["local-steps"]), rule)
-    extras = rule.finish(model, x)  # bytes the strategy needs back, e.g. SCAFFOLD's delta c_i
+    extras = rule.finish(model, x)  # what the strategy needs back: the step's receipt, e.g. SCAFFOLD's delta c_i
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
                           "metrics": MetricRecord({"train-loss": loss, "num-examples": len(y)})})
     if extras:

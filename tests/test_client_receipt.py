@@ -1,0 +1,222 @@
+"""A client step's receipt: every step a training instruction asks for says in ``finish``'s extras
+that it ran (``client-step``), and a strategy whose clients ignored the step (a plain-SGD ClientApp)
+says so once per run, naming the step, its config key, what the method becomes and the fix. Replies
+of the real steps (a user's loop with ``ClientRule``, or the package's loop) raise nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.common import parameters_to_ndarrays
+
+import fabricate as fb
+import strategies
+import strategies.message
+from client_apps.rules import ClientRule
+from flower_pfl.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, PROXIMAL_MU, ClientStep, Proximal
+from flower_pfl.methods.igfl import CORRECTION, IGFLCorrection
+from flower_pfl.methods.pfedme import LAMBDA as PFEDME_LAMBDA
+from flower_pfl.methods.registry import client_step_for, method_classes
+from flower_pfl.server_step import MethodServer
+from test_twins import NODES, Clients, _data, _model
+
+SOLVER = {LR: 0.01, LOCAL_STEPS: 3, BATCH_SIZE: 4}
+#: methods whose client step asks for more than plain SGD, by their step
+ASKING = [cls for cls in method_classes() if cls.client is not ClientStep]
+
+
+def _instruction_config(method_cls) -> dict:
+    """A real training instruction of the method (its first round), with the solver settings."""
+    server = MethodServer(method_cls(), 1)
+    server.initialize({k: v.numpy() for k, v in _model().state_dict().items()})
+    return {**SOLVER, **server.plan_training(1, [NODES[0]])[0].config}
+
+
+def _load(arrays: list[np.ndarray]) -> torch.nn.Module:
+    model = _model()
+    with torch.no_grad():
+        for p, a in zip(model.state_dict().values(), arrays):
+            p.copy_(torch.as_tensor(a))
+    return model
+
+
+def _user_loop(model, step, node: int, config: dict) -> dict:
+    data = _data(node)
+    return fb.user_loop(model, step, data.x, data.y, lr=config[LR], batch_size=config[BATCH_SIZE],
+                        steps=config[LOCAL_STEPS], seed=node)
+
+
+# ---------------------------------------------------------------- the receipt on the client
+
+@pytest.mark.parametrize("method_cls", [c for c in ASKING if c.client.hookable], ids=lambda c: c.__name__)
+def test_a_users_loop_returns_the_receipt_of_the_step_the_instruction_asked_for(method_cls):
+    config = _instruction_config(method_cls)
+    model = _model()
+    rule = ClientRule.from_config(config, model, {})
+    assert type(rule) is method_cls.client
+    extras = _user_loop(model, rule, NODES[0], config)
+    assert extras[CLIENT_STEP] == method_cls.client.receipt() and extras[CLIENT_STEP] in config  # the key that asked
+    assert set(extras) == {CLIENT_STEP, *method_cls.client.reply_keys}  # the step's own bytes beside it, nothing else
+
+
+@pytest.mark.parametrize("method_cls", [c for c in ASKING if not c.client.hookable], ids=lambda c: c.__name__)
+def test_the_package_loop_returns_the_receipt_of_steps_that_are_not_hooks(method_cls):
+    config = _instruction_config(method_cls)
+    _, _, extras = Clients().train(NODES[0], [a.numpy() for a in _model().state_dict().values()], config)
+    assert extras == {CLIENT_STEP: method_cls.client.receipt()}
+
+
+def test_plain_sgd_returns_no_receipt_and_the_proximal_step_names_proximal_mu():
+    model = _model()
+    assert ClientStep.receipt() is None and _user_loop(model, ClientRule.from_config(SOLVER, model), NODES[0], SOLVER) == {}
+    config = {**SOLVER, PROXIMAL_MU: 0.5}
+    assert _user_loop(model, ClientRule.from_config(config, model), NODES[0], config) == {CLIENT_STEP: PROXIMAL_MU}
+    assert Proximal.receipt() == PROXIMAL_MU and IGFLCorrection.receipt() == CORRECTION
+
+
+# ---------------------------------------------------------------- the server notices
+
+class Users:
+    """Each node's own ClientApp: ``plain`` trains with plain SGD and ignores the config (nodes in
+    ``plain``; all of them by default), the others run ``ClientRule.from_config`` in the same loop, or
+    the package's loop where the step is not a hook."""
+
+    def __init__(self, plain: set[int] | None = None) -> None:
+        self.plain = set(NODES) if plain is None else plain
+        self.package = Clients()
+        self.states: dict[int, dict] = {n: {} for n in NODES}
+
+    def train(self, node: int, arrays: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        model = _load(arrays)
+        if node in self.plain:
+            step: ClientStep = ClientStep(model, config)
+        elif client_step_for(config).hookable:
+            step = ClientRule.from_config(config, model, self.states[node])
+        else:
+            return self.package.train(node, arrays, config)
+        extras = _user_loop(model, step, node, config)
+        return [t.detach().numpy().copy() for t in model.state_dict().values()], 10 + node, extras
+
+
+def _strategy(api: str, name: str, **args):
+    initial = {k: v.numpy() for k, v in _model().state_dict().items()}
+    if api == "message":
+        return getattr(strategies.message, name)(clients_per_round=3, min_available_nodes=1, seed=3, **args), initial
+    return getattr(strategies, name)(initial_parameters=initial, clients_per_round=3, min_available_clients=1, seed=3,
+                                     on_fit_config_fn=lambda _: dict(SOLVER), **args), initial
+
+
+def _rounds(api: str, strategy, initial: dict, users: Users, rounds: int = 3) -> None:
+    """Drive ``rounds`` training rounds in one API with the users' replies; every reply is accepted."""
+    fb.set_task_identity()
+    names = list(initial)
+    arrays, params = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()}), getattr(strategy, "initial_parameters", None)
+    for rnd in range(1, rounds + 1):
+        if api == "message":
+            msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord(dict(SOLVER)), fb.FakeGrid(NODES)))
+            replies = []
+            for m in msgs:
+                trained, n, extras = users.train(m.metadata.dst_node_id, [a.numpy() for a in m.content["arrays"].values()],
+                                                 dict(m.content["config"]))
+                replies.append(fb.train_reply(m, dict(zip(names, trained)), n, extras=extras or None))
+            new, metrics = strategy.aggregate_train(rnd, replies)
+            arrays = arrays if new is None else new
+        else:
+            fit = strategy.configure_fit(rnd, params, fb.client_manager([str(n) for n in NODES]))
+            results = [(proxy, fb.fit_res(*users.train(int(proxy.cid), parameters_to_ndarrays(ins.parameters), dict(ins.config))))
+                       for proxy, ins in fit]
+            new, metrics = strategy.aggregate_fit(rnd, results, [])
+            params = params if new is None else new
+        assert metrics["clients-accepted"] == 3 and metrics["clients-rejected"] == 0
+
+
+def _receipt_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if f"'{CLIENT_STEP}'" in r.getMessage()]
+
+
+CASES = [  # strategy, constructor arguments, step, its config key, what the method becomes, the fix
+    ("FedMCSA", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA", "ClientRule.from_config"),
+    ("FedAMP", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term toward the cloud model u_i",
+     "ClientRule.from_config"),
+    ("IGFL", {}, "IGFLCorrection", CORRECTION, "runs as IGFL-S (server attention only", "ClientRule.from_config"),
+    ("IGFL", {"attention": None}, "IGFLCorrection", CORRECTION, "runs as FedAvg (no IGFL-C client correction", "ClientRule.from_config"),
+    ("PFedMe", {}, "PFedMeStep", PFEDME_LAMBDA, "runs as FedAvg with server mixing β", "ClientRule.from_config"),
+    ("Ditto", {}, "DittoStep", "ditto-lambda", "runs as FedAvg: no personal model", "package's ClientApp (client_apps.app)"),
+]
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+@pytest.mark.parametrize("name,args,step,key,consequence,fix", CASES, ids=[f"{c[0]}{c[1] or ''}" for c in CASES])
+def test_clients_that_ignore_the_step_are_warned_about_once_and_real_steps_not_at_all(api, name, args, step, key, consequence,
+                                                                                      fix, caplog):
+    strategy, initial = _strategy(api, name, **args)
+    _rounds(api, strategy, initial, Users())
+    (warning,) = _receipt_warnings(caplog)  # three rounds of plain clients: one warning
+    assert f"{name}: round 1: 3 of 3 clients" in warning
+    for text in (f"client step {step}", f"'{key}'", f"{name} then {consequence}", fix, "Using a strategy in your own Flower app"):
+        assert text in warning, text
+    caplog.clear()
+    strategy, initial = _strategy(api, name, **args)
+    _rounds(api, strategy, initial, Users(plain=set()))
+    assert not _receipt_warnings(caplog)
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_one_client_that_ignores_the_step_is_counted(api, caplog):
+    strategy, initial = _strategy(api, "FedMCSA")
+    _rounds(api, strategy, initial, Users(plain={NODES[0]}), rounds=4)
+    warnings = _receipt_warnings(caplog)
+    assert len(warnings) == 1 and "1 of 3 clients" in warnings[0]
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+@pytest.mark.parametrize("name,args", [("IGFL", {"client_correction": False}), ("FedMCSA", {"lam": 0.0}), ("FedACS", {})])
+def test_instructions_that_ask_for_no_step_expect_no_receipt(api, name, args, caplog):
+    """IGFL-S sends igfl-correction = False and FedAvg+MCSA proximal-mu = 0: plain SGD is what they ask for."""
+    strategy, initial = _strategy(api, name, **args)
+    _rounds(api, strategy, initial, Users())
+    assert not _receipt_warnings(caplog)
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+@pytest.mark.parametrize("name", ["SCAFFOLD", "FedAttn"])
+def test_steps_whose_replies_show_they_ran_need_no_receipt(api, name, caplog):
+    """SCAFFOLD's Δc_i and FedAttn's Z_i already show the step ran (their absence is MissingClientRule's
+    warning): a hand-written client that returns them without the receipt is not warned about."""
+
+    class WithoutReceipt(Users):
+        def train(self, node, arrays, config):
+            trained, n, extras = super().train(node, arrays, config)
+            assert extras.pop(CLIENT_STEP) == client_step_for(config).receipt()
+            return trained, n, extras
+
+    strategy, initial = _strategy(api, name)
+    _rounds(api, strategy, initial, WithoutReceipt(plain=set()))
+    assert not _receipt_warnings(caplog) and not [r for r in caplog.records if "does not run it" in r.getMessage()]
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+@pytest.mark.parametrize("receipt", [PROXIMAL_MU, CORRECTION.encode(), 1.0], ids=["another-step", "bytes", "number"])
+def test_a_receipt_of_another_step_or_not_a_str_counts_as_ignoring_the_one_asked_for(api, receipt, caplog):
+    class Confused(Users):
+        def train(self, node, arrays, config):
+            trained, n, extras = super().train(node, arrays, config)
+            return trained, n, {**extras, CLIENT_STEP: receipt}  # e.g. it ran the proximal step instead of IGFL-C
+
+    strategy, initial = _strategy(api, "IGFL")
+    _rounds(api, strategy, initial, Confused(plain=set()), rounds=2)
+    (warning,) = _receipt_warnings(caplog)
+    assert "3 of 3 clients" in warning and "IGFLCorrection" in warning
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_the_package_apps_send_the_receipt(api, tmp_path, caplog):
+    """The package's ServerApp and ClientApp (in one process): every method's clients run its step."""
+    from server_apps.inprocess import run_in_process
+
+    for method in ("fedmcsa", "igfl", "ditto"):
+        run_in_process({"num-rounds": 2, "clients-per-round": 3, "local-steps": 2, "eval-every": 2, "seed": 0, "method": method,
+                        "api": api, "output-dir": str(tmp_path)}, num_nodes=4)
+    assert not _receipt_warnings(caplog)
