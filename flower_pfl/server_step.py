@@ -329,7 +329,7 @@ class MethodServer:
         #: the metric under which clients report their rank (None: ranks are only set, never learned)
         self.rank_key = rank_key
         self._claims: dict[int, ClientId] = {}  # rank -> the first client that has it
-        self._asked: set[ClientId] = set()
+        self._rank_asked: set[ClientId] = set()
         self._duplicate_reported = self._unranked_reported = False
         self.layout: ParamLayout | None = None
         #: the clients sampled in the last round, in the method's row order
@@ -338,7 +338,7 @@ class MethodServer:
         #: the model each of the round's trainers was sent (``ReplyBounds`` measures changes from it)
         self._sent: dict[ClientId, torch.Tensor] = {}
         #: the client step each of the round's trainers was asked for, where only its receipt shows it ran
-        self._asked: dict[ClientId, type[ClientStep]] = {}
+        self._step_asked: dict[ClientId, type[ClientStep]] = {}
         self._settings_seen = False
         self._rule_reported = self._receipt_reported = False
 
@@ -374,8 +374,8 @@ class MethodServer:
         (a strategy asks each client at most once per run); none when ranks are not learned."""
         if self.rank_key is None:
             return []
-        out = [c for c in available if c not in self.sampler.rank and c not in self._asked]
-        self._asked.update(out)
+        out = [c for c in available if c not in self.sampler.rank and c not in self._rank_asked]
+        self._rank_asked.update(out)
         return out
 
     def rank_problem(self, available: Iterable[ClientId], advice: str) -> str | None:
@@ -440,7 +440,7 @@ class MethodServer:
         plan = self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
         self._sampled = chosen
         self._sent = {ins.client_id: ins.model for ins in plan}
-        self._asked = {ins.client_id: step for ins in plan if (step := receipt_expected(ins.config)) is not None}
+        self._step_asked = {ins.client_id: step for ins in plan if (step := receipt_expected(ins.config)) is not None}
         return plan
 
     def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float, minimum: int = 1) -> list[Instruction]:
@@ -493,11 +493,11 @@ class MethodServer:
         as another method (``ServerStep.ignored_step_consequence`` says which)."""
         if self._receipt_reported:
             return None
-        ignored = [r for r in batch.accepted if r.client_id in self._asked and r.client_step != self._asked[r.client_id].receipt()]
+        ignored = [r for r in batch.accepted if r.client_id in self._step_asked and r.client_step != self._step_asked[r.client_id].receipt()]
         if not ignored:
             return None
         self._receipt_reported = True
-        step = self._asked[ignored[0].client_id]
+        step = self._step_asked[ignored[0].client_id]
         name, key = type(self.method).__name__, step.receipt()
         fix = ("train with client_apps.rules.ClientRule.from_config(config) and send what its finish() returns with the "
                "reply (or use the package's ClientApp)" if step.hookable else

@@ -150,6 +150,19 @@ def test_own_legacy_app_with_fedacs_swapped_in(flwr_env):
     assert "'accuracy'" in run["log"] and "'clients-accepted'" in run["log"]
 
 
+def test_plain_app_names_its_strategy_and_metric(flwr_env):
+    """examples/plain_app under ``flwr run``: a plain client reporting ``eval-acc``; the ServerApp builds
+    FedMCSA from its import path with ``accuracy_key="eval-acc"``. The client ignores FedMCSA's proximal
+    term, and the run says so once and completes with the app's metric names."""
+    config = "strategy='strategies.message.FedMCSA' strategy-args='{\"accuracy_key\": \"eval-acc\"}' num-rounds=3"
+    run = _flwr_run(flwr_env, config, nodes=6, app=ROOT / "examples" / "plain_app")
+    assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
+    accuracies = _accuracies(run["log"], r"plain-app: round \d+ eval-acc ([0-9.]+)")
+    assert len(accuracies) == 3 and all(0 <= a <= 1 for a in accuracies), run["log"][-3000:]
+    assert "'eval-acc-mean'" in run["log"] and "'eval-acc-bmta'" in run["log"], run["log"][-3000:]
+    assert run["log"].count("receipt 'client-step' = 'proximal-mu'") == 1, run["log"][-3000:]
+
+
 @pytest.mark.parametrize("method", ["fedmcsa", "scaffold", "igfl"])
 def test_own_message_app_with_a_client_side_rule(flwr_env, method):
     """examples/message_app: the user's own loop with ``ClientRule`` hooks (FedMCSA's proximal
