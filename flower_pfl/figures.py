@@ -36,7 +36,8 @@ def method_settings(cfg: ExperimentConfig) -> dict[str, Any]:
     return {key: cfg.option(key) for key in entry.run_config_keys()} | dict(entry.fixed)
 
 
-def _value(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A run-config value as a figure writes it (``true``, ``0.01``, ``tensor``)."""
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, float):
@@ -47,14 +48,14 @@ def _value(v: Any) -> str:
 def run_title(cfg: ExperimentConfig, num_nodes: int | None = None) -> str:
     """Two lines (figures wrap them to their width): the method with its own settings, then the
     data, the model, the training settings, the seed and the Flower API."""
-    settings = ", ".join(f"{k}={_value(v)}" for k, v in method_settings(cfg).items())
+    settings = ", ".join(f"{k}={format_value(v)}" for k, v in method_settings(cfg).items())
     head = f"{cfg.label} ({settings})" if settings else cfg.label
     partition = cfg.partition
-    extra = [f"{k}={_value(cfg.to_run_config()[k])}" for k in _PARTITION_KEYS.get(partition, ())]
+    extra = [f"{k}={format_value(cfg.to_run_config()[k])}" for k in _PARTITION_KEYS.get(partition, ())]
     extra += ["paired-clients"] if cfg.paired_clients else []
     data = f"{cfg.dataset}, {partition} partition" + (f" ({', '.join(extra)})" if extra else "")
     clients = f"{cfg.clients_per_round} of {num_nodes} clients per round" if num_nodes else f"{cfg.clients_per_round} clients per round"
-    tail = (f"{data} · {cfg.model} · {clients} · {cfg.num_rounds} rounds · lr={_value(cfg.lr)}, "
+    tail = (f"{data} · {cfg.model} · {clients} · {cfg.num_rounds} rounds · lr={format_value(cfg.lr)}, "
             f"{cfg.local_steps} local steps of batch {cfg.batch_size} · seed {cfg.seed} · {cfg.api} API")
     return f"{head}\n{tail}"
 

@@ -99,3 +99,13 @@ def test_results_folder_name_tells_the_api_apart(tmp_path):
     assert message.run_name == "fedavg-synthetic-mlr-seed2" and legacy.run_name == "fedavg-legacy-synthetic-mlr-seed2"
     assert run_dir(legacy).name.startswith("fedavg-legacy-synthetic-mlr-seed2-")
     assert ExperimentConfig(method="fedavg", aggregation="mcsa", api="legacy").run_name.startswith("fedavg+mcsa-legacy-")
+
+
+def test_benchmark_caption_keeps_shared_settings_and_lists_seeds():
+    from benchmarks.common import caption
+
+    runs = [{"overrides": {"dataset": "synthetic", "method": m, "lr": 0.02, "seed": s, "output-dir": "/x", "fedattn-k": 5}}
+            for m, s in (("fedattn", 1), ("fedavg", 0))]
+    runs[1]["overrides"].pop("fedattn-k")
+    assert caption(runs) == "dataset=synthetic, lr=0.02; each line the mean over seeds 0, 1; markers: evaluated rounds"
+    assert "one line per seed (0, 1)" in caption(runs, per_seed=True)
