@@ -236,7 +236,7 @@ def new_figure(panels: int, width: float = 4.8, height: float = 4.6, max_columns
     plt, _ = _pyplot()
     cols = min(panels, max_columns)
     rows = -(-panels // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(max(width * cols, 7.0), height * rows + 1.2), dpi=110, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(width * cols, 7.0), height * rows + 1.6), dpi=110, squeeze=False)
     for ax in axes.flat[panels:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:panels])
