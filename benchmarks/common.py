@@ -9,9 +9,11 @@ import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
+
+from flower_pfl.figures import format_value
 
 
 def _run(job: dict) -> dict:
@@ -67,22 +69,56 @@ def save(out: Path, table: str, payload: dict) -> None:
     (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
 
 
+#: run-config keys that say where a run ran, not what it did (left out of figure captions)
+_PLACE = ("output-dir", "device", "data-dir", "hub-dataset", "download", "data-source", "seed")
+
+
+def caption(runs: list[dict], per_seed: bool = False) -> str:
+    """A figure's caption: the run-config values every run shares and the seeds (each line the mean
+    over them, or with ``per_seed`` one line per seed)."""
+    configs = [r["overrides"] for r in runs]
+    missing = object()
+    shared = {k: v for k, v in configs[0].items() if k not in _PLACE and all(c.get(k, missing) == v for c in configs[1:])}
+    seeds = ", ".join(map(str, sorted({c["seed"] for c in configs if "seed" in c})))
+    how = f"one line per seed ({seeds})" if per_seed else f"each line the mean over seeds {seeds}"
+    return ", ".join(f"{k}={format_value(v)}" for k, v in shared.items()) + f"; {how}; markers: evaluated rounds"
+
+
 def plot_curves(panels: Mapping[str, Mapping[str, list[dict]]], path: Path, ylabel: str, key: str = "accuracy-mean") -> None:
-    """One panel per title; in each, one line per label: metric ``key`` per round, mean over its runs."""
+    """One panel per title; in each, one line per label: metric ``key`` per evaluated round (marked),
+    mean over its runs; the caption (``caption``) gives the shared settings and the seeds."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.6), dpi=120, squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels.items()):
+        for label, runs in lines.items():
+            if runs:
+                rounds, values = mean_curve(runs, key)
+                ax.plot(rounds, 100 * values, "-o", ms=2.5, label=label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=title, xlabel="round", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    every = [r for lines in panels.values() for runs in lines.values() for r in runs]
+    finish_plot(fig, path, caption(every) if every else "")
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), dpi=120, squeeze=False)
-    for ax, (title, lines) in zip(axes[0], panels.items()):
-        for label, runs in lines.items():
-            if runs:
-                rounds, values = mean_curve(runs, key)
-                ax.plot(rounds, 100 * values, label=label)
-        ax.set(title=title, xlabel="round", ylabel=ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
+    return plt
+
+
+def finish_plot(fig: Any, path: Path, text: str) -> None:
+    """``text`` (wrapped to the figure's width) under the axes; saved and closed."""
+    import textwrap
+
+    lines = textwrap.wrap(text, int(fig.get_figwidth() * 15), break_on_hyphens=False)
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7.5, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, (0.15 + 0.14 * len(lines)) / fig.get_figheight(), 1, 1))
     fig.savefig(path)
-    plt.close(fig)
+    _pyplot().close(fig)

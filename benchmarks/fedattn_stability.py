@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import fmt, machine, run_jobs, save
+from benchmarks.common import caption, finish_plot, fmt, machine, run_jobs, save
+from flower_pfl.figures import format_value
 
 #: name -> (method, extra run config)
 VARIANTS = {
@@ -115,23 +116,31 @@ def main() -> None:
 
 
 def plot(runs: list[dict], variants: list[str], path: Path, dataset: str) -> None:
-    """One line per run (seed), one colour per method."""
+    """One line per run (seed), one colour per method, a marker per evaluated round; the caption
+    gives the settings all runs share, the stabilisers' values are in the run configs of their lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(9, 5), dpi=120)
+    fig, ax = plt.subplots(figsize=(9, 5.6), dpi=120)
     for colour, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], variants):
         for i, r in enumerate(r for r in runs if r["variant"] == name):
             rounds, acc = curve(r)
-            ax.plot(rounds, 100 * np.asarray(acc), color=colour, lw=1, alpha=0.8, label=name if i == 0 else None)
-    ax.set(title=f"{dataset}: per-seed mean personalized accuracy", xlabel="round", ylabel="accuracy (%)")
+            ax.plot(rounds, 100 * np.asarray(acc), "-o", ms=2, color=colour, lw=1, alpha=0.8,
+                    label=f"{name} ({_own_settings(r)})" if i == 0 and _own_settings(r) else name if i == 0 else None)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(title=f"{dataset}: per-seed mean personalized accuracy over clients", xlabel="round", ylabel="accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    finish_plot(fig, path, caption(runs, per_seed=True))
+
+
+def _own_settings(run: dict) -> str:
+    """The stabilisers a variant sets (``fedattn-bias-reg=1``), for its legend entry."""
+    method, extra = VARIANTS[run["variant"]]
+    return ", ".join(f"{k}={format_value(run['overrides'][k])}" for k in extra)
 
 
 if __name__ == "__main__":

@@ -167,6 +167,13 @@ class ExperimentConfig:
         """``fedavg``, or ``fedavg+mcsa`` for a non-default aggregation."""
         return self.entry.label
 
+    @property
+    def run_name(self) -> str:
+        """The results folder's name before its time stamp: ``<label>-<dataset>-<model>-seed<seed>``,
+        with ``-legacy`` after the label for runs on Flower's legacy API (``fedavg-legacy-...``)."""
+        api = "-legacy" if self.api == "legacy" else ""
+        return f"{self.label}{api}-{self.dataset}-{self.model}-seed{self.seed}"
+
     def bounds(self) -> dict[str, float]:
         """The reply bounds as strategy arguments (0 in the run config: ``math.inf``, off)."""
         return {name: getattr(self, name) or math.inf for name in ("max_update_ratio", "max_weight_ratio", "max_median_ratio")}

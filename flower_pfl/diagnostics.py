@@ -87,35 +87,28 @@ class AttentionAccumulator:
         np.savez(path.with_suffix(".npz"), ids=ids.astype(str), num_participants=np.array([len(i) for i, _ in self.rounds]), **out)
 
     def save(self, path: Path, title: str = "", rank: Mapping[Hashable, int] | None = None,
-             tick_labels: Mapping[Hashable, str] | None = None, order: str = "partition id") -> None:
+             groups: Mapping[Hashable, Hashable] | None = None, group_label: str = "label set") -> None:
         """``<path>.npz`` (ids, rank, one matrix per component) and ``<path>.png`` (one heatmap each).
 
-        ``rank`` orders rows and columns (``order`` names it in the axis labels); ``tick_labels``
-        (e.g. each client's labels) are written on the axes of small matrices.
+        ``rank`` orders rows and columns; ``groups`` (e.g. each client's label set, with ``rank``
+        keeping each group together) draws separators between groups and names them on the axes.
         """
         ids, means = self.mean(rank)
         ranks = np.array([(rank or {}).get(cid, -1) for cid in ids])
         np.savez(path.with_suffix(".npz"), ids=np.array([str(i) for i in ids]), rank=ranks, **means)
-        import matplotlib
+        from .figures import draw_client_matrix, finish_figure, legend_handles, new_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        order = order if rank else "first participation"
-        fig, axes = plt.subplots(1, len(means), figsize=(4.6 * len(means), 4.2), dpi=110, squeeze=False)
-        for ax, (name, mean) in zip(axes[0], means.items()):
-            im = ax.imshow(np.ma.masked_invalid(mean), cmap="viridis", interpolation="nearest", vmin=0)
-            fig.colorbar(im, ax=ax, fraction=0.046)
-            ax.set(title=f"{name}  (mean self-weight {np.nanmean(np.diag(mean)):.2f})",
-                   xlabel=f"attended client (by {order})", ylabel="client")
-            if tick_labels and len(ids) <= 24:
-                names = [tick_labels.get(cid, "?") for cid in ids]
-                ax.set_xticks(range(len(ids)), names, rotation=90, fontsize=7)
-                ax.set_yticks(range(len(ids)), names, fontsize=7)
-        fig.suptitle(title)
-        fig.tight_layout()
-        fig.savefig(path.with_suffix(".png"))
-        plt.close(fig)
+        ordered = [groups.get(cid) for cid in ids] if groups else None
+        fig, axes = new_figure(len(means))
+        missing = False
+        for ax, (name, mean) in zip(axes, means.items()):
+            missing |= draw_client_matrix(fig, ax, mean, "mean attention weight (row: client, column: attended)",
+                                          ordered, group_label)
+            ax.set_title(f"{name}  (mean self-weight {np.nanmean(np.diag(mean)):.2f})", fontsize=9)
+        handles = legend_handles("diagonal: a client's weight on itself (outside the colour scale)",
+                                 "never in the same round (no weight)" if missing else None, separators=bool(ordered))
+        finish_figure(fig, path.with_suffix(".png"), f"{title}\nmean attention weight over the rounds each pair of clients met in"
+                      if title else "mean attention weight over the rounds each pair of clients met in", handles)
 
 
 def label_set(counts: Sequence[int], min_share: float = 0.1) -> tuple[int, ...]:
@@ -175,27 +168,25 @@ def save_similarity_snapshot(path: Path, ids: Sequence[Hashable], similarity: np
                              delta: float, labels: Sequence[int], title: str = "") -> dict[str, float]:
     """One round's similarity matrix and selection mask, clients grouped by dominant label:
     ``<path>.npz`` and ``<path>.png``. Returns ``label_grouping``'s figures."""
-    order = np.lexsort((np.arange(len(labels)), np.asarray(labels)))
+    from matplotlib.lines import Line2D
+
+    from .figures import draw_client_matrix, draw_selection_mask, finish_figure, grouped_order, legend_handles, new_figure
+
+    order = grouped_order(list(labels))
     s, m, lab = similarity[np.ix_(order, order)], mask[np.ix_(order, order)], np.asarray(labels)[order]
     stats = label_grouping(similarity, mask, labels)
     np.savez(path.with_suffix(".npz"), ids=np.array([str(ids[i]) for i in order]), labels=lab,
              similarity=s, mask=m, delta=delta)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), dpi=110)
-    for ax, data, name in ((axes[0], s, f"cosine similarity (δ = {delta:.3f})"), (axes[1], m, "kept (s > δ)")):
-        im = ax.imshow(data, cmap="viridis", interpolation="nearest")
-        fig.colorbar(im, ax=ax, fraction=0.046)
-        for b in np.flatnonzero(np.diff(lab)) + 0.5:  # label group boundaries
-            ax.axhline(b, color="white", lw=0.6)
-            ax.axvline(b, color="white", lw=0.6)
-        ax.set(title=name, xlabel="client (grouped by dominant label)", ylabel="client")
-    fig.suptitle(f"{title}  same-label share of kept pairs {stats['kept_same_label']:.2f} "
-                 f"(chance {stats['chance_same_label']:.2f})")
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"))
-    plt.close(fig)
+    groups = [int(x) for x in lab]
+    fig, (left, right) = new_figure(2)
+    draw_client_matrix(fig, left, s, "cosine similarity of the two clients' models", groups, "dominant label", mark=delta)
+    left.set_title(f"similarity s (threshold δ = {delta:.3f})", fontsize=9)
+    draw_selection_mask(right, m, groups, "dominant label")
+    right.set_title("selection: s > δ", fontsize=9)
+    handles = legend_handles("diagonal: a client with itself (outside the scale; always kept)",
+                             mask=("not selected (s ≤ δ)", "selected (s > δ)"))
+    handles.append(Line2D([], [], color="red", lw=1.5, label="δ on the colour bar"))
+    finish_figure(fig, path.with_suffix(".png"),
+                  f"{title}\nlast round: same-dominant-label share of selected pairs {stats['kept_same_label']:.2f} "
+                  f"(chance {stats['chance_same_label']:.2f})", handles)
     return stats

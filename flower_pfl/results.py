@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from .figures import client_accuracies, plot_learning_curve
 from .metrics import summarize_run
 
 logger = logging.getLogger("flower_pfl")
@@ -103,7 +104,8 @@ class RunRecorder:
         return time.perf_counter() - self._t0
 
     def finish(self, title: str = "", extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Write ``summary.json`` and the learning curve; returns the summary."""
+        """Write ``summary.json`` and the learning curve (its band: the clients' spread from
+        ``clients.jsonl``, see ``flower_pfl.figures.spread_band``); returns the summary."""
         if self.evaluations:
             summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds)
         else:
@@ -114,7 +116,9 @@ class RunRecorder:
                         "seconds_per_round": self.elapsed / max(self.num_rounds, 1), **(extra or {})})
         (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
         if self.evaluations:
-            plot_learning_curve(self.evaluations, self.out_dir / CURVE, title)
+            clients = self.out_dir / CLIENTS
+            per_client = client_accuracies(map(json.loads, _complete_lines(clients))) if clients.exists() else None
+            plot_learning_curve(self.evaluations, self.out_dir / CURVE, title, per_client)
         return summary
 
 
@@ -173,25 +177,3 @@ def _complete_lines(path: Path) -> list[str]:
             continue
         out.append(line)
     return out
-
-
-def plot_learning_curve(evaluations: list[Mapping[str, float]], path: Path, title: str = "") -> None:
-    """Mean (band: +-1 std over clients) and sample-weighted accuracy per evaluated round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rounds = [e["round"] for e in evaluations]
-    acc = [e[MEAN] for e in evaluations]
-    std = [e.get("accuracy-std", math.nan) for e in evaluations]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ax.plot(rounds, acc, label="mean over clients")
-    ax.fill_between(rounds, [a - s for a, s in zip(acc, std)], [a + s for a, s in zip(acc, std)], alpha=0.2, label="±1 std over clients")
-    ax.plot(rounds, [e.get("accuracy", math.nan) for e in evaluations], "--", label="sample-weighted")
-    ax.set(xlabel="round", ylabel="test accuracy of each client's model", title=title, ylim=(0, 1))
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

@@ -20,6 +20,7 @@ from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import check_device, make_model, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
+from flower_pfl.figures import grouped_order, run_title
 from flower_pfl.reply_checks import ReplyBounds
 from flower_pfl.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, save_models, save_state
 from flower_pfl.sampling import Sampler
@@ -39,10 +40,10 @@ app = ServerApp()
 
 
 def run_dir(cfg: ExperimentConfig) -> Path:
-    """A new folder ``<output-dir>/<method>-<dataset>-<model>-seed<seed>-<time>`` (relative paths from
-    the current directory), with ``-2``, ``-3``, ... when runs start in the same second."""
+    """A new folder ``<output-dir>/<run name>-<time>`` (``ExperimentConfig.run_name``; relative paths
+    from the current directory), with ``-2``, ``-3``, ... when runs start in the same second."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.label}-{cfg.dataset}-{cfg.model}-seed{cfg.seed}-{stamp}"
+    base = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.run_name}-{stamp}"
     try:
         base.parent.mkdir(parents=True, exist_ok=True)
         for n in range(1, 10_000):
@@ -65,7 +66,7 @@ def run_dir(cfg: ExperimentConfig) -> Path:
     raise RuntimeError(f"cannot create a results folder next to {base}")
 
 
-def _save_diagnostics(server: MethodServer, info: Mapping[int, Mapping[str, Any]], out: Path, method: str) -> dict[str, Any]:
+def _save_diagnostics(server: MethodServer, info: Mapping[int, Mapping[str, Any]], out: Path, title: str) -> dict[str, Any]:
     """Attention heatmaps averaged over rounds (clients ordered by their label set, then partition
     id) with how often each client's strongest attention falls on a client with the same labels,
     and, for FedACS, the last round's similarity and selection mask. Returns figures for the summary."""
@@ -77,10 +78,9 @@ def _save_diagnostics(server: MethodServer, info: Mapping[int, Mapping[str, Any]
     if attention is not None and len(attention):
         ids = attention.clients
         labels = {cid: label_set(about(cid).get("label-counts", [])) for cid in ids}
-        order = sorted(ids, key=lambda c: (labels[c], about(c).get("partition-id", -1)))
+        order = [ids[i] for i in grouped_order([labels[c] for c in ids], [about(c).get("partition-id", -1) for c in ids])]
         attention.save_rounds(out / "attention_rounds")
-        attention.save(out / "attention", title=f"{method}: mean attention over rounds", rank={c: i for i, c in enumerate(order)},
-                       tick_labels={c: ",".join(map(str, labels[c])) for c in ids}, order="label set")
+        attention.save(out / "attention", title=title, rank={c: i for i, c in enumerate(order)}, groups=labels)
         ordered, means = attention.mean({c: i for i, c in enumerate(order)})
         for name, mean in means.items():
             stats = strongest_partner_agreement(mean, [labels[c] for c in ordered])
@@ -92,7 +92,7 @@ def _save_diagnostics(server: MethodServer, info: Mapping[int, Mapping[str, Any]
     ids = server.last_participants
     stats = save_similarity_snapshot(out / "similarity_last_round", ids, method_state.last_similarity.cpu().numpy(),
                                      method_state.last_mask.cpu().numpy(), method_state.last_delta,
-                                     [about(cid).get("dominant-label", -1) for cid in ids], title=method)
+                                     [about(cid).get("dominant-label", -1) for cid in ids], title=title)
     return extra | {f"last_round_{k}": v for k, v in stats.items()}
 
 
@@ -201,8 +201,9 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         save_models(out / MODELS, ids, server.method.models_for_evaluation(ids), server.method.store.initial)
     if server is not None and (learned := server.method.server_state()):  # e.g. FedAttn's attention module
         save_state(out / SERVER_STATE, learned)
-    extra = _save_diagnostics(server, info, out, cfg.method) if server is not None else {}
-    summary = recorder.finish(title=f"{cfg.method} / {cfg.dataset} / {cfg.model}", extra=extra)
+    title = run_title(cfg, num_nodes)
+    extra = _save_diagnostics(server, info, out, title) if server is not None else {}
+    summary = recorder.finish(title=title, extra=extra)
     log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     log(INFO, "flower-pfl: results written to %s", out)
     if not summary.get("evaluated_rounds"):

@@ -115,6 +115,10 @@ class Entry:
         decl = self.declaration
         return list(decl.params) if isinstance(decl, FlowerMethod) else param_specs(decl)
 
+    def run_config_keys(self) -> tuple[str, ...]:
+        """The run-config keys this entry's strategy reads (its own hyperparameters)."""
+        return self.reads or tuple(s.key for s in self.params() if s.key is not None and s.name not in self.fixed)
+
     def arguments(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The strategy's method arguments for the run config ``options`` (kebab-case keys)."""
         if self.custom is not None:

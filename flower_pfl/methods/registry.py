@@ -117,8 +117,7 @@ def method_table() -> str:
     for e in entries():
         config = f"`method = \"{e.method}\"`" + (f", `aggregation = \"{e.aggregation}\"`" if e.aggregation != "default" else "")
         specs = option_specs()
-        used = e.reads or tuple(s.key for s in e.params() if s.key is not None and s.name not in e.fixed)
-        keys = ", ".join(f"`{key} = {_toml(specs[key].default)}`" for key in used) or "none"
+        keys = ", ".join(f"`{key} = {_toml(specs[key].default)}`" for key in e.run_config_keys()) or "none"
         if e.fixed:
             keys += " (" + ", ".join(f"{k} = {v!r}" for k, v in e.fixed.items()) + ")"
         rows.append(f"| {config} | `{e.strategy}` | {e.summary().split(':')[0]} | {keys} |")
