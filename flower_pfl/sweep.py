@@ -341,9 +341,9 @@ def run(sweep: Sweep, out: str | Path, engine: str = "inprocess", workers: int =
         if (folder := finished(cell)) is not None:
             results[i] = {"status": "completed", "results_dir": str(folder), "skipped": True}
     todo = [i for i in range(len(cells)) if i not in results]
-    for i in todo:
-        cells[i].folder.mkdir(parents=True, exist_ok=True)
-        (cells[i].folder / compare.CELL).write_text(json.dumps(cells[i].describe(), indent=2))
+    for cell in cells:  # what the cell is, beside its results (compare reads it)
+        cell.folder.mkdir(parents=True, exist_ok=True)
+        (cell.folder / compare.CELL).write_text(json.dumps(cell.describe(), indent=2))
     bar = Progress(len(cells), len(cells) - len(todo), sweep.name) if progress else None
     try:
         with _executor(engine, workers, out, app) as (pool, task):
@@ -400,7 +400,7 @@ class _executor:
             self.flwr.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m flower_pfl.sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", nargs="?", type=Path, help="a sweep file (TOML)")
@@ -413,7 +413,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=1, help="cells run at the same time")
     ap.add_argument("--app", type=Path, default=None, help="flwr-run: the Flower app folder (default: this project's)")
     ap.add_argument("--dry-run", action="store_true", help="list the cells (and which are done) without running")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     try:
         sweep = _sweep_from_args(args)
         out = args.out or (Path("results") / "sweeps" / sweep.name if args.file else None)
