@@ -120,10 +120,10 @@ def load_benchmark(path: Path) -> list[Run]:
 
 
 def load_sweep(folder: Path) -> list[Run]:
-    """A sweep's completed cells, in the sweep's order."""
+    """A sweep's completed cells, in the sweep's order (their folders relative to the sweep's)."""
     runs = []
     for cell in json.loads((folder / SWEEP).read_text())["cells"]:
-        if cell.get("results_dir") and (run := load_folder(Path(cell["results_dir"]))) is not None:
+        if cell.get("results_dir") and (run := load_folder(folder / cell["results_dir"])) is not None:
             runs.append(run)
     return runs
 

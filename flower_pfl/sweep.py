@@ -41,7 +41,8 @@ A method name ``a+b`` without a table means method ``a`` with aggregation ``b`` 
 Precedence: base < setting < method table; ``seed`` and ``output-dir`` belong to the sweep.
 
 Each cell runs into ``<out>/runs/<method>/<setting>/seed<k>/`` (a results folder inside, as
-``server_apps.app.run_dir`` names it, and ``cell.json`` saying what the cell is). A cell whose
+``server_apps.app.run_dir`` names it, ``cell.json`` saying what the cell is, and the run's console
+output in ``run.log`` or ``flwr.log``). A cell whose
 folder holds a completed ``summary.json`` with the same run config is not run again, so running
 the command again continues an interrupted sweep (cells that failed or were killed are rerun).
 Engines: ``inprocess`` (default: ``server_apps.inprocess.run_in_process`` in worker processes)
@@ -49,15 +50,17 @@ or ``flwr-run`` (each cell through ``flwr run`` on a local SuperLink with this s
 ``FLWR_HOME`` and ports, stopped by PID at the end). ``--workers N`` runs N cells at a time.
 
 Outputs in ``<out>``: ``table.md``, ``table.csv``, ``curves.png`` (``flower_pfl.compare``) and
-``sweep.json`` (the sweep, every cell's run config, results folder, status and summary).
+``sweep.json`` (the sweep, every cell's run config, status, summary and folders relative to ``<out>``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import itertools
 import json
+import os
 import re
 import sys
 import time
@@ -65,7 +68,7 @@ import tomllib
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import compare
 from .config import ConfigError, ExperimentConfig
@@ -289,21 +292,41 @@ def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_cell_in_process(cell: Cell) -> dict[str, Any]:
-    """One cell in this process (a worker of the pool): ``{"status", "results_dir" | "error"}``."""
-    import logging
-
+    """One cell in this process (a worker of the pool), its console output in ``run.log`` in the
+    cell's folder: ``{"status", "results_dir" | "error"}``."""
     import torch
 
     from server_apps.inprocess import run_in_process
 
     torch.set_num_threads(1)  # one core per worker
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    log = cell.folder / "run.log"
     try:
-        run_in_process(cell.run_config, num_nodes=cell.num_nodes)
+        with _output_to(log):
+            run_in_process(cell.run_config, num_nodes=cell.num_nodes)
     except Exception as err:  # noqa: BLE001 - a failed cell must not stop the sweep
-        return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+        return {"status": "failed", "error": f"{type(err).__name__}: {err} (log: {log})"}
     folder = finished(cell)
-    return {"status": "completed", "results_dir": str(folder)} if folder else {"status": "failed", "error": "no completed summary"}
+    return {"status": "completed", "results_dir": str(folder)} if folder else {"status": "failed", "error": f"no completed summary (log: {log})"}
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr (file descriptors 1 and 2: logs, warnings, prints) into ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with path.open("a") as fh:
+        os.dup2(fh.fileno(), 1)
+        os.dup2(fh.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
 
 
 class Progress:
@@ -361,13 +384,19 @@ def run(sweep: Sweep, out: str | Path, engine: str = "inprocess", workers: int =
             bar.close()
     record = {"sweep": sweep.to_dict(), "engine": engine, "workers": workers, "wall_time_s": time.time() - t0,
               "settings": [{"name": n, "values": v} for n, v in sweep.setting_list()],
-              "cells": [{**cell.describe(), "run_config": cell.run_config, "cell_dir": str(cell.folder), **results[i],
-                         "summary": _summary(results[i])} for i, cell in enumerate(cells)]}
+              "cells": [{**cell.describe(), "run_config": cell.run_config, **results[i], **_relative(results[i], out),
+                         "cell_dir": str(cell.folder.relative_to(out)), "summary": _summary(results[i])}
+                        for i, cell in enumerate(cells)]}
     (out / compare.SWEEP).write_text(json.dumps(record, indent=2, default=str))
     runs = compare.load_sweep(out)
     if runs:
         compare.report(runs, out)
     return record
+
+
+def _relative(result: Mapping[str, Any], out: Path) -> dict[str, str]:
+    """The results folder relative to the sweep folder (sweep.json stays valid when the folder moves)."""
+    return {"results_dir": str(Path(result["results_dir"]).relative_to(out))} if result.get("results_dir") else {}
 
 
 def _summary(result: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -127,14 +127,15 @@ def _comparable(run_config: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in ("output-dir", "data-dir")}
 
 
-@pytest.mark.parametrize("toml,recorded", [
-    ("fedmcsa_table1", "fedmcsa_table1"), ("fedacs_scarce", "fedacs_scarce_synthetic"),
-    ("igfl_settings", "igfl_synthetic"), ("fedattn_stability", "fedattn_synthetic"),
+@pytest.mark.parametrize("toml,recorded,kind", [
+    ("fedmcsa_table1", "fedmcsa_table1", "table"), ("fedacs_scarce", "fedacs_scarce_synthetic", "table"),
+    ("igfl_settings", "igfl_synthetic", "table"), ("igfl_figure2", "igfl_synthetic", "figure2"),
+    ("fedattn_stability", "fedattn_synthetic", "table"),
 ])
-def test_sweep_files_reproduce_the_recorded_grids(tmp_path, toml, recorded):
+def test_sweep_files_reproduce_the_recorded_grids(tmp_path, toml, recorded, kind):
     """Every cell of the sweep file is one run of the published benchmark (same run config and clients)."""
     cells = sweep.from_toml(SWEEPS / f"{toml}.toml").cells(tmp_path)
-    jobs = [j for j in json.loads((RESULTS / recorded / "results.json").read_text())["runs"] if j.get("kind", "table") == "table"]
+    jobs = [j for j in json.loads((RESULTS / recorded / "results.json").read_text())["runs"] if j.get("kind", "table") == kind]
 
     def key(config: dict, nodes: int) -> str:
         return json.dumps({**_comparable(config), "nodes": nodes}, sort_keys=True)
@@ -312,8 +313,11 @@ def test_a_finished_cell_is_skipped_and_a_killed_or_failed_one_rerun(tmp_path, f
     fake_engine.clear()
     sweep.run(s, out, progress=False)  # everything done: nothing runs again
     assert fake_engine == []
-    again = compare.report(compare.load([out]), tmp_path / "compared")  # compare reads the sweep: same table
+    moved = out.rename(tmp_path / "moved")
+    again = compare.report(compare.load([moved]), tmp_path / "compared")  # compare reads the moved sweep: same table
     assert (tmp_path / "compared" / "table.md").read_text() == table and len(again) == 2
+    sweep.run(s, moved, progress=False)  # the moved sweep is still complete
+    assert fake_engine == []
 
 
 def test_flwr_run_gets_the_run_config_as_toml():
@@ -344,7 +348,7 @@ num-nodes = 3
         rows = {r["method"]: r for r in csv.DictReader(fh)}
     assert set(rows) == {"fedmcsa", "local"}
     for method, row in rows.items():
-        summaries = [json.loads((Path(c["results_dir"]) / "summary.json").read_text())
+        summaries = [json.loads((out / c["results_dir"] / "summary.json").read_text())
                      for c in record["cells"] if c["method"] == method]
         assert row["seeds"] == "2" and row["setting"] == "base"
         for key, _ in compare.COLUMNS:
