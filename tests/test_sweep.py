@@ -360,3 +360,29 @@ num-nodes = 3
     cells = json.loads((out / "sweep.json").read_text())["cells"]
     assert [(c["method"], c["seed"], c["num-nodes"]) for c in cells] == [("fedmcsa", 0, 3), ("fedmcsa", 1, 3), ("local", 0, 3), ("local", 1, 3)]
     assert all(c["run_config"]["num-rounds"] == 3 for c in cells)
+
+
+def test_a_cell_that_fails_is_recorded_and_the_command_says_so(tmp_path, capsys):
+    """lr = 1e30: every update is refused, the run fails; the sweep goes on, records why and exits non-zero."""
+    out = tmp_path / "sweep"
+    args = ["--methods", "fedmcsa", "--set", "lr=1e30", "--set", "num-rounds=2", "--set", "num-nodes=2",
+            "--set", "clients-per-round=2", "--set", "eval-every=2", "--out", str(out)]
+    with pytest.raises(SystemExit, match="1 cell\\(s\\) failed"):
+        sweep.main(args)
+    (cell,) = json.loads((out / "sweep.json").read_text())["cells"]
+    assert cell["status"] == "failed" and "RunFailed" in cell["error"] and cell["summary"] is None
+    assert "no completed cell" in capsys.readouterr().out and not (out / "table.md").exists()
+
+
+@pytest.mark.e2e
+def test_flwr_run_engine_gives_the_in_process_figures(tmp_path):
+    """The same cell through `flwr run` (a private SuperLink, stopped afterwards) and in-process."""
+    s = _sweep('methods = ["fedmcsa"]\nseeds = [0]\nreferences = []\n[base]\nnum-rounds = 2\nnum-nodes = 3\n'
+               'clients-per-round = 2\neval-every = 1')
+    by_flwr = sweep.run(s, tmp_path / "flwr", engine="flwr-run", progress=False)["cells"][0]
+    in_process = sweep.run(s, tmp_path / "inprocess", progress=False)["cells"][0]
+    assert by_flwr["status"] == in_process["status"] == "completed", by_flwr.get("error")
+    assert by_flwr["summary"]["bmta"] == in_process["summary"]["bmta"]
+    assert (tmp_path / "flwr" / by_flwr["cell_dir"] / "flwr.log").exists()
+    from flower_pfl.sweep_flwr import _pids
+    assert not _pids(f"flower-superlink.*{tmp_path / 'flwr'}")
