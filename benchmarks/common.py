@@ -9,10 +9,11 @@ import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from flower_pfl.compare import fmt  # noqa: F401 - the scripts' ``mean ± std`` in percent, as the sweep's tables
 from flower_pfl.figures import format_value
 
 
@@ -41,12 +42,6 @@ def run_jobs(jobs: list[dict], workers: int, describe: Callable[[dict], str]) ->
             print(f"[{time.time() - t0:6.0f}s] {describe(r)}: BMTA {100 * s['bmta']:.2f} "
                   f"(weighted {100 * s['bmta_weighted']:.2f}), {s['seconds_per_round']:.3f} s/round", flush=True)
     return runs
-
-
-def fmt(values: Iterable[float]) -> str:
-    """``mean ± std`` in percent."""
-    v = list(values)
-    return f"{100 * np.mean(v):.2f} ± {100 * np.std(v):.2f}"
 
 
 def machine(workers: int) -> str:

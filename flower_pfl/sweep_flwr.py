@@ -1,0 +1,111 @@
+"""The sweep's ``flwr-run`` engine: each cell through ``flwr run`` on a local SuperLink of its own.
+
+The SuperLink that ``flwr run`` starts lives under the sweep's own ``FLWR_HOME`` and ports, so
+sweeps never share one with each other or with a user's; ``stop`` ends it (and the processes it
+started) by PID. A cell's console output goes to ``flwr.log`` in its folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from .sweep import Cell, SweepError, finished
+
+#: this project's Flower app (``pyproject.toml`` with ``[tool.flwr.app]``)
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_value(value: Any) -> str:
+    """A run-config value as ``flwr run --run-config`` reads it (TOML)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise SweepError(f"run-config value {value!r} cannot be passed to flwr run")
+
+
+def run_config_text(run_config: Mapping[str, Any]) -> str:
+    return " ".join(f"{key}={toml_value(value)}" for key, value in run_config.items())
+
+
+class FlwrRunEngine:
+    """Runs cells with ``flwr run <app> --stream`` against a private local SuperLink."""
+
+    def __init__(self, home: Path, app: Path | None = None) -> None:
+        self.app = Path(app or PROJECT).resolve()
+        if not (self.app / "pyproject.toml").exists():
+            raise SweepError(f"{self.app} is not a Flower app folder (no pyproject.toml); pass --app")
+        self.home = Path(home).resolve()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
+                    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
+                    "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+                    "FLOWER_PFL_CLIENT_STATE_DIR": str(self.home / "client-state")}
+        self._first = threading.Lock()  # the first run starts the SuperLink; the others wait for it
+        self._started = threading.Event()
+
+    def run_cell(self, cell: Cell) -> dict[str, Any]:
+        if not self._started.is_set():
+            with self._first:
+                if not self._started.is_set():
+                    try:
+                        return self._run(cell)
+                    finally:
+                        self._started.set()
+        return self._run(cell)
+
+    def _run(self, cell: Cell) -> dict[str, Any]:
+        log = cell.folder / "flwr.log"
+        cmd = ["flwr", "run", str(self.app), "--run-config", run_config_text(cell.run_config),
+               "--federation-config", f"num-supernodes={cell.num_nodes}", "--stream"]
+        with log.open("w") as fh:
+            subprocess.run(cmd, cwd=self.app, env=self.env, stdout=fh, stderr=subprocess.STDOUT, check=False)
+        folder = finished(cell)  # `flwr run --stream` exits 0 even when the run failed: the folder tells
+        if folder is not None:
+            return {"status": "completed", "results_dir": str(folder)}
+        tail = log.read_text()[-1500:].strip().splitlines()
+        return {"status": "failed", "error": f"no completed summary; see {log}: " + " | ".join(tail[-5:])}
+
+    def stop(self) -> None:
+        """End this engine's SuperLink and what it started (by PID; nothing of anyone else's)."""
+        links = _pids(f"flower-superlink.*{self.home}")
+        for pid in links:
+            for child in _pids(f"--parent-pid {pid}"):
+                _kill(child)
+            _kill(pid)
+        for pid in _pids(f"flwr-.*127.0.0.1:{self.port}"):  # a run that did not finish
+            _kill(pid)
+        deadline = time.time() + 20
+        while _pids(f"flower-superlink.*{self.home}") and time.time() < deadline:
+            time.sleep(0.5)
+
+
+def _pids(pattern: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if int(p) != os.getpid()]
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
