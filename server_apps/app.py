@@ -20,7 +20,7 @@ from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import check_device, make_model, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
-from flower_pfl.quiet import quiet_round_loop, silence_runtime_noise
+from flower_pfl.quiet import silence_runtime_noise
 from flower_pfl.reply_checks import ReplyBounds
 from flower_pfl.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, save_models, save_state
 from flower_pfl.sampling import Sampler
@@ -32,6 +32,7 @@ from strategies.metrics import PersonalizedMetrics
 from .factory import build_legacy_strategy, build_message_strategy, participants
 from .node_order import RankedGrid, query_nodes
 from .checkpointing import Checkpointer, Resumption, set_flower_state
+from .console import quiet_round_loop
 from .recording import RecordedLegacyStrategy, RecordedStrategy
 from .guard import ReplyGuard
 from .seeded import SeededClientManager
