@@ -46,7 +46,10 @@ def summary_lines(summary: Mapping[str, Any], out: str | Path) -> list[str]:
     status = summary.get("status", "?")
     rounds, wall = summary.get("num_rounds", "?"), summary.get("wall_time_s", math.nan)
     per_round = f", {summary['seconds_per_round']:.2f} s/round" if "seconds_per_round" in summary else ""
-    lines = [f"{PREFIX} run {status}: {rounds} rounds in {clock(wall)}{per_round}"]
+    if status == "completed":
+        lines = [f"{PREFIX} run completed: {rounds} rounds in {clock(wall)}{per_round}"]
+    else:
+        lines = [f"{PREFIX} run {status} after {clock(wall)} (of {rounds} rounds)"]
     if "bmta" in summary:
         lines += [
             f"  BMTA           {summary['bmta']:.4f} at round {summary['bmta_round']} "

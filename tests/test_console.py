@@ -68,7 +68,7 @@ def test_summary_block_of_a_completed_and_a_failed_run():
     ]
     failed = {"status": "failed", "error": "3 of the run's 4 rounds accepted no client update", "num_rounds": 4, "wall_time_s": 61}
     assert summary_lines(failed, "/r/y") == [
-        "flower-pfl: run failed: 4 rounds in 1:01",
+        "flower-pfl: run failed after 1:01 (of 4 rounds)",
         "  error          3 of the run's 4 rounds accepted no client update",
         "  results        /r/y",
     ]
