@@ -25,9 +25,11 @@ from flower_pfl.config import ExperimentConfig
 from flower_pfl.data import ClientData
 from flower_pfl.experiment import dataset_shape, load_client_data, make_model, resolve_device, solver_settings
 from flower_pfl.methods.registry import client_step_for, evaluation_step_for
+from flower_pfl.quiet import silence_runtime_noise
 from flower_pfl.solvers import EvalResult, evaluate as evaluate_model
 from flower_pfl.wire import fingerprint
 
+silence_runtime_noise()  # loaded before Ray starts in a simulation, and in every Ray actor (flower_pfl.quiet)
 app = ClientApp()
 
 #: evaluation metric: ``fingerprint`` of the model the node received (see the trust model in README)

@@ -93,6 +93,8 @@ class ExperimentConfig:
     node_wait_timeout: float = 120.0
     #: the run fails when more than this share of its rounds accepted no update (1: never)
     max_idle_rounds: float = 0.5
+    #: keep Flower's round-by-round console lines (false: only the run's own progress lines)
+    verbose: bool = False
     #: every method's hyperparameters by run-config key (declared beside each method, see
     #: ``flower_pfl.methods``); missing keys take the declared defaults
     options: dict[str, Any] = field(default_factory=dict, hash=False)

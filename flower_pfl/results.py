@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from .figures import client_accuracies, plot_learning_curve
 from .metrics import summarize_run
+from .progress import no_accuracy_line, progress_line, summary_lines
 
 logger = logging.getLogger("flower_pfl")
 
@@ -85,14 +86,10 @@ class RunRecorder:
         row = {"round": server_round, **{k: v if isinstance(v, list) else float(v) for k, v in metrics.items()}}
         self._append({"round": server_round, "phase": "evaluate", "elapsed_s": self.elapsed, **row})
         if MEAN not in row:
-            self._log(f"round {server_round}/{self.num_rounds}: no client accuracy [{self.elapsed:.0f}s]")
+            self._log(no_accuracy_line(server_round, self.num_rounds, self.elapsed))
             return
         self.evaluations.append(row)
-        self._log(
-            f"round {server_round}/{self.num_rounds}: accuracy {row[MEAN]:.4f} over clients "
-            f"(std {row.get('accuracy-std', math.nan):.4f}; sample-weighted {row.get('accuracy', math.nan):.4f}) "
-            f"[{self.elapsed:.0f}s]"
-        )
+        self._log(progress_line(server_round, self.num_rounds, row, self.elapsed, self.best_mean))
 
     @property
     def best_mean(self) -> float:
@@ -110,7 +107,6 @@ class RunRecorder:
             summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds)
         else:
             summary = {"evaluated_rounds": 0, "error": "no client evaluation succeeded; see the run's log"}
-            self._log("no client evaluation succeeded: the summary has no accuracy figures")
         summary.update({"status": "completed" if self.evaluations else "failed", "idle_rounds": self.idle_rounds,
                         "num_rounds": self.num_rounds, "wall_time_s": self.elapsed,
                         "seconds_per_round": self.elapsed / max(self.num_rounds, 1), **(extra or {})})
@@ -119,14 +115,20 @@ class RunRecorder:
             clients = self.out_dir / CLIENTS
             per_client = client_accuracies(map(json.loads, _complete_lines(clients))) if clients.exists() else None
             plot_learning_curve(self.evaluations, self.out_dir / CURVE, title, per_client)
+        self._report(summary)
         return summary
-
 
     def fail(self, reason: str) -> None:
         """Write ``summary.json`` for a run that stopped because it could not achieve anything."""
         summary = {"status": "failed", "error": reason, "idle_rounds": self.idle_rounds, "num_rounds": self.num_rounds,
                    "wall_time_s": self.elapsed}
         (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
+        self._report(summary)
+
+    def _report(self, summary: Mapping[str, Any]) -> None:
+        """The closing block on the console (``flower_pfl.progress.summary_lines``)."""
+        for line in summary_lines(summary, self.out_dir):
+            self._log(line)
 
 
 class RunFailed(RuntimeError):

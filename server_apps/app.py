@@ -21,6 +21,7 @@ from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import check_device, make_model, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
 from flower_pfl.figures import grouped_order, run_title
+from flower_pfl.quiet import silence_runtime_noise
 from flower_pfl.reply_checks import ReplyBounds
 from flower_pfl.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, save_models, save_state
 from flower_pfl.sampling import Sampler
@@ -32,10 +33,12 @@ from strategies.metrics import PersonalizedMetrics
 from .factory import build_legacy_strategy, build_message_strategy, participants
 from .node_order import RankedGrid, query_nodes
 from .checkpointing import Checkpointer, Resumption, set_flower_state
+from .console import quiet_round_loop
 from .recording import RecordedLegacyStrategy, RecordedStrategy
 from .guard import ReplyGuard
 from .seeded import SeededClientManager
 
+silence_runtime_noise()  # before Ray starts in a simulation (flower_pfl.quiet)
 app = ServerApp()
 
 
@@ -111,9 +114,19 @@ def _continue_bmta(strategy: Any, best: float) -> None:
 
 def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     """Run the experiment ``run_config`` describes on ``grid`` (or continue the one ``resume-from``
-    names); returns the results folder."""
+    names); returns the results folder. Flower's round-by-round lines are dropped from the console
+    unless ``verbose`` (``flower_pfl.quiet``): the run's own progress lines say how it goes."""
     try:
         cfg = ExperimentConfig.from_mapping(run_config)
+    except ConfigError as err:
+        log(ERROR, "%s", err)
+        raise
+    with quiet_round_loop(enabled=not cfg.verbose):
+        return _run_experiment(grid, cfg)
+
+
+def _run_experiment(grid: Grid, cfg: ExperimentConfig) -> Path:
+    try:
         check_device(cfg.device)
         resumed = Resumption(cfg.resume_from) if cfg.resume_from else None
     except ConfigError as err:
@@ -147,7 +160,8 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     ranks = {node: i["partition-id"] for node, i in info.items()}
     grid = RankedGrid(grid, ranks)  # type: ignore[assignment]
     num_nodes = len(list(grid.get_node_ids()))
-    log(INFO, "flower-pfl: %s on %s (%s), %d nodes, results in %s", cfg.method, cfg.dataset, cfg.model, num_nodes, out)
+    log(INFO, "flower-pfl: %s on %s (%s), %d nodes, %d rounds, evaluation every %d; results in %s", cfg.label, cfg.dataset,
+        cfg.model, num_nodes, cfg.num_rounds, cfg.eval_every, out)
 
     sampler = Sampler(cfg.seed, ranks)  # Flower's own strategies sample with it too (see server_apps.seeded)
     store_dir = str(out / "store") if cfg.store == "disk" else None
@@ -203,9 +217,9 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         save_state(out / SERVER_STATE, learned)
     title = run_title(cfg, num_nodes)
     extra = _save_diagnostics(server, info, out, title) if server is not None else {}
-    summary = recorder.finish(title=title, extra=extra)
-    log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
-    log(INFO, "flower-pfl: results written to %s", out)
+    summary = recorder.finish(title=title, extra=extra)  # logs the closing block
+    if cfg.verbose:
+        log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     if not summary.get("evaluated_rounds"):
         raise RunFailed(f"no client evaluation produced a finite accuracy in this run; see the log (results in {out})")
     return out

@@ -27,7 +27,7 @@ from flower_pfl.results import RunRecorder
 from flower_pfl.sampling import Sampler
 
 #: run-config keys that may differ between a run and its resumption
-MAY_DIFFER = ("resume-from", "device", "output-dir")
+MAY_DIFFER = ("resume-from", "device", "output-dir", "verbose")
 #: inner state of Flower's own strategies (both APIs), by attribute name
 FLOWER_STATE = ("current_arrays", "momentum_vector", "m_t", "v_t", "current_weights", "initial_parameters")
 

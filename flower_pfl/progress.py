@@ -1,0 +1,64 @@
+"""The console text of a run: one progress line per evaluated round and a closing summary block."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+#: every console line of the package starts with this
+PREFIX = "flower-pfl:"
+
+
+def clock(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on (``"?"`` when unknown)."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def eta(server_round: int, num_rounds: int, elapsed: float) -> float:
+    """Seconds left at the pace of the rounds so far (``elapsed`` covers rounds 1..``server_round``)."""
+    if server_round <= 0:
+        return math.nan
+    return elapsed / server_round * max(num_rounds - server_round, 0)
+
+
+def progress_line(server_round: int, num_rounds: int, row: Mapping[str, Any], elapsed: float, best: float) -> str:
+    """One evaluated round: mean accuracy over clients (the papers' figure) with its std, the
+    sample-weighted accuracy, the best mean so far, time elapsed and the estimated time left."""
+    width = len(str(num_rounds))
+    weighted = row.get("accuracy", math.nan)
+    return (f"{PREFIX} round {server_round:>{width}}/{num_rounds}  accuracy-mean {row['accuracy-mean']:.4f} "
+            f"(std {row.get('accuracy-std', math.nan):.4f}, weighted {weighted:.4f}, best {best:.4f})  "
+            f"{clock(elapsed)} elapsed, ETA {clock(eta(server_round, num_rounds, elapsed))}")
+
+
+def no_accuracy_line(server_round: int, num_rounds: int, elapsed: float) -> str:
+    """An evaluated round in which no client reported a usable accuracy."""
+    return f"{PREFIX} round {server_round}/{num_rounds}  no client accuracy (see the warnings above)  {clock(elapsed)} elapsed"
+
+
+def summary_lines(summary: Mapping[str, Any], out: str | Path) -> list[str]:
+    """The closing block of a run from its ``summary.json`` content and results folder."""
+    status = summary.get("status", "?")
+    rounds, wall = summary.get("num_rounds", "?"), summary.get("wall_time_s", math.nan)
+    per_round = f", {summary['seconds_per_round']:.2f} s/round" if "seconds_per_round" in summary else ""
+    if status == "completed":
+        lines = [f"{PREFIX} run completed: {rounds} rounds in {clock(wall)}{per_round}"]
+    else:
+        lines = [f"{PREFIX} run {status} after {clock(wall)} (of {rounds} rounds)"]
+    if "bmta" in summary:
+        lines += [
+            f"  BMTA           {summary['bmta']:.4f} at round {summary['bmta_round']} "
+            f"(sample-weighted {summary['bmta_weighted']:.4f})",
+            f"  last-10% mean  {summary['last10_mean_accuracy']:.4f} "
+            f"(sample-weighted {summary['last10_mean_accuracy_weighted']:.4f})",
+            f"  final          {summary['final_accuracy']:.4f} (std over clients {summary['final_accuracy_std']:.4f})",
+        ]
+    if summary.get("error"):
+        lines.append(f"  error          {summary['error']}")
+    lines.append(f"  results        {out}")
+    return lines

@@ -1,0 +1,37 @@
+"""What of Flower's server-side console output a run keeps: its round loop's narration goes
+(``flower_pfl.quiet``), the run's own progress lines, warnings and errors stay."""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager
+from pathlib import Path
+from types import ModuleType
+
+from flower_pfl.quiet import dropping
+
+
+def _source(module: ModuleType) -> str:
+    """A package's folder (with a trailing separator) or a module's file."""
+    path = Path(module.__file__ or "")
+    return str(path.parent) + os.sep if path.name == "__init__.py" else str(path)
+
+
+def round_loop_sources() -> tuple[str, ...]:
+    """The files that narrate rounds: Flower's strategy loops and strategies (both APIs) and this
+    package's strategies (``strategies.nodes``, which says when a round waits for nodes, stays)."""
+    import flwr.server.compat
+    import flwr.server.server
+    import flwr.server.strategy
+    import flwr.serverapp.strategy
+    import strategies.legacy
+    import strategies.message.method_strategy
+
+    return tuple(_source(m) for m in (flwr.serverapp.strategy, flwr.server.strategy, flwr.server.compat, flwr.server.server,
+                                      strategies.legacy, strategies.message.method_strategy))
+
+
+def quiet_round_loop(enabled: bool = True) -> AbstractContextManager[None]:
+    """Inside the block, Flower's logger drops the round loop's INFO lines (unless ``enabled`` is
+    false or ``FLOWER_PFL_VERBOSE`` is set)."""
+    return dropping(round_loop_sources(), enabled)
