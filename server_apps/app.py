@@ -122,8 +122,9 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         raise
     initial = initial_arrays(cfg)
     if cfg.init == "zero" and has_hidden_layers(initial):
-        log(WARNING, "init = 'zero' with model '%s': its hidden units start identical and stay identical under "
-            "gradient descent (zero weights cannot break their symmetry); use init 'shared' or 'independent'", cfg.model)
+        log(WARNING, "init = 'zero' with model '%s': zero weights cannot break the symmetry of its hidden units (with "
+            "every weight at zero they get no gradient at all: the model learns only its output bias); use init 'shared' "
+            "or 'independent'", cfg.model)
     if cfg.init == "zero" and cfg.max_update_ratio > 0:
         log(WARNING, "init = 'zero' with max-update-ratio = %g: a client sent a near-zero model may have its honest update "
             "refused (the bound is relative to the norm of the model sent); max-update-ratio = 0 turns it off", cfg.max_update_ratio)
