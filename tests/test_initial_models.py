@@ -159,7 +159,7 @@ def test_zero_init_warns_about_hidden_layers_and_the_update_bound(tmp_path, capl
     run_in_process({"init": "zero", "model": "dnn", "num-rounds": 1, "clients-per-round": 2, "local-steps": 1,
                     "output-dir": str(tmp_path)}, num_nodes=3)
     text = " ".join(r.getMessage() for r in caplog.records)
-    assert "cannot break their symmetry" in text and "max-update-ratio = 0 turns it off" in text
+    assert "cannot break the symmetry" in text and "learns only its output bias" in text and "max-update-ratio = 0 turns it off" in text
 
 
 def test_round_statistics_recover_fedmcsa_cosines_from_its_attention():
