@@ -36,15 +36,19 @@ COMPONENT = {"fedmcsa": "fc.weight", "fedacs": "model", "fedamp": "model"}
 def round_statistics(ids: np.ndarray, counts: np.ndarray, weights: np.ndarray, sigma: float | None,
                      zero_first: bool) -> dict[str, list[float]]:
     """Per training round (as saved in ``attention_rounds.npz``: participants ``ids``, their number
-    ``counts``, ``(R, m, m)`` ``weights`` of one component): the mean self-attention (diagonal) and,
-    when ``sigma`` is given (FedMCSA's softmax attention), the mean off-diagonal cosine behind it;
-    with ``zero_first`` a client's first round counts as an all-zero model (``init = zero``)."""
+    ``counts``, ``(R, m, m)`` ``weights`` of one component): the mean self-attention (diagonal), the
+    same over the participants that took part in an earlier round (NaN if none) and, when ``sigma``
+    is given (FedMCSA's softmax attention), the mean off-diagonal cosine behind it; with
+    ``zero_first`` a client's first round counts as an all-zero model (``init = zero``)."""
     seen: set[str] = set()
-    diagonal, cosine = [], []
+    diagonal, returning, cosine = [], [], []
     for r, m in enumerate(counts):
         w = weights[r, :m, :m].astype(np.float64)
         diagonal.append(float(np.mean(np.diag(w))))
+        back = np.array([cid in seen for cid in ids[r, :m]])
+        returning.append(float(np.mean(np.diag(w)[back])) if back.any() else float("nan"))
         if sigma is None:
+            seen.update(ids[r, :m])
             continue
         with np.errstate(divide="ignore"):
             cos = np.clip(1.0 + np.log(w / np.diag(w)[:, None]) / sigma, -1.0, 1.0)
@@ -52,7 +56,7 @@ def round_statistics(ids: np.ndarray, counts: np.ndarray, weights: np.ndarray, s
         cos[fresh, :] = cos[:, fresh] = 0.0  # an all-zero model: cosine 0 with everything
         seen.update(ids[r, :m])
         cosine.append(float(cos[~np.eye(m, dtype=bool)].mean()))
-    return {"self_attention": diagonal, "cosine": cosine}
+    return {"self_attention": diagonal, "self_attention_returning": returning, "cosine": cosine}
 
 
 def _key(job: dict) -> str:
@@ -88,17 +92,27 @@ def main() -> None:
         for job in jobs:  # one at a time, saved as it ends
             t0 = time.time()
             run = run_jobs([job], 1, lambda r: f"{_label(r)}, seed {r['seed']}")[0]
-            sigma = PAPER_SETTINGS["sigma"] if run["method"] == "fedmcsa" else None
-            saved = np.load(Path(run["results_dir"]) / "attention_rounds.npz")
-            run["rounds"] = round_statistics(saved["ids"], saved["num_participants"], saved[COMPONENT[run["method"]]],
-                                             sigma, zero_first=run["init"] == "zero")
+            run["rounds"] = _statistics_of(run)
             run["wall_s"] = time.time() - t0
             run.pop("overrides")
             done["runs"][_key(job)] = run
             done["settings"] = {**PAPER_SETTINGS, "rounds": args.rounds, "eval_every": args.eval_every}
             args.out.mkdir(parents=True, exist_ok=True)
             store.write_text(json.dumps(done, indent=1, default=str))
+    for run in done["runs"].values():  # runs recorded before a statistic was added get it from their folder
+        if "self_attention_returning" not in run["rounds"] and (Path(run["results_dir"]) / "attention_rounds.npz").exists():
+            run["rounds"] = _statistics_of(run)
+    if done["runs"]:
+        store.write_text(json.dumps(done, indent=1, default=str))
     report(list(done["runs"].values()), done.get("settings", {}), args.out)
+
+
+def _statistics_of(run: dict) -> dict[str, list[float]]:
+    """``round_statistics`` of a finished run, from the attention it saved."""
+    saved = np.load(Path(run["results_dir"]) / "attention_rounds.npz")
+    sigma = PAPER_SETTINGS["sigma"] if run["method"] == "fedmcsa" else None
+    return round_statistics(saved["ids"], saved["num_participants"], saved[COMPONENT[run["method"]]], sigma,
+                            zero_first=run["init"] == "zero")
 
 
 def _groups(runs: list[dict]) -> dict[tuple[str, str, float], list[dict]]:
@@ -116,18 +130,21 @@ def _at(values: list[float], rounds: int) -> float:
 def report(runs: list[dict], settings: dict, out: Path) -> None:
     """``table.md`` (one row per method, init and scale) and ``attention.png``."""
     header = ("| Method | init | init-scale | seeds | BMTA % | sample-weighted BMTA % | best round | self-attention, round 10 | "
-              "self-attention, last 10% | cosine, round 10 | cosine, last 10% |\n|---|---|---|---|---|---|---|---|---|---|---|")
+              "self-attention, last 10% | self-attention, returning clients | cosine, round 10 | cosine, last 10% |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for (method, init, scale), sel in _groups(runs).items():
         n = max(1, len(sel[0]["rounds"]["self_attention"]) // 10)
         early = [r["rounds"]["self_attention"][9] for r in sel]
         late = [_at(r["rounds"]["self_attention"], n) for r in sel]
+        returning = [np.nanmean(r["rounds"].get("self_attention_returning", [np.nan])) for r in sel]
         cos_early = [r["rounds"]["cosine"][9] for r in sel] if method == "fedmcsa" else None
         cos_late = [_at(r["rounds"]["cosine"], n) for r in sel] if method == "fedmcsa" else None
         rows.append(
             f"| {LABELS[method]} | {init} | {'—' if init == 'zero' else f'{scale:g}'} | {len(sel)} | "
             f"{fmt([r['summary']['bmta'] for r in sel])} | {fmt([r['summary']['bmta_weighted'] for r in sel])} | "
             f"{np.mean([r['summary']['bmta_round'] for r in sel]):.0f} | {np.mean(early):.3f} | {np.mean(late):.3f} | "
+            f"{np.mean(returning):.3f} | "
             f"{'—' if cos_early is None else f'{np.mean(cos_early):.3f}'} | {'—' if cos_late is None else f'{np.mean(cos_late):.3f}'} |")
     seconds = np.mean([r["summary"]["seconds_per_round"] for r in runs]) if runs else float("nan")
     note = (f"\n\nSynthetic({settings.get('synthetic-alpha')}, {settings.get('synthetic-beta')}), MLR, 100 clients, "
@@ -136,7 +153,8 @@ def report(runs: list[dict], settings: dict, out: Path) -> None:
             f"evaluated every {settings.get('eval_every')} rounds; FedACS and FedAMP at their defaults. BMTA and its round: "
             "mean ± std (round: mean) over seeds. Self-attention: the mean diagonal of the round's attention on the weight "
             "matrix (FedMCSA: `fc.weight`'s; FedACS, FedAMP: the whole model's), at round 10 and averaged over the last 10% "
-            "of rounds, mean over seeds. Cosine: the mean off-diagonal cosine between the participants' weight matrices "
+            "of rounds, mean over seeds; returning clients: the diagonal over the participants that took part in an earlier "
+            "round, mean over rounds (a client's first round under init zero is an all-zero model, attending uniformly). Cosine: the mean off-diagonal cosine between the participants' weight matrices "
             "(FedMCSA; recovered from its softmax attention). init-scale multiplies the shared model. "
             "max-update-ratio = 0 (off) in every run: near-zero starting models would otherwise have honest updates "
             "refused. "

@@ -172,6 +172,8 @@ def test_round_statistics_recover_fedmcsa_cosines_from_its_attention():
     stats = round_statistics(ids, np.array([3, 3]), weights, sigma, zero_first=True)
     assert stats["self_attention"] == pytest.approx([1 / 3, float(np.mean(np.diag(psi)))])
     assert stats["cosine"] == pytest.approx([0.0, (0.6 + 0.6) / 6], abs=1e-5)
+    assert np.isnan(stats["self_attention_returning"][0])  # nobody returns in round 1; a and b do in round 2
+    assert stats["self_attention_returning"][1] == pytest.approx(float(np.mean(np.diag(psi)[:2])))
     # without zero_first, c's uniform row would read as cosine 1 with a and b
     assert round_statistics(ids[1:], np.array([3]), psi[None], sigma, zero_first=False)["cosine"][0] > 0.2
     diag_only = round_statistics(np.array([["a", "b", "c"]]), np.array([3]), psi[None], None, zero_first=False)
