@@ -167,8 +167,8 @@ def report(runs: list[dict], settings: dict, out: Path) -> None:
 
 
 def plot_attention(runs: list[dict], path: Path) -> None:
-    """Self-attention on the weight matrix per round (mean over seeds), one line per init and
-    scale; one panel per method, FedMCSA's cosine in a panel beside."""
+    """Self-attention per round (mean over seeds; FedMCSA: on the weight matrix), one line per init
+    and scale; one panel per method, two per row, and FedMCSA's cosine in a panel of its own."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,14 +178,19 @@ def plot_attention(runs: list[dict], path: Path) -> None:
     groups = _groups(runs)
     methods = list(dict.fromkeys(m for m, _, _ in groups))
     panels = [(m, "self_attention") for m in methods] + ([("fedmcsa", "cosine")] if "fedmcsa" in methods else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), dpi=120, squeeze=False)
-    for ax, (method, key) in zip(axes[0], panels):
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), dpi=120, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (method, key) in zip(axes.flat, panels):
         for (m, init, scale), sel in groups.items():
             if m != method:
                 continue
             curve = np.mean([r["rounds"][key] for r in sel], axis=0)
             ax.plot(np.arange(1, len(curve) + 1), curve, label=_label(sel[0]).split(", ", 1)[1] + f" ({len(sel)} seeds)")
-        what = "self-attention on the weight matrix" if key == "self_attention" else "mean cosine between weight matrices"
+        part = "the weight matrix" if method == "fedmcsa" else "the whole model"
+        what = f"self-attention on {part}" if key == "self_attention" else "mean cosine between weight matrices"
         ax.set(title=f"{LABELS[method]}: {what}", xlabel="round", ylabel=what)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
