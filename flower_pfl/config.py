@@ -26,6 +26,8 @@ DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 STORES: tuple[str, ...] = ("memory", "disk")
+#: the clients' starting models: one PyTorch-default model for all, zeros, or one PyTorch-default model each
+INITS: tuple[str, ...] = ("shared", "zero", "independent")
 #: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
 PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
 #: fields that decide a client's data (runs that share them share the generated data)
@@ -67,6 +69,12 @@ class ExperimentConfig:
     train_samples_per_client: int = 0
     model: str = "mlr"
     hidden_units: int = 20
+    #: the clients' starting models: "shared" (one PyTorch-default model, seeded by ``seed``), "zero"
+    #: (all parameters 0), "independent" (each client its own PyTorch-default model, seeded by seed and
+    #: partition id; methods that keep a model per client on the server only)
+    init: str = "shared"
+    #: multiplies the shared or independent starting models (1: PyTorch's default scale)
+    init_scale: float = 1.0
     num_rounds: int = 100
     clients_per_round: int = 20
     lr: float = 0.02
@@ -109,7 +117,7 @@ class ExperimentConfig:
         choices = {
             "method": registry.methods(), "aggregation": registry.aggregations(), "api": APIS, "dataset": DATASETS,
             "model": MODELS, "device": DEVICES, "partition": PARTITIONS, "emnist_split": tuple(EMNIST_CLASSES),
-            "data_source": DATA_SOURCES, "store": STORES,
+            "data_source": DATA_SOURCES, "store": STORES, "init": INITS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -145,6 +153,7 @@ class ExperimentConfig:
             _fail("aggregation", self.aggregation, f"one of {', '.join(allowed)} for method '{self.method}'")
         if (problem := self.entry.declaration.check_run(self.to_run_config()) if not self.entry.builtin else None):
             _fail(problem[0], self.to_run_config()[problem[0]], problem[1])
+        self._check_init()
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
         if self.checkpoint_every < 0:
@@ -158,6 +167,15 @@ class ExperimentConfig:
             _fail("max_idle_rounds", self.max_idle_rounds, "a share in [0, 1] (1: never fail)")
         if not self.output_dir:
             _fail("output_dir", self.output_dir, "a non-empty path")
+
+    def _check_init(self) -> None:
+        if not (math.isfinite(self.init_scale) and self.init_scale > 0):
+            _fail("init_scale", self.init_scale, "a finite number > 0")
+        if self.init == "zero" and self.init_scale != 1:
+            _fail("init_scale", self.init_scale, "1 with init 'zero' (it scales the 'shared' and 'independent' models)")
+        if self.init == "independent" and self.label not in per_client_methods():
+            _fail("init", self.init, f"'shared' or 'zero' for method '{self.label}', which starts from one global "
+                  f"model; 'independent' applies to {', '.join(per_client_methods())}")
 
     @property
     def entry(self) -> registry.Entry:
@@ -212,6 +230,14 @@ class ExperimentConfig:
         """The kebab-case run config (e.g. for ``config.json``)."""
         general = {_key(f.name): getattr(self, f.name) for f in fields(self) if f.name != "options"}
         return general | dict(self.options)
+
+
+def per_client_methods() -> tuple[str, ...]:
+    """The methods (labels) whose server keeps one model per client, so each client can start from its own."""
+    from .server_step import PersonalizedStep
+
+    return tuple(e.label for e in registry.entries()
+                 if isinstance(e.declaration, type) and issubclass(e.declaration, PersonalizedStep))
 
 
 def _key(field_name: str) -> str:

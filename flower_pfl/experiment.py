@@ -111,6 +111,25 @@ def make_model(cfg: ExperimentConfig, seed: int | None = None) -> nn.Module:
     return build_model(cfg.model, input_shape, num_classes, hidden=cfg.hidden_units, seed=seed)
 
 
+def initial_arrays(cfg: ExperimentConfig, partition_id: int | None = None) -> dict[str, np.ndarray]:
+    """A starting model as named arrays, as ``cfg.init`` says: ``zero``: every parameter 0; ``shared``
+    (or ``partition_id`` None): the PyTorch-default model seeded by ``cfg.seed``; ``independent``: the
+    PyTorch-default model seeded by ``(cfg.seed, partition_id)``, leaving torch's global random state
+    as it was (the others seed it, as ``make_model`` does). Both scaled by ``cfg.init_scale``."""
+    if cfg.init == "independent" and partition_id is not None:
+        with torch.random.fork_rng(devices=[]):
+            model = make_model(cfg, seed=int(np.random.SeedSequence([cfg.seed, partition_id]).generate_state(1)[0]))
+    else:
+        model = make_model(cfg, seed=cfg.seed)
+    scale = 0.0 if cfg.init == "zero" else cfg.init_scale
+    return {name: (scale * t.detach().cpu()).numpy() for name, t in model.state_dict().items()}
+
+
+def has_hidden_layers(arrays: Mapping[str, np.ndarray]) -> bool:
+    """More than one weight matrix or kernel: zero starting weights then leave hidden units identical."""
+    return sum(np.ndim(a) >= 2 for a in arrays.values()) > 1
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` is the GPU when one is visible, else the CPU."""
     if name == "auto":

@@ -19,7 +19,7 @@ translate Flower's types to and from these.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -341,6 +341,9 @@ class MethodServer:
         self._step_asked: dict[ClientId, type[ClientStep]] = {}
         self._settings_seen = False
         self._rule_reported = self._receipt_reported = False
+        #: each client's own starting model by its rank, as named arrays (``None``: all start from the
+        #: initial model); set before ``initialize``, for methods that keep a model per client
+        self.initial_by_rank: Callable[[int], Mapping[str, np.ndarray]] | None = None
 
     @property
     def node_rank(self) -> dict[ClientId, int]:
@@ -402,6 +405,21 @@ class MethodServer:
             self.method.setup(self.layout, initial, self.device, self.seed)
             if self.store_dir is not None and isinstance(self.method, PersonalizedStep):  # rows on disk, not in memory
                 self.method.store = make_store(initial, self.device, self.store_dir)
+            if self.initial_by_rank is not None:
+                if not isinstance(self.method, PersonalizedStep):
+                    raise ValueError(f"{type(self.method).__name__} starts every client from one model: "
+                                     "per-client starting models need a method that keeps a model per client")
+                self.method.store.initial_rows = self._initial_rows
+
+    def _initial_rows(self, ids: Sequence[ClientId]) -> torch.Tensor:
+        """The ``(m, d)`` starting models of ``ids``, from their ranks (``initial_by_rank``)."""
+        unranked = [cid for cid in ids if cid not in self.sampler.rank]
+        if unranked:
+            raise RuntimeError(f"clients {unranked[:3]} have no rank (partition id): per-client starting models are "
+                               "keyed by it")
+        layout, make = self._require(), self.initial_by_rank
+        named = [make(self.sampler.rank[cid]) for cid in ids]  # type: ignore[misc]
+        return torch.stack([layout.flatten(arrays[name] for name in layout.names) for arrays in named])
 
     def _require(self) -> ParamLayout:
         if self.layout is None:

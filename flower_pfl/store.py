@@ -84,6 +84,8 @@ class ModelStore:
         self._sizes: list[int] = []  # rows of each block
         self._starts = np.zeros(0, dtype=np.int64)  # first (global) row of each block
         self._capacity = 0
+        #: the starting rows of new clients, ``(ids) -> (len(ids), d)``; ``None``: every client starts from ``initial``
+        self.initial_rows: Callable[[list[Hashable]], torch.Tensor] | None = None
 
     @property
     def dim(self) -> int:
@@ -113,7 +115,8 @@ class ModelStore:
         return list(self._index)
 
     def get(self, ids: Sequence[Hashable]) -> torch.Tensor:
-        """The ``(m, d)`` models of ``ids`` (a copy); unseen clients get the initial model."""
+        """The ``(m, d)`` models of ``ids`` (a copy); unseen clients get their starting model
+        (``initial_rows``, else ``initial``)."""
         rows, added = self._ensure(ids, fill=True)
         out = torch.empty((len(rows), self.dim), dtype=torch.float32, device=self._work_device())
         self._gather(out, self._plan(rows))
@@ -145,11 +148,12 @@ class ModelStore:
         return client_id
 
     def _ensure(self, ids: Iterable[Hashable], fill: bool) -> tuple[np.ndarray, bool]:
-        """The rows of ``ids``, adding rows (set to ``initial`` if ``fill``) for unseen clients,
-        and whether any were added."""
+        """The rows of ``ids``, adding rows (set to their starting models if ``fill``) for unseen
+        clients, and whether any were added."""
         ids = list(ids)
         new = [self._new_id(cid) for cid in dict.fromkeys(ids) if cid not in self._index]
         if new:
+            starting = self._starting_rows(new) if fill and self.initial_rows is not None else None  # may fail: nothing changed yet
             first, need = len(self._index), len(self._index) + len(new)
             if need > self._capacity:
                 size = _next_capacity(self._capacity, need) - self._capacity
@@ -157,13 +161,21 @@ class ModelStore:
                 self._starts = np.append(self._starts, self._capacity)
                 self._sizes.append(size)
                 self._capacity += size
-            if fill:
+            if starting is not None:
+                self._scatter(starting, self._plan(np.arange(first, need)))
+            elif fill:
                 for b, lo, hi in self._ranges(first, need):
                     self._fill(b, lo, hi)
             for i, cid in enumerate(new):
                 self._index[cid] = first + i
         rows = np.fromiter((self._index[cid] for cid in ids), dtype=np.int64, count=len(ids))
         return rows, bool(new)
+
+    def _starting_rows(self, ids: list[Hashable]) -> torch.Tensor:
+        rows = self.initial_rows(ids)  # type: ignore[misc]
+        if tuple(rows.shape) != (len(ids), self.dim):
+            raise ValueError(f"initial_rows gave rows of shape {tuple(rows.shape)}, not {(len(ids), self.dim)}")
+        return rows.detach().to(device=self._work_device(), dtype=torch.float32)
 
     def _ranges(self, first: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """``(block, lo, hi)``: the rows ``[lo, hi)`` of the blocks that hold rows ``[first, stop)``."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from logging import ERROR, INFO
+from functools import partial
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,7 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
 from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.experiment import check_device, make_model, solver_config
+from flower_pfl.experiment import check_device, has_hidden_layers, initial_arrays, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
 from flower_pfl.figures import grouped_order, run_title
 from flower_pfl.quiet import silence_runtime_noise
@@ -132,8 +133,14 @@ def _run_experiment(grid: Grid, cfg: ExperimentConfig) -> Path:
     except ConfigError as err:
         log(ERROR, "%s", err)
         raise
-    model = make_model(cfg, seed=cfg.seed)
-    initial = {name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
+    initial = initial_arrays(cfg)
+    if cfg.init == "zero" and has_hidden_layers(initial):
+        log(WARNING, "init = 'zero' with model '%s': zero weights cannot break the symmetry of its hidden units (with "
+            "every weight at zero they get no gradient at all: the model learns only its output bias); use init 'shared' "
+            "or 'independent'", cfg.model)
+    if cfg.init == "zero" and cfg.max_update_ratio > 0:
+        log(WARNING, "init = 'zero' with max-update-ratio = %g: a client sent a near-zero model may have its honest update "
+            "refused (the bound is relative to the norm of the model sent); max-update-ratio = 0 turns it off", cfg.max_update_ratio)
     layout = {name: list(a.shape) for name, a in initial.items()}
     settings = cfg.to_run_config()
     if resumed is not None:
@@ -173,6 +180,8 @@ def _run_experiment(grid: Grid, cfg: ExperimentConfig) -> Path:
     else:
         strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks, store_dir, instructions)
     server = getattr(strategy, "server", None)  # our strategies' server (none for Flower's own)
+    if cfg.init == "independent":  # the config allows it only for methods that keep a model per client
+        server.initial_by_rank = partial(initial_arrays, cfg)
     arrays = initial
     if resumed is not None:
         if server is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,7 +90,7 @@ def _numbers(folder: Path) -> tuple[list, list, dict]:
                            "tensors": {k: v.tolist() for k, v in tensors.items()}}
 
 
-def _interrupted(tmp_path: Path, label: str, api: str, monkeypatch, crash_round: int = 5) -> Path:
+def _interrupted(tmp_path: Path, label: str, api: str, monkeypatch, crash_round: int = 5, **extra) -> Path:
     """Run until the server dies at the start of ``crash_round`` (after the checkpoint of round 4),
     then resume from the results folder."""
     original = recording._Schedule.before_round
@@ -101,12 +102,12 @@ def _interrupted(tmp_path: Path, label: str, api: str, monkeypatch, crash_round:
 
     monkeypatch.setattr(recording._Schedule, "before_round", dying)
     with pytest.raises(Killed):
-        _run(tmp_path, label, api)
+        _run(tmp_path, label, api, **extra)
     monkeypatch.setattr(recording._Schedule, "before_round", original)
     (folder,) = list(tmp_path.iterdir())
     _, meta = checkpoint.read(folder / checkpoint.FILE)
     assert meta["round"] == 4
-    assert _run(tmp_path, label, api, **{"resume-from": str(folder)}) == folder
+    assert _run(tmp_path, label, api, **extra, **{"resume-from": str(folder)}) == folder
     return folder
 
 
@@ -117,6 +118,17 @@ def test_resumed_run_gives_the_numbers_of_an_uninterrupted_one(tmp_path, monkeyp
     resumed = _interrupted(tmp_path / "resumed", entry.label, "message", monkeypatch)
     assert _numbers(resumed) == _numbers(whole)
     assert json.loads((resumed / "summary.json").read_text())["bmta"] == json.loads((whole / "summary.json").read_text())["bmta"]
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_resumed_run_with_independent_starting_models_gives_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch, api):
+    """Clients first sampled after the checkpoint get their own starting models again, from seed and partition id."""
+    extra = {"init": "independent", "clients-per-round": 2, "eval-every": 6}  # evaluated after the checkpoint only
+    whole = _run(tmp_path / "whole", "fedmcsa", api, **extra)
+    resumed = _interrupted(tmp_path / "resumed", "fedmcsa", api, monkeypatch, **extra)
+    assert _numbers(resumed) == _numbers(whole)
+    participants = np.load(resumed / "attention_rounds.npz")["ids"]  # each round's, from the attention record
+    assert set(participants[4:].ravel()) - set(participants[:4].ravel())  # some first trained after the resume
 
 
 def test_clients_keep_only_the_versions_a_checkpoint_needs(tmp_path, monkeypatch, client_state_dir):
