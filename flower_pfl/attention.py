@@ -87,11 +87,15 @@ def fedamp_weights(u: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tenso
     """FedAMP's message-passing weights (Huang et al. 2021): for ``j != i``
     ``xi_ij = alpha_k * A'(||w_i - w_j||^2)`` with ``A'(x) = exp(-x / sigma) / sigma`` (the
     derivative of the attention-inducing ``A(x) = 1 - exp(-x / sigma)``), and
-    ``xi_ii = 1 - sum_{j != i} xi_ij``. One ``cdist``; rows sum to 1.
+    ``xi_ii = 1 - sum_{j != i} xi_ij``. Rows sum to 1.
+
+    The distances come from one GEMM in the models' own dtype, ``||c_i||² + ||c_j||² − 2 c_i·c_j``
+    on the rows centred at their mean (the common part cancels before the product, so float32 keeps
+    the distances' precision); only the ``(m, m)`` result is taken to float64.
 
     Raises ``ValueError`` when a self weight would be negative (``alpha_k`` too large for ``sigma``).
     """
-    d2 = torch.cdist(u.double(), u.double()) ** 2
+    d2 = squared_distances(u).double()
     xi = alpha_k * torch.exp(-d2 / sigma) / sigma
     xi.fill_diagonal_(0.0)
     self_weight = 1.0 - xi.sum(1)
@@ -99,6 +103,15 @@ def fedamp_weights(u: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tenso
         raise ValueError(f"FedAMP's self weight 1 - sum_j xi_ij is negative (min {float(self_weight.min()):.3g}): "
                          f"alpha_k = {alpha_k} is too large for sigma = {sigma}")
     return (xi + torch.diag(self_weight)).to(u.dtype)
+
+
+def squared_distances(x: torch.Tensor) -> torch.Tensor:
+    """``(m, m)`` squared Euclidean distances between the rows of ``x``: one GEMM on the centred rows
+    (distances do not change under a shift), clamped at 0 and exactly 0 on the diagonal."""
+    c = x - x.mean(0, keepdim=True)
+    sq = (c * c).sum(1)
+    d2 = (sq[:, None] + sq[None, :] - 2.0 * (c @ c.T)).clamp_min_(0.0)
+    return d2.fill_diagonal_(0.0)
 
 
 def heuristic_fedamp_weights(u: torch.Tensor, sigma: float, self_weight: float) -> torch.Tensor:

@@ -226,3 +226,22 @@ def test_short_run_as_recorded_and_better_than_fedavg(label, tmp_path):
     summary = short_run(label, tmp_path)
     assert_as_recorded(label, summary)
     assert summary["bmta"] > json.loads(RECORDED.read_text())["fedavg"]["bmta"] + 0.05
+
+
+def test_float32_distances_match_float64_on_large_models_sharing_a_big_common_part():
+    """FedAMP's weights from float32 models (one GEMM on centred rows) against float64 ``cdist``: models
+    that share a large common component and differ by a little, the case where ``||a||² + ||b||² − 2a·b``
+    in float32 would cancel catastrophically without the centring."""
+    from flower_pfl.attention import squared_distances
+
+    g = torch.Generator().manual_seed(0)
+    common = 3.0 * torch.randn(1, 100_000, generator=g)
+    u = common + 0.003 * torch.randn(20, 100_000, generator=g)
+    exact = torch.cdist(u.double(), u.double()) ** 2
+    assert torch.allclose(squared_distances(u).double(), exact, rtol=1e-4, atol=1e-6)
+    sigma = float(exact.mean())  # distances of order sigma: weights far from 0 and from alpha_k / sigma
+    ours = fedamp_weights(u, alpha_k=sigma / 40, sigma=sigma)
+    ref_xi = sigma / 40 * torch.exp(-exact / sigma) / sigma
+    ref_xi.fill_diagonal_(0.0)
+    ref = ref_xi + torch.diag(1.0 - ref_xi.sum(1))
+    assert ours.dtype == torch.float32 and float((ours.double() - ref).abs().max()) < 1e-6
