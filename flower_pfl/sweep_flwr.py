@@ -13,10 +13,10 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import superlink
 from .sweep import Cell, SweepError, finished
 
 #: this project's Flower app (``pyproject.toml`` with ``[tool.flwr.app]``)
@@ -54,11 +54,11 @@ class FlwrRunEngine:
             raise SweepError(f"{self.app} is not a Flower app folder (no pyproject.toml); pass --app")
         self.home = Path(home).resolve()
         self.home.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port, self.control_port = free_port(), free_port()
         self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
                     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                     "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
-                    "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+                    "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
                     "FLOWER_PFL_CLIENT_STATE_DIR": str(self.home / "client-state")}
         self._first = threading.Lock()  # the first run starts the SuperLink; the others wait for it
         self._started = threading.Event()
@@ -86,17 +86,11 @@ class FlwrRunEngine:
         return {"status": "failed", "error": f"no completed summary; see {log}: " + " | ".join(tail[-5:])}
 
     def stop(self) -> None:
-        """End this engine's SuperLink and what it started (by PID; nothing of anyone else's)."""
-        links = _pids(f"flower-superlink.*{self.home}")
-        for pid in links:
-            for child in _pids(f"--parent-pid {pid}"):
-                _kill(child)
+        """End this engine's SuperLink and what it started (by PID, ``flower_pfl.superlink.stop``:
+        nothing of anyone else's), and any run of it that did not finish."""
+        superlink.stop(self.home, (self.port, self.control_port))
+        for pid in _pids(f"flwr-.*127.0.0.1:{self.port}"):
             _kill(pid)
-        for pid in _pids(f"flwr-.*127.0.0.1:{self.port}"):  # a run that did not finish
-            _kill(pid)
-        deadline = time.time() + 20
-        while _pids(f"flower-superlink.*{self.home}") and time.time() < deadline:
-            time.sleep(0.5)
 
 
 def _pids(pattern: str) -> list[int]:
