@@ -47,11 +47,18 @@ def weighted_means(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], 
     return out
 
 
+def is_number(value: Any) -> bool:
+    """A real number (Python or numpy, not a bool)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_finite_number(value: Any) -> bool:
+    return is_number(value) and math.isfinite(value)
+
+
 def numbers(value: Any) -> Any:
     """A finite number as float, a non-empty list of finite numbers as a float64 array, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float, np.integer, np.floating)):
+    if is_number(value):
         return float(value) if math.isfinite(value) else None
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         arr = np.asarray(value, dtype=np.float64)

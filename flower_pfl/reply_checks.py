@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .layout import ParamLayout
-from .metrics import numbers
+from .metrics import is_finite_number, is_number, numbers
 
 ClientId = Hashable
 
@@ -93,15 +93,6 @@ class RoundReplies:
 
     def reject(self, client_id: ClientId, reason: str) -> None:
         self.rejections.append((client_id, reason))
-
-
-def is_number(value: Any) -> bool:
-    """A real number (Python or numpy, not a bool)."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-
-
-def is_finite_number(value: Any) -> bool:
-    return is_number(value) and math.isfinite(value)
 
 
 def check_num_examples(value: Any, name: str = "num-examples") -> int:
