@@ -8,7 +8,9 @@ strategies), with the same training and evaluation code.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping
 
 import numpy as np
@@ -49,10 +51,13 @@ class Node:
 
     @classmethod
     def from_context(cls, context: Context) -> Node:
-        cfg = ExperimentConfig.from_mapping(context.run_config)
+        """This message's node. What does not change between messages (the parsed run config, the
+        partition, a model to load parameters into) is made once per process and reused (a Ray actor
+        serves many nodes, many rounds); the state is the message's own."""
+        cfg = run_settings(context.run_config)
         pid = int(context.node_config["partition-id"])
         data = load_client_data(cfg, pid, int(context.node_config["num-partitions"]))
-        return cls(cfg, pid, data, make_model(cfg).to(resolve_device(cfg.device)), context.state, dict(context.node_config))
+        return cls(cfg, pid, data, _model(cfg, threading.get_ident()), context.state, dict(context.node_config))
 
     def load(self, arrays: Mapping[str, Any] | list[np.ndarray]) -> None:
         state = self.model.state_dict()
@@ -96,6 +101,23 @@ class Node:
     def _test(self, model: torch.nn.Module) -> EvalResult:
         device = next(self.model.parameters()).device
         return evaluate_model(model, self.data.x_test.to(device), self.data.y_test.to(device))
+
+
+def run_settings(run_config: Mapping[str, Any]) -> ExperimentConfig:
+    """The run config, parsed and checked once per process (``ExperimentConfig.from_mapping``)."""
+    return _parsed(tuple(sorted(run_config.items())))
+
+
+@lru_cache(maxsize=4)
+def _parsed(items: tuple[tuple[str, Any], ...]) -> ExperimentConfig:
+    return ExperimentConfig.from_mapping(dict(items))
+
+
+@lru_cache(maxsize=8)
+def _model(cfg: ExperimentConfig, thread: int) -> torch.nn.Module:
+    """One model per configuration and thread: every message overwrites all of its tensors
+    (``Node.load``) before using it, so nodes can share it."""
+    return make_model(cfg).to(resolve_device(cfg.device))
 
 
 def _is_legacy(msg: Message) -> bool:

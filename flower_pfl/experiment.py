@@ -84,6 +84,7 @@ def _hub_client(data: ExperimentConfig, num_partitions: int, partition_id: int) 
     return _client(to_float(x), y, data, *rngs)
 
 
+@lru_cache(maxsize=8)
 def data_config(cfg: ExperimentConfig) -> ExperimentConfig:
     """``cfg`` with everything but the data fields at their defaults (the cache key of the data)."""
     return replace(ExperimentConfig(), **{name: getattr(cfg, name) for name in DATA_FIELDS})
