@@ -21,6 +21,9 @@ from .sweep import Cell, SweepError, finished
 
 #: this project's Flower app (``pyproject.toml`` with ``[tool.flwr.app]``)
 PROJECT = Path(__file__).resolve().parents[1]
+#: one CPU per virtual client, as the README's commands give them: one client per core trains at a time
+#: (Flower's default of 2 lets half as many train; ``benchmarks/speed.py`` measures both)
+RESOURCES = {"client-resources-num-cpus": 1}
 
 
 def free_port() -> int:
@@ -48,7 +51,9 @@ def run_config_text(run_config: Mapping[str, Any]) -> str:
 class FlwrRunEngine:
     """Runs cells with ``flwr run <app> --stream`` against a private local SuperLink."""
 
-    def __init__(self, home: Path, app: Path | None = None) -> None:
+    def __init__(self, home: Path, app: Path | None = None, federation: Mapping[str, Any] | None = None) -> None:
+        """``federation``: ``--federation-config`` entries besides ``num-supernodes`` (default ``RESOURCES``)."""
+        self.federation = dict(RESOURCES if federation is None else federation)
         self.app = Path(app or PROJECT).resolve()
         if not (self.app / "pyproject.toml").exists():
             raise SweepError(f"{self.app} is not a Flower app folder (no pyproject.toml); pass --app")
@@ -73,12 +78,15 @@ class FlwrRunEngine:
                         self._started.set()
         return self._run(cell)
 
+    def command(self, cell: Cell) -> list[str]:
+        """The ``flwr run`` command line of ``cell`` (run it in ``self.app`` with ``self.env``)."""
+        return ["flwr", "run", str(self.app), "--run-config", run_config_text(cell.run_config),
+                "--federation-config", run_config_text({"num-supernodes": cell.num_nodes, **self.federation}), "--stream"]
+
     def _run(self, cell: Cell) -> dict[str, Any]:
         log = cell.folder / "flwr.log"
-        cmd = ["flwr", "run", str(self.app), "--run-config", run_config_text(cell.run_config),
-               "--federation-config", f"num-supernodes={cell.num_nodes}", "--stream"]
         with log.open("w") as fh:
-            subprocess.run(cmd, cwd=self.app, env=self.env, stdout=fh, stderr=subprocess.STDOUT, check=False)
+            subprocess.run(self.command(cell), cwd=self.app, env=self.env, stdout=fh, stderr=subprocess.STDOUT, check=False)
         folder = finished(cell)  # `flwr run --stream` exits 0 even when the run failed: the folder tells
         if folder is not None:
             return {"status": "completed", "results_dir": str(folder)}

@@ -59,7 +59,7 @@ def flwr_env(tmp_path_factory):
 def _flwr_run(env, run_config: str, nodes: int, app: Path = ROOT) -> dict:
     before = {r["run-id"] for r in _runs(env)}
     proc = subprocess.run(
-        ["flwr", "run", str(app), "--run-config", run_config, "--federation-config", f"num-supernodes={nodes}", "--stream"],
+        ["flwr", "run", str(app), "--run-config", run_config, "--federation-config", f"num-supernodes={nodes} client-resources-num-cpus=1", "--stream"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     new = [r for r in _runs(env) if r["run-id"] not in before]
@@ -209,7 +209,7 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(flwr_env, tm
 
     settings = f"method='{method}' num-rounds=8 clients-per-round=3 eval-every=2 checkpoint-every=2 seed=4"
     cmd = ["flwr", "run", str(ROOT), "--run-config", f"{settings} output-dir='{tmp_path / 'killed'}'",
-           "--federation-config", "num-supernodes=6", "--stream"]
+           "--federation-config", "num-supernodes=6 client-resources-num-cpus=1", "--stream"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=flwr_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     port = flwr_env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
     deadline, folder = time.time() + 300, None
