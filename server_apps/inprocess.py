@@ -54,11 +54,17 @@ class InProcessGrid:
         return replies
 
 
+def in_process_grid(client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
+                    node_ids: Sequence[int] | None = None) -> InProcessGrid:
+    """An ``InProcessGrid``, with the task identity Flower's messages need set as in a ServerApp."""
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    return InProcessGrid(client_app, num_nodes, run_config, node_ids)
+
+
 def run_in_process(overrides: Mapping[str, Any], num_nodes: int = 100, node_ids: Sequence[int] | None = None) -> Path:
     """Run one experiment (defaults from ``ExperimentConfig`` plus ``overrides``); returns its results folder."""
     from client_apps.app import app as client_app
     from server_apps.app import run_experiment
 
     run_config = {**ExperimentConfig().to_run_config(), **overrides}
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    return run_experiment(InProcessGrid(client_app, num_nodes, run_config, node_ids), run_config)  # type: ignore[arg-type]
+    return run_experiment(in_process_grid(client_app, num_nodes, run_config, node_ids), run_config)  # type: ignore[arg-type]

@@ -1,0 +1,191 @@
+"""Where a round's time goes: the in-process grid against ``flwr run``, measured side by side.
+
+    python -m benchmarks.speed                       # FedAvg, Ditto, FedMCSA, Local; about 10 min on 2 cores
+    python -m benchmarks.speed --methods fedavg --federation client-resources-num-cpus=2
+
+For each method, on Synthetic(0.5, 0.5) with 100 clients, 20 per round, 20 local steps of 20
+samples and every client evaluated every 5 rounds, it prints:
+
+- the steady seconds per round (rounds 6-25: four evaluations in twenty rounds) of the package's
+  ServerApp and ClientApp run in one process (``server_apps.inprocess``, one torch thread) and
+  through ``flwr run`` (a local SuperLink of its own, Ray-backed virtual clients);
+- where the ``flwr run`` round's time goes, measured by timers around the package's own code in
+  every process (``benchmarks/speed_probe.py``): the ServerApp's own work, pushing messages into
+  and pulling replies out of Flower's LinkState, Flower's polling before a message reaches an actor
+  and after its reply leaves it, Ray's dispatch and (de)serialisation, and the ClientApp's set-up,
+  array loading, training, evaluation and reply;
+- start-up: seconds from ``flwr run`` to the SuperLink, the run's first line and the first round;
+- every server aggregation against the two-GEMM limit (``benchmarks.aggregation_speed``).
+
+``--out DIR`` also writes ``table.md`` and ``results.json`` there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from flower_pfl.config import ExperimentConfig
+from flower_pfl.sweep import Cell
+from flower_pfl.sweep_flwr import PROJECT, FlwrRunEngine
+
+from . import speed_probe
+from .common import save
+
+#: the setting of every measurement (the README's default experiment, 26 rounds)
+SETTING = {"dataset": "synthetic", "model": "mlr", "clients-per-round": 20, "local-steps": 20, "batch-size": 20,
+           "eval-every": 5, "num-rounds": 26, "checkpoint-every": 10}
+NUM_NODES = 100
+WINDOW = (6, 25)  # steady rounds: after the first evaluation, four evaluations in twenty rounds
+#: what ``flwr run`` prints, in order, with the name of the moment it marks
+MILESTONES = (("superlink", "Using SuperLink"), ("run submitted", "Successfully started run"),
+              ("app installed", "Successfully installed"), ("nodes answered", r"flower-pfl: \S+ on "),
+              ("round 1", r"round +1/"))
+PARTS = ("serverapp", "push", "pull", "dispatch wait", "ray", "setup", "load", "train", "evaluate", "reply",
+         "actors idle", "reply wait")
+
+
+def run_config(method: str, out: Path) -> dict[str, Any]:
+    return {**ExperimentConfig().to_run_config(), **SETTING, "method": method, "output-dir": str(out)}
+
+
+def in_process(method: str, work: Path) -> dict[str, Any]:
+    """One in-process run of the package's apps (timed), analysed."""
+    import logging
+
+    import torch
+
+    from server_apps.inprocess import in_process_grid
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # the run's own lines; flwr run's are in its log
+    timings = work / f"inprocess-{method}"
+    timings.mkdir(parents=True)
+    os.environ[speed_probe.TIMINGS] = str(timings)
+    torch.set_num_threads(1)
+    config = run_config(method, work / "results")
+    try:
+        speed_probe.run_timed(in_process_grid(speed_probe.clientapp, NUM_NODES, config), config)  # type: ignore[arg-type]
+    finally:
+        del os.environ[speed_probe.TIMINGS]
+    return speed_probe.analyse(speed_probe.read(timings), *WINDOW)
+
+
+def timed_app(work: Path) -> Path:
+    """A Flower app running the package's apps inside ``speed_probe``'s timers: the project's
+    ``pyproject.toml`` (its run config) with the components pointed at the probe."""
+    app = work / "timed_app"
+    app.mkdir(parents=True, exist_ok=True)
+    text = (PROJECT / "pyproject.toml").read_text()
+    text = re.sub(r'serverapp = ".*"', 'serverapp = "speed_probe:serverapp"', text)
+    text = re.sub(r'clientapp = ".*"', 'clientapp = "speed_probe:clientapp"', text)
+    (app / "pyproject.toml").write_text(text)
+    shutil.copy(Path(__file__).with_name("speed_probe.py"), app / "speed_probe.py")
+    return app
+
+
+def flwr_run(engine: FlwrRunEngine, method: str, work: Path, label: str) -> dict[str, Any]:
+    """One ``flwr run`` of the timed app: its milestones (seconds since the command started) and the
+    analysis of its timings."""
+    timings = work / f"flwr-{label}-{method}"
+    timings.mkdir(parents=True)
+    engine.env[speed_probe.TIMINGS] = str(timings)
+    cell = Cell(method, label, 0, run_config(method, work / "results"), NUM_NODES, timings)
+    seen: dict[str, float] = {}
+    t0 = time.time()
+    with subprocess.Popen(engine.command(cell), cwd=engine.app, env=engine.env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc, (timings / "flwr.log").open("w") as log:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            log.write(line)
+            for name, pattern in MILESTONES:
+                if name not in seen and re.search(pattern, line):
+                    seen[name] = time.time() - t0
+    rows = speed_probe.read(timings)
+    result = speed_probe.analyse(rows, *WINDOW)
+    run = result["run"] or {}
+    seen["serverapp started"] = run.get("start", t0) - t0
+    return {**result, "startup": dict(sorted(seen.items(), key=lambda kv: kv[1])), "command_s": time.time() - t0}
+
+
+def parse_federation(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = json.loads(value) if value.replace(".", "", 1).isdigit() else value
+    return out
+
+
+def breakdown_table(columns: Mapping[str, Mapping[str, Any]]) -> str:
+    """Rows: the parts of a round (ms per round); columns: runs."""
+    names = list(columns)
+    lines = ["| ms per round | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for part in PARTS:
+        values = [columns[n]["parts"].get(part) for n in names]
+        if any(v for v in values):
+            lines.append(f"| {part} | " + " | ".join("" if v is None else f"{1e3 * v:.0f}" for v in values) + " |")
+    lines.append("| **round** | " + " | ".join(f"**{1e3 * columns[n]['seconds_per_round']:.0f}**" for n in names) + " |")
+    lines.append("| CPU: ClientApp handlers | " + " | ".join(f"{1e3 * columns[n]['client_cpu_per_round']:.0f}" for n in names) + " |")
+    lines.append("| CPU: ServerApp thread | " + " | ".join(f"{1e3 * columns[n]['server_cpu_per_round']['serverapp thread']:.0f}" for n in names) + " |")
+    lines.append("| CPU: ServerApp's process | " + " | ".join(f"{1e3 * columns[n]['server_cpu_per_round']['process']:.0f}" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", nargs="+", default=["fedavg", "ditto", "fedmcsa", "local"])
+    parser.add_argument("--federation", nargs="*", default=[],
+                        help="--federation-config entries of the flwr runs, e.g. client-resources-num-cpus=1")
+    parser.add_argument("--skip-aggregation", action="store_true", help="leave out the aggregation table")
+    parser.add_argument("--out", type=Path, help="also write table.md and results.json here")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' timings, logs and results folders (printed at the end)")
+    args = parser.parse_args(argv)
+    federation = parse_federation(args.federation)
+    load = os.getloadavg()[0]
+    print(f"# flower-pfl speed: {os.cpu_count()} cores, load {load:.2f} at the start\n", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="flower-pfl-speed-"))
+    engine = FlwrRunEngine(work / "flwr-home", app=timed_app(work), federation=federation)
+    results: dict[str, Any] = {"federation": federation, "setting": SETTING, "methods": {}}
+    try:
+        for method in args.methods:
+            inproc = in_process(method, work)
+            flwr = flwr_run(engine, method, work, "flwr")
+            results["methods"][method] = {"in-process": inproc, "flwr run": flwr}
+            print(f"{method}: in-process {inproc['seconds_per_round']:.3f} s/round, flwr run "
+                  f"{flwr['seconds_per_round']:.3f} s/round ({flwr['seconds_per_round'] / inproc['seconds_per_round']:.2f}x); "
+                  f"Ray per message {flwr['ray_ms']}, torch threads {flwr['torch_threads']}; "
+                  f"start-up {', '.join(f'{k} {v:.1f}' for k, v in flwr['startup'].items())} s", flush=True)
+    finally:
+        engine.stop()
+    lines = ["| method | in-process s/round | flwr run s/round | ratio | flwr run: first round after |", "|---|---:|---:|---:|---:|"]
+    for method, r in results["methods"].items():
+        a, b = r["in-process"]["seconds_per_round"], r["flwr run"]["seconds_per_round"]
+        lines.append(f"| {method} | {a:.3f} | {b:.3f} | {b / a:.2f}x | {r['flwr run']['startup'].get('round 1', float('nan')):.1f} s |")
+    columns = {f"{m} {k}": r[k] for m, r in results["methods"].items() for k in ("in-process", "flwr run")}
+    table = "\n".join(lines) + "\n\n" + breakdown_table(columns)
+    if not args.skip_aggregation:
+        from .aggregation_speed import aggregation_table, format_table
+
+        rows = aggregation_table()
+        results["aggregation"] = rows
+        table += "\n\n" + format_table(rows)
+    end_load = os.getloadavg()[0]
+    table += f"\n\n{os.cpu_count()} cores; load {load:.2f} at the start, {end_load:.2f} at the end; flwr run federation {federation or 'defaults'}"
+    print("\n" + table)
+    if args.out:
+        save(args.out, table, results)
+    if args.keep:
+        print(f"\ntimings, logs and results: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
