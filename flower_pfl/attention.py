@@ -14,12 +14,13 @@ _EPS = 1e-12
 
 
 def cosine_similarity_matrix(x: torch.Tensor) -> torch.Tensor:
-    """``(m, m)`` cosine similarities of the rows of ``x`` (one normalized GEMM).
+    """``(m, m)`` cosine similarities of the rows of ``x``: one GEMM ``x xᵀ`` divided by the rows'
+    norms on both sides (no normalized copy of ``x``; ``x`` may be a column slice of a larger matrix).
 
     An all-zero row has similarity 0 with every row (including itself).
     """
-    xn = x / x.norm(dim=1, keepdim=True).clamp_min(_EPS)
-    return (xn @ xn.T).clamp_(-1.0, 1.0)
+    norms = x.norm(dim=1).clamp_min(_EPS)
+    return (x @ x.T).div_(norms[:, None]).div_(norms[None, :]).clamp_(-1.0, 1.0)
 
 
 def layerwise_attention(
@@ -56,7 +57,7 @@ def layerwise_attention(
     for l, sl in enumerate(components):
         block = u[:, sl]
         weights[l] = torch.softmax(sigma * cosine_similarity_matrix(block), dim=1)
-        out[:, sl] = weights[l] @ block
+        torch.mm(weights[l], block, out=out[:, sl])  # straight into the output's columns
     return out, weights
 
 
