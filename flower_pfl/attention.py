@@ -11,6 +11,8 @@ from typing import Sequence
 import torch
 
 _EPS = 1e-12
+#: the column blocks ``squared_distances`` centres at a time (bytes): small enough to stay in cache
+_CHUNK_BYTES = 1 << 22
 
 
 def cosine_similarity_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -90,13 +92,13 @@ def fedamp_weights(u: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tenso
     derivative of the attention-inducing ``A(x) = 1 - exp(-x / sigma)``), and
     ``xi_ii = 1 - sum_{j != i} xi_ij``. Rows sum to 1.
 
-    The distances come from one GEMM in the models' own dtype, ``||c_i||² + ||c_j||² − 2 c_i·c_j``
-    on the rows centred at their mean (the common part cancels before the product, so float32 keeps
-    the distances' precision); only the ``(m, m)`` result is taken to float64.
+    The distances come from ``squared_distances``: products in the models' own dtype of the rows
+    centred at their mean (the common part cancels before the product, so float32 keeps the
+    distances' precision), summed in float64.
 
     Raises ``ValueError`` when a self weight would be negative (``alpha_k`` too large for ``sigma``).
     """
-    d2 = squared_distances(u).double()
+    d2 = squared_distances(u)
     xi = alpha_k * torch.exp(-d2 / sigma) / sigma
     xi.fill_diagonal_(0.0)
     self_weight = 1.0 - xi.sum(1)
@@ -106,12 +108,24 @@ def fedamp_weights(u: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tenso
     return (xi + torch.diag(self_weight)).to(u.dtype)
 
 
-def squared_distances(x: torch.Tensor) -> torch.Tensor:
-    """``(m, m)`` squared Euclidean distances between the rows of ``x``: one GEMM on the centred rows
-    (distances do not change under a shift), clamped at 0 and exactly 0 on the diagonal."""
-    c = x - x.mean(0, keepdim=True)
-    sq = (c * c).sum(1)
-    d2 = (sq[:, None] + sq[None, :] - 2.0 * (c @ c.T)).clamp_min_(0.0)
+def squared_distances(x: torch.Tensor, chunk_bytes: int = _CHUNK_BYTES) -> torch.Tensor:
+    """``(m, m)`` squared Euclidean distances between the rows of ``x`` in float64,
+    ``||c_i||² + ||c_j||² − 2 c_i·c_j`` with ``c`` the rows centred at their mean (distances do not
+    change under a shift), clamped at 0 and exactly 0 on the diagonal.
+
+    The rows are centred a block of columns (about ``chunk_bytes``) at a time, in ``x``'s dtype, and
+    the blocks' Gram matrices and squared norms are summed in float64: no centred copy of ``x`` is
+    made, and the sum over blocks adds no float32 rounding."""
+    m, d = x.shape
+    mean = x.mean(0)
+    gram = x.new_zeros((m, m), dtype=torch.float64)
+    sq = x.new_zeros(m, dtype=torch.float64)
+    step = max(1, chunk_bytes // max(1, m * x.element_size()))
+    for start in range(0, d, step):
+        block = x[:, start:start + step] - mean[start:start + step]
+        gram += block @ block.T
+        sq += (block * block).sum(1)
+    d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
     return d2.fill_diagonal_(0.0)
 
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from flower_pfl.attention import cosine_similarity_matrix, layerwise_attention
+from flower_pfl.attention import cosine_similarity_matrix, layerwise_attention, squared_distances
 
 
 def test_hand_computed_two_clients_one_layer():
@@ -90,3 +90,16 @@ def test_layerwise_attention_writes_each_layers_product_in_place():
         w = torch.softmax(20.0 * _normalized_cosines(u[:, sl]), dim=1)
         torch.testing.assert_close(psi[l], w, rtol=0, atol=1e-5)
         torch.testing.assert_close(v[:, sl], w @ u[:, sl], rtol=0, atol=1e-5)
+
+
+def test_squared_distances_by_column_blocks_match_float64_whatever_the_blocks():
+    x = _models(9, 3000, 0.003)  # distances ~1e-4 of the norms: float32 would cancel without centring
+    exact = torch.cdist(x.double(), x.double()) ** 2
+    c = x - x.mean(0, keepdim=True)  # the centred copy and one float32 GEMM, for comparison
+    sq = (c * c).sum(1)
+    one_gemm = (sq[:, None] + sq[None, :] - 2.0 * (c @ c.T)).double().clamp_min(0.0).fill_diagonal_(0.0)
+    for chunk_bytes in (4 * 9 * 7, 4 * 9 * 1000, 1 << 30):  # blocks of 7 and of 1000 columns, one block
+        d2 = squared_distances(x, chunk_bytes)
+        assert d2.dtype == torch.float64 and (d2.diagonal() == 0).all()
+        assert (d2 - exact).abs().max() <= (one_gemm - exact).abs().max()
+        torch.testing.assert_close(d2, exact, rtol=2e-6, atol=0)
