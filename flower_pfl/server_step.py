@@ -234,7 +234,7 @@ class PersonalizedStep(ServerStep):
         return [Instruction(cid, models[i], settings) for i, cid in enumerate(ids)]
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
-        self.store.put([r.client_id for r in replies], torch.stack([r.model for r in replies]))
+        self.store.put([r.client_id for r in replies], [r.model for r in replies])
 
 
 def weighted_mean(models: torch.Tensor, num_examples: Sequence[int]) -> torch.Tensor:
