@@ -196,6 +196,8 @@ class FedAttn(Method, GlobalModelStep):
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
         self.mask = bias_mask(layout)
+        #: the biases' positions in the flat vector (indexing by them skips scanning the whole mask)
+        self.bias_index = self.mask.nonzero().flatten()
         if not self.mask.any():
             raise ValueError(f"FedAttn personalizes the tensors named '*bias', and this model has none ({list(layout.names)}): "
                              "give the strategy the initial model with its parameter names")
@@ -204,6 +206,7 @@ class FedAttn(Method, GlobalModelStep):
         #: every client's last biases M_i and representation Z_i, the attention module and its optimizer
         self.biases: dict[Hashable, torch.Tensor] = {}
         self.representations: dict[Hashable, torch.Tensor] = {}
+        self._points: tuple[list[Hashable], torch.Tensor] | None = None
         self.module: BiasAttention | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._sent: dict[Hashable, _Sent] = {}
@@ -219,21 +222,28 @@ class FedAttn(Method, GlobalModelStep):
     def train_config(self, num_participants: int) -> Settings:
         extras: Settings = {FEDATTN: True, BIAS_REG: self.bias_reg}
         if self.bias_reg > 0:
-            extras[GLOBAL_BIASES] = encode_vector(self.model[self.mask])
+            extras[GLOBAL_BIASES] = encode_vector(self.model.index_select(0, self.bias_index))
         return extras
 
     def personalized_biases(self, client_id: Hashable) -> tuple[torch.Tensor, _Sent] | None:
         """``M̃_i = Attention(Z_i, Z_N, M_N)`` over the ``k`` clients nearest to ``Z_i`` (Algorithm 1, lines 5-6)."""
         if not self.personalizing or client_id not in self.representations:
             return None
-        known = list(self.representations)
-        points = torch.stack([self.representations[c] for c in known])
+        known, points = self.known_points()
         query = self.representations[client_id]
         idx = nearest_neighbours(points, query[None], self.k)[0]
         sent = _Sent(query[None], points[idx][None], torch.stack([self.biases[known[i]] for i in idx.tolist()])[None])
         with torch.no_grad():
             out, _ = self.module(sent.query, sent.keys, sent.values)  # type: ignore[misc]
         return out[0], sent
+
+    def known_points(self) -> tuple[list[Hashable], torch.Tensor]:
+        """The clients with a representation and their ``(n, d_z)`` representations, stacked once
+        until the representations change (not once per client asking)."""
+        if self._points is None:
+            known = list(self.representations)
+            self._points = known, torch.stack([self.representations[c] for c in known])
+        return self._points
 
     def client_model(self, client_id: Hashable, training: bool) -> torch.Tensor | None:
         """``P_i = (G, M̃_i)`` (Algorithm 1, line 7); the global model while warming up or before
@@ -244,9 +254,7 @@ class FedAttn(Method, GlobalModelStep):
         biases, sent = made
         if training:
             self._sent[client_id] = sent
-        model = self.model.clone()
-        model[self.mask] = biases
-        return model
+        return self.model.clone().index_copy_(0, self.bias_index, biases)
 
     def check_extras(self, extras: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``Z_i`` (the size of the first client's) and ``∂L_i/∂M̃_i`` (one value per bias), all finite."""
@@ -285,8 +293,9 @@ class FedAttn(Method, GlobalModelStep):
             attention_step(self.module, self.optimizer, torch.cat([s.query for s in sent]), torch.cat([s.keys for s in sent]),  # type: ignore[arg-type]
                            torch.cat([s.values for s in sent]), torch.stack([replies[i].extras[1] for i in trained]))
         for cid, reply in zip(ids, replies):
-            self.biases[cid] = reply.model[self.mask].clone()
+            self.biases[cid] = reply.model.index_select(0, self.bias_index)
             self.representations[cid] = reply.extras[0]
+        self._points = None
         return new_global
 
     def get_state(self) -> dict[str, Any]:
@@ -296,6 +305,7 @@ class FedAttn(Method, GlobalModelStep):
         state = dict(state)
         module = state.pop("module")
         super().set_state(state)
+        self._points = None
         if module is not None:
             self._ensure_module(self.d_z)
             self.module.load_state_dict(module)  # type: ignore[union-attr]
