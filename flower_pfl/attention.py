@@ -120,11 +120,13 @@ def squared_distances(x: torch.Tensor, chunk_bytes: int = _CHUNK_BYTES) -> torch
     mean = x.mean(0)
     gram = x.new_zeros((m, m), dtype=torch.float64)
     sq = x.new_zeros(m, dtype=torch.float64)
-    step = max(1, chunk_bytes // max(1, m * x.element_size()))
+    step = max(1, min(d, chunk_bytes // max(1, m * x.element_size())))
+    centred, squares = x.new_empty((m, step)), x.new_empty((m, step))  # reused by every block
     for start in range(0, d, step):
-        block = x[:, start:start + step] - mean[start:start + step]
+        width = min(step, d - start)
+        block = torch.sub(x[:, start:start + width], mean[start:start + width], out=centred[:, :width])
         gram += block @ block.T
-        sq += (block * block).sum(1)
+        sq += torch.mul(block, block, out=squares[:, :width]).sum(1)
     d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
     return d2.fill_diagonal_(0.0)
 
