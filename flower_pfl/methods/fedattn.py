@@ -225,17 +225,23 @@ class FedAttn(Method, GlobalModelStep):
             extras[GLOBAL_BIASES] = encode_vector(self.model.index_select(0, self.bias_index))
         return extras
 
-    def personalized_biases(self, client_id: Hashable) -> tuple[torch.Tensor, _Sent] | None:
-        """``M̃_i = Attention(Z_i, Z_N, M_N)`` over the ``k`` clients nearest to ``Z_i`` (Algorithm 1, lines 5-6)."""
-        if not self.personalizing or client_id not in self.representations:
-            return None
+    def personalized_biases(self, ids: Sequence[Hashable]) -> dict[Hashable, tuple[torch.Tensor, _Sent]]:
+        """``M̃_i = Attention(Z_i, Z_N, M_N)`` over the ``k`` clients nearest to ``Z_i`` (Algorithm 1,
+        lines 5-6) for those of ``ids`` with a representation (none while warming up): one forward
+        pass of the attention over all of their neighbourhoods."""
+        chosen = [cid for cid in dict.fromkeys(ids) if cid in self.representations] if self.personalizing else []
+        if not chosen:
+            return {}
         known, points = self.known_points()
-        query = self.representations[client_id]
-        idx = nearest_neighbours(points, query[None], self.k)[0]
-        sent = _Sent(query[None], points[idx][None], torch.stack([self.biases[known[i]] for i in idx.tolist()])[None])
+        sent = []
+        for cid in chosen:
+            query = self.representations[cid]
+            idx = nearest_neighbours(points, query[None], self.k)[0]
+            sent.append(_Sent(query[None], points[idx][None], torch.stack([self.biases[known[i]] for i in idx.tolist()])[None]))
         with torch.no_grad():
-            out, _ = self.module(sent.query, sent.keys, sent.values)  # type: ignore[misc]
-        return out[0], sent
+            out, _ = self.module(torch.cat([s.query for s in sent]), torch.cat([s.keys for s in sent]),  # type: ignore[misc]
+                                 torch.cat([s.values for s in sent]))
+        return {cid: (biases, s) for cid, biases, s in zip(chosen, out, sent)}
 
     def known_points(self) -> tuple[list[Hashable], torch.Tensor]:
         """The clients with a representation and their ``(n, d_z)`` representations, stacked once
@@ -245,16 +251,23 @@ class FedAttn(Method, GlobalModelStep):
             self._points = known, torch.stack([self.representations[c] for c in known])
         return self._points
 
+    def client_models(self, ids: Sequence[Hashable], training: bool) -> list[torch.Tensor | None]:
+        """``P_i = (G, M̃_i)`` (Algorithm 1, line 7) for each of ``ids``; ``None`` (the global model)
+        while warming up or before a client has a representation."""
+        made = self.personalized_biases(ids)
+        out: list[torch.Tensor | None] = []
+        for cid in ids:
+            if cid not in made:
+                out.append(None)
+                continue
+            biases, sent = made[cid]
+            if training:
+                self._sent[cid] = sent
+            out.append(self.model.clone().index_copy_(0, self.bias_index, biases))
+        return out
+
     def client_model(self, client_id: Hashable, training: bool) -> torch.Tensor | None:
-        """``P_i = (G, M̃_i)`` (Algorithm 1, line 7); the global model while warming up or before
-        the client has a representation."""
-        made = self.personalized_biases(client_id)
-        if made is None:
-            return None
-        biases, sent = made
-        if training:
-            self._sent[client_id] = sent
-        return self.model.clone().index_copy_(0, self.bias_index, biases)
+        return self.client_models([client_id], training)[0]
 
     def check_extras(self, extras: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``Z_i`` (the size of the first client's) and ``∂L_i/∂M̃_i`` (one value per bias), all finite."""
