@@ -195,9 +195,9 @@ def time_flower_fedavg(layout: ParamLayout, u: torch.Tensor, repeats: int) -> di
     return {"ms": statistics.median(times_ms(lambda: aggregate_arrayrecords(records, "num-examples"), repeats))}
 
 
-def aggregation_table(sizes: Iterable[tuple[int, int]], repeats: int = 5, seed: int = 0,
+def aggregation_table(sizes: Iterable[tuple[int, int]] = SIZES["paper"], repeats: int = 5, seed: int = 0,
                       progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """One dict per (row, size): ``method`` (row label), ``name`` (run-config method, ``None`` for the
+    """The table at ``sizes`` (default: the paper sizes), one dict per (row, size): ``method`` (row label), ``name`` (run-config method, ``None`` for the
     reference rows), ``m``, ``d``, ``ms``, ``ratio`` (to the two-GEMM limit at that size) and, for
     methods, ``aggregate_ms``, ``plan_ms``, ``setup_ms``, ``first_round_ms``. The limit is timed
     before and after the methods (its median over both), so that a drift in the machine's load
@@ -315,7 +315,7 @@ def format_precision(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", choices=sorted(SIZES), default="small")
+    ap.add_argument("--sizes", choices=sorted(SIZES), default="small", help="small (default, quick), paper, or tiny")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (their median is reported)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--run-rounds", type=int, nargs="*", default=[3, 10],

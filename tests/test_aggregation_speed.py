@@ -43,6 +43,15 @@ def test_a_method_round_is_split_into_its_parts_and_its_one_off_costs(written):
     assert fedmcsa["aggregate_ms"] > 0 and fedmcsa["plan_ms"] > 0 and fedmcsa["setup_ms"] > 0 and fedmcsa["first_round_ms"] > 0
 
 
+def test_the_table_is_made_at_the_paper_sizes_without_arguments():
+    """As another script calls it (``aggregation_table()``)."""
+    import inspect
+
+    bound = inspect.signature(agg.aggregation_table).bind()
+    bound.apply_defaults()
+    assert list(bound.arguments["sizes"]) == [(20, 100_000), (100, 100_000), (500, 100_000), (100, 1_000_000)]
+
+
 def test_format_table_puts_methods_in_rows_and_sizes_in_columns():
     rows = [{"method": "A", "m": 2, "d": 10, "ms": 3.0, "ratio": 1.5}, {"method": agg.LIMIT, "m": 2, "d": 10, "ms": 2.0, "ratio": 1.0},
             {"method": "A", "m": 4, "d": 10, "ms": 8.0, "ratio": 2.0}, {"method": agg.LIMIT, "m": 4, "d": 10, "ms": 4.0, "ratio": 1.0}]
