@@ -11,15 +11,18 @@ from typing import Sequence
 import torch
 
 _EPS = 1e-12
+#: the column blocks ``squared_distances`` centres at a time (bytes): small enough to stay in cache
+_CHUNK_BYTES = 1 << 22
 
 
 def cosine_similarity_matrix(x: torch.Tensor) -> torch.Tensor:
-    """``(m, m)`` cosine similarities of the rows of ``x`` (one normalized GEMM).
+    """``(m, m)`` cosine similarities of the rows of ``x``: one GEMM ``x xᵀ`` divided by the rows'
+    norms on both sides (no normalized copy of ``x``; ``x`` may be a column slice of a larger matrix).
 
     An all-zero row has similarity 0 with every row (including itself).
     """
-    xn = x / x.norm(dim=1, keepdim=True).clamp_min(_EPS)
-    return (xn @ xn.T).clamp_(-1.0, 1.0)
+    norms = x.norm(dim=1).clamp_min(_EPS)
+    return (x @ x.T).div_(norms[:, None]).div_(norms[None, :]).clamp_(-1.0, 1.0)
 
 
 def layerwise_attention(
@@ -56,7 +59,7 @@ def layerwise_attention(
     for l, sl in enumerate(components):
         block = u[:, sl]
         weights[l] = torch.softmax(sigma * cosine_similarity_matrix(block), dim=1)
-        out[:, sl] = weights[l] @ block
+        torch.mm(weights[l], block, out=out[:, sl])  # straight into the output's columns
     return out, weights
 
 
@@ -89,13 +92,13 @@ def fedamp_weights(u: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tenso
     derivative of the attention-inducing ``A(x) = 1 - exp(-x / sigma)``), and
     ``xi_ii = 1 - sum_{j != i} xi_ij``. Rows sum to 1.
 
-    The distances come from one GEMM in the models' own dtype, ``||c_i||² + ||c_j||² − 2 c_i·c_j``
-    on the rows centred at their mean (the common part cancels before the product, so float32 keeps
-    the distances' precision); only the ``(m, m)`` result is taken to float64.
+    The distances come from ``squared_distances``: products in the models' own dtype of the rows
+    centred at their mean (the common part cancels before the product, so float32 keeps the
+    distances' precision), summed in float64.
 
     Raises ``ValueError`` when a self weight would be negative (``alpha_k`` too large for ``sigma``).
     """
-    d2 = squared_distances(u).double()
+    d2 = squared_distances(u)
     xi = alpha_k * torch.exp(-d2 / sigma) / sigma
     xi.fill_diagonal_(0.0)
     self_weight = 1.0 - xi.sum(1)
@@ -105,12 +108,26 @@ def fedamp_weights(u: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tenso
     return (xi + torch.diag(self_weight)).to(u.dtype)
 
 
-def squared_distances(x: torch.Tensor) -> torch.Tensor:
-    """``(m, m)`` squared Euclidean distances between the rows of ``x``: one GEMM on the centred rows
-    (distances do not change under a shift), clamped at 0 and exactly 0 on the diagonal."""
-    c = x - x.mean(0, keepdim=True)
-    sq = (c * c).sum(1)
-    d2 = (sq[:, None] + sq[None, :] - 2.0 * (c @ c.T)).clamp_min_(0.0)
+def squared_distances(x: torch.Tensor, chunk_bytes: int = _CHUNK_BYTES) -> torch.Tensor:
+    """``(m, m)`` squared Euclidean distances between the rows of ``x`` in float64,
+    ``||c_i||² + ||c_j||² − 2 c_i·c_j`` with ``c`` the rows centred at their mean (distances do not
+    change under a shift), clamped at 0 and exactly 0 on the diagonal.
+
+    The rows are centred a block of columns (about ``chunk_bytes``) at a time, in ``x``'s dtype, and
+    the blocks' Gram matrices and squared norms are summed in float64: no centred copy of ``x`` is
+    made, and the sum over blocks adds no float32 rounding."""
+    m, d = x.shape
+    mean = x.mean(0)
+    gram = x.new_zeros((m, m), dtype=torch.float64)
+    sq = x.new_zeros(m, dtype=torch.float64)
+    step = max(1, min(d, chunk_bytes // max(1, m * x.element_size())))
+    centred, squares = x.new_empty((m, step)), x.new_empty((m, step))  # reused by every block
+    for start in range(0, d, step):
+        width = min(step, d - start)
+        block = torch.sub(x[:, start:start + width], mean[start:start + width], out=centred[:, :width])
+        gram += block @ block.T
+        sq += torch.mul(block, block, out=squares[:, :width]).sum(1)
+    d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
     return d2.fill_diagonal_(0.0)
 
 

@@ -234,7 +234,7 @@ class PersonalizedStep(ServerStep):
         return [Instruction(cid, models[i], settings) for i, cid in enumerate(ids)]
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
-        self.store.put([r.client_id for r in replies], torch.stack([r.model for r in replies]))
+        self.store.put([r.client_id for r in replies], [r.model for r in replies])
 
 
 def weighted_mean(models: torch.Tensor, num_examples: Sequence[int]) -> torch.Tensor:
@@ -277,12 +277,13 @@ class GlobalModelStep(ServerStep):
         """The next global model from the round's accepted replies."""
         return weighted_mean(torch.stack([r.model for r in replies]), [r.num_examples for r in replies])
 
+    def client_models(self, ids: Sequence[ClientId], training: bool) -> list[torch.Tensor | None]:
+        """``client_model`` of each of ``ids`` (a method may make them together, e.g. in one batch)."""
+        return [self.client_model(cid, training) for cid in ids]
+
     def _instructions(self, ids: Sequence[ClientId], settings: Settings, training: bool) -> list[Instruction]:
-        out = []
-        for cid in ids:
-            own = self.client_model(cid, training)
-            out.append(Instruction(cid, self.model if own is None else own, settings))
-        return out
+        own = self.client_models(ids, training)
+        return [Instruction(cid, self.model if model is None else model, settings) for cid, model in zip(ids, own)]
 
     def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
         self.num_clients = len(sampled) + len(others)

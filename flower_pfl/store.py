@@ -60,11 +60,15 @@ def _gather_numpy(dest: np.ndarray, plan: Plan, block: Callable[[int], np.ndarra
             dest[pos] = rows[off]
 
 
-def _scatter_numpy(source: np.ndarray, plan: Plan, block: Callable[[int], np.ndarray]) -> None:
-    """``block(b)[rows] = source[positions]`` along ``plan``."""
+def _scatter_numpy(source: np.ndarray | list[np.ndarray], plan: Plan, block: Callable[[int], np.ndarray]) -> None:
+    """``block(b)[rows] = source[positions]`` along ``plan``; ``source`` a matrix or a list of its rows
+    (copied one at a time)."""
     for b, pos, off, runs in plan:
         rows = block(b)
-        if runs is not None:
+        if isinstance(source, list):
+            for p, o in zip(pos.tolist(), off.tolist()):
+                rows[o] = source[p]
+        elif runs is not None:
             for p, o, n in runs:
                 rows[o:o + n] = source[p:p + n]
         else:
@@ -124,13 +128,20 @@ class ModelStore:
             self._clients_added()
         return out.to(self.device)
 
-    def put(self, ids: Sequence[Hashable], rows: torch.Tensor) -> None:
-        """Overwrite the models of ``ids`` with ``rows`` of shape ``(len(ids), d)``."""
-        if rows.shape != (len(ids), self.dim):
-            raise ValueError(f"expected rows of shape {(len(ids), self.dim)}, got {tuple(rows.shape)}")
+    def put(self, ids: Sequence[Hashable], rows: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """Overwrite the models of ``ids`` with ``rows``: a ``(len(ids), d)`` matrix, or ``len(ids)``
+        flat rows, which the in-memory CPU store copies into place one by one (no stacked copy)."""
+        source: torch.Tensor | list[torch.Tensor]
+        if isinstance(rows, torch.Tensor):
+            if rows.shape != (len(ids), self.dim):
+                raise ValueError(f"expected rows of shape {(len(ids), self.dim)}, got {tuple(rows.shape)}")
+            source = rows.detach().to(device=self._work_device(), dtype=torch.float32)
+        else:
+            source = [r.detach().to(device=self._work_device(), dtype=torch.float32) for r in rows]
+            if len(source) != len(ids) or any(r.shape != (self.dim,) for r in source):
+                raise ValueError(f"expected {len(ids)} rows of shape {(self.dim,)}, got {[tuple(r.shape) for r in source]}")
         if len(set(ids)) != len(ids):
             raise ValueError("ids must be unique")
-        source = rows.detach().to(device=self._work_device(), dtype=torch.float32)
         index, added = self._ensure(ids, fill=False)  # new clients' rows are written right below
         self._scatter(source, self._plan(index))
         if added:
@@ -226,7 +237,8 @@ class ModelStore:
     def _gather(self, out: torch.Tensor, plan: Plan) -> None:
         raise NotImplementedError
 
-    def _scatter(self, source: torch.Tensor, plan: Plan) -> None:
+    def _scatter(self, source: torch.Tensor | list[torch.Tensor], plan: Plan) -> None:
+        """Write ``source`` (a matrix or a list of its rows) along ``plan``."""
         raise NotImplementedError
 
     def _all_rows(self) -> torch.Tensor:
@@ -269,10 +281,13 @@ class ClientModelStore(ModelStore):
             else:
                 out.index_copy_(0, self._indices(pos), blk.index_select(0, self._indices(off)))
 
-    def _scatter(self, source: torch.Tensor, plan: Plan) -> None:
-        if source.device.type == "cpu":
-            _scatter_numpy(source.contiguous().numpy(), plan, lambda b: self._blocks[b].numpy())
+    def _scatter(self, source: torch.Tensor | list[torch.Tensor], plan: Plan) -> None:
+        if self.device.type == "cpu":
+            src = [r.numpy() for r in source] if isinstance(source, list) else source.contiguous().numpy()
+            _scatter_numpy(src, plan, lambda b: self._blocks[b].numpy())
             return
+        if isinstance(source, list):
+            source = torch.stack(source)
         for b, pos, off, runs in plan:
             blk = self._blocks[b]
             if runs is not None:
@@ -485,8 +500,8 @@ class DiskClientModelStore(ModelStore):
             del rows  # unmapped: the pages read leave the resident set
             pending = pending[1:]
 
-    def _scatter(self, source: torch.Tensor, plan: Plan) -> None:
-        src = source.contiguous().numpy()
+    def _scatter(self, source: torch.Tensor | list[torch.Tensor], plan: Plan) -> None:
+        src = (torch.stack(source) if isinstance(source, list) else source).contiguous().numpy()
         for b, lo, hi, p, pos, off in self._pieces(plan):
             rows = self._rows(b, lo, hi, write=True)
             if p is not None:

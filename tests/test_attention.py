@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from flower_pfl.attention import cosine_similarity_matrix, layerwise_attention
+from flower_pfl.attention import cosine_similarity_matrix, layerwise_attention, squared_distances
 
 
 def test_hand_computed_two_clients_one_layer():
@@ -58,3 +58,48 @@ def test_rejects_bad_sigma_and_incomplete_components():
         layerwise_attention(u, [slice(0, 3)], 0.0)
     with pytest.raises(ValueError, match="cover"):
         layerwise_attention(u, [slice(0, 2)], 1.0)
+
+
+# -- the products without copies, against the straightforward ones -------------------------------
+
+def _normalized_cosines(x: torch.Tensor) -> torch.Tensor:
+    """Cosines from a normalized copy of the rows and one GEMM."""
+    xn = x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return (xn @ xn.T).clamp(-1.0, 1.0)
+
+
+def _models(m: int, d: int, spread: float) -> torch.Tensor:
+    """Models sharing a large common part (cosines near 1, the case rounding shows most)."""
+    g = torch.Generator().manual_seed(0)
+    return 3.0 * torch.randn(1, d, generator=g) + spread * torch.randn(m, d, generator=g)
+
+
+def test_cosines_from_the_gram_matrix_equal_those_of_normalized_rows():
+    x = _models(12, 5000, 0.1)
+    x[3] = 0.0
+    for part in (x, x[:, 1000:3000]):  # the whole rows, and a column slice (one of FedMCSA's layers)
+        torch.testing.assert_close(cosine_similarity_matrix(part), _normalized_cosines(part), rtol=0, atol=2e-6)
+    assert (cosine_similarity_matrix(x)[3] == 0).all() and (cosine_similarity_matrix(x)[:, 3] == 0).all()
+
+
+def test_layerwise_attention_writes_each_layers_product_in_place():
+    u = _models(9, 700, 0.5)
+    comps = [slice(0, 600), slice(600, 610), slice(610, 690), slice(690, 700)]
+    v, psi = layerwise_attention(u, comps, sigma=20.0)
+    for l, sl in enumerate(comps):
+        w = torch.softmax(20.0 * _normalized_cosines(u[:, sl]), dim=1)
+        torch.testing.assert_close(psi[l], w, rtol=0, atol=1e-5)
+        torch.testing.assert_close(v[:, sl], w @ u[:, sl], rtol=0, atol=1e-5)
+
+
+def test_squared_distances_by_column_blocks_match_float64_whatever_the_blocks():
+    x = _models(9, 3000, 0.003)  # distances ~1e-4 of the norms: float32 would cancel without centring
+    exact = torch.cdist(x.double(), x.double()) ** 2
+    c = x - x.mean(0, keepdim=True)  # the centred copy and one float32 GEMM, for comparison
+    sq = (c * c).sum(1)
+    one_gemm = (sq[:, None] + sq[None, :] - 2.0 * (c @ c.T)).double().clamp_min(0.0).fill_diagonal_(0.0)
+    for chunk_bytes in (4 * 9 * 7, 4 * 9 * 1000, 1 << 30):  # blocks of 7 and of 1000 columns, one block
+        d2 = squared_distances(x, chunk_bytes)
+        assert d2.dtype == torch.float64 and (d2.diagonal() == 0).all()
+        assert (d2 - exact).abs().max() <= (one_gemm - exact).abs().max()
+        torch.testing.assert_close(d2, exact, rtol=2e-6, atol=0)

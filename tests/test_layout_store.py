@@ -104,7 +104,7 @@ def test_stores_get_put_round_trips_across_blocks(make, dim):
         ids = [f"c{step}-{i}" for i in range(size)]
         ids = [ids[i] for i in rng.permutation(size)]
         rows = torch.from_numpy(rng.standard_normal((size, dim), dtype=np.float32))
-        store.put(ids, rows.to(store.device))
+        store.put(ids, rows.to(store.device) if step % 2 else list(rows.to(store.device)))  # a matrix, or its rows
         expected.update({cid: rows[i] for i, cid in enumerate(ids)})
     assert store.num_blocks > 4
     everyone = list(expected)
@@ -115,6 +115,7 @@ def test_stores_get_put_round_trips_across_blocks(make, dim):
     update = [everyone[i] for i in rng.permutation(len(everyone))[:17]] + ["late"]
     rows = torch.from_numpy(rng.standard_normal((len(update), dim), dtype=np.float32))
     store.put(update, rows)  # on the CPU whatever the store's device
+    store.put(update[:5], [r.clone() for r in rows[:5]])  # rows of no common matrix
     expected.update({cid: rows[i] for i, cid in enumerate(update)})
     torch.testing.assert_close(store.get(list(expected)).cpu(), torch.stack(list(expected.values())), rtol=0, atol=0)
     state = store.state_dict()
@@ -132,6 +133,12 @@ def test_stores_check_ids_and_shapes_before_changing_anything(make):
         store.put([1, 2], torch.zeros(3, 3))
     with pytest.raises(ValueError, match="unique"):
         store.put([2, 2], torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="shape"):
+        store.put([1, 2], [torch.zeros(3), torch.zeros(4)])
+    with pytest.raises(ValueError, match="shape"):
+        store.put([1, 2], [torch.zeros(3)])
+    with pytest.raises(ValueError, match="unique"):
+        store.put([2, 2], [torch.zeros(3), torch.zeros(3)])
     assert store.ids() == [1]
     with pytest.raises(ValueError, match="flat"):
         make(torch.zeros(2, 2))

@@ -196,6 +196,8 @@ class FedAttn(Method, GlobalModelStep):
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
         self.mask = bias_mask(layout)
+        #: the biases' positions in the flat vector (indexing by them skips scanning the whole mask)
+        self.bias_index = self.mask.nonzero().flatten()
         if not self.mask.any():
             raise ValueError(f"FedAttn personalizes the tensors named '*bias', and this model has none ({list(layout.names)}): "
                              "give the strategy the initial model with its parameter names")
@@ -204,6 +206,7 @@ class FedAttn(Method, GlobalModelStep):
         #: every client's last biases M_i and representation Z_i, the attention module and its optimizer
         self.biases: dict[Hashable, torch.Tensor] = {}
         self.representations: dict[Hashable, torch.Tensor] = {}
+        self._points: tuple[list[Hashable], torch.Tensor] | None = None
         self.module: BiasAttention | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._sent: dict[Hashable, _Sent] = {}
@@ -219,34 +222,52 @@ class FedAttn(Method, GlobalModelStep):
     def train_config(self, num_participants: int) -> Settings:
         extras: Settings = {FEDATTN: True, BIAS_REG: self.bias_reg}
         if self.bias_reg > 0:
-            extras[GLOBAL_BIASES] = encode_vector(self.model[self.mask])
+            extras[GLOBAL_BIASES] = encode_vector(self.model.index_select(0, self.bias_index))
         return extras
 
-    def personalized_biases(self, client_id: Hashable) -> tuple[torch.Tensor, _Sent] | None:
-        """``M̃_i = Attention(Z_i, Z_N, M_N)`` over the ``k`` clients nearest to ``Z_i`` (Algorithm 1, lines 5-6)."""
-        if not self.personalizing or client_id not in self.representations:
-            return None
-        known = list(self.representations)
-        points = torch.stack([self.representations[c] for c in known])
-        query = self.representations[client_id]
-        idx = nearest_neighbours(points, query[None], self.k)[0]
-        sent = _Sent(query[None], points[idx][None], torch.stack([self.biases[known[i]] for i in idx.tolist()])[None])
+    def personalized_biases(self, ids: Sequence[Hashable]) -> dict[Hashable, tuple[torch.Tensor, _Sent]]:
+        """``M̃_i = Attention(Z_i, Z_N, M_N)`` over the ``k`` clients nearest to ``Z_i`` (Algorithm 1,
+        lines 5-6) for those of ``ids`` with a representation (none while warming up): one forward
+        pass of the attention over all of their neighbourhoods."""
+        chosen = [cid for cid in dict.fromkeys(ids) if cid in self.representations] if self.personalizing else []
+        if not chosen:
+            return {}
+        known, points = self.known_points()
+        sent = []
+        for cid in chosen:
+            query = self.representations[cid]
+            idx = nearest_neighbours(points, query[None], self.k)[0]
+            sent.append(_Sent(query[None], points[idx][None], torch.stack([self.biases[known[i]] for i in idx.tolist()])[None]))
         with torch.no_grad():
-            out, _ = self.module(sent.query, sent.keys, sent.values)  # type: ignore[misc]
-        return out[0], sent
+            out, _ = self.module(torch.cat([s.query for s in sent]), torch.cat([s.keys for s in sent]),  # type: ignore[misc]
+                                 torch.cat([s.values for s in sent]))
+        return {cid: (biases, s) for cid, biases, s in zip(chosen, out, sent)}
+
+    def known_points(self) -> tuple[list[Hashable], torch.Tensor]:
+        """The clients with a representation and their ``(n, d_z)`` representations, stacked once
+        until the representations change (not once per client asking)."""
+        if self._points is None:
+            known = list(self.representations)
+            self._points = known, torch.stack([self.representations[c] for c in known])
+        return self._points
+
+    def client_models(self, ids: Sequence[Hashable], training: bool) -> list[torch.Tensor | None]:
+        """``P_i = (G, M̃_i)`` (Algorithm 1, line 7) for each of ``ids``; ``None`` (the global model)
+        while warming up or before a client has a representation."""
+        made = self.personalized_biases(ids)
+        out: list[torch.Tensor | None] = []
+        for cid in ids:
+            if cid not in made:
+                out.append(None)
+                continue
+            biases, sent = made[cid]
+            if training:
+                self._sent[cid] = sent
+            out.append(self.model.clone().index_copy_(0, self.bias_index, biases))
+        return out
 
     def client_model(self, client_id: Hashable, training: bool) -> torch.Tensor | None:
-        """``P_i = (G, M̃_i)`` (Algorithm 1, line 7); the global model while warming up or before
-        the client has a representation."""
-        made = self.personalized_biases(client_id)
-        if made is None:
-            return None
-        biases, sent = made
-        if training:
-            self._sent[client_id] = sent
-        model = self.model.clone()
-        model[self.mask] = biases
-        return model
+        return self.client_models([client_id], training)[0]
 
     def check_extras(self, extras: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``Z_i`` (the size of the first client's) and ``∂L_i/∂M̃_i`` (one value per bias), all finite."""
@@ -285,8 +306,9 @@ class FedAttn(Method, GlobalModelStep):
             attention_step(self.module, self.optimizer, torch.cat([s.query for s in sent]), torch.cat([s.keys for s in sent]),  # type: ignore[arg-type]
                            torch.cat([s.values for s in sent]), torch.stack([replies[i].extras[1] for i in trained]))
         for cid, reply in zip(ids, replies):
-            self.biases[cid] = reply.model[self.mask].clone()
+            self.biases[cid] = reply.model.index_select(0, self.bias_index)
             self.representations[cid] = reply.extras[0]
+        self._points = None
         return new_global
 
     def get_state(self) -> dict[str, Any]:
@@ -296,6 +318,7 @@ class FedAttn(Method, GlobalModelStep):
         state = dict(state)
         module = state.pop("module")
         super().set_state(state)
+        self._points = None
         if module is not None:
             self._ensure_module(self.d_z)
             self.module.load_state_dict(module)  # type: ignore[union-attr]

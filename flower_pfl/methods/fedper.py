@@ -42,10 +42,11 @@ class FedPer(Method, PersonalizedStep):
         if self.head_layers >= len(modules):
             raise ValueError(f"head_layers = {self.head_layers} leaves no base layer to share ({len(modules)} layers: "
                              f"{[name for name, _ in modules]}); that is Local")
+        #: the base layers' columns: the modules before the head, a leading slice of the flat vector
+        self.base_slice = slice(0, modules[len(modules) - self.head_layers - 1][1].stop)
         self.base_columns = torch.zeros(layout.dim, dtype=torch.bool)
-        for _, columns in modules[: max(len(modules) - self.head_layers, 0)]:
-            self.base_columns[columns] = True
-        self.base = initial[self.base_columns].to(device=self.store.device, dtype=torch.float32)
+        self.base_columns[self.base_slice] = True
+        self.base = initial[self.base_slice].to(device=self.store.device, dtype=torch.float32)
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -58,7 +59,7 @@ class FedPer(Method, PersonalizedStep):
         self.base = self.base.to(self.store.device)
 
     def _with_base(self, models: torch.Tensor) -> torch.Tensor:
-        models[:, self.base_columns] = self.base
+        models[:, self.base_slice] = self.base
         return models
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
@@ -70,5 +71,5 @@ class FedPer(Method, PersonalizedStep):
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         super().aggregate(server_round, replies)
-        bases = torch.stack([r.model for r in replies])[:, self.base_columns]
+        bases = torch.stack([r.model[self.base_slice] for r in replies])
         self.base = weighted_mean(bases, [r.num_examples for r in replies]).to(self.store.device)

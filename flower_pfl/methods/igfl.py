@@ -149,11 +149,12 @@ class IGFL(Method, GlobalModelStep):
     def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
         """Algorithm 3, line 7: ``w_ps + Δ`` with ``Δ`` the attention-weighted (or mean) delta."""
         ids = [r.client_id for r in replies]
-        deltas = torch.stack([r.model for r in replies]) - self.model
+        deltas = torch.stack([r.model for r in replies]).sub_(self.model)
         if self.attention is None:
             update = deltas.mean(0)
         else:
-            previous = torch.stack([self.previous.get(cid, torch.zeros_like(self.model)) for cid in ids])
+            previous = (torch.stack([self.previous.get(cid, torch.zeros_like(self.model)) for cid in ids])
+                        if self.attention == "time" else None)  # only time attention queries with them
             update, weights = afl_global_delta(deltas, previous, self.attention)  # type: ignore[arg-type]
             if weights.dim() == 2:  # client-by-client attention (self, time)
                 self.attention_weights.add(ids, {"model": weights})

@@ -102,7 +102,7 @@ class SCAFFOLD(Method, GlobalModelStep):
         return {**super().update_norms(reply, sent), CONTROL_DELTA: (norm(reply.extras), 0.0)}
 
     def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
-        delta_y = torch.stack([r.model for r in replies]) - self.model
+        delta_y = torch.stack([r.model for r in replies]).sub_(self.model)
         new_x, self.control = scaffold_server_update(self.model, self.control, delta_y, torch.stack([r.extras for r in replies]),  # type: ignore[arg-type]
                                                      max(self.num_clients, len(replies)), self.server_learning_rate)
         return new_x

@@ -324,6 +324,30 @@ def test_server_sends_the_attention_over_the_k_nearest_and_steps_it_with_the_rep
         assert torch.allclose(p, e, atol=1e-6) and not torch.allclose(p, before)
 
 
+def test_neighbours_are_found_among_the_representations_of_the_last_round():
+    """The representations are stacked once per round, for all clients: after client 3 moves next to
+    client 1, client 1 attends over client 3 (and the stack holds every client's latest Z_i)."""
+    method = fa.FedAttn(k=2, d_k=3)
+    server = MethodServer(method, clients_per_round=3, seed=0)
+    server.initialize(_arrays(0.0, [0.0, 0.0]))
+
+    def round_(r, z):
+        server.plan_training(r, [1, 2, 3])
+        server.aggregate(r, [server.check(RawReply(cid, list(_arrays(1.0, [float(cid), 0.0]).values()), ["fc.weight", "fc.bias"],
+                                                   10, {}, _extras(z[cid]))) for cid in (1, 2, 3)])
+
+    round_(1, {1: [0.0, 0.0], 2: [1.0, 0.0], 3: [5.0, 5.0]})
+    assert method.personalized_biases([1])[1][1].values[0, :, 0].tolist() == [1.0, 2.0]  # itself and client 2
+    round_(2, {1: [0.0, 0.0], 2: [1.0, 0.0], 3: [0.1, 0.0]})
+    known, points = method.known_points()
+    assert known == [1, 2, 3] and torch.equal(points, torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.1, 0.0]]))
+    assert method.personalized_biases([1])[1][1].values[0, :, 0].tolist() == [1.0, 3.0]  # itself and client 3, now nearer
+    together, alone = method.client_models([3, 1, 2, 4], False), [method.client_model(c, False) for c in (3, 1, 2, 4)]
+    assert together[3] is None and alone[3] is None  # client 4 has no representation: the global model
+    for a, b in zip(together[:3], alone[:3]):  # one attention pass for all, or one per client
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
 def test_warmup_sends_the_global_model_and_the_regularizer_sends_the_global_biases(_identity):
     grid = fb.FakeGrid([1, 2])
     strat = strategies.message.FedAttn(k=1, warmup_rounds=2, bias_reg=0.5, fraction_train=1.0, min_train_nodes=2,

@@ -34,6 +34,7 @@ def test_base_is_the_weighted_mean_and_heads_stay_with_their_clients():
     server = _server()
     base = server.method.base_columns
     assert int(base.sum()) == 2 * 3 + 2  # fc1 is the base, fc2 the head
+    assert server.method.base_slice == slice(0, 8) and base[:8].all()  # the leading columns
     server.plan_training(1, [1, 2])
     server.aggregate(1, [server.check(_reply(1, 1.0, 1)), server.check(_reply(2, 4.0, 3))])
     torch.testing.assert_close(server.method.base, torch.full((8,), 1.0 * 0.25 + 4.0 * 0.75))  # by hand: 3.25
