@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.sweep import Cell
-from flower_pfl.sweep_flwr import PROJECT, FlwrRunEngine
+from flower_pfl.sweep_flwr import PROJECT, RESOURCES, FlwrRunEngine
 
 from . import speed_probe
 from .common import save
@@ -140,8 +140,10 @@ def breakdown_table(columns: Mapping[str, Mapping[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", nargs="+", default=["fedavg", "ditto", "fedmcsa", "local"])
-    parser.add_argument("--federation", nargs="*", default=[],
-                        help="--federation-config entries of the flwr runs, e.g. client-resources-num-cpus=1")
+    parser.add_argument("--federation", nargs="*", default=[f"{k}={v}" for k, v in RESOURCES.items()],
+                        help="--federation-config entries of the flwr runs (default: the README's, %(default)s)")
+    parser.add_argument("--flower-default", action="store_true",
+                        help="also run the first method under Flower's default resources (2 CPUs per virtual client)")
     parser.add_argument("--skip-aggregation", action="store_true", help="leave out the aggregation table")
     parser.add_argument("--out", type=Path, help="also write table.md and results.json here")
     parser.add_argument("--keep", action="store_true", help="keep the runs' timings, logs and results folders (printed at the end)")
@@ -152,22 +154,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="flower-pfl-speed-"))
     engine = FlwrRunEngine(work / "flwr-home", app=timed_app(work), federation=federation)
     results: dict[str, Any] = {"federation": federation, "setting": SETTING, "methods": {}}
+    engines = [engine]
     try:
         for method in args.methods:
             inproc = in_process(method, work)
-            flwr = flwr_run(engine, method, work, "flwr")
-            results["methods"][method] = {"in-process": inproc, "flwr run": flwr}
-            print(f"{method}: in-process {inproc['seconds_per_round']:.3f} s/round, flwr run "
-                  f"{flwr['seconds_per_round']:.3f} s/round ({flwr['seconds_per_round'] / inproc['seconds_per_round']:.2f}x); "
-                  f"Ray per message {flwr['ray_ms']}, torch threads {flwr['torch_threads']}; "
-                  f"start-up {', '.join(f'{k} {v:.1f}' for k, v in flwr['startup'].items())} s", flush=True)
+            runs = {"in-process": inproc, "flwr run": flwr_run(engine, method, work, "flwr")}
+            if args.flower_default and method == args.methods[0]:
+                engines.append(FlwrRunEngine(work / "flwr-home-default", app=engine.app, federation={}))
+                runs["flwr run, Flower's default resources"] = flwr_run(engines[-1], method, work, "default")
+            results["methods"][method] = runs
+            for name, run in runs.items():
+                print(f"{method}, {name}: {run['seconds_per_round']:.3f} s/round ({run['seconds_per_round'] / inproc['seconds_per_round']:.2f}x)"
+                      + (f"; Ray per message {run['ray_ms']}, torch threads {run['torch_threads']}, start-up "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in run["startup"].items()) + " s" if "startup" in run else ""), flush=True)
     finally:
-        engine.stop()
-    lines = ["| method | in-process s/round | flwr run s/round | ratio | flwr run: first round after |", "|---|---:|---:|---:|---:|"]
-    for method, r in results["methods"].items():
-        a, b = r["in-process"]["seconds_per_round"], r["flwr run"]["seconds_per_round"]
-        lines.append(f"| {method} | {a:.3f} | {b:.3f} | {b / a:.2f}x | {r['flwr run']['startup'].get('round 1', float('nan')):.1f} s |")
-    columns = {f"{m} {k}": r[k] for m, r in results["methods"].items() for k in ("in-process", "flwr run")}
+        for e in engines:
+            e.stop()
+    lines = ["| method | run | s/round | × in-process | first round done after |", "|---|---|---:|---:|---:|"]
+    for method, runs in results["methods"].items():
+        base = runs["in-process"]["seconds_per_round"]
+        for name, run in runs.items():
+            first = f"{run['startup']['round 1']:.1f} s" if "round 1" in run.get("startup", {}) else ""
+            lines.append(f"| {method} | {name} | {run['seconds_per_round']:.3f} | {run['seconds_per_round'] / base:.2f} | {first} |")
+    columns = {f"{m} {k}": r for m, runs in results["methods"].items() for k, r in runs.items()}
     table = "\n".join(lines) + "\n\n" + breakdown_table(columns)
     if not args.skip_aggregation:
         from .aggregation_speed import aggregation_table, format_table
