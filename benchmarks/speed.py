@@ -91,12 +91,21 @@ def timed_app(work: Path) -> Path:
     return app
 
 
+def timed_engine(home: Path, app: Path, federation: Mapping[str, Any]) -> FlwrRunEngine:
+    """An engine whose SuperLink (started by its first run, with the environment of that moment) has
+    its processes write their timings into ``home/timings``."""
+    engine = FlwrRunEngine(home, app=app, federation=federation)
+    (home / "timings").mkdir()
+    engine.env[speed_probe.TIMINGS] = str(home / "timings")
+    return engine
+
+
 def flwr_run(engine: FlwrRunEngine, method: str, work: Path, label: str) -> dict[str, Any]:
     """One ``flwr run`` of the timed app: its milestones (seconds since the command started) and the
     analysis of its timings."""
     timings = work / f"flwr-{label}-{method}"
     timings.mkdir(parents=True)
-    engine.env[speed_probe.TIMINGS] = str(timings)
+    written = Path(engine.env[speed_probe.TIMINGS])  # the SuperLink's processes keep the folder they started with
     cell = Cell(method, label, 0, run_config(method, work / "results"), NUM_NODES, timings)
     seen: dict[str, float] = {}
     t0 = time.time()
@@ -107,10 +116,15 @@ def flwr_run(engine: FlwrRunEngine, method: str, work: Path, label: str) -> dict
             for name, pattern in MILESTONES:
                 if name not in seen and re.search(pattern, line):
                     seen[name] = time.time() - t0
+    for path in written.glob("*.jsonl"):  # this run's processes have ended: their lines are complete
+        path.rename(timings / path.name)
     rows = speed_probe.read(timings)
     result = speed_probe.analyse(rows, *WINDOW)
     run = result["run"] or {}
     seen["serverapp started"] = run.get("start", t0) - t0
+    processes, handlers = ([r["start"] for r in rows if r["row"] == kind] for kind in ("process", "handler"))
+    if processes and handlers:  # inside the nodes' query: Ray and its actors starting
+        seen["first message to Ray"], seen["first message in a ClientApp"] = min(processes) - t0, min(handlers) - t0
     return {**result, "startup": dict(sorted(seen.items(), key=lambda kv: kv[1])), "command_s": time.time() - t0}
 
 
@@ -152,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()[0]
     print(f"# flower-pfl speed: {os.cpu_count()} cores, load {load:.2f} at the start\n", flush=True)
     work = Path(tempfile.mkdtemp(prefix="flower-pfl-speed-"))
-    engine = FlwrRunEngine(work / "flwr-home", app=timed_app(work), federation=federation)
+    engine = timed_engine(work / "flwr-home", timed_app(work), federation)
     results: dict[str, Any] = {"federation": federation, "setting": SETTING, "methods": {}}
     engines = [engine]
     try:
@@ -160,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             inproc = in_process(method, work)
             runs = {"in-process": inproc, "flwr run": flwr_run(engine, method, work, "flwr")}
             if args.flower_default and method == args.methods[0]:
-                engines.append(FlwrRunEngine(work / "flwr-home-default", app=engine.app, federation={}))
+                engines.append(timed_engine(work / "flwr-home-default", engine.app, {}))
                 runs["flwr run, Flower's default resources"] = flwr_run(engines[-1], method, work, "default")
             results["methods"][method] = runs
             for name, run in runs.items():
