@@ -49,7 +49,7 @@ WINDOW = (6, 25)  # steady rounds: after the first evaluation, four evaluations 
 MILESTONES = (("superlink", "Using SuperLink"), ("run submitted", "Successfully started run"),
               ("app installed", "Successfully installed"), ("nodes answered", r"flower-pfl: \S+ on "),
               ("round 1", r"round +1/"))
-PARTS = ("serverapp", "push", "pull", "dispatch wait", "ray", "setup", "load", "train", "evaluate", "reply",
+PARTS = ("serverapp", "push", "dispatch wait", "ray", "setup", "load", "train", "evaluate", "reply",
          "actors idle", "reply wait")
 
 
@@ -145,10 +145,28 @@ def breakdown_table(columns: Mapping[str, Mapping[str, Any]]) -> str:
         if any(v for v in values):
             lines.append(f"| {part} | " + " | ".join("" if v is None else f"{1e3 * v:.0f}" for v in values) + " |")
     lines.append("| **round** | " + " | ".join(f"**{1e3 * columns[n]['seconds_per_round']:.0f}**" for n in names) + " |")
+    lines.append("| looking for replies (meanwhile) | " + " | ".join(f"{1e3 * columns[n].get('pull_per_round', 0.0):.0f}" for n in names) + " |")
     lines.append("| CPU: ClientApp handlers | " + " | ".join(f"{1e3 * columns[n]['client_cpu_per_round']:.0f}" for n in names) + " |")
     lines.append("| CPU: ServerApp thread | " + " | ".join(f"{1e3 * columns[n]['server_cpu_per_round']['serverapp thread']:.0f}" for n in names) + " |")
     lines.append("| CPU: ServerApp's process | " + " | ".join(f"{1e3 * columns[n]['server_cpu_per_round']['process']:.0f}" for n in names) + " |")
     return "\n".join(lines)
+
+
+def render(results: Mapping[str, Any]) -> str:
+    """The tables of a ``results.json``: seconds per round, the breakdown, the aggregation."""
+    lines = ["| method | run | s/round | × in-process | first round done after |", "|---|---|---:|---:|---:|"]
+    for method, runs in results["methods"].items():
+        base = runs["in-process"]["seconds_per_round"]
+        for name, run in runs.items():
+            first = f"{run['startup']['round 1']:.1f} s" if "round 1" in run.get("startup", {}) else ""
+            lines.append(f"| {method} | {name} | {run['seconds_per_round']:.3f} | {run['seconds_per_round'] / base:.2f} | {first} |")
+    columns = {f"{m} {k}": r for m, runs in results["methods"].items() for k, r in runs.items()}
+    table = "\n".join(lines) + "\n\n" + breakdown_table(columns)
+    if results.get("aggregation"):
+        from .aggregation_speed import format_table
+
+        table += "\n\n" + format_table(results["aggregation"])
+    return table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,20 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for e in engines:
             e.stop()
-    lines = ["| method | run | s/round | × in-process | first round done after |", "|---|---|---:|---:|---:|"]
-    for method, runs in results["methods"].items():
-        base = runs["in-process"]["seconds_per_round"]
-        for name, run in runs.items():
-            first = f"{run['startup']['round 1']:.1f} s" if "round 1" in run.get("startup", {}) else ""
-            lines.append(f"| {method} | {name} | {run['seconds_per_round']:.3f} | {run['seconds_per_round'] / base:.2f} | {first} |")
-    columns = {f"{m} {k}": r for m, runs in results["methods"].items() for k, r in runs.items()}
-    table = "\n".join(lines) + "\n\n" + breakdown_table(columns)
     if not args.skip_aggregation:
-        from .aggregation_speed import aggregation_table, format_table
+        from .aggregation_speed import aggregation_table
 
-        rows = aggregation_table()
-        results["aggregation"] = rows
-        table += "\n\n" + format_table(rows)
+        results["aggregation"] = aggregation_table()
+    table = render(results)
     end_load = os.getloadavg()[0]
     table += f"\n\n{os.cpu_count()} cores; load {load:.2f} at the start, {end_load:.2f} at the end; flwr run federation {federation or 'defaults'}"
     print("\n" + table)

@@ -188,9 +188,10 @@ def analyse(rows: list[dict[str, Any]], first_round: int, last_round: int) -> di
     ``last_round`` (so it holds the evaluations of those rounds). The parts add up to the window:
 
     - ``serverapp``: the ServerApp outside ``send_and_receive`` (sampling, aggregation, metrics, files);
-    - ``push``, ``pull``: putting messages into the LinkState and taking replies out;
+    - ``push``: putting the messages into the LinkState;
     - ``dispatch wait``: from the end of the push to the first message reaching an actor;
-    - ``reply wait``: from the last message leaving its actor to ``send_and_receive`` returning;
+    - ``reply wait``: from the last message leaving its actor to ``send_and_receive`` returning (the
+      last look for replies included);
     - the span in between, shared out by what the actors did in it, summed over actors and divided
       by their number: the handler's phases (``setup``, ``load``, ``train``, ``evaluate``, ``reply``),
       ``ray`` (``process_message`` minus the handler: dispatch, (de)serialisation, the actor pool)
@@ -205,7 +206,7 @@ def analyse(rows: list[dict[str, Any]], first_round: int, last_round: int) -> di
     handlers = [r for r in rows if r["row"] == "handler"]
     processes = [r for r in rows if r["row"] == "process"]
     parts: dict[str, float] = defaultdict(float)
-    cpu = 0.0
+    cpu = pulled = 0.0
     inside = [e for e in exchanges if t0 <= e["start"] < t1]
     parts["serverapp"] = (t1 - t0) - sum(e["end"] - e["start"] for e in inside)
     for e in inside:
@@ -218,9 +219,9 @@ def analyse(rows: list[dict[str, Any]], first_round: int, last_round: int) -> di
         push, pull = e.get("push_messages", 0.0), e.get("pull_messages", 0.0)
         first, last = min(m["start"] for m in mine), max(m["end"] for m in mine)
         parts["push"] += push
-        parts["pull"] += pull
+        pulled += pull  # the ServerApp looks for replies while the actors work: beside the parts, not one of them
         parts["dispatch wait"] += max(first - e["start"] - push, 0.0)
-        parts["reply wait"] += max(e["end"] - last - pull, 0.0)
+        parts["reply wait"] += e["end"] - last
         span = last - first
         actors = max((p["actors"] for p in ps), default=1)
         busy: dict[str, float] = defaultdict(float)
@@ -244,7 +245,7 @@ def analyse(rows: list[dict[str, Any]], first_round: int, last_round: int) -> di
                   "serverapp thread": (b.get("thread_cpu", 0.0) - a.get("thread_cpu", 0.0)) / rounds}
     run = next((r for r in rows if r["row"] == "run"), None)
     return {"seconds_per_round": (t1 - t0) / rounds, "parts": per_round, "client_cpu_per_round": cpu / rounds,
-            "server_cpu_per_round": server_cpu,
+            "server_cpu_per_round": server_cpu, "pull_per_round": pulled / rounds,
             "handler_ms": {k: 1e3 * median(h["end"] - h["start"] for h in handlers if h["kind"] == k)
                            for k in ("train", "evaluate") if any(h["kind"] == k for h in handlers)},
             "ray_ms": _ray_split(handlers, processes), "torch_threads": sorted({h.get("threads") for h in handlers}),

@@ -60,12 +60,13 @@ def test_the_breakdown_adds_up_to_the_round_by_hand():
     result = speed_probe.analyse(_rows(), 1, 1)
     parts = result["parts"]
     assert result["seconds_per_round"] == pytest.approx(2.0)
-    expected = {"serverapp": 1.0, "push": 0.1, "pull": 0.05, "dispatch wait": 0.1, "reply wait": 0.25,
+    expected = {"serverapp": 1.0, "push": 0.1, "dispatch wait": 0.1, "reply wait": 0.3,
                 "setup": 0.005, "load": 0.01, "train": 0.175, "reply": (0.5 - 0.38) / 2,
                 "ray": (0.7 - 0.5) / 2, "actors idle": 0.5 - 0.7 / 2}
     assert parts == pytest.approx(expected)
     assert sum(parts.values()) == pytest.approx(result["seconds_per_round"])
     assert result["client_cpu_per_round"] == pytest.approx(0.3)
+    assert result["pull_per_round"] == pytest.approx(0.05)  # while the actors work: beside the parts
     assert result["ray_ms"] == pytest.approx({"before": 50.0, "after": 50.0})
 
 
