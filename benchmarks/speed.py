@@ -23,7 +23,6 @@ samples and every client evaluated every 5 rounds, it prints:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -32,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from flwr.common.config import parse_config_args
 
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.sweep import Cell
@@ -128,14 +129,6 @@ def flwr_run(engine: FlwrRunEngine, method: str, work: Path, label: str) -> dict
     return {**result, "startup": dict(sorted(seen.items(), key=lambda kv: kv[1])), "command_s": time.time() - t0}
 
 
-def parse_federation(items: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        out[key] = json.loads(value) if value.replace(".", "", 1).isdigit() else value
-    return out
-
-
 def breakdown_table(columns: Mapping[str, Mapping[str, Any]]) -> str:
     """Rows: the parts of a round (ms per round); columns: runs."""
     names = list(columns)
@@ -180,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write table.md and results.json here")
     parser.add_argument("--keep", action="store_true", help="keep the runs' timings, logs and results folders (printed at the end)")
     args = parser.parse_args(argv)
-    federation = parse_federation(args.federation)
+    federation = parse_config_args(args.federation)  # as flwr run reads --federation-config
     load = os.getloadavg()[0]
     print(f"# flower-pfl speed: {os.cpu_count()} cores, load {load:.2f} at the start\n", flush=True)
     work = Path(tempfile.mkdtemp(prefix="flower-pfl-speed-"))

@@ -20,6 +20,8 @@ appends JSON lines to ``<folder>/<pid>.jsonl``:
 
 from __future__ import annotations
 
+import bisect
+import inspect
 import json
 import os
 import threading
@@ -72,7 +74,8 @@ def _timed_method(owner: Any, attr: str, phase: str, holder: threading.local) ->
             return original(*args, **kwargs)
 
     wrapper._probed = True  # type: ignore[attr-defined]
-    setattr(owner, attr, classmethod(lambda cls, *a, **k: wrapper(*a, **k)) if isinstance(owner.__dict__.get(attr), classmethod) else wrapper)
+    # a classmethod's ``original`` is already bound to the class: the wrapper goes in as a static method
+    setattr(owner, attr, staticmethod(wrapper) if isinstance(inspect.getattr_static(owner, attr), classmethod) else wrapper)
 
 
 for _attr, _name in (("from_context", "setup"), ("load", "load"), ("fit", "train"), ("evaluate", "evaluate")):
@@ -201,7 +204,7 @@ def analyse(rows: list[dict[str, Any]], first_round: int, last_round: int) -> di
     trains = [r for r in exchanges if r["kind"] == "train"]
     if len(trains) <= last_round:
         raise ValueError(f"{len(trains)} training rounds recorded; the window needs {last_round + 1}")
-    t0, t1 = trains[first_round - 1]["start"], trains[last_round]["start"]
+    t0, t1 = trains[first_round - 1]["start"], trains[last_round]["start"]  # rounds start with their exchange: no edge cuts one
     rounds = last_round - first_round + 1
     handlers = [r for r in rows if r["row"] == "handler"]
     processes = [r for r in rows if r["row"] == "process"]
@@ -238,9 +241,8 @@ def analyse(rows: list[dict[str, Any]], first_round: int, last_round: int) -> di
         for k, v in busy.items():
             parts[k] += v / actors * scale
         parts["actors idle"] += max(span - total, 0.0)
-        # the window's edges cut no exchange: rounds start with one
     per_round = {k: v / rounds for k, v in parts.items()}
-    a, b = trains[first_round - 1], trains[last_round]
+    a, b = trains[first_round - 1], trains[last_round]  # the window's edges
     server_cpu = {"process": (b.get("process_cpu", 0.0) - a.get("process_cpu", 0.0)) / rounds,
                   "serverapp thread": (b.get("thread_cpu", 0.0) - a.get("thread_cpu", 0.0)) / rounds}
     run = next((r for r in rows if r["row"] == "run"), None)
@@ -256,9 +258,11 @@ def _ray_split(handlers: list[dict[str, Any]], processes: list[dict[str, Any]]) 
     """Median ms of Ray's part of a message before the handler starts (submit, transfer, unpickling,
     Flower's ClientApp call) and after it ends (pickling, transfer, ``ray.get``)."""
     before, after = [], []
-    starts = sorted(handlers, key=lambda h: h["start"])
+    ordered = sorted(handlers, key=lambda h: h["start"])
+    starts = [h["start"] for h in ordered]
     for p in processes:
-        inner = [h for h in starts if p["start"] <= h["start"] and h["end"] <= p["end"]]
+        lo, hi = bisect.bisect_left(starts, p["start"]), bisect.bisect_right(starts, p["end"])
+        inner = [h for h in ordered[lo:hi] if h["end"] <= p["end"]]
         if len(inner) == 1:
             before.append(inner[0]["start"] - p["start"])
             after.append(p["end"] - inner[0]["end"])

@@ -44,9 +44,14 @@ class FedPer(Method, PersonalizedStep):
                              f"{[name for name, _ in modules]}); that is Local")
         #: the base layers' columns: the modules before the head, a leading slice of the flat vector
         self.base_slice = slice(0, modules[len(modules) - self.head_layers - 1][1].stop)
-        self.base_columns = torch.zeros(layout.dim, dtype=torch.bool)
-        self.base_columns[self.base_slice] = True
         self.base = initial[self.base_slice].to(device=self.store.device, dtype=torch.float32)
+
+    @property
+    def base_columns(self) -> torch.Tensor:
+        """The base's columns as a mask over the flat model (``base_slice``)."""
+        mask = torch.zeros(self.store.dim, dtype=torch.bool)
+        mask[self.base_slice] = True
+        return mask
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
