@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,6 +123,39 @@ def children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state is the parent's pid
                 found.append(int(entry.name))
     return found
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes ``pid`` started, directly or further down, that are still running."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        new = set(children(todo.pop())) - found
+        found |= new
+        todo.extend(new)
+    return found
+
+
+def processes(pattern: str) -> list[int]:
+    """The running processes whose command line matches the regular expression ``pattern``, this one
+    left out (what ``pgrep -f`` finds, without needing ``pgrep``)."""
+    if not PROC.exists():
+        out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split() if int(p) != os.getpid()]
+    regex, found = re.compile(pattern), []
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            pid = int(entry.name)
+            if regex.search(" ".join(cmdline(pid))) and _alive(pid):
+                found.append(pid)
+    return found
+
+
+def executable(name: str) -> str:
+    """Flower's command ``name`` (``flwr``, ``flower-superlink``, ...) from this Python's environment,
+    so that a virtual environment works without being on ``PATH``; else the one on ``PATH``."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name) or name
 
 
 def listeners(ports: Iterable[int]) -> list[Listener]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -80,7 +79,7 @@ class FlwrRunEngine:
 
     def command(self, cell: Cell) -> list[str]:
         """The ``flwr run`` command line of ``cell`` (run it in ``self.app`` with ``self.env``)."""
-        return ["flwr", "run", str(self.app), "--run-config", run_config_text(cell.run_config),
+        return [superlink.executable("flwr"), "run", str(self.app), "--run-config", run_config_text(cell.run_config),
                 "--federation-config", run_config_text({"num-supernodes": cell.num_nodes, **self.federation}), "--stream"]
 
     def _run(self, cell: Cell) -> dict[str, Any]:
@@ -97,17 +96,4 @@ class FlwrRunEngine:
         """End this engine's SuperLink and what it started (by PID, ``flower_pfl.superlink.stop``:
         nothing of anyone else's), and any run of it that did not finish."""
         superlink.stop(self.home, (self.port, self.control_port))
-        for pid in _pids(f"flwr-.*127.0.0.1:{self.port}"):
-            _kill(pid)
-
-
-def _pids(pattern: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split() if int(p) != os.getpid()]
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+        superlink.terminate(superlink.processes(f"flwr-.*127.0.0.1:{self.port}"), timeout=10.0)

@@ -172,6 +172,9 @@ class LegacyMethodStrategy(Strategy):
         return self.initial_parameters
 
     def _clients(self, client_manager: ClientManager) -> dict[Any, ClientProxy]:
+        # Flower's ``start_grid`` registers the grid's nodes when ``num_available`` / ``all`` / ``sample``
+        # are called (else every 5 s, on a thread): ask first, so the first round does not wait for that thread.
+        client_manager.num_available()
         if not client_manager.wait_for(self.min_available_clients, timeout=int(self.node_wait_timeout)):
             log(WARNING, "%d clients connected, %d wanted; going on with them after %.0f s", client_manager.num_available(),
                 self.min_available_clients, self.node_wait_timeout)

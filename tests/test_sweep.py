@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flower_pfl import compare, sweep
+from flower_pfl import compare, superlink, sweep
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.sweep_flwr import run_config_text
 
@@ -384,5 +384,4 @@ def test_flwr_run_engine_gives_the_in_process_figures(tmp_path):
     assert by_flwr["status"] == in_process["status"] == "completed", by_flwr.get("error")
     assert by_flwr["summary"]["bmta"] == in_process["summary"]["bmta"]
     assert (tmp_path / "flwr" / by_flwr["cell_dir"] / "flwr.log").exists()
-    from flower_pfl.sweep_flwr import _pids
-    assert not _pids(f"flower-superlink.*{tmp_path / 'flwr'}")
+    assert not superlink.processes(f"flower-superlink.*{tmp_path / 'flwr'}")
