@@ -158,6 +158,16 @@ def executable(name: str) -> str:
     return str(beside) if beside.exists() else shutil.which(name) or name
 
 
+def environment(**variables: str) -> dict[str, str]:
+    """This process's environment plus ``variables``, with this Python's scripts folder first on
+    ``PATH``: Flower starts ``flower-superlink``, ``flower-superexec`` and its apps by name."""
+    scripts = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if scripts not in path.split(os.pathsep):
+        path = os.pathsep.join(filter(None, [scripts, path]))
+    return {**os.environ, "PATH": path, **variables}
+
+
 def listeners(ports: Iterable[int]) -> list[Listener]:
     """The processes listening on ``ports``, by pid."""
     wanted = set(ports)

@@ -8,7 +8,6 @@ started) by PID. A cell's console output goes to ``flwr.log`` in its folder.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import threading
@@ -39,6 +38,8 @@ def toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
+        if '"' in value and "'" not in value and "\n" not in value:
+            return f"'{value}'"  # a TOML literal string: Flower's parser of --run-config takes no escaped quotes
         return json.dumps(value)
     raise SweepError(f"run-config value {value!r} cannot be passed to flwr run")
 
@@ -59,11 +60,11 @@ class FlwrRunEngine:
         self.home = Path(home).resolve()
         self.home.mkdir(parents=True, exist_ok=True)
         self.port, self.control_port = free_port(), free_port()
-        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
-                    "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
-                    "FLOWER_PFL_CLIENT_STATE_DIR": str(self.home / "client-state")}
+        self.env = superlink.environment(FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0",
+                                         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                                         FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.port),
+                                         FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port),
+                                         FLOWER_PFL_CLIENT_STATE_DIR=str(self.home / "client-state"))
         self._first = threading.Lock()  # the first run starts the SuperLink; the others wait for it
         self._started = threading.Event()
 

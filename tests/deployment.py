@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -14,14 +13,9 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    """A port nobody listens on now (the process started next binds it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from flower_pfl import superlink
+from flower_pfl.sweep_flwr import free_port
+from local_runs import ROOT, flwr_command
 
 
 def _descendants(pid: int) -> set[int]:
@@ -30,9 +24,7 @@ def _descendants(pid: int) -> set[int]:
     todo = [pid]
     while todo:
         parent = todo.pop()
-        out = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
-        out += subprocess.run(["pgrep", "-f", "--", f"--parent-pid {parent}"], capture_output=True, text=True).stdout.split()
-        new = {int(p) for p in out} - found - {pid}
+        new = (set(superlink.children(parent)) | set(superlink.processes(f"--parent-pid {parent}( |$)"))) - found - {pid}
         found |= new
         todo.extend(new)
     return found
@@ -59,24 +51,36 @@ class LocalDeployment:
 
     ``tls``: certificates from ``flower_pfl.credentials``; ``auth``: SuperNode authentication
     (needs TLS), every SuperNode registered with ``flwr supernode register`` before it starts.
+    ``heartbeat``: the interval, in seconds, the SuperNodes declare for their heartbeats (the
+    SuperLink declares a node offline after twice that). Flower's SuperNode always declares 30 s and
+    has no option for it; the protocol admits 10 s and more, so the SuperNodes start with a
+    ``sitecustomize`` that sets Flower's constant before Flower reads it.
     """
 
-    def __init__(self, work: Path, nodes: int = 2, tls: bool = False, auth: bool = False) -> None:
+    def __init__(self, work: Path, nodes: int = 2, tls: bool = False, auth: bool = False,
+                 heartbeat: float | None = None) -> None:
         if auth and not tls:
             raise ValueError("SuperNode authentication needs TLS")
         self.work, self.nodes, self.tls, self.auth = Path(work), nodes, tls, auth
         self.port = free_port()
         self.home = self.work / "flwr_home"
-        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+        self.env = superlink.environment(FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0",
+                                         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", FLWR_DISABLE_UPDATE_CHECK="1")
+        self.node_env = dict(self.env)
+        if heartbeat is not None:
+            site = self.work / "heartbeat"
+            site.mkdir(parents=True, exist_ok=True)
+            (site / "sitecustomize.py").write_text(
+                f"import flwr.common.constant as constant\nconstant.HEARTBEAT_DEFAULT_INTERVAL = {heartbeat!r}\n")
+            self.node_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
 
     # ------------------------------------------------------------------ processes
-    def _start(self, name: str, args: Sequence[str]) -> subprocess.Popen:
+    def _start(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = self.work / f"{name}.log"
         self.logs.append(log)
-        proc = subprocess.Popen(list(args), cwd=self.work, env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(list(args), cwd=self.work, env=env or self.env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                 start_new_session=True)
         self.procs.append(proc)
         return proc
@@ -86,7 +90,7 @@ class LocalDeployment:
         self.home.mkdir(exist_ok=True)
         from flower_pfl.credentials import write_node_key, write_tls_certificates
 
-        link = ["flower-superlink", "--port", str(self.port)]
+        link = [superlink.executable("flower-superlink"), "--port", str(self.port)]
         if self.tls:
             self.certs = write_tls_certificates(self.work / "certs")
             link += ["--ssl-ca-certfile", str(self.certs["ca"]), "--ssl-certfile", str(self.certs["certificate"]),
@@ -113,12 +117,12 @@ class LocalDeployment:
 
     def start_supernode(self, name: str, partition_id: int, key: Path | None = None, retries: int = 30) -> subprocess.Popen:
         """One more SuperNode (``key``: its authentication key, whether registered or not)."""
-        node = ["flower-supernode", "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
+        node = [superlink.executable("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
                 "--node-config", f"partition-id={partition_id} num-partitions={self.nodes}", "--max-retries", str(retries)]
         node += ["--root-certificates", str(self.certs["ca"])] if self.tls else ["--insecure"]
         if key is not None:
             node += ["--auth-supernode-private-key", str(key)]
-        return self._start(name, node)
+        return self._start(name, node, self.node_env)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -152,7 +156,7 @@ class LocalDeployment:
 
     def flwr(self, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
         """``flwr <args>`` with this deployment's FLWR_HOME; a failure raises with the logs."""
-        proc = subprocess.run(["flwr", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(flwr_command(*args), cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"flwr {' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}\n{self.log_tail()}")
         return proc
@@ -187,7 +191,7 @@ class LocalDeployment:
         """``flwr run`` to the end; returns the run's entry of ``flwr ls`` (its status is the truth:
         ``flwr run --stream`` exits 0 even when the run failed) with the streamed log."""
         before = {r["run-id"] for r in self.runs()}
-        proc = subprocess.run(["flwr", "run", str(app), "deploy", "--stream", "--run-config", run_config], cwd=ROOT,
+        proc = subprocess.run(flwr_command("run", str(app), "deploy", "--stream", "--run-config", run_config), cwd=ROOT,
                               env=self.env, capture_output=True, text=True, timeout=timeout)
         new = [r for r in self.runs() if r["run-id"] not in before]
         if len(new) != 1:

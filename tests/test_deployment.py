@@ -4,15 +4,25 @@ plain, with TLS, and with SuperNode authentication."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import time
 
 import pytest
+from flwr.common.constant import HEARTBEAT_PATIENCE
 
-from deployment import LocalDeployment
+from deployment import LocalDeployment, _alive, _descendants
+from flower_pfl import checkpoint, superlink
 from flower_pfl.credentials import write_node_key
 from flower_pfl.results import MODELS, load_models
+from flower_pfl.sweep_flwr import run_config_text
 from flower_pfl.wire import fingerprint
+from local_runs import ROOT, flwr_command, numbers
+from server_apps.inprocess import run_in_process
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 def _check_fedmcsa_run(run: dict, out) -> None:
@@ -35,88 +45,64 @@ def _check_fedmcsa_run(run: dict, out) -> None:
 RUN = "method='fedmcsa' num-rounds=2 clients-per-round=2 eval-every=1 output-dir='{out}'"
 
 
-@pytest.mark.parametrize("tls,auth", [(False, False), (True, False), (True, True)], ids=["insecure", "tls", "tls+auth"])
-def test_two_rounds_of_fedmcsa_on_a_real_superlink_and_supernodes(tmp_path, tls, auth):
+def test_two_rounds_of_fedmcsa_over_tls_with_supernode_authentication(tmp_path):
+    """TLS and SuperNode authentication together (the other deployment tests run without either);
+    a SuperNode whose key was never registered is turned away while the run's nodes stay online."""
     out = tmp_path / "results"
-    with LocalDeployment(tmp_path / "deployment", nodes=2, tls=tls, auth=auth) as deployment:
+    with LocalDeployment(tmp_path / "deployment", nodes=2, tls=True, auth=True) as deployment:
         run = deployment.run(RUN.format(out=out))
-        if auth:  # a SuperNode whose key was never registered is turned away
-            key, _ = write_node_key(tmp_path / "stranger")
-            stranger = deployment.start_supernode("stranger", 0, key, retries=2)
-            assert stranger.wait(timeout=120) != 0
-            assert "Failed to activate SuperNode" in (tmp_path / "deployment" / "stranger.log").read_text()
-            assert sum(n["status"] == "online" for n in deployment.supernodes()) == 2
+        key, _ = write_node_key(tmp_path / "stranger")
+        stranger = deployment.start_supernode("stranger", 0, key, retries=2)
+        assert stranger.wait(timeout=120) != 0
+        assert "Failed to activate SuperNode" in (tmp_path / "deployment" / "stranger.log").read_text()
+        assert sum(n["status"] == "online" for n in deployment.supernodes()) == 2
     assert not deployment.left_running, "processes of the deployment are still running"
     _check_fedmcsa_run(run, out)
 
 
-def test_killed_serverapp_resumes_on_the_same_supernodes(tmp_path, monkeypatch):
+def test_killed_serverapp_resumes_on_the_same_supernodes(tmp_path):
     """Deployment: SIGKILL the ServerApp process after its first checkpoint, resume from the results
     folder on the same SuperLink and SuperNodes (whose clients get their SCAFFOLD c_i back from their
-    own disk), and compare with an uninterrupted run."""
-    import os
-    import signal
-    import subprocess
-    import time
-
-    from deployment import ROOT, _descendants
-    from flower_pfl import checkpoint
-
-    monkeypatch.setenv("FLOWER_PFL_CLIENT_STATE_DIR", str(tmp_path / "client-state"))
-    settings = "method='scaffold' num-rounds=4 clients-per-round=2 eval-every=1 checkpoint-every=1 seed=2"
+    own disk), and compare with the uninterrupted run (in-process: test_e2e_flwr_run.py shows it gives
+    the numbers of an uninterrupted ``flwr run``)."""
+    settings = {"method": "scaffold", "num-rounds": 3, "clients-per-round": 2, "eval-every": 1, "checkpoint-every": 1, "seed": 2}
+    killed = tmp_path / "killed"
     with LocalDeployment(tmp_path / "deployment", nodes=2) as deployment:
-        killed = tmp_path / "killed"
-        proc = subprocess.Popen(["flwr", "run", str(ROOT), "deploy", "--stream", "--run-config", f"{settings} output-dir='{killed}'"],
+        proc = subprocess.Popen(flwr_command("run", str(ROOT), "deploy", "--stream", "--run-config",
+                                             run_config_text({**settings, "output-dir": str(killed)})),
                                 cwd=ROOT, env=deployment.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        folder, deadline = None, time.time() + 300
+        folder, deadline = None, time.monotonic() + 300
         try:
-            while folder is None and time.time() < deadline:
+            while folder is None and time.monotonic() < deadline:
                 found = list(killed.glob("*/" + checkpoint.FILE))
                 if found and checkpoint.read(found[0])[1]["round"] >= 1:
                     folder = found[0].parent
                 time.sleep(0.2)
             assert folder is not None, "no checkpoint was written\n" + deployment.log_tail()
-            apps = [pid for p in deployment.procs for pid in _descendants(p.pid)
-                    if "flwr-serverapp" in open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")]
+            apps = [pid for p in deployment.procs for pid in _descendants(p.pid) if "flwr-serverapp" in " ".join(superlink.cmdline(pid))]
             assert apps, "no ServerApp process found"
             for pid in apps:
                 os.kill(pid, signal.SIGKILL)
         finally:
             proc.kill()
             proc.wait()
-        assert checkpoint.read(folder / checkpoint.FILE)[1]["round"] < 4
-        resumed = deployment.run(f"{settings} resume-from='{folder}' output-dir='{killed}'")
-        whole = deployment.run(f"{settings} output-dir='{tmp_path / 'whole'}'")
+        assert checkpoint.read(folder / checkpoint.FILE)[1]["round"] < 3
+        resumed = deployment.run(run_config_text({**settings, "resume-from": str(folder), "output-dir": str(killed)}))
     assert not deployment.left_running, "processes of the deployment are still running"
-    for run in (resumed, whole):
-        assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
-
-    def numbers(run_dir):
-        rows = [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return rows, (run_dir / "clients.jsonl").read_text().splitlines()
-
-    (whole_dir,) = list((tmp_path / "whole").iterdir())
-    assert numbers(folder) == numbers(whole_dir)
+    assert resumed["status"] == "finished:completed", resumed["status-details"] + resumed["log"][-3000:]
+    whole = run_in_process({**settings, "output-dir": str(tmp_path / "whole")}, num_nodes=2)
+    assert numbers(folder) == numbers(whole)
+    assert [r["round"] for r in numbers(folder)[0] if r["phase"] == "evaluate"] == [1, 2, 3]
 
 
-def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path, monkeypatch):
+def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path):
     """Deployment: SIGKILL one of three SuperNodes (and its ClientApps) after round 1 of a run that
     wants all three every round. The run goes on with the two left: the round the lost node was
     in answers once the SuperLink declares it offline (Flower's heartbeat patience), one wait for
     the third node ends after ``node-wait-timeout`` and later rounds do not wait for it again; the
-    log names the lost node by its id."""
-    import os
-    import re
-    import signal
-    import subprocess
-    import time
-
-    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
-
-    from deployment import ROOT, _alive, _descendants
-
-    timeout, rounds, victim = 10, 4, 2  # victim: the partition whose SuperNode is lost
-    monkeypatch.setenv("FLOWER_PFL_CLIENT_STATE_DIR", str(tmp_path / "client-state"))
+    log names the lost node by its id. The SuperNodes declare Flower's shortest heartbeat interval,
+    10 s, so the SuperLink notices the loss after 20 s instead of 60."""
+    timeout, rounds, victim, interval = 10, 4, 2, 10.0  # victim: the partition whose SuperNode is lost
     out, stream = tmp_path / "results", tmp_path / "flwr-run.log"
     settings = (f"method='fedmcsa' num-rounds={rounds} clients-per-round=3 eval-every=1 node-wait-timeout={timeout} "
                 f"output-dir='{out}'")
@@ -125,11 +111,11 @@ def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path, mon
         found = list(out.glob(f"*/{name}"))
         return [json.loads(line) for line in found[0].read_text().splitlines() if line.strip()] if found else []
 
-    with LocalDeployment(tmp_path / "deployment", nodes=3) as deployment:
+    with LocalDeployment(tmp_path / "deployment", nodes=3, heartbeat=interval) as deployment:
         before = {r["run-id"] for r in deployment.runs()}
         started = time.monotonic()
         with stream.open("w") as sink:
-            proc = subprocess.Popen(["flwr", "run", str(ROOT), "deploy", "--stream", "--run-config", settings],
+            proc = subprocess.Popen(flwr_command("run", str(ROOT), "deploy", "--stream", "--run-config", settings),
                                     cwd=ROOT, env=deployment.env, stdout=sink, stderr=subprocess.STDOUT)
         try:
             # round 1 trained and every node evaluated (its row names node id and partition)
@@ -190,7 +176,7 @@ def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path, mon
     # bounded delay: the round in flight waits for the SuperLink to declare the node offline, then
     # one wait of node-wait-timeout; the rounds left take about as long as round 1
     after_kill = finished - killed
-    heartbeat = HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL
+    heartbeat = HEARTBEAT_PATIENCE * interval
     bound = heartbeat + timeout + (rounds - 1) * before_kill
     print(f"\nlost node {lost} (partition {victim}); start-up + round 1: {before_kill:.0f} s; "
           f"kill -> run finished: {after_kill:.0f} s (bound {bound:.0f} s); {len(waits)} bounded waits; "

@@ -324,6 +324,9 @@ def test_flwr_run_gets_the_run_config_as_toml():
     assert run_config_text({"method": "fedmcsa", "lr": 0.02, "num-rounds": 3, "paired-clients": False, "lam": 1e-5}) == \
         'method="fedmcsa" lr=0.02 num-rounds=3 paired-clients=false lam=1e-05'
     assert tomllib.loads(run_config_text({"a": "x y", "b": 1e-5}).replace(" b=", "\nb=")) == {"a": "x y", "b": 1e-5}
+    # JSON in a string (strategy-args) goes as a literal string: Flower's parser takes no escaped quotes
+    assert run_config_text({"strategy-args": '{"k": "v"}'}) == 'strategy-args=\'{"k": "v"}\''
+    assert tomllib.loads(run_config_text({"s": '{"k": "v"}'})) == {"s": '{"k": "v"}'}
 
 
 # --- one real sweep ------------------------------------------------------------------------------
