@@ -15,11 +15,12 @@ def encode_vector(vector: torch.Tensor) -> bytes:
     return vector.detach().cpu().numpy().astype("<f4").tobytes()
 
 
-def decode_flat(data: bytes, size: int) -> torch.Tensor:
-    """``encode_vector``'s bytes as a flat vector of ``size`` values (``ValueError`` otherwise)."""
+def decode_flat(data: bytes, size: int, name: str = "") -> torch.Tensor:
+    """``encode_vector``'s bytes as a flat vector of ``size`` values (``ValueError`` otherwise, naming
+    the field ``name`` the bytes came in)."""
     if not isinstance(data, bytes) or len(data) != 4 * size:
         got = f"{len(data) // 4} values" if isinstance(data, bytes) else type(data).__name__
-        raise ValueError(f"expected {size} float32 values as bytes, got {got}")
+        raise ValueError(f"{f'{name!r}: ' if name else ''}expected {size} float32 values as bytes, got {got}")
     return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
 
 

@@ -22,13 +22,18 @@ import fabricate as fb
 from test_twins import NODES, OURS, SOLVER, Clients, _assert_same_state, _twins
 
 
+#: stands in a ``Case.field`` for the name of the extra the hostile change touched (SCAFFOLD's
+#: ``delta-c``, FedAttn's representation or bias gradient): the refusal must name one of them
+EXTRA = "<the extra's name>"
+
+
 @dataclass(frozen=True)
 class Case:
     """A hostile change to an honest reply: to its arrays (by name), sample count, extras; ``field``
-    is what the refusal must name."""
+    is what the refusal must say (every text of it)."""
 
     name: str
-    field: str
+    field: str | tuple[str, ...]
     arrays: Callable[[dict[str, np.ndarray]], dict[str, Any]] = lambda a: a
     num_examples: Callable[[int], Any] = lambda n: n
     extras: Callable[[dict[str, Any]], dict[str, Any]] | None = None
@@ -67,11 +72,12 @@ CASES = [
     Case("array-missing", "arrays", arrays=lambda a: dict(list(a.items())[:-1])),
     Case("array-extra", "arrays", arrays=lambda a: {**a, "z.extra": np.zeros(1, np.float32)}),
     Case("array-renamed", "names", message_only=True, arrays=lambda a: {f"x{k}": v for k, v in a.items()}),
-    Case("extras-short", "values", extras=_every_extra(lambda v: v[:4])),
-    Case("extras-not-bytes", "", extras=_every_extra(lambda v: 3.0), legacy_only=True),
-    Case("extras-missing", "lacks", extras=lambda e: {}),
-    Case("extras-nan", "NaN", extras=_every_extra(lambda v: np.full(len(v) // 4, np.nan, "<f4").tobytes())),
-    Case("extras-huge", "max-median-ratio", extras=_every_extra(lambda v: np.full(len(v) // 4, 1e30, "<f4").tobytes())),
+    Case("extras-short", ("values", EXTRA), extras=_every_extra(lambda v: v[:4])),
+    Case("extras-not-bytes", ("as bytes, got float", EXTRA), extras=_every_extra(lambda v: 3.0), legacy_only=True),
+    Case("extras-missing", ("lacks", EXTRA), extras=lambda e: {}),
+    Case("extras-nan", ("NaN", EXTRA), extras=_every_extra(lambda v: np.full(len(v) // 4, np.nan, "<f4").tobytes())),
+    Case("extras-huge", ("max-median-ratio", EXTRA),
+         extras=_every_extra(lambda v: np.full(len(v) // 4, 1e30, "<f4").tobytes())),
 ]
 
 
@@ -124,7 +130,7 @@ def _round(strategy: Any, api: str, rnd: int, state: dict, clients: Clients, hos
         for msg in msgs:
             node = msg.metadata.dst_node_id
             trained, n, extras = clients.train(node, [a.numpy() for a in msg.content["arrays"].values()], dict(msg.content["config"]))
-            honest = dict(zip(names, trained))
+            honest, state["extras"] = dict(zip(names, trained)), sorted(extras)
             if node == state["hostile"] and fail:
                 replies.append(fb.error_reply(msg))
             elif node == state["hostile"] and hostile is not None:
@@ -142,7 +148,7 @@ def _round(strategy: Any, api: str, rnd: int, state: dict, clients: Clients, hos
     for proxy, ins in fit:
         node = int(proxy.cid)
         trained, n, extras = clients.train(node, parameters_to_ndarrays(ins.parameters), dict(ins.config))
-        honest = dict(zip(names, trained))
+        honest, state["extras"] = dict(zip(names, trained)), sorted(extras)
         if node == state["hostile"] and fail:
             failures.append(RuntimeError("client crashed"))
         elif node == state["hostile"] and hostile is not None:
@@ -176,7 +182,10 @@ def _check_refused_like_a_failure(entry: Any, case: Case, api: str, caplog: pyte
     expected = _round(twin[0], api, 2, twin[1], twin[2], None, fail=True)
     assert metrics["clients-rejected"] == 1 and metrics["clients-accepted"] == expected["clients-accepted"] > 0
     refusals = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
-    assert len(refusals) == 1 and f"client {state['hostile']} " in refusals[0] and case.field in refusals[0], refusals
+    assert len(refusals) == 1 and f"client {state['hostile']} " in refusals[0], refusals
+    for text in (case.field,) if isinstance(case.field, str) else case.field:
+        named = [f"'{key}'" for key in state["extras"]] if text == EXTRA else [text]
+        assert named and any(name in refusals[0] for name in named), (text, named, refusals[0])
     _assert_same_state(strategy, twin[0])  # the refused reply changed nothing: as if the client had failed
     if api == "message":
         for k, v in state["arrays"].items():

@@ -4,6 +4,10 @@ and end with the same server state."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -108,19 +112,33 @@ def _run_rounds(legacy, message, initial, rounds: int = 3):
             _same_config(dict(ins.config), dict(msg.content["config"]))
 
 
+def _leaves(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    """``(path, leaf)`` for every tensor, array and plain value of a nested state."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*path, i))
+    else:
+        yield path, value
+
+
 def _assert_same_state(legacy, message) -> None:
-    ml, mm = legacy.method, message.method
-    if getattr(ml, "store", None) is not None:
-        assert ml.store.ids() == mm.store.ids()
-        torch.testing.assert_close(ml.store.get(ml.store.ids()), mm.store.get(mm.store.ids()), rtol=0, atol=0)
-    if ml.global_model() is not None:
-        torch.testing.assert_close(ml.global_model(), mm.global_model(), rtol=0, atol=0)
-    for key, value in ml.server_state().items():
-        other = mm.server_state()[key]
-        if isinstance(value, dict):
-            assert value.keys() == other.keys(), key
-            for k in value:
-                torch.testing.assert_close(value[k], other[k], rtol=0, atol=0)
+    """Every part of the two servers' state, exactly: what a checkpoint holds (the sampler, the last
+    participants, every state attribute of the method, every client's model) and what the results
+    save (``server_state``)."""
+    for a, b in ((legacy.server.get_state(), message.server.get_state()),
+                 (legacy.method.server_state(), message.method.server_state())):
+        la, lb = dict(_leaves(a)), dict(_leaves(b))
+        assert la.keys() == lb.keys()
+        for path, x in la.items():
+            y, where = lb[path], ".".join(map(str, path))
+            if isinstance(x, (torch.Tensor, np.ndarray)):
+                assert type(x) is type(y) and x.dtype == y.dtype and x.shape == y.shape, where
+                torch.testing.assert_close(torch.as_tensor(x), torch.as_tensor(y), rtol=0, atol=0, equal_nan=True, msg=where)
+            else:
+                assert x == y, (where, x, y)
 
 
 @pytest.mark.parametrize("entry", OURS, ids=[e.label for e in OURS])
@@ -156,3 +174,40 @@ def test_a_strategy_without_parameter_names_says_so_for_fedattn():
 
     with pytest.raises(ValueError, match="named '\\*bias'"):
         strategies.FedAttn(initial_parameters=ndarrays_to_parameters([v.numpy() for v in _model().state_dict().values()]))
+
+
+def _numeric(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() > 0
+    if isinstance(value, np.ndarray):
+        return value.size > 0
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _perturbed(state: Any, path: tuple) -> Any:
+    """A copy of ``state`` with the number(s) at ``path`` changed by 1e3 (ids stay distinct)."""
+    if not path:
+        return state + (np.asarray(1000, dtype=state.dtype) if isinstance(state, np.ndarray) else 1000)
+    key, rest = path[0], path[1:]
+    if isinstance(state, Mapping):
+        return {k: _perturbed(v, rest) if k == key else copy.deepcopy(v) for k, v in state.items()}
+    items = [_perturbed(v, rest) if i == key else copy.deepcopy(v) for i, v in enumerate(state)]
+    return type(state)(items)
+
+
+@pytest.mark.parametrize("entry", OURS, ids=[e.label for e in OURS])
+def test_a_change_to_any_part_of_a_servers_state_is_caught(entry):
+    """The comparison the twins and the hostile-reply cases rely on sees every part of the state: each
+    number in it changed on its own (the method's own state too: SCAFFOLD's control variate, IGFL's
+    global delta, FedPer's base, FedAttn's biases, ...) makes the twins differ."""
+    legacy, message, initial = _twins(entry)
+    _run_rounds(legacy, message, initial, rounds=2)
+    original = copy.deepcopy(message.server.get_state())
+    paths = [path for path, value in _leaves(original) if _numeric(value)]
+    assert any(path[0] == "method" and path[1] != "attention_weights" for path in paths), paths
+    _assert_same_state(legacy, copy.deepcopy(message))  # a copy alone changes nothing
+    for path in paths:
+        changed = copy.deepcopy(message)
+        changed.server.set_state(_perturbed(original, path))
+        with pytest.raises(AssertionError):
+            _assert_same_state(legacy, changed)

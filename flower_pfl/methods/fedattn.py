@@ -276,10 +276,13 @@ class FedAttn(Method, GlobalModelStep):
                 raise MissingClientRule(f"the reply lacks '{key}' (FedAttn)", FedAttnStep.__name__)
         data = extras[REPRESENTATION]
         size = self.d_z or (len(data) // 4 if isinstance(data, bytes) else 0)
-        z = decode_flat(data, size)
-        grad = decode_flat(extras[BIAS_GRADIENT], int(self.mask.sum()))
-        if size == 0 or not (torch.isfinite(z).all() and torch.isfinite(grad).all()):
-            raise ValueError("FedAttn's representation or bias gradient is empty or holds NaN or Inf")
+        z = decode_flat(data, size, REPRESENTATION)
+        grad = decode_flat(extras[BIAS_GRADIENT], int(self.mask.sum()), BIAS_GRADIENT)
+        if size == 0:
+            raise ValueError(f"'{REPRESENTATION}' is empty")
+        for key, values in ((REPRESENTATION, z), (BIAS_GRADIENT, grad)):
+            if not torch.isfinite(values).all():
+                raise ValueError(f"'{key}' holds NaN or Inf")
         return z, grad
 
     def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:

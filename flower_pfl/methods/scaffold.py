@@ -92,7 +92,7 @@ class SCAFFOLD(Method, GlobalModelStep):
         """The client's ``Δc_i``: float32 bytes of the model's size, all finite."""
         if CONTROL_DELTA not in extras:
             raise MissingClientRule(f"the reply lacks '{CONTROL_DELTA}' (SCAFFOLD's Δc_i)", ScaffoldCorrection.__name__)
-        delta = decode_flat(extras[CONTROL_DELTA], self.layout.dim)
+        delta = decode_flat(extras[CONTROL_DELTA], self.layout.dim, CONTROL_DELTA)
         if not torch.isfinite(delta).all():
             raise ValueError(f"'{CONTROL_DELTA}' holds NaN or Inf")
         return delta
