@@ -1,9 +1,11 @@
 """Short whole runs of every method, compared with recorded figures.
 
-``recorded.json`` holds, for every ``(method, aggregation)``, the summary of one short
-in-process run (the real ServerApp and ClientApp code, Message API). A method's test runs
-it again and compares: any change to what the method computes shows up here. After a
-deliberate change, re-record with ``python -m tests.methods.runs`` and say why in the commit.
+``recorded.json`` holds, for every ``(method, aggregation)``, the figures of one short in-process
+run (the real ServerApp and ClientApp code, Message API): the summary's accuracies and continuous
+figures that any change to what a method computes moves (every round's training loss, and every
+client's evaluation loss in every evaluated round: a continuous fingerprint of each model
+evaluated). A method's test runs it again and compares. After a deliberate change, re-record with
+``python -m tests.methods.runs`` (it prints what moved) and say why in the commit.
 """
 
 from __future__ import annotations
@@ -15,40 +17,66 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from server_apps.inprocess import run_in_process
 
 RECORDED = Path(__file__).with_name("recorded.json")
 #: 12 clients of Synthetic(0.5, 0.5), 6 of them per round, the DNN (every method has a layer to share), 6 rounds
 SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0, "model": "dnn"}
 NUM_NODES = 12
-#: the figures compared (accuracy as a fraction)
+#: the summary's figures compared (accuracy as a fraction), to ``ABS_TOL``
 FIGURES = ("bmta", "bmta_weighted", "last10_mean_accuracy", "final_accuracy")
+#: the continuous figures compared, to ``REL_TOL`` (float noise across machines and thread counts is ~1e-9)
+CURVES = ("train_loss", "client_loss")
+ABS_TOL, REL_TOL = 1e-6, 1e-6
 
 
 def short_run(label: str, out_dir: str | Path, **overrides: Any) -> dict[str, Any]:
-    """The summary of ``label``'s (``fedavg`` or ``fedavg+mcsa``) short run."""
+    """``label``'s (``fedavg`` or ``fedavg+mcsa``) short run: its summary, its ``CURVES`` and its
+    results ``folder``."""
     method, _, aggregation = label.partition("+")
     folder = run_in_process({**SETTING, "method": method, "aggregation": aggregation or "default", "output-dir": str(out_dir),
                              **overrides}, num_nodes=NUM_NODES)
-    return json.loads((folder / "summary.json").read_text())
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    clients = sorted((json.loads(line) for line in (folder / "clients.jsonl").read_text().splitlines()),
+                     key=lambda c: (c["round"], c["partition-id"]))
+    return {**json.loads((folder / "summary.json").read_text()), "folder": folder,
+            "train_loss": [r["train-loss"] for r in rows if r["phase"] == "train"],
+            "client_loss": [c["loss"] for c in clients]}
 
 
-def assert_as_recorded(label: str, summary: dict[str, Any], tol: float = 1e-6) -> None:
-    """``summary``'s figures equal the recorded ones (within ``tol``, float noise across machines)."""
+def differences(label: str, run: dict[str, Any], recorded: dict[str, Any]) -> list[str]:
+    """What of ``run`` differs from ``recorded`` beyond the tolerances."""
+    out = [f"{key}: {run[key]!r} (recorded {recorded[key]!r})" for key in FIGURES
+           if not math.isclose(run[key], recorded[key], rel_tol=0, abs_tol=ABS_TOL)]
+    for key in CURVES:
+        a, b = run[key], recorded[key]
+        if len(a) != len(b) or not all(math.isclose(x, y, rel_tol=REL_TOL, abs_tol=1e-9) for x, y in zip(a, b)):
+            out.append(f"{key}: {a} (recorded {b})")
+    return [f"{label} {d}" for d in out]
+
+
+def assert_as_recorded(label: str, run: dict[str, Any]) -> None:
+    """``run``'s figures equal the recorded ones, within the tolerances."""
     recorded = json.loads(RECORDED.read_text())[label]
-    for key in FIGURES:
-        assert math.isclose(summary[key], recorded[key], abs_tol=tol), (label, key, summary[key], recorded[key])
+    assert not (diff := differences(label, run, recorded)), "\n".join(diff)
 
 
 def record() -> None:
+    """Run every registry entry and write ``recorded.json``; print what moved against the old file."""
     from flower_pfl.methods.registry import entries
 
+    torch.set_num_threads(1)  # as the tests run
+    old = json.loads(RECORDED.read_text()) if RECORDED.exists() else {}
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for e in entries():
-            summary = short_run(e.label, tmp)
-            out[e.label] = {k: summary[k] for k in FIGURES}
-            print(e.label, out[e.label], file=sys.stderr)
+            run = short_run(e.label, tmp)
+            out[e.label] = {k: run[k] for k in FIGURES + CURVES}
+            moved = differences(e.label, run, old[e.label]) if e.label in old and set(CURVES) <= set(old[e.label]) else \
+                [f"{e.label} {k} moved" for k in FIGURES if e.label in old and not math.isclose(run[k], old[e.label][k], abs_tol=ABS_TOL)]
+            print(e.label, "unchanged" if not moved else "\n  ".join(["CHANGED", *moved]), file=sys.stderr)
     RECORDED.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 
 

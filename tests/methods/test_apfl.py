@@ -20,7 +20,7 @@ from flower_pfl.models import MLR
 from flower_pfl.server_step import MethodServer, RawReply
 from flower_pfl.solvers import MinibatchStream, evaluate
 
-from .runs import assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 F = torch.nn.functional
 
@@ -200,8 +200,8 @@ def test_node_keeps_personal_model_and_alpha_and_evaluates_the_mixture():
 
 # --- one whole run -------------------------------------------------------------------------------
 
-def test_short_run_as_recorded_and_better_than_fedavg(tmp_path):
-    summary = short_run("apfl", tmp_path / "apfl")
+def test_short_run_as_recorded_and_better_than_fedavg(short_runs):
+    summary = short_runs("apfl")
     assert_as_recorded("apfl", summary)
-    fedavg = short_run("fedavg", tmp_path / "fedavg")
+    fedavg = short_runs("fedavg")
     assert summary["final_accuracy"] > fedavg["final_accuracy"]

@@ -24,7 +24,7 @@ from flower_pfl.models import MLR
 from flower_pfl.server_step import MethodServer, RawReply
 from flower_pfl.solvers import MinibatchStream, evaluate
 
-from .runs import assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 F = torch.nn.functional
 
@@ -208,8 +208,8 @@ def test_node_keeps_a_personal_model_returns_plain_sgd_on_the_global_one_and_eva
 
 # --- one whole run -------------------------------------------------------------------------------
 
-def test_short_run_as_recorded_and_better_than_fedavg(tmp_path):
-    summary = short_run("ditto", tmp_path / "ditto")
+def test_short_run_as_recorded_and_better_than_fedavg(short_runs):
+    summary = short_runs("ditto")
     assert_as_recorded("ditto", summary)
-    fedavg = short_run("fedavg", tmp_path / "fedavg")
+    fedavg = short_runs("fedavg")
     assert summary["final_accuracy"] > fedavg["final_accuracy"]

@@ -3,7 +3,6 @@ server step through both strategies, its plain local-SGD client (eq. 5), and a s
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from flower_pfl.methods.fedacs import FedACS
 from flower_pfl.methods.registry import client_step_for
 from flower_pfl.models import build_model
 from flower_pfl.solvers import MinibatchStream
-from .runs import RECORDED, assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 S = torch.tensor([[1.0, 0.8, 0.1], [0.8, 1.0, -0.2], [0.1, -0.2, 1.0]])
 # sorted entries: -.2 -.2 .1 .1 .8 .8 1 1 1
@@ -173,7 +172,7 @@ def test_client_is_plain_sgd_from_u_i_in_a_users_loop_and_the_package_loop():
 
 # ---------------------------------------------------------------- 4. a whole run
 
-def test_short_run_as_recorded_and_better_than_fedavg(tmp_path):
-    summary = short_run("fedacs", tmp_path)
+def test_short_run_as_recorded_and_better_than_fedavg(short_runs):
+    summary = short_runs("fedacs")
     assert_as_recorded("fedacs", summary)
-    assert summary["bmta"] > json.loads(RECORDED.read_text())["fedavg"]["bmta"] + 0.05
+    assert summary["bmta"] > short_runs("fedavg")["bmta"] + 0.05

@@ -4,7 +4,6 @@ short whole runs."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -26,7 +25,7 @@ from flower_pfl.methods.fedamp import FedAMP, HeurFedAMP
 from flower_pfl.methods.registry import client_step_for
 from flower_pfl.models import MLR
 from flower_pfl.solvers import MinibatchStream
-from .runs import RECORDED, assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 W = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
 
@@ -222,10 +221,10 @@ def test_users_loop_equals_the_package_loop_and_the_objective_written_out():
 # ---------------------------------------------------------------- 4. whole runs
 
 @pytest.mark.parametrize("label", ["fedamp", "heurfedamp"])
-def test_short_run_as_recorded_and_better_than_fedavg(label, tmp_path):
-    summary = short_run(label, tmp_path)
+def test_short_run_as_recorded_and_better_than_fedavg(label, short_runs):
+    summary = short_runs(label)
     assert_as_recorded(label, summary)
-    assert summary["bmta"] > json.loads(RECORDED.read_text())["fedavg"]["bmta"] + 0.05
+    assert summary["bmta"] > short_runs("fedavg")["bmta"] + 0.05
 
 
 def test_float32_distances_match_float64_on_large_models_sharing_a_big_common_part():

@@ -22,7 +22,7 @@ from flower_pfl.server_step import MethodServer, RawReply, UpdateRejected
 from flower_pfl.solvers import MinibatchStream
 from flower_pfl.wire import decode_flat, encode_vector
 
-from .runs import assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 F = torch.nn.functional
 
@@ -406,6 +406,6 @@ def test_legacy_fedattn_without_parameter_names_is_refused():
 
 # --- one whole run -------------------------------------------------------------------------------
 
-def test_short_run_as_recorded(tmp_path):
-    summary = short_run("fedattn", tmp_path)
+def test_short_run_as_recorded(short_runs):
+    summary = short_runs("fedattn")
     assert_as_recorded("fedattn", summary)

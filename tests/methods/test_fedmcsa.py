@@ -34,7 +34,7 @@ from flower_pfl.methods.pfedme import PFedMe, PFedMeStep
 from flower_pfl.methods.registry import client_step_for, entry, evaluation_step_for
 from flower_pfl.models import build_model
 from flower_pfl.solvers import MinibatchStream
-from .runs import RECORDED, assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 NAMES, SHAPES = fb.NAMES, fb.SHAPES
 
@@ -348,27 +348,13 @@ def test_algorithm_1_clients_in_a_users_loop_and_in_the_package_loop():
 
 # ---------------------------------------------------------------- 4. whole runs
 
-@pytest.fixture(scope="module")
-def summaries(tmp_path_factory):
-    cache: dict[str, dict] = {}
-
-    def get(label: str) -> dict:
-        if label not in cache:
-            cache[label] = short_run(label, tmp_path_factory.mktemp(label.replace("+", "-")))
-        return cache[label]
-
-    return get
-
-
 @pytest.mark.parametrize("label", ["fedmcsa", "fedavg+mcsa", "fedmcsa+mean"])
-def test_short_run_as_recorded(label, summaries):
-    assert_as_recorded(label, summaries(label))
+def test_short_run_as_recorded(label, short_runs):
+    assert_as_recorded(label, short_runs(label))
 
 
-def test_attention_beats_the_plain_mean(summaries):
+def test_attention_beats_the_plain_mean(short_runs):
     """Table 2's ablation: FedMCSA's attention against FedMCSA with the plain mean (FedProx, μ = λ),
-    and the attention with plain local SGD against FedAvg's recorded run."""
-    import json
-
-    assert summaries("fedmcsa")["bmta"] > summaries("fedmcsa+mean")["bmta"] + 0.05
-    assert summaries("fedavg+mcsa")["bmta"] > json.loads(RECORDED.read_text())["fedavg"]["bmta"] + 0.05
+    and the attention with plain local SGD against FedAvg."""
+    assert short_runs("fedmcsa")["bmta"] > short_runs("fedmcsa+mean")["bmta"] + 0.05
+    assert short_runs("fedavg+mcsa")["bmta"] > short_runs("fedavg")["bmta"] + 0.05

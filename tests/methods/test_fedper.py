@@ -10,7 +10,7 @@ from flower_pfl.client_step import ClientStep, TrainData, train_locally
 from flower_pfl.methods.fedper import FedPer
 from flower_pfl.models import DNN
 from flower_pfl.server_step import MethodServer, RawReply
-from .runs import assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 
 def _named(value: float) -> dict[str, np.ndarray]:
@@ -71,7 +71,7 @@ def test_client_is_plain_local_sgd_in_a_user_loop_too():
         torch.testing.assert_close(a, b)
 
 
-def test_short_run_as_recorded_and_a_shared_base_beats_fedavg(tmp_path):
-    fedper = short_run("fedper", tmp_path / "fedper")
+def test_short_run_as_recorded_and_a_shared_base_beats_fedavg(short_runs):
+    fedper = short_runs("fedper")
     assert_as_recorded("fedper", fedper)
-    assert fedper["bmta"] > short_run("fedavg", tmp_path / "fedavg")["bmta"] + 0.1
+    assert fedper["bmta"] > short_runs("fedavg")["bmta"] + 0.1

@@ -30,7 +30,7 @@ from flower_pfl.server_step import MethodServer, RawReply, UpdateRejected
 from flower_pfl.solvers import MinibatchStream
 from flower_pfl.wire import decode_flat, decode_vector, encode_vector
 
-from .runs import assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 D = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
 LIKE = [torch.zeros(2, 3), torch.zeros(2)]  # fc.weight, fc.bias
@@ -324,35 +324,18 @@ def test_node_keeps_its_last_delta_in_state():
 
 # --- 4. whole runs --------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Each label's short run, once per module: ``(summary, results folder)``."""
-    done = {}
-
-    def run(label):
-        if label not in done:
-            out = tmp_path_factory.mktemp(label)
-            summary = short_run(label, out)
-            (folder,) = [p for p in out.iterdir() if p.is_dir()]
-            done[label] = summary, folder
-        return done[label]
-
-    return run
-
-
 @pytest.mark.parametrize("label", ["igfl", "igfl-c", "igfl-s"])
-def test_short_run_as_recorded(label, runs):
-    summary, _ = runs(label)
-    assert_as_recorded(label, summary)
+def test_short_run_as_recorded(label, short_runs):
+    assert_as_recorded(label, short_runs(label))
 
 
-def test_attention_changes_the_models_igfl_c_averages(runs):
+def test_attention_changes_the_models_igfl_c_averages(short_runs):
     """IGFL's self-attention and IGFL-C's plain mean of the same kind of deltas give other global
     models (the clients evaluate different fingerprints), and only IGFL records attention weights."""
     fingerprints = {}
     for label in ("igfl", "igfl-c"):
-        _, folder = runs(label)
+        folder = short_runs(label)["folder"]
         rows = [json.loads(line) for line in (folder / "clients.jsonl").read_text().splitlines()]
         fingerprints[label] = {(r["round"], r["model-fingerprint"]) for r in rows}
     assert fingerprints["igfl"].isdisjoint(fingerprints["igfl-c"])
-    assert (runs("igfl")[1] / "attention.npz").exists() and not (runs("igfl-c")[1] / "attention.npz").exists()
+    assert (short_runs("igfl")["folder"] / "attention.npz").exists() and not (short_runs("igfl-c")["folder"] / "attention.npz").exists()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import json
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from flower_pfl.layout import ParamLayout
 from flower_pfl.methods.local import Local
 from flower_pfl.methods.registry import client_step_for
 from flower_pfl.models import build_model
-from .runs import RECORDED, assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 NAMES, SHAPES = fb.NAMES, fb.SHAPES
 
@@ -115,8 +114,8 @@ def test_rounds_of_local_training_are_one_long_local_training():
     assert not torch.allclose(finals[0], finals[1], atol=1e-3)  # the clients really differ
 
 
-def test_short_run_as_recorded_and_better_than_fedavg(tmp_path):
+def test_short_run_as_recorded_and_better_than_fedavg(short_runs):
     """On Synthetic(0.5, 0.5) every client has its own task: local models beat one FedAvg model."""
-    summary = short_run("local", tmp_path)
+    summary = short_runs("local")
     assert_as_recorded("local", summary)
-    assert summary["bmta"] > json.loads(RECORDED.read_text())["fedavg"]["bmta"] + 0.05
+    assert summary["bmta"] > short_runs("fedavg")["bmta"] + 0.05

@@ -21,7 +21,7 @@ from flower_pfl.models import MLR
 from flower_pfl.server_step import MethodServer, RawReply
 from flower_pfl.solvers import MinibatchStream, evaluate
 
-from .runs import assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 F = torch.nn.functional
 
@@ -145,8 +145,8 @@ def test_node_evaluates_after_one_step_on_the_training_split_only(monkeypatch):
 
 # --- one whole run -------------------------------------------------------------------------------
 
-def test_short_run_as_recorded_and_better_than_fedavg(tmp_path):
-    summary = short_run("per-fedavg", tmp_path / "per-fedavg")
+def test_short_run_as_recorded_and_better_than_fedavg(short_runs):
+    summary = short_runs("per-fedavg")
     assert_as_recorded("per-fedavg", summary)
-    fedavg = short_run("fedavg", tmp_path / "fedavg")
+    fedavg = short_runs("fedavg")
     assert summary["final_accuracy"] > fedavg["final_accuracy"]

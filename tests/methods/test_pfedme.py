@@ -29,7 +29,7 @@ from flower_pfl.solvers import EvalResult, MinibatchStream
 from server_apps.factory import build_message_strategy
 from strategies.metrics import PersonalizedMetrics
 
-from .runs import assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 
 def _data():
@@ -265,25 +265,13 @@ def test_node_reports_pm_and_gm_and_they_aggregate():
 
 # --- 4. whole runs --------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    done = {}
-
-    def run(label):
-        if label not in done:
-            done[label] = short_run(label, tmp_path_factory.mktemp(label.replace("+", "-")))
-        return done[label]
-
-    return run
-
-
 @pytest.mark.parametrize("label", ["pfedme", "pfedme+mcsa"])
-def test_short_run_as_recorded(label, runs):
-    assert_as_recorded(label, runs(label))
+def test_short_run_as_recorded(label, short_runs):
+    assert_as_recorded(label, short_runs(label))
 
 
-def test_personalized_models_beat_the_global_ones(runs):
+def test_personalized_models_beat_the_global_ones(short_runs):
     """pFedMe's θ_i (PM) beat its own global model (GM, reported beside) and FedAvg's."""
-    pfedme, fedavg = runs("pfedme"), runs("fedavg")
+    pfedme, fedavg = short_runs("pfedme"), short_runs("fedavg")
     assert pfedme["bmta"] > pfedme["bmta_global"] and pfedme["bmta"] > fedavg["bmta"]
-    assert "bmta_global" in runs("pfedme+mcsa")  # pFedMe's evaluation travels with its client step
+    assert "bmta_global" in short_runs("pfedme+mcsa")  # pFedMe's evaluation travels with its client step

@@ -26,7 +26,7 @@ from flower_pfl.server_step import MethodServer, RawReply, UpdateRejected
 from flower_pfl.solvers import MinibatchStream
 from flower_pfl.wire import decode_flat, encode_vector
 
-from .runs import assert_as_recorded, short_run
+from .runs import assert_as_recorded
 
 D = 8  # fc.weight (2, 3) + fc.bias (2)
 
@@ -242,5 +242,5 @@ def test_message_clientapp_reply_carries_the_control_delta(_identity):
 
 # --- 4. a whole run -------------------------------------------------------------------------------
 
-def test_short_run_as_recorded(tmp_path):
-    assert_as_recorded("scaffold", short_run("scaffold", tmp_path))
+def test_short_run_as_recorded(short_runs):
+    assert_as_recorded("scaffold", short_runs("scaffold"))
