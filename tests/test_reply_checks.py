@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -182,20 +181,35 @@ class ShrinkingGrid:
         return list(self.nodes)
 
 
-def test_a_round_waits_for_missing_nodes_only_up_to_the_timeout_and_names_them(caplog):
+class Clock:
+    """``time`` for ``strategies.nodes``: ``sleep`` moves ``monotonic`` on, no wall clock involved."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_round_waits_for_missing_nodes_only_up_to_the_timeout_and_names_them(caplog, monkeypatch):
+    import strategies.nodes
+
+    clock = Clock()
+    monkeypatch.setattr(strategies.nodes, "time", clock)
     watch = NodeWatch(timeout=0.3, poll=0.05)
     grid = ShrinkingGrid([1, 2, 3])
-    assert watch.wait(grid, 3) == [1, 2, 3]
-    grid.nodes = [1, 3]  # node 2 is lost
-    start = time.monotonic()
+    assert watch.wait(grid, 3) == [1, 2, 3] and clock.now == 0
+    grid.nodes = [1, 3]  # node 2 is lost: one wait of the timeout, in polls
     assert watch.wait(grid, 3) == [1, 3]
-    assert 0.3 <= time.monotonic() - start < 2
+    assert 0.3 <= clock.now < 0.3 + 0.05 + 1e-9
     assert any("missing since an earlier round: [2]" in r.getMessage() for r in caplog.records)
-    start = time.monotonic()  # node 2 lost for good: later rounds do not wait for it again
-    assert watch.wait(grid, 3) == [1, 3] and time.monotonic() - start < 0.1
+    waited = clock.now  # node 2 lost for good: later rounds do not wait for it again
+    assert watch.wait(grid, 3) == [1, 3] and clock.now == waited
     grid.nodes = [1]  # another loss: a new wait
-    start = time.monotonic()
-    assert watch.wait(grid, 3) == [1] and time.monotonic() - start >= 0.3
+    assert watch.wait(grid, 3) == [1] and clock.now - waited >= 0.3
     grid.nodes = [1, 2, 3, 4]  # back to full strength: the full number is wanted again
     assert watch.wait(grid, 3) == [1, 2, 3, 4] and watch.settled is None
 

@@ -36,8 +36,16 @@ def test_nearest_neighbours_match_brute_force(monkeypatch):
     assert fa.nearest_neighbours(points, queries, 5).tolist() == brute
     assert fa.nearest_neighbours(points, points[:3], 1).tolist() == [[0], [1], [2]]  # a point is its own nearest
     assert fa.nearest_neighbours(points[:2], queries, 5).shape == (7, 2)  # k is capped at the points there are
-    pytest.importorskip("faiss")
-    monkeypatch.setattr(fa, "FAISS_MIN_WORK", 0)  # FAISS's exact index gives the same neighbours
+
+
+def test_faiss_exact_index_gives_the_brute_force_neighbours(monkeypatch):
+    """The ``faiss`` extra (installed with ``dev``): FAISS's exact index, used above ``FAISS_MIN_WORK``."""
+    pytest.importorskip("faiss", reason="the faiss extra is not installed")
+    g = torch.Generator().manual_seed(0)
+    points, queries = torch.randn(50, 4, generator=g), torch.randn(7, 4, generator=g)
+    monkeypatch.setattr(fa, "FAISS_MIN_WORK", float("inf"))
+    brute = fa.nearest_neighbours(points, queries, 5).tolist()  # torch's exact distances
+    monkeypatch.setattr(fa, "FAISS_MIN_WORK", 0)
     assert fa.nearest_neighbours(points, queries, 5).tolist() == brute
 
 
