@@ -38,8 +38,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -205,13 +206,13 @@ def aggregation_table(sizes: Iterable[tuple[int, int]] = SIZES["paper"], repeats
     out: list[dict[str, Any]] = []
     for m, d in sizes:
         layout, u = mlp_layout(d), participant_models(m, d, seed)
-        limit_times = times_ms(lambda: two_gemm(u), repeats)
+        limit_times = times_ms(lambda u=u: two_gemm(u), repeats)
         rows: list[dict[str, Any]] = [{"method": FLOWER_FEDAVG, "name": None, **time_flower_fedavg(layout, u, repeats)}]
         for label, cls, kwargs in configurations(m):
             rows.append({"method": label, "name": cls.name, **time_method(cls, kwargs, layout, u, repeats)})
             if progress:
                 progress(f"m={m} d={d} {label}: {rows[-1]['ms']:.1f} ms")
-        limit_times += times_ms(lambda: two_gemm(u), repeats)
+        limit_times += times_ms(lambda u=u: two_gemm(u), repeats)
         limit = statistics.median(limit_times)
         rows.append({"method": LIMIT, "name": None, "ms": limit})
         out += [{**row, "m": m, "d": d, "ratio": row["ms"] / limit} for row in rows]

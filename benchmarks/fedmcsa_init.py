@@ -184,7 +184,7 @@ def plot_attention(runs: list[dict], path: Path) -> None:
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     for ax, (method, key) in zip(axes.flat, panels):
-        for (m, init, scale), sel in groups.items():
+        for (m, _init, _scale), sel in groups.items():
             if m != method:
                 continue
             curve = np.mean([r["rounds"][key] for r in sel], axis=0)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import fmt, machine, plot_curves as common_plot, run_jobs, save
+from benchmarks.common import fmt, machine, run_jobs, save
+from benchmarks.common import plot_curves as common_plot
 
 #: Table 1, Synthetic (MLR, DNN), BMTA in %, mean of 3 runs; "+mcsa" rows from Table 2 (its own FedAvg
 #: and pFedMe rows there: 77.26 / 83.55 and 83.56 / 86.04). Local, Ditto, APFL, FedAMP are not in the paper.

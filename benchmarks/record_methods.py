@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from server_apps.inprocess import run_in_process  # noqa: E402
+from server_apps.inprocess import run_in_process
 
 #: (method, aggregation) of every method the package runs
 RUNS = [(m, "default") for m in ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local", "fedmcsa", "fedacs", "igfl",

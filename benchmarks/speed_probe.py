@@ -27,10 +27,11 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from flwr.app import Context, Message
@@ -213,7 +214,7 @@ def analyse(rows: list[dict[str, Any]], first_round: int, last_round: int) -> di
     inside = [e for e in exchanges if t0 <= e["start"] < t1]
     parts["serverapp"] = (t1 - t0) - sum(e["end"] - e["start"] for e in inside)
     for e in inside:
-        within = lambda rs: [r for r in rs if e["start"] <= r["start"] and r["end"] <= e["end"]]  # noqa: E731
+        within = lambda rs, e=e: [r for r in rs if e["start"] <= r["start"] and r["end"] <= e["end"]]
         hs, ps = within(handlers), within(processes)
         mine = ps or hs
         if not mine:

@@ -9,9 +9,10 @@ strategies), with the same training and evaluation code.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +29,8 @@ from flower_pfl.data import ClientData
 from flower_pfl.experiment import dataset_shape, load_client_data, make_model, resolve_device, solver_settings
 from flower_pfl.methods.registry import client_step_for, evaluation_step_for
 from flower_pfl.quiet import silence_runtime_noise
-from flower_pfl.solvers import EvalResult, evaluate as evaluate_model
+from flower_pfl.solvers import EvalResult
+from flower_pfl.solvers import evaluate as evaluate_model
 from flower_pfl.wire import fingerprint
 
 silence_runtime_noise()  # loaded before Ray starts in a simulation, and in every Ray actor (flower_pfl.quiet)
@@ -75,7 +77,7 @@ class Node:
         device = next(self.model.parameters()).device
         return TrainData(self.data.x_train.to(device), self.data.y_train.to(device))
 
-    def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, float], Extras]:
+    def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, Any], Extras]:
         """Train with the client step ``config`` asks for; returns the metrics and what the server
         needs back (the step's bytes and receipt, ``ClientStep.finish``)."""
         persisted_state.restore(self.state, self.node_config, config, self.partition_id)
@@ -85,7 +87,7 @@ class Node:
                                 self.cfg.checkpoint_every)
         return {"train-loss": result.loss, "num-examples": self.data.num_train}, extras
 
-    def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, float]:
+    def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Evaluate on the test split the model the method's client step makes from the received one
         (Ditto's personal model, pFedMe's θ_i with the global model's accuracy beside it, APFL's
         mixture, Per-FedAvg's one step on the training split; otherwise the received model)."""
@@ -153,7 +155,7 @@ def train(msg: Message, context: Context) -> Message:
     if _is_legacy(msg):
         return _legacy(msg, context)
     node = Node.from_context(context)
-    received = msg.content["arrays"]
+    received = msg.content.array_records["arrays"]
     node.load({k: v.numpy() for k, v in received.items()})
     metrics, payload = node.fit(msg.content["config"])
     reply = RecordDict({
@@ -161,7 +163,7 @@ def train(msg: Message, context: Context) -> Message:
         "metrics": MetricRecord(metrics),
     })
     if payload:
-        reply["payload"] = ConfigRecord(payload)
+        reply["payload"] = ConfigRecord(dict[str, Any](payload))
     return Message(content=reply, reply_to=msg)
 
 
@@ -170,8 +172,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     if _is_legacy(msg):
         return _legacy(msg, context)
     node = Node.from_context(context)
-    node.load({k: v.numpy() for k, v in msg.content["arrays"].items()})
-    config = msg.content["config"] if "config" in msg.content.config_records else {}
+    node.load({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()})
+    config: Mapping[str, Any] = msg.content.config_records["config"] if "config" in msg.content.config_records else {}
     return Message(content=RecordDict({"metrics": MetricRecord(node.evaluate(config))}), reply_to=msg)
 
 
@@ -182,5 +184,5 @@ def query(msg: Message, context: Context) -> Message:
     node = Node.from_context(context)
     counts = torch.bincount(node.data.y_train, minlength=dataset_shape(node.cfg)[1])
     dominant = int(counts.argmax()) if node.data.num_train else -1
-    info = {"partition-id": node.partition_id, "dominant-label": dominant, "label-counts": [int(c) for c in counts]}
+    info: dict[str, Any] = {"partition-id": node.partition_id, "dominant-label": dominant, "label-counts": [int(c) for c in counts]}
     return Message(content=RecordDict({"metrics": MetricRecord(info)}), reply_to=msg)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from typing import Any, Mapping
-
+from collections.abc import Mapping
 from logging import WARNING
+from pathlib import Path
+from typing import Any
 
+import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.common.logger import log
 
@@ -95,7 +96,8 @@ def _persist(records: RecordDict, node_config: Mapping[str, Any], config: Mappin
     if folder is None or not len(state):
         return
     folder.mkdir(parents=True, exist_ok=True)
-    tensors, entries = {}, {}
+    tensors: dict[str, torch.Tensor] = {}
+    entries: dict[str, list[str]] = {}
     for key in state:
         entries[key] = [f"{key}.{i}" for i in range(len(state[key]))]
         tensors.update(zip(entries[key], state[key]))

@@ -41,7 +41,8 @@ between rounds on a SuperNode and in simulation alike.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F

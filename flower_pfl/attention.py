@@ -6,7 +6,7 @@ flat model per row) and never loop over client pairs.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -23,8 +23,9 @@ State kept between rounds lives in a ``ClientState``: a mapping from a name to a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterable, Mapping, MutableMapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F

@@ -28,9 +28,10 @@ import csv
 import glob
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -188,7 +189,7 @@ def group(runs: Sequence[Run], by: Sequence[str] | None = None) -> list[Row]:
     for run in runs:
         setting = run.setting if keys is None else (
             ", ".join(f"{k}={_show(run.config.get(k))}" for k in keys) or "all runs")
-        rows.setdefault((setting, run.method), Row(setting, run.method)).runs.append(run)
+        rows.setdefault((setting, run.method), Row(setting, run.method)).runs.append(run)  # type: ignore[arg-type]  # a sweep's runs carry their setting
     order = list(dict.fromkeys(s for s, _ in rows))
     return sorted(rows.values(), key=lambda row: order.index(row.setting))
 
@@ -216,7 +217,7 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         out = csv.writer(fh)
         out.writerow(["setting", "method", *(f"{key}_{s}_pct" for key, _ in COLUMNS for s in ("mean", "std")), "seeds"])
         for row in rows:
-            figures = []
+            figures: list[float | str] = []
             for key, _ in COLUMNS:
                 v = row.values(key)
                 figures += [100 * float(np.mean(v)), 100 * float(np.std(v))] if v else ["", ""]

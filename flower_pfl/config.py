@@ -11,9 +11,9 @@ turns a Flower run config (kebab-case keys) into a validated, typed object, and 
 from __future__ import annotations
 
 import math
-
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 from .data.hub import HUB
 from .data.images import EMNIST_CLASSES
@@ -148,7 +148,7 @@ class ExperimentConfig:
             _fail("train_samples_per_client", self.train_samples_per_client, "an integer >= 0 (0 keeps all)")
         if not 0 < self.train_fraction < 1:
             _fail("train_fraction", self.train_fraction, "a number in (0, 1)")
-        allowed = [e.aggregation for e in registry.entries() if e.method == self.method]
+        allowed = tuple(e.aggregation for e in registry.entries() if e.method == self.method)
         if self.aggregation not in allowed:
             _fail("aggregation", self.aggregation, f"one of {', '.join(allowed)} for method '{self.method}'")
         if (problem := self.entry.declaration.check_run(self.to_run_config()) if not self.entry.builtin else None):

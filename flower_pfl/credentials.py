@@ -93,7 +93,7 @@ def write_tls_certificates(out_dir: str | Path, hosts: Sequence[str] = ("127.0.0
     paths = {"ca": out / "ca.crt", "certificate": out / "server.pem", "key": out / "server.key", "ca_key": out / "ca.key"}
     refuse_existing(paths.values(), force)
     out.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     valid = {"not_valid_before": now - dt.timedelta(minutes=5), "not_valid_after": now + dt.timedelta(days=days)}
     ca_key, server_key = _key(), _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flower-pfl CA")])

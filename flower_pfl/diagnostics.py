@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,7 +85,8 @@ class AttentionAccumulator:
             ids[r, : len(round_ids)] = [str(c) for c in round_ids]
             for name, w in weights.items():
                 out.setdefault(name, np.full((len(self.rounds), m, m), np.nan, dtype=np.float32))[r, : w.shape[0], : w.shape[1]] = w
-        np.savez(path.with_suffix(".npz"), ids=ids.astype(str), num_participants=np.array([len(i) for i, _ in self.rounds]), **out)
+        np.savez(path.with_suffix(".npz"), ids=ids.astype(str), num_participants=np.array([len(i) for i, _ in self.rounds]),
+                 **out)  # type: ignore[arg-type]  # numpy's stub types **kwds as its keyword flags
 
     def save(self, path: Path, title: str = "", rank: Mapping[Hashable, int] | None = None,
              groups: Mapping[Hashable, Hashable] | None = None, group_label: str = "label set") -> None:
@@ -95,7 +97,8 @@ class AttentionAccumulator:
         """
         ids, means = self.mean(rank)
         ranks = np.array([(rank or {}).get(cid, -1) for cid in ids])
-        np.savez(path.with_suffix(".npz"), ids=np.array([str(i) for i in ids]), rank=ranks, **means)
+        np.savez(path.with_suffix(".npz"), ids=np.array([str(i) for i in ids]), rank=ranks,
+                 **means)  # type: ignore[arg-type]  # numpy's stub types **kwds as its keyword flags
         from .figures import draw_client_matrix, finish_figure, legend_handles, new_figure
 
         ordered = [groups.get(cid) for cid in ids] if groups else None

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from .client_step import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND
 from .config import DATA_FIELDS, ConfigError, ExperimentConfig
 from .data import ClientData, generate_synthetic, train_test_split
 from .data.hub import load_hub_partition
 from .data.images import IMAGE_SHAPES, expected_files, load_image_pool, num_classes, to_float
 from .data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
 from .data.synthetic import DIM, NUM_CLASSES
-from .client_step import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND
 from .models import build_model
 
 
@@ -36,9 +37,10 @@ def _client_splits(data: ExperimentConfig, num_partitions: int) -> tuple[ClientD
     synthetic = data.dataset == "synthetic"
     users = generate_synthetic(data.synthetic_alpha, data.synthetic_beta, num_users=num_partitions, seed=data.seed) if synthetic else None
     if data.partition == "natural":  # Synthetic's users (the config refuses natural for the image sets here)
+        assert users is not None
         shares = users
     else:
-        x, y = _pooled(users) if synthetic else _image_pool(data)
+        x, y = _pooled(users) if users is not None else _image_pool(data)
         parts = partition_indices(y, num_partitions, data.partition, alpha=data.dirichlet_alpha,
                                   classes_per_client=data.classes_per_client,
                                   shards_per_client=data.shards_per_client, seed=data.seed, paired=data.paired_clients)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ BAND_PERCENTILES = (10, 90)
 DIAGONAL_COLOUR = "0.55"
 #: cells of pairs that have no value (clients that never met in a round), hatched
 MISSING_HATCH = "////"
-SEPARATOR = {"color": "black", "lw": 0.9}
+SEPARATOR: dict[str, Any] = {"color": "black", "lw": 0.9}
 #: not selected / selected in a binary selection mask
 MASK_COLOURS = ("#efefef", "#d95f02")
 #: the partition schemes' own settings (shown in a figure's title)
@@ -89,7 +90,7 @@ def spread_band(evaluations: Sequence[Mapping[str, float]], per_client: Mapping[
     return np.clip(mean - std, 0, 1), np.clip(mean + std, 0, 1), "±1 std over clients (clipped to [0, 1])"
 
 
-def plot_learning_curve(evaluations: list[Mapping[str, float]], path: Path, title: str = "",
+def plot_learning_curve(evaluations: Sequence[Mapping[str, Any]], path: Path, title: str = "",
                         per_client: Mapping[int, Sequence[float]] | None = None) -> None:
     """Mean accuracy over clients with the spread band (``spread_band``) and the sample-weighted
     accuracy, one marker per evaluated round."""

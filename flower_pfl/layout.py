@@ -8,8 +8,9 @@ such as FedMCSA work on.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Literal, Mapping
+from typing import Literal
 
 import numpy as np
 import torch

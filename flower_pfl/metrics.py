@@ -8,7 +8,8 @@ figure) and the mean over the last 10% of rounds (IGFL's figure).
 from __future__ import annotations
 
 import math
-from typing import Any, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -47,12 +48,12 @@ def weighted_means(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], 
     return out
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[float]:
     """A real number (Python or numpy, not a bool)."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
-def is_finite_number(value: Any) -> bool:
+def is_finite_number(value: Any) -> TypeGuard[float]:
     return is_number(value) and math.isfinite(value)
 
 

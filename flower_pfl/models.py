@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -47,7 +49,7 @@ class ConvNet(nn.Module):
         in_channels, height, width = input_shape
         self.conv1 = nn.Conv2d(in_channels, channels[0], 5)
         self.conv2 = nn.Conv2d(channels[0], channels[1], 5)
-        side = lambda n: ((n - 4) // 2 - 4) // 2  # noqa: E731  (two valid 5x5 convs, two 2x2 pools)
+        side = lambda n: ((n - 4) // 2 - 4) // 2
         sizes = [channels[1] * side(height) * side(width), *hidden, num_classes]
         self.fc = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
 
@@ -59,7 +61,7 @@ class ConvNet(nn.Module):
         return self.fc[-1](x)
 
 
-CONV_NETS = {"cnn": {"channels": (32, 64), "hidden": (512,)}, "cifar-cnn": {"channels": (64, 64), "hidden": (384, 192)}}
+CONV_NETS: dict[str, dict[str, Any]] = {"cnn": {"channels": (32, 64), "hidden": (512,)}, "cifar-cnn": {"channels": (64, 64), "hidden": (384, 192)}}
 
 
 def build_model(

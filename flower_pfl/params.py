@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 _SPEC = "flower_pfl.param"
 
@@ -35,8 +36,8 @@ class Rule:
 
 POSITIVE = Rule(lambda v: v > 0, "a number > 0")
 NON_NEGATIVE = Rule(lambda v: v >= 0, "a number >= 0")
-AT_LEAST_ONE = Rule(lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1, "an integer >= 1")
-NON_NEGATIVE_INT = Rule(lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0, "an integer >= 0")
+AT_LEAST_ONE = Rule(lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1, "an integer >= 1")
+NON_NEGATIVE_INT = Rule(lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 0, "an integer >= 0")
 UNIT_INTERVAL = Rule(lambda v: 0 <= v <= 1, "a number in [0, 1]")
 HALF_OPEN_UNIT = Rule(lambda v: 0 <= v < 1, "a number in [0, 1)")
 
@@ -74,7 +75,7 @@ def param_specs(cls: type) -> list[ParamSpec]:
     for f in dataclasses.fields(cls):
         if _SPEC in f.metadata and f.init:
             key, doc, must = f.metadata[_SPEC]
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
             kind = type(default) if default is not None else object
             out.append(ParamSpec(f.name, key, default, kind, doc, must))
     return out

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 #: the logger Flower logs everything to
 FLOWER_LOGGER = "flwr"

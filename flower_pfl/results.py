@@ -6,8 +6,9 @@ import json
 import logging
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .figures import client_accuracies, plot_learning_curve
 from .metrics import summarize_run
@@ -35,7 +36,7 @@ class RunRecorder:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.num_rounds = num_rounds
-        self.evaluations: list[dict[str, float]] = []
+        self.evaluations: list[dict[str, Any]] = []
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter()
         #: rounds in which no client update was accepted

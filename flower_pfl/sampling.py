@@ -10,7 +10,8 @@ be saved and restored with a checkpoint.
 from __future__ import annotations
 
 import math
-from typing import Any, Hashable, Iterable
+from collections.abc import Hashable, Iterable
+from typing import Any
 
 import numpy as np
 

@@ -33,7 +33,6 @@ from .layout import ParamLayout
 from .methods.registry import client_step_for
 from .params import param
 from .reply_checks import (
-    is_finite_number,
     RawReply,
     Reply,
     ReplyBounds,
@@ -41,11 +40,12 @@ from .reply_checks import (
     UpdateRejected,
     check_num_examples,
     check_update,
+    is_finite_number,
     model_change,
     screen,
 )
 from .sampling import Sampler
-from .store import ClientModelStore, DiskClientModelStore, make_store
+from .store import ClientModelStore, DiskClientModelStore, ModelStore, make_store
 
 ClientId = Hashable
 Settings = dict[str, Any]
@@ -154,7 +154,7 @@ class ServerStep:
         """Restore what ``get_state`` returned (after ``setup``)."""
         for name, value in state.items():
             current = getattr(self, name, None)
-            if hasattr(current, "set_state"):
+            if current is not None and hasattr(current, "set_state"):
                 current.set_state(value)
             else:
                 setattr(self, name, value)
@@ -179,7 +179,7 @@ class PersonalizedStep(ServerStep):
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
-        self.store = ClientModelStore(initial, device=device)
+        self.store: ModelStore = ClientModelStore(initial, device=device)
 
     def get_state(self) -> dict[str, Any]:
         """The method's state and every client's model (ids in the store's order). A disk store is

@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from numbers import Integral
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -305,11 +306,11 @@ class ClientModelStore(ModelStore):
         return (used[0] if len(used) == 1 else torch.cat(used)).cpu()  # one CPU block: a view, as before
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, object], device: str | torch.device = "cpu") -> ClientModelStore:
-        store = cls(state["initial"], device=device)  # type: ignore[arg-type]
-        ids = list(state["ids"])  # type: ignore[arg-type]
+    def from_state_dict(cls, state: dict[str, Any], device: str | torch.device = "cpu") -> ClientModelStore:
+        store = cls(state["initial"], device=device)
+        ids = list(state["ids"])
         if ids:
-            store.put(ids, state["rows"])  # type: ignore[arg-type]
+            store.put(ids, state["rows"])
         return store
 
 
@@ -355,12 +356,12 @@ class DiskClientModelStore(ModelStore):
         return cls(torch.from_numpy(np.load(path)), folder, device)
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, object], folder: str | Path,
+    def from_state_dict(cls, state: dict[str, Any], folder: str | Path,
                         device: str | torch.device = "cpu") -> DiskClientModelStore:
-        store = cls(state["initial"], folder, device)  # type: ignore[arg-type]
-        ids = list(state["ids"])  # type: ignore[arg-type]
+        store = cls(state["initial"], folder, device)
+        ids = list(state["ids"])
         if ids:
-            store.put(ids, state["rows"])  # type: ignore[arg-type]
+            store.put(ids, state["rows"])
         return store
 
     def flush(self) -> None:
@@ -486,7 +487,7 @@ class DiskClientModelStore(ModelStore):
     def _gather(self, out: torch.Tensor, plan: Plan) -> None:
         dest, pieces = out.numpy(), list(self._pieces(plan))
         can_prefetch = hasattr(os, "posix_fadvise")
-        ahead, pending = 0, []  # pieces asked for, bytes of those not read yet
+        ahead, pending = 0, list[int]()  # pieces asked for, bytes of those not read yet
         for i, piece in enumerate(pieces):
             while can_prefetch and ahead < len(pieces) and (ahead <= i or sum(pending) < _PREFETCH_BYTES):
                 pending.append(self._prefetch(pieces[ahead]))

@@ -23,9 +23,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 PROC = Path("/proc")
 LISTEN = "0A"  # socket state in /proc/net/tcp

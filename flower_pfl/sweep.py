@@ -65,10 +65,11 @@ import re
 import sys
 import time
 import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from . import compare
 from .config import ConfigError, ExperimentConfig
@@ -303,7 +304,7 @@ def run_cell_in_process(cell: Cell) -> dict[str, Any]:
     try:
         with _output_to(log):
             run_in_process(cell.run_config, num_nodes=cell.num_nodes)
-    except Exception as err:  # noqa: BLE001 - a failed cell must not stop the sweep
+    except Exception as err:
         return {"status": "failed", "error": f"{type(err).__name__}: {err} (log: {log})"}
     folder = finished(cell)
     return {"status": "completed", "results_dir": str(folder)} if folder else {"status": "failed", "error": f"no completed summary (log: {log})"}
@@ -375,7 +376,7 @@ def run(sweep: Sweep, out: str | Path, engine: str = "inprocess", workers: int =
                 i = futures[future]
                 try:
                     results[i] = future.result()
-                except Exception as err:  # noqa: BLE001 - a worker that died
+                except Exception as err:
                     results[i] = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
                 if bar:
                     bar.update(cells[i], results[i])

@@ -11,8 +11,9 @@ import json
 import socket
 import subprocess
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from . import superlink
 from .sweep import Cell, SweepError, finished

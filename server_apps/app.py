@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Mapping
 from functools import partial
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
@@ -20,8 +21,8 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
 from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.experiment import check_device, has_hidden_layers, initial_arrays, solver_config
 from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
+from flower_pfl.experiment import check_device, has_hidden_layers, initial_arrays, solver_config
 from flower_pfl.figures import grouped_order, run_title
 from flower_pfl.quiet import silence_runtime_noise
 from flower_pfl.reply_checks import ReplyBounds
@@ -29,15 +30,15 @@ from flower_pfl.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, sav
 from flower_pfl.sampling import Sampler
 from flower_pfl.server_step import MethodServer
 from flower_pfl.store import DiskClientModelStore
-from strategies.nodes import NodeWatch
 from strategies.metrics import PersonalizedMetrics
+from strategies.nodes import NodeWatch
 
-from .factory import build_legacy_strategy, build_message_strategy, participants
-from .node_order import RankedGrid, query_nodes
 from .checkpointing import Checkpointer, Resumption, set_flower_state
 from .console import quiet_round_loop
-from .recording import RecordedLegacyStrategy, RecordedStrategy
+from .factory import build_legacy_strategy, build_message_strategy, participants
 from .guard import ReplyGuard
+from .node_order import RankedGrid, query_nodes
+from .recording import RecordedLegacyStrategy, RecordedStrategy
 from .seeded import SeededClientManager
 
 silence_runtime_noise()  # before Ray starts in a simulation (flower_pfl.quiet)

@@ -11,13 +11,13 @@ writes into the same folder.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from logging import WARNING
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
-from logging import WARNING
-
 from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.logger import log
 

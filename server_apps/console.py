@@ -24,6 +24,7 @@ def round_loop_sources() -> tuple[str, ...]:
     import flwr.server.server
     import flwr.server.strategy
     import flwr.serverapp.strategy
+
     import strategies.legacy
     import strategies.message.method_strategy
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from logging import WARNING
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.common import ndarrays_to_parameters
@@ -50,8 +51,8 @@ def build_legacy_strategy(
     ``instructions``: entries for every training and evaluation instruction."""
     k = participants(cfg, num_nodes)
     extra = dict(instructions or {})
-    fit_config: Callable[[int], dict[str, Any]] = lambda rnd: {**solver_config(cfg), **extra, SERVER_ROUND: rnd}  # noqa: E731
-    evaluate_config: Callable[[int], dict[str, Any]] = lambda rnd: dict(extra)  # noqa: E731
+    fit_config: Callable[[int], dict[str, Any]] = lambda rnd: {**solver_config(cfg), **extra, SERVER_ROUND: rnd}
+    evaluate_config: Callable[[int], dict[str, Any]] = lambda rnd: dict(extra)
     cls = getattr(strategies, cfg.entry.strategy)
     if cfg.entry.builtin:
         return cls(fraction_fit=min(1.0, k / max(num_nodes, 1)), min_fit_clients=k, min_available_clients=k,

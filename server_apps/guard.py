@@ -8,7 +8,8 @@ update bound against the global model sent); refused replies are logged and left
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.app import Message
@@ -16,7 +17,16 @@ from flwr.common import parameters_to_ndarrays
 
 from flower_pfl.layout import ParamLayout
 from flower_pfl.reply_checks import (
-    RawReply, Reply, ReplyBounds, RoundReplies, UpdateRejected, check_num_examples, check_update, decoded, model_change, screen,
+    RawReply,
+    Reply,
+    ReplyBounds,
+    RoundReplies,
+    UpdateRejected,
+    check_num_examples,
+    check_update,
+    decoded,
+    model_change,
+    screen,
 )
 from strategies.message.method_strategy import raw_reply
 from strategies.metrics import reply_counts
@@ -55,7 +65,7 @@ class ReplyGuard:
             except UpdateRejected as err:
                 batch.reject(node, str(err))
         self._screen(server_round, sent_arrays, [m.metadata.dst_node_id for m in outbox], raws, batch)
-        return [by_node[r.client_id] for r in batch.accepted], reply_counts(batch)
+        return [by_node[r.client_id] for r in batch.accepted], reply_counts(batch)  # type: ignore[index]  # ids are node ids here
 
     def results(self, server_round: int, results: Sequence[tuple[Any, Any]], sent: Sequence[np.ndarray],
                 failures: Sequence[Any]) -> tuple[list[tuple[Any, Any]], dict[str, float]]:

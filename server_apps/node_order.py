@@ -18,9 +18,8 @@ from typing import Any
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from strategies.nodes import query
-
 from flower_pfl.config import ConfigError
+from strategies.nodes import query
 
 #: how Flower's simulation wraps a ClientApp's exception message
 RAY_MESSAGE = "Exception ClientAppException occurred. Message: "
@@ -37,7 +36,7 @@ def query_nodes(grid: Grid, timeout: float = 120.0) -> dict[int, dict[str, Any]]
     errors: dict[str, list[int]] = {}
     for node, reply in query(grid, asked, timeout):
         if reply.has_error():
-            errors.setdefault(_gist(reply.error.reason), []).append(node)
+            errors.setdefault(_gist(reply.error.reason or ""), []).append(node)
         elif reply.content.metric_records:
             metrics = next(iter(reply.content.metric_records.values()))
             if "partition-id" in metrics:

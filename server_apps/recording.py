@@ -6,7 +6,8 @@ strategies and Flower's own.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import Parameters, parameters_to_ndarrays

@@ -7,9 +7,13 @@ method's hyperparameters are typed keyword arguments of its class, documented in
 docstring. FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenience.
 """
 
-from flwr.server.strategy import FedAdam, FedAvg, FedAvgM, FedProx
+# re-exported (``X as X``: names of this package's API)
+from flwr.server.strategy import FedAdam as FedAdam
+from flwr.server.strategy import FedAvg as FedAvg
+from flwr.server.strategy import FedAvgM as FedAvgM
+from flwr.server.strategy import FedProx as FedProx
 
-from flower_pfl.server_step import UpdateRejected
+from flower_pfl.server_step import UpdateRejected as UpdateRejected
 
 from .declared import strategy_classes
 from .legacy import LegacyMethodStrategy

@@ -98,7 +98,7 @@ def stub(base: type, module: str, header: str) -> str:
         lines += ["", f"class {name}({base.__name__}):", f'    r"""{doc}\n    """',
                   f"    method_class: type[_{cls.method_class.__name__}]",
                   "    def __init__(self, *, " + ", ".join(params) + ") -> None: ...", ""]
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    return "\n".join(line.rstrip() for line in "\n".join(lines).splitlines()) + "\n"
 
 
 def _source_type(method: type, parameter: inspect.Parameter) -> str:

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from logging import DEBUG, INFO, WARNING
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.common import (
-    Code, EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns, Parameters, Scalar, ndarrays_to_parameters,
+    Code,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetPropertiesIns,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
 from flwr.common.logger import log
@@ -22,7 +31,16 @@ from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded, is_finite_number
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
-from .metrics import ACCURACY, NUM_EXAMPLES, IDENTITIES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics
+from .metrics import (
+    ACCURACY,
+    IDENTITIES,
+    NUM_EXAMPLES,
+    PersonalizedMetrics,
+    checked_evaluations,
+    log_refused_evaluations,
+    reply_counts,
+    round_replies_metrics,
+)
 from .nodes import NODE_WAIT_TIMEOUT
 from .ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from .replies import receive_round
@@ -250,12 +268,13 @@ class LegacyMethodStrategy(Strategy):
         log_refused_evaluations(server_round, refused)
         if not kept_rows:
             return None, {}
-        weighted = [(row[NUM_EXAMPLES], float(losses[cid])) for cid, row in kept_rows if is_finite_number(losses[cid])]
-        loss = weighted_loss_avg(weighted) if weighted else None  # type: ignore[arg-type]
+        weighted = [(row[NUM_EXAMPLES], float(losses[cid])) for cid, row in kept_rows  # type: ignore[index]
+                    if is_finite_number(losses[cid])]  # type: ignore[index]  # client ids are the proxies' cids
+        loss = weighted_loss_avg(weighted) if weighted else None
         pairs = [(int(row[NUM_EXAMPLES]), {k: v for k, v in row.items() if k != NUM_EXAMPLES}) for _, row in kept_rows]
         metrics = self.personalized.legacy(pairs)
         if self.evaluate_metrics_aggregation_fn is not None:  # the app's own aggregation wins where names meet
-            metrics.update(self.evaluate_metrics_aggregation_fn(pairs))  # type: ignore[arg-type]
+            metrics.update(self.evaluate_metrics_aggregation_fn(pairs))
         return loss, metrics
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
@@ -273,7 +292,7 @@ def properties(proxies: Mapping[Any, ClientProxy], timeout: float, group_id: int
         cid, proxy = item
         try:
             res = proxy.get_properties(GetPropertiesIns({}), timeout, group_id)
-        except Exception as err:  # noqa: BLE001 - whatever the transport raises, the client is unranked
+        except Exception as err:
             log(DEBUG, "client %s: get_properties failed (%s)", cid, err)
             return None
         return (cid, res.properties) if res.status.code == Code.OK else None

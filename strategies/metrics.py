@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from logging import WARNING
 from typing import Any
 
@@ -71,7 +71,7 @@ class PersonalizedMetrics:
     def __repr__(self) -> str:
         return f"PersonalizedMetrics({self.accuracy_key!r})"
 
-    def aggregate(self, rows: list[Mapping[str, Any]], weights: list[float], weight_key: str = NUM_EXAMPLES) -> dict[str, Any]:
+    def aggregate(self, rows: Sequence[Mapping[str, Any]], weights: Sequence[float], weight_key: str = NUM_EXAMPLES) -> dict[str, Any]:
         """``round_metrics`` of the rows (``weight_key`` left out) and the running BMTA."""
         key = self.accuracy_key
         out = round_metrics(rows, weights, key, also=() if key == GLOBAL_ACCURACY else (GLOBAL_ACCURACY,),
@@ -89,11 +89,11 @@ class PersonalizedMetrics:
 
     def __call__(self, records: list[RecordDict], weighted_by_key: str = NUM_EXAMPLES) -> MetricRecord:
         """Message API (``evaluate_metrics_aggr_fn``)."""
-        rows = [{k: v for rec in rd.metric_records.values() for k, v in rec.items()} for rd in records]
+        rows: list[dict[str, Any]] = [{k: v for rec in rd.metric_records.values() for k, v in rec.items()} for rd in records]
         rows = [r for r in rows if is_finite_number(r.get(weighted_by_key)) and r[weighted_by_key] > 0]
         return MetricRecord(self.aggregate(rows, [float(r[weighted_by_key]) for r in rows], weighted_by_key))
 
-    def legacy(self, results: list[tuple[int, Mapping[str, Any]]]) -> dict[str, Any]:
+    def legacy(self, results: Sequence[tuple[float, Mapping[str, Any]]]) -> dict[str, Any]:
         """Legacy API (``evaluate_metrics_aggregation_fn``): ``(num_examples, metrics)`` pairs."""
         results = [(n, m) for n, m in results if is_finite_number(n) and n > 0]
         return self.aggregate([m for _, m in results], [float(n) for n, _ in results])

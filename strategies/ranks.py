@@ -9,8 +9,9 @@ Nodes that never report one are ordered by node id, after the others, and a warn
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import WARNING
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from flwr.common.logger import log
 

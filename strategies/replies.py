@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from logging import WARNING
-from typing import Any, Sequence
+from typing import Any
 
 from flwr.common.logger import log
 

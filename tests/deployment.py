@@ -10,12 +10,13 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+
+from local_runs import ROOT, flwr_command
 
 from flower_pfl import superlink
 from flower_pfl.sweep_flwr import free_port
-from local_runs import ROOT, flwr_command
 
 
 def _descendants(pid: int) -> set[int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
@@ -10,7 +10,6 @@ from flwr.common import Code, FitRes, GetPropertiesRes, Parameters, Status, ndar
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.supercore.task_identity import TaskIdentity
-
 
 #: a small named model (MLR on 3 features, 2 classes) for strategies driven with fabricated replies
 NAMES = ("fc.weight", "fc.bias")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from flower_pfl import superlink
 from flower_pfl.sweep_flwr import free_port, run_config_text

@@ -5,13 +5,14 @@ of the real steps (a user's loop with ``ClientRule``, or the package's loop) rai
 
 from __future__ import annotations
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import parameters_to_ndarrays
+from test_twins import NODES, Clients, _data, _model
 
-import fabricate as fb
 import strategies
 import strategies.message
 from client_apps.rules import ClientRule
@@ -20,7 +21,6 @@ from flower_pfl.methods.igfl import CORRECTION, IGFLCorrection
 from flower_pfl.methods.pfedme import LAMBDA as PFEDME_LAMBDA
 from flower_pfl.methods.registry import client_step_for, method_classes
 from flower_pfl.server_step import MethodServer
-from test_twins import NODES, Clients, _data, _model
 
 SOLVER = {LR: 0.01, LOCAL_STEPS: 3, BATCH_SIZE: 4}
 #: methods whose client step asks for more than plain SGD, by their step

@@ -14,10 +14,25 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 
 from client_apps.rules import (
-    ClientRule, FedAttnStep, IGFLCorrection, PFedMeStep, Proximal, RecordState, ScaffoldCorrection,
+    ClientRule,
+    FedAttnStep,
+    IGFLCorrection,
+    PFedMeStep,
+    Proximal,
+    RecordState,
+    ScaffoldCorrection,
 )
 from flower_pfl.client_step import (
-    ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, CLIENT_STEP, LEGACY_PROXIMAL_MU, PROXIMAL_MU, ClientStep, TrainData, train_locally,
+    ANCHOR,
+    ANCHOR_KEEP,
+    ANCHOR_SET,
+    ANCHOR_STATE,
+    CLIENT_STEP,
+    LEGACY_PROXIMAL_MU,
+    PROXIMAL_MU,
+    ClientStep,
+    TrainData,
+    train_locally,
 )
 from flower_pfl.methods.apfl import APFLStep
 from flower_pfl.methods.ditto import DittoStep

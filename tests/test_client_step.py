@@ -1,7 +1,7 @@
 import torch
 
-from flower_pfl.models import MLR
 from flower_pfl.client_step import PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.models import MLR
 from flower_pfl.solvers import MinibatchStream, evaluate
 
 

@@ -130,8 +130,8 @@ def test_runtime_noise_goes_other_warnings_stay(flower_lines, monkeypatch):
             quiet.silence_runtime_noise()
             quiet.silence_runtime_noise()  # once is enough
             warnings.warn("Tip: In future versions of Ray, Ray will no longer override accelerator visible devices "
-                          "env var if num_gpus=0", FutureWarning)
-            warnings.warn("another FutureWarning", FutureWarning)
+                          "env var if num_gpus=0", FutureWarning, stacklevel=1)
+            warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)
         FLOWER_LOGGER.warning("Manually terminating %s", "ClientAppActor")
         FLOWER_LOGGER.warning("Manually terminating the run because %s", "of this")
         FLOWER_LOGGER.error("ClientApp raised an exception")

@@ -11,15 +11,15 @@ import subprocess
 import time
 
 import pytest
-from flwr.common.constant import HEARTBEAT_PATIENCE
-
 from deployment import LocalDeployment, _alive, _descendants
+from flwr.common.constant import HEARTBEAT_PATIENCE
+from local_runs import ROOT, flwr_command, numbers
+
 from flower_pfl import checkpoint, superlink
 from flower_pfl.credentials import write_node_key
 from flower_pfl.results import MODELS, load_models
 from flower_pfl.sweep_flwr import run_config_text
 from flower_pfl.wire import fingerprint
-from local_runs import ROOT, flwr_command, numbers
 from server_apps.inprocess import run_in_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]

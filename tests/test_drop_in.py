@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -11,11 +12,10 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common import parameters_to_ndarrays
 from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.strategy import FedAvg
+from test_twins import NODES, OURS, _model
 
-import fabricate as fb
 import strategies
 import strategies.message
-from test_twins import NODES, OURS, _model
 
 ENTRIES = [pytest.param(e, id=e.label) for e in OURS if e.aggregation == "default"]
 
@@ -116,8 +116,9 @@ def test_the_package_app_refuses_a_fedamp_run_that_cannot_train(method):
 @pytest.mark.parametrize("api", ["message", "legacy"])
 @pytest.mark.parametrize("name,rule", [("SCAFFOLD", "ScaffoldCorrection"), ("FedAttn", "FedAttnStep")])
 def test_a_method_whose_clients_lack_its_client_step_says_so_once_and_fails_when_none_has_it(api, name, rule, caplog):
-    from flower_pfl.reply_checks import ClientRuleMissing
     from test_twins import Clients
+
+    from flower_pfl.reply_checks import ClientRuleMissing
 
     fb.set_task_identity()
     initial = {k: v.numpy() for k, v in _model().state_dict().items()}

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
+from local_runs import ROOT, LocalSimulation, check_results, numbers, results
 
 from flower_pfl import checkpoint
 from flower_pfl.results import MODELS, SERVER_STATE, load_models, load_state
 from flower_pfl.wire import fingerprint
-from local_runs import ROOT, LocalSimulation, check_results, numbers, results
 from server_apps.inprocess import run_in_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]

@@ -9,9 +9,9 @@ import re
 import tomllib
 
 import pytest
+from conftest import ROOT
 from flwr.app import Context, RecordDict
 
-from conftest import ROOT
 from server_apps.inprocess import in_process_grid
 
 APP = ROOT / "examples" / "message_app"

@@ -10,8 +10,18 @@ import numpy as np
 import pytest
 
 from flower_pfl.config import ExperimentConfig
-from flower_pfl.figures import (client_accuracies, draw_client_matrix, draw_selection_mask, group_boundaries, group_spans,
-                                grouped_order, method_settings, new_figure, run_title, spread_band)
+from flower_pfl.figures import (
+    client_accuracies,
+    draw_client_matrix,
+    draw_selection_mask,
+    group_boundaries,
+    group_spans,
+    grouped_order,
+    method_settings,
+    new_figure,
+    run_title,
+    spread_band,
+)
 
 EVALS = [{"round": 1, "accuracy-mean": 0.3, "accuracy-std": 0.5}, {"round": 3, "accuracy-mean": 0.9, "accuracy-std": 0.2}]
 

@@ -9,18 +9,17 @@ server must end exactly where it ends when that client simply fails.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
-
-import fabricate as fb
 from test_twins import NODES, OURS, SOLVER, Clients, _assert_same_state, _twins
-
 
 #: stands in a ``Case.field`` for the name of the extra the hostile change touched (SCAFFOLD's
 #: ``delta-c``, FedAttn's representation or bias gradient): the refusal must name one of them

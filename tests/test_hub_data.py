@@ -2,10 +2,10 @@
 
 import json
 
+import image_files as files
 import numpy as np
 import pytest
 
-import image_files as files
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment import load_client_data
 from server_apps.inprocess import run_in_process

@@ -3,10 +3,10 @@
 import json
 import os
 
+import image_files as files
 import numpy as np
 import pytest
 
-import image_files as files
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.data.images import load_image_pool, to_float
 from server_apps.inprocess import run_in_process

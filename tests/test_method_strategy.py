@@ -4,16 +4,17 @@ evaluation, all-clients-train anchors, global-model methods, and the generated c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import strategies
 import strategies.message
 from flower_pfl.client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
@@ -22,7 +23,13 @@ from flower_pfl.methods.local import Local
 from flower_pfl.methods.registry import method_classes
 from flower_pfl.params import param_specs
 from flower_pfl.server_step import (
-    GlobalModelStep, MethodServer, PersonalizedStep, RawReply, UpdateRejected, check_update, weighted_mean,
+    GlobalModelStep,
+    MethodServer,
+    PersonalizedStep,
+    RawReply,
+    UpdateRejected,
+    check_update,
+    weighted_mean,
 )
 
 NAMES, SHAPES = fb.NAMES, fb.SHAPES
@@ -353,7 +360,7 @@ def test_both_apis_compute_the_same_rounds(cls):
         ins = legacy.configure_fit(rnd, legacy.initial_parameters, cm)
         msgs, _ = _run_round(message, grid, rnd, lambda m, r=rnd: fb.train_reply(m, _arrays(r + 0.1 * m.metadata.dst_node_id)))
         assert [int(p.cid) for p, _ in ins] == [m.metadata.dst_node_id for m in msgs] and len(msgs) == 6
-        for (p, fi), m in zip(ins, msgs):
+        for (_, fi), m in zip(ins, msgs):
             assert {k: fi.config[k] for k in fi.config if k not in ("lr", "local-steps", "batch-size")} == \
                 {k: v for k, v in m.content["config"].items() if k not in ("lr", "local-steps", "batch-size")}
             assert torch.allclose(_flat(parameters_to_ndarrays(fi.parameters)), _sent(m))

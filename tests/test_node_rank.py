@@ -10,12 +10,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import fabricate as fb
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common import Code, EvaluateRes, Status
 
-import fabricate as fb
 import strategies
 import strategies.message
 from flower_pfl.server_step import GlobalModelStep, MethodServer
@@ -175,7 +175,7 @@ def _legacy(**options) -> strategies.LegacyMethodStrategy:
 
 def _legacy_round(strategy, cm, rnd: int, pid: dict[int, int], report: bool = True) -> tuple[list[int], list[int]]:
     fit = strategy.configure_fit(rnd, strategy.initial_parameters, cm)
-    extras = lambda p: {"partition-id": pid[int(p.cid)]} if report else {}  # noqa: E731
+    extras = lambda p: {"partition-id": pid[int(p.cid)]} if report else {}
     results = []
     for proxy, _ in reversed(fit):
         model, n = _trained(int(proxy.cid), pid)

@@ -11,18 +11,18 @@ import json
 import logging
 import sys
 
+import fabricate as fb
 import pytest
+from conftest import ROOT
 from flwr.server import ServerConfig
 from flwr.server.compat import start_grid
 
-import fabricate as fb
-from conftest import ROOT
 from flower_pfl.reply_checks import ClientRuleMissing
 from server_apps.inprocess import InProcessGrid
 
 sys.path.insert(0, str(ROOT / "examples" / "plain_app"))
-from plain_app import legacy, server_app  # noqa: E402
-from plain_app.client_app import app as client_app  # noqa: E402
+from plain_app import legacy, server_app
+from plain_app.client_app import app as client_app
 
 NODES, ROUNDS = 6, 6
 CONFIG = {"num-rounds": ROUNDS, "fraction-train": 0.5, "lr": 0.1, "local-steps": 10}

@@ -6,20 +6,20 @@ from __future__ import annotations
 import json
 import math
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Code, EvaluateRes, Status
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+from test_twins import NODES, OURS, _twins
 
-import fabricate as fb
 from flower_pfl.reply_checks import Reply, ReplyBounds, RoundReplies, UpdateRejected, check_evaluation, lower_median
 from flower_pfl.results import RunFailed
 from server_apps.inprocess import run_in_process
 from strategies.metrics import checked_evaluations
 from strategies.nodes import NodeWatch, split_replies
-from test_twins import NODES, OURS, _twins
 
 
 def _reply(cid, n=10, value=0.0):
@@ -218,8 +218,9 @@ def test_message_strategy_goes_on_without_a_lost_node(caplog):
     fb.set_task_identity()
     entry = next(e for e in OURS if e.method == "fedmcsa")
     _, _, initial = _twins(entry)
-    import strategies.message
     from flwr.app import ArrayRecord
+
+    import strategies.message
 
     strategy = strategies.message.FedMCSA(clients_per_round=3, min_available_nodes=3, node_wait_timeout=0.2)
     arrays = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()})
@@ -280,8 +281,9 @@ def test_a_run_in_which_no_update_is_accepted_fails_with_a_clear_reason(tmp_path
 
 @pytest.mark.parametrize("trick", ["second reply", "uninvited node", "two array records", "metrics as config"])
 def test_replies_that_do_not_answer_the_rounds_instructions_once_are_refused(trick, caplog):
-    import strategies.message
     from flwr.app import ArrayRecord
+
+    import strategies.message
 
     fb.set_task_identity()
     entry = next(e for e in OURS if e.method == "fedmcsa")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from client_apps.persisted_state import state_dir
 from conftest import SANDBOX
+
+from client_apps.persisted_state import state_dir
 from server_apps.inprocess import run_in_process
 
 

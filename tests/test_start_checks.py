@@ -5,17 +5,16 @@ start-up query of the nodes reports (failed nodes, two nodes with one partition-
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from uuid import uuid4
 
+import image_files as files
 import pytest
 import torch
+from fabricate import set_task_identity
 from flwr.app import Error, Message, MetricRecord, RecordDict
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
-import image_files as files
-from fabricate import set_task_identity
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.data.images import expected_files
 from flower_pfl.experiment import check_device, load_client_data

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from deployment import free_port
+
 from flower_pfl import superlink
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc")

@@ -3,13 +3,13 @@ training, A's stored model when evaluating) and never a copy of another client's
 
 from __future__ import annotations
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import strategies
 import strategies.message
 from flower_pfl.wire import fingerprint

@@ -8,6 +8,7 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -20,7 +21,6 @@ from flower_pfl.config import ExperimentConfig
 from flower_pfl.layout import ParamLayout
 from flower_pfl.methods.registry import client_step_for, entries
 from flower_pfl.models import DNN
-import fabricate as fb
 
 NODES = [11, 12, 13, 14, 15]
 SOLVER = {LR: 0.05, LOCAL_STEPS: 3, BATCH_SIZE: 4}

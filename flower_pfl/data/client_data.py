@@ -33,6 +33,6 @@ def train_test_split(x: np.ndarray, y: np.ndarray, train_fraction: float, rng: n
     perm = rng.permutation(len(y))
     cut = min(max(int(round(train_fraction * len(y))), 1), len(y) - 1)
     tr, te = perm[:cut], perm[cut:]
-    as_x = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
-    as_y = lambda a: torch.as_tensor(a, dtype=torch.int64)  # noqa: E731
+    as_x = lambda a: torch.as_tensor(a, dtype=torch.float32)
+    as_y = lambda a: torch.as_tensor(a, dtype=torch.int64)
     return ClientData(as_x(x[tr]), as_y(y[tr]), as_x(x[te]), as_y(y[te]))

@@ -24,8 +24,9 @@ the README's "Adding a method").
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from ..client_step import ClientStep
 from ..params import ParamSpec, check_params, param_specs

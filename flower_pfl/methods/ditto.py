@@ -4,8 +4,9 @@ model ``v_i`` trained on ``f_i(v) + λ/2 ||v − w||²`` toward the global model
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch.nn.functional as F
 from torch import nn

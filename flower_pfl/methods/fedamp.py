@@ -7,8 +7,9 @@ received model; its gradient is never zero while ``w ≠ u_i``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

@@ -14,8 +14,9 @@ personalized, per client, by a trainable attention over its nearest clients' bia
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,10 +26,10 @@ from torch import nn
 from ..client_step import Batch, ClientState, ClientStep, LossFn, setting
 from ..layout import ParamLayout
 from ..params import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
+from ..reply_checks import MissingClientRule, norm
 from ..server_step import GlobalModelStep, Reply, Settings
 from ..solvers import trainable
 from ..wire import decode_flat, decode_vector, encode_vector
-from ..reply_checks import MissingClientRule, norm
 from .base import Method
 
 #: config keys: run FedAttn's client step, the bias regularization weight, the global biases (bytes)

@@ -6,14 +6,15 @@ The deltas of a round's participants form one ``(m, d)`` matrix.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import LOCAL_STEPS, ClientState, ClientStep, Batch, LossFn, keep, setting, stored
+from ..client_step import LOCAL_STEPS, Batch, ClientState, ClientStep, LossFn, keep, setting, stored
 from ..params import Rule, param
 from ..server_step import GlobalModelStep, Reply, Settings
 from ..solvers import like_params, trainable
@@ -144,7 +145,7 @@ class IGFL(Method, GlobalModelStep):
     def train_config(self, num_participants: int) -> Settings:
         """IGFL-C's inputs (``Δw_ps`` is zero before the first update)."""
         return {CORRECTION: self.client_correction, PARTICIPANTS: num_participants,
-                GLOBAL_DELTA: encode_vector(self.global_delta)}  # type: ignore[arg-type]
+                GLOBAL_DELTA: encode_vector(self.global_delta)}
 
     def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
         """Algorithm 3, line 7: ``w_ps + Δ`` with ``Δ`` the attention-weighted (or mean) delta."""

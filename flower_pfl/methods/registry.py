@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 from ..client_step import ClientStep, Proximal
 from ..params import ParamSpec

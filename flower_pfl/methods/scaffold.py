@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,10 +12,10 @@ from torch import nn
 
 from ..client_step import Batch, ClientState, ClientStep, LossFn, keep, setting, stored
 from ..params import POSITIVE, param
+from ..reply_checks import MissingClientRule, norm
 from ..server_step import GlobalModelStep, Reply, Settings
 from ..solvers import like_params, trainable
 from ..wire import decode_flat, decode_vector, encode_vector
-from ..reply_checks import MissingClientRule, norm
 from .base import Method
 
 #: config key of the server's control variate ``c``; reply key of the client's ``Δc_i`` (float32 bytes)

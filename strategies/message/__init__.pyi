@@ -29,11 +29,11 @@ class FedACS(MethodStrategy):
     r"""FedACS (Chen, Li, Shen): each participant gets the similarity-weighted average of the
     participants whose cosine similarity to it exceeds the round's p-quantile, then trains
     locally from it.
-    
+
     Server (eq. 4): ``u_i = Σ_j 1[s_ij > δ] s_ij w_j / Σ_j 1[s_ij > δ] s_ij`` with ``s_ij`` the cosine
     similarity of whole models and ``δ`` the ``p``-quantile of all ``s_ij`` of the round.
     Client (eq. 5): plain local SGD from ``u_i``.
-    
+
     Parameters
     ----------
     p : float (default 0.5; run config ``fedacs-p``)
@@ -84,7 +84,7 @@ class FedACS(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedACS]
@@ -96,7 +96,7 @@ class FedAttn(MethodStrategy):
     attention over its k nearest clients (Algorithm 1). Clients return ``fedattn-representation``
     and ``fedattn-bias-gradient`` (float32 bytes) with their model; a client without a
     representation yet (it has not trained) gets the global biases.
-    
+
     Parameters
     ----------
     k : int (default 5; run config ``fedattn-k``)
@@ -155,7 +155,7 @@ class FedAttn(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAttn]
@@ -165,12 +165,12 @@ class FedAttn(MethodStrategy):
 class FedMCSA(MethodStrategy):
     r"""FedMCSA (Guo et al.): layer-wise self-attention over the participants' personalized models,
     and a proximal client step toward the model it receives.
-    
+
     Server (eqs. 6-8, Algorithm 1 lines 2-5): for every component ``l``,
     ``w_{i,l} = Σ_k softmax_k(σ cos(θ_{i,l}, θ_{k,l})) θ_{k,l}`` over the round's participants.
     Client (eq. 9): ``R`` SGD steps on ``f_i(Θ) + λ/2 ||Θ − W_i||²``, the anchor ``W_i`` fixed
     for the round (sent as ``proximal-mu``).
-    
+
     Parameters
     ----------
     sigma : float (default 50.0; run config ``sigma``)
@@ -181,9 +181,9 @@ class FedMCSA(MethodStrategy):
         Components: 'tensor' (weight and bias apart, as the authors' code) or 'module' (one per layer). Must be one of tensor, module.
     all_clients_train : bool (default False; run config ``all-clients-train``)
         Every client trains every round; the unsampled ones continue from their own model (FedMCSA's Algorithm 1).
-    client_settings : Optional[Mapping[str, Any]] (default None)
+    client_settings : collections.abc.Mapping[str, Any] | None (default None)
         Another method's client settings in place of the proximal step (Table 2's transfers).
-    evaluation_settings : Optional[Mapping[str, Any]] (default None)
+    evaluation_settings : collections.abc.Mapping[str, Any] | None (default None)
         Evaluation settings that go with client_settings.
     clients_per_round : int | None (default 10)
         Clients that train each round (None: ``fraction_train`` of the connected nodes).
@@ -229,7 +229,7 @@ class FedMCSA(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedMCSA]
@@ -239,11 +239,11 @@ class FedMCSA(MethodStrategy):
 class IGFL(MethodStrategy):
     r"""IGFL (Huang, Shang et al.): one global model; clients run IGFL-C (Algorithm 2) and the server
     aggregates their deltas with attention (AFL, Algorithm 3).
-    
+
     The server keeps the global model's last update ``Δw_ps`` (sent for IGFL-C as
     ``igfl-global-delta``) and every client's previous delta ``Δw_i^r`` (the query of time
     attention). ``igfl-c`` averages the deltas (no attention); ``igfl-s`` has plain local SGD clients.
-    
+
     Parameters
     ----------
     attention : str | None (default 'self'; run config ``igfl-attention``)
@@ -294,7 +294,7 @@ class IGFL(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_IGFL]
@@ -304,7 +304,7 @@ class IGFL(MethodStrategy):
 class APFL(MethodStrategy):
     r"""APFL (Deng et al. 2020): FedAvg plus, on every client, a personal model and a mixing weight α
     (stepped by its gradient and clipped to [0, 1]); clients evaluate ``α v(x) + (1 − α) w(x)``.
-    
+
     Parameters
     ----------
     alpha_init : float (default 0.5; run config ``apfl-alpha-init``)
@@ -355,7 +355,7 @@ class APFL(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_APFL]
@@ -365,7 +365,7 @@ class APFL(MethodStrategy):
 class Ditto(MethodStrategy):
     r"""Ditto (Li et al. 2021): FedAvg plus a personal model on every client, trained toward the global
     model with weight λ, kept in the client's state and evaluated.
-    
+
     Parameters
     ----------
     lam : float (default 1.0; run config ``ditto-lambda``)
@@ -414,7 +414,7 @@ class Ditto(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Ditto]
@@ -424,10 +424,10 @@ class Ditto(MethodStrategy):
 class FedAMP(MethodStrategy):
     r"""FedAMP (Huang et al. 2021): each participant gets ``u_i = Σ_j ξ_ij w_j`` with distance-based
     weights and trains with a proximal term toward it.
-    
+
     ``ξ_ij = α_k exp(−||w_i − w_j||² / σ) / σ`` for ``j ≠ i``, the self weight the rest; the client's
     proximal weight is ``λ / α_k`` (keep ``lr · λ / α_k`` well under 2 or local SGD diverges).
-    
+
     Parameters
     ----------
     alpha_k : float (default 0.05; run config ``fedamp-alpha-k``)
@@ -482,7 +482,7 @@ class FedAMP(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedAMP]
@@ -492,11 +492,11 @@ class FedAMP(MethodStrategy):
 class FedPer(MethodStrategy):
     r"""FedPer (Arivazhagan et al. 2019): the base layers are trained by FedAvg, the last
     ``head_layers`` layers (the personalization layers) stay each client's own.
-    
+
     Server: a participant gets the current global base with its own head; the base is then the
     sample-weighted mean of the participants' bases, each head is kept for its client. Client:
     plain local SGD on the whole model. A client evaluates the global base with its own head.
-    
+
     Parameters
     ----------
     head_layers : int (default 1; run config ``fedper-head-layers``)
@@ -545,7 +545,7 @@ class FedPer(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_FedPer]
@@ -555,7 +555,7 @@ class FedPer(MethodStrategy):
 class HeurFedAMP(MethodStrategy):
     r"""HeurFedAMP (Huang et al. 2021): FedAMP with cosine-similarity weights, ``ξ_ij ∝ exp(σ cos(w_i, w_j))``
     over ``j ≠ i``, and a fixed self weight.
-    
+
     Parameters
     ----------
     alpha_k : float (default 0.05; run config ``fedamp-alpha-k``)
@@ -612,7 +612,7 @@ class HeurFedAMP(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_HeurFedAMP]
@@ -621,7 +621,7 @@ class HeurFedAMP(MethodStrategy):
 
 class Local(MethodStrategy):
     r"""Local: every sampled client trains its own model with plain local SGD; nothing is shared.
-    
+
     Parameters
     ----------
     all_clients_train : bool (default False; run config ``all-clients-train``)
@@ -670,7 +670,7 @@ class Local(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_Local]
@@ -680,7 +680,7 @@ class Local(MethodStrategy):
 class PerFedAvg(MethodStrategy):
     r"""Per-FedAvg (Fallah et al. 2020), first order: FedAvg of MAML-trained models; each client's
     personalized model is one step of size α on its training split (``lr`` is the outer step β).
-    
+
     Parameters
     ----------
     alpha : float (default 0.01; run config ``per-fedavg-alpha``)
@@ -729,7 +729,7 @@ class PerFedAvg(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PerFedAvg]
@@ -740,7 +740,7 @@ class PFedMe(MethodStrategy):
     r"""pFedMe (Dinh et al. 2020): a global model ``w ← (1 − β) w + β · mean w_i`` (sample-weighted);
     every client keeps its personalized θ_i (Moreau envelope) and reports the accuracy of θ_i (PM,
     ``accuracy``) and of the global model (GM, ``global-accuracy``).
-    
+
     Parameters
     ----------
     beta : float (default 1.0; run config ``pfedme-beta``)
@@ -795,7 +795,7 @@ class PFedMe(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_PFedMe]
@@ -807,7 +807,7 @@ class SCAFFOLD(MethodStrategy):
     (``scaffold-control``, float32 bytes); each client keeps its ``c_i``, steps with ``g + c − c_i``
     and returns ``Δc_i``. Server: ``x += η_g mean Δy_i``, ``c += (|S|/N) mean Δc_i`` with ``N`` the
     connected clients.
-    
+
     Parameters
     ----------
     server_learning_rate : float (default 1.0)
@@ -856,9 +856,8 @@ class SCAFFOLD(MethodStrategy):
         Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.
     rank_key : str | None (default 'partition-id')
         The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them for sampling and aggregation, as node ids change from run to run; learned from replies and, before a draw, from one QUERY message to each node without one. None: nodes are ordered by node id.
-    
+
     Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply holds one MetricRecord with ``accuracy`` and ``num-examples``. Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a logged reason and change nothing.
     """
     method_class: type[_SCAFFOLD]
     def __init__(self, *, server_learning_rate: float = 1.0, clients_per_round: int | None = None, fraction_train: float = 1.0, min_train_nodes: int = 1, min_available_nodes: int = 2, fraction_evaluate: float = 1.0, min_evaluate_nodes: int = 1, weighted_by_key: str = 'num-examples', train_metrics_aggr_fn: MetricsFn | None = None, seed: int = 0, device: str | torch.device = 'cpu', store_dir: str | None = None, arrayrecord_key: str = 'arrays', configrecord_key: str = 'config', evaluate_metrics_aggr_fn: MetricsFn | None = None, accuracy_key: str = 'accuracy', max_update_ratio: float = 10.0, max_weight_ratio: float = 1000.0, max_median_ratio: float = 100.0, lr: float | None = None, local_steps: int | None = None, node_wait_timeout: float = 120.0, rank_key: str | None = 'partition-id') -> None: ...
-

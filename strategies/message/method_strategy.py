@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -12,11 +13,18 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
-from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, is_number, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded
+from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded, is_number
 from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
 
 from ..metrics import (
-    ACCURACY, NUM_EXAMPLES, IDENTITIES, PersonalizedMetrics, checked_evaluations, log_refused_evaluations, reply_counts, round_replies_metrics,
+    ACCURACY,
+    IDENTITIES,
+    NUM_EXAMPLES,
+    PersonalizedMetrics,
+    checked_evaluations,
+    log_refused_evaluations,
+    reply_counts,
+    round_replies_metrics,
 )
 from ..nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
 from ..ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
@@ -152,7 +160,7 @@ class MethodStrategy(Strategy):
             arrays = ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(ins.model).items()})
             record = ConfigRecord({**config, **ins.config, SERVER_ROUND: server_round})
             out.append(Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: record}),
-                               message_type=kind, dst_node_id=ins.client_id))  # type: ignore[arg-type]
+                               message_type=kind, dst_node_id=ins.client_id))  # type: ignore[call-overload]  # a node id (int) in this API
         return out
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -205,7 +213,7 @@ class MethodStrategy(Strategy):
         log_refused_evaluations(server_round, refused)
         if not kept:
             return None
-        records = [RecordDict({"metrics": MetricRecord({**{k: v for k, v in row.items() if k != NUM_EXAMPLES},  # type: ignore[dict-item]
+        records = [RecordDict({"metrics": MetricRecord({**{k: v for k, v in row.items() if k != NUM_EXAMPLES},
                                                         self.weighted_by_key: row[NUM_EXAMPLES]})}) for _, row in kept]
         out = self.personalized(records, self.weighted_by_key)
         if self.evaluate_metrics_aggr_fn is not None:  # the app's own aggregation wins where names meet

@@ -3,12 +3,12 @@ instructions and FedAvg, the mixture kept in the node's state and evaluated, one
 
 import copy
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
-import fabricate as fb
 import strategies.message
 from client_apps.app import Node
 from client_apps.rules import ClientRule, RecordState

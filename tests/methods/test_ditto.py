@@ -4,18 +4,18 @@ model, one whole run."""
 
 import copy
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import strategies
 import strategies.message
 from client_apps.app import Node
 from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import CLIENT_STEP, LR, ClientStep, Proximal, PROXIMAL_MU, TrainData, train_locally
+from flower_pfl.client_step import CLIENT_STEP, LR, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.experiment import client_generator
 from flower_pfl.layout import flatten_module

@@ -3,7 +3,7 @@ server step through both strategies, its plain local-SGD client (eq. 5), and a s
 
 from __future__ import annotations
 
-
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import strategies
 import strategies.message
 from client_apps.rules import ClientRule
@@ -21,6 +20,7 @@ from flower_pfl.methods.fedacs import FedACS
 from flower_pfl.methods.registry import client_step_for
 from flower_pfl.models import build_model
 from flower_pfl.solvers import MinibatchStream
+
 from .runs import assert_as_recorded
 
 S = torch.tensor([[1.0, 0.8, 0.1], [0.8, 1.0, -0.2], [0.1, -0.2, 1.0]])

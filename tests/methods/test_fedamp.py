@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -13,7 +14,6 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import strategies
 import strategies.message
 from client_apps.rules import ClientRule
@@ -25,6 +25,7 @@ from flower_pfl.methods.fedamp import FedAMP, HeurFedAMP
 from flower_pfl.methods.registry import client_step_for
 from flower_pfl.models import MLR
 from flower_pfl.solvers import MinibatchStream
+
 from .runs import assert_as_recorded
 
 W = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])

@@ -4,13 +4,13 @@
 import copy
 import math
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import flower_pfl.methods.fedattn as fa
 import strategies
 import strategies.message

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -19,13 +20,21 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import strategies
 import strategies.message
 from client_apps.rules import ClientRule, RecordState
 from flower_pfl.attention import layerwise_attention
 from flower_pfl.client_step import (
-    ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, CLIENT_STEP, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally,
+    ANCHOR,
+    ANCHOR_KEEP,
+    ANCHOR_SET,
+    ANCHOR_STATE,
+    CLIENT_STEP,
+    PROXIMAL_MU,
+    ClientStep,
+    Proximal,
+    TrainData,
+    train_locally,
 )
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.layout import ParamLayout
@@ -34,6 +43,7 @@ from flower_pfl.methods.pfedme import PFedMe, PFedMeStep
 from flower_pfl.methods.registry import client_step_for, entry, evaluation_step_for
 from flower_pfl.models import build_model
 from flower_pfl.solvers import MinibatchStream
+
 from .runs import assert_as_recorded
 
 NAMES, SHAPES = fb.NAMES, fb.SHAPES

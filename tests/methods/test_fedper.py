@@ -10,6 +10,7 @@ from flower_pfl.client_step import ClientStep, TrainData, train_locally
 from flower_pfl.methods.fedper import FedPer
 from flower_pfl.models import DNN
 from flower_pfl.server_step import MethodServer, RawReply
+
 from .runs import assert_as_recorded
 
 

@@ -6,6 +6,7 @@ APIs and ``MethodServer``, the client step in a user's own loop, and short whole
 import json
 import math
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -13,15 +14,21 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import strategies
 import strategies.message
 from client_apps.app import Node
 from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import CLIENT_STEP, BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
+from flower_pfl.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.methods.igfl import (
-    ATTENTION_MODES, CORRECTION, DELTA_STATE, GLOBAL_DELTA, IGFL, PARTICIPANTS, IGFLCorrection, afl_global_delta,
+    ATTENTION_MODES,
+    CORRECTION,
+    DELTA_STATE,
+    GLOBAL_DELTA,
+    IGFL,
+    PARTICIPANTS,
+    IGFLCorrection,
+    afl_global_delta,
     corrected_step,
 )
 from flower_pfl.methods.registry import client_step_for

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 
-
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import strategies
 import strategies.message
 from flower_pfl.client_step import PROXIMAL_MU, ClientStep, TrainData, train_locally
@@ -20,6 +19,7 @@ from flower_pfl.layout import ParamLayout
 from flower_pfl.methods.local import Local
 from flower_pfl.methods.registry import client_step_for
 from flower_pfl.models import build_model
+
 from .runs import assert_as_recorded
 
 NAMES, SHAPES = fb.NAMES, fb.SHAPES

@@ -3,12 +3,12 @@ split only, the server's instructions and FedAvg, one whole run."""
 
 import copy
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
-import fabricate as fb
 import flower_pfl.methods.per_fedavg as pf
 import strategies.message
 from client_apps.app import Node

@@ -3,6 +3,7 @@ server through both Flower APIs and ``MethodServer``, the client step in a user'
 the personalized (PM) and global (GM) accuracies a client reports, pFedMe+MCSA (FedMCSA's
 Table 2) as a run-config entry, and short whole runs of ``pfedme`` and ``pfedme+mcsa``."""
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -11,15 +12,22 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import parameters_to_ndarrays
 from torch import nn
 
-import fabricate as fb
 import strategies
 import strategies.message
 from client_apps.app import Node
 from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import CLIENT_STEP, BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
+from flower_pfl.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.config import ConfigError, ExperimentConfig
 from flower_pfl.methods.pfedme import (
-    EVALUATE_BOTH, INNER_STEPS, LAMBDA, PERSONAL_LR, THETA_STATE, PFedMe, PFedMeStep, personalize, personalized_vector,
+    EVALUATE_BOTH,
+    INNER_STEPS,
+    LAMBDA,
+    PERSONAL_LR,
+    THETA_STATE,
+    PFedMe,
+    PFedMeStep,
+    personalize,
+    personalized_vector,
 )
 from flower_pfl.methods.registry import client_step_for, evaluation_step_for
 from flower_pfl.metrics import GLOBAL_ACCURACY
@@ -53,7 +61,7 @@ def test_personalize_by_hand():
     model = nn.Linear(1, 1, bias=False)
     with torch.no_grad():
         model.weight.fill_(1.0)
-    loss_of = lambda out: 0.5 * ((out - 3.0) ** 2).sum()  # noqa: E731
+    loss_of = lambda out: 0.5 * ((out - 3.0) ** 2).sum()
     theta, loss = personalize(model, [model.weight.detach().clone()], loss_of, torch.ones(1, 1), lam=2.0, personal_lr=0.1,
                               inner_steps=2)
     assert torch.allclose(theta[0], torch.tensor([[1.34]])) and torch.isclose(loss, torch.tensor(0.5 * 1.8 ** 2))

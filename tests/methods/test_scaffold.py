@@ -3,6 +3,7 @@ and the server update by hand, the server step driven with fabricated replies th
 Flower APIs and ``MethodServer``, the client step in a user's own loop and on the ClientApp,
 and a short whole run."""
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -10,7 +11,6 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import parameters_to_ndarrays
 
-import fabricate as fb
 import strategies
 import strategies.message
 from client_apps.app import Node, train
@@ -19,7 +19,13 @@ from flower_pfl.client_step import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train
 from flower_pfl.config import ExperimentConfig
 from flower_pfl.methods.registry import client_step_for
 from flower_pfl.methods.scaffold import (
-    CONTROL, CONTROL_DELTA, CONTROL_STATE, SCAFFOLD, ScaffoldCorrection, new_control, scaffold_server_update,
+    CONTROL,
+    CONTROL_DELTA,
+    CONTROL_STATE,
+    SCAFFOLD,
+    ScaffoldCorrection,
+    new_control,
+    scaffold_server_update,
 )
 from flower_pfl.models import MLR
 from flower_pfl.server_step import MethodServer, RawReply, UpdateRejected

@@ -10,7 +10,7 @@ from torch import nn
 DIM, CLASSES = 10, 4
 
 
-def Net() -> nn.Module:  # noqa: N802 - reads like a class where it is used
+def Net() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(DIM, 32), nn.ReLU(), nn.Linear(32, CLASSES))
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Mapping
 from logging import INFO
-from typing import Any, Mapping
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log

@@ -14,7 +14,7 @@ from torch import nn
 SIDE, CLASSES = 8, 4
 
 
-def Net() -> nn.Module:  # noqa: N802 - used like a class
+def Net() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Flatten(), nn.Linear(SIDE * SIDE, 16), nn.ReLU(), nn.Linear(16, CLASSES))
 
