@@ -37,6 +37,11 @@ import torch  # noqa: E402  (after the environment is set)
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """End-to-end tests first: the longest start first, and the short ones fill the gaps."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(SANDBOX, ignore_errors=True)
 

@@ -49,8 +49,9 @@ def _own_models_evaluated(run_dir: Path, last_round: int) -> None:
 
 # --- same seed, same numbers ---------------------------------------------------------------------
 
-@pytest.mark.xdist_group("flwr-run-a")
-@pytest.mark.parametrize("method,api", [("fedavg", "message"), ("scaffold", "legacy"), ("fedmcsa", "legacy")])
+@pytest.mark.parametrize("method,api", [pytest.param("fedavg", "message", marks=pytest.mark.xdist_group("flwr-run-a")),
+                                        pytest.param("scaffold", "legacy", marks=pytest.mark.xdist_group("flwr-run-a")),
+                                        pytest.param("fedmcsa", "legacy", marks=pytest.mark.xdist_group("flwr-run-b"))])
 def test_flwr_run_gives_the_in_process_numbers_of_the_same_seed(simulation, tmp_path, method, api):
     """Flower's own FedAvg, and this package's strategies through the legacy API (whose server gathers
     results on threads): a ``flwr run`` gives, to the last bit, the numbers of the in-process run with
@@ -70,9 +71,9 @@ def test_flwr_run_gives_the_in_process_numbers_of_the_same_seed(simulation, tmp_
 
 # --- a killed server resumes ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("method", [pytest.param("fedmcsa", marks=pytest.mark.xdist_group("flwr-run-b")),
-                                    pytest.param("fedattn", marks=pytest.mark.xdist_group("flwr-run-c")),
-                                    pytest.param("scaffold", marks=pytest.mark.xdist_group("flwr-run-a"))])
+@pytest.mark.parametrize("method", [pytest.param("fedmcsa", marks=pytest.mark.xdist_group("flwr-run-c")),
+                                    pytest.param("fedattn", marks=pytest.mark.xdist_group("flwr-run-d")),
+                                    pytest.param("scaffold", marks=pytest.mark.xdist_group("flwr-run-e"))])
 def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, tmp_path, method):
     """A personalized method, a global-model method with server-side state (FedAttn's attention
     module) and one whose clients keep state (SCAFFOLD's c_i, restored from the nodes' disks): SIGKILL
@@ -134,7 +135,7 @@ def test_a_run_that_accepts_no_update_ends_failed_and_says_why(simulation, tmp_p
 
 # --- many clients --------------------------------------------------------------------------------
 
-@pytest.mark.xdist_group("flwr-run-d")
+@pytest.mark.xdist_group("flwr-run-f")
 def test_many_clients_partial_participation(simulation, tmp_path):
     run = simulation.run({"method": "fedacs", "train-samples-per-client": 50, "num-rounds": 2, "clients-per-round": 50,
                           "eval-every": 2, "output-dir": str(tmp_path)}, nodes=500)
@@ -159,7 +160,7 @@ def test_own_legacy_app_with_fedacs_swapped_in(simulation):
     assert "'accuracy'" in run["log"] and "'clients-accepted'" in run["log"]
 
 
-@pytest.mark.xdist_group("flwr-run-d")
+@pytest.mark.xdist_group("flwr-run-e")
 def test_plain_app_names_its_strategy_and_metric(simulation):
     """examples/plain_app under ``flwr run``: a plain client reporting ``eval-acc``; the ServerApp builds
     FedMCSA from its import path with ``accuracy_key="eval-acc"``. The client ignores FedMCSA's proximal
@@ -173,7 +174,7 @@ def test_plain_app_names_its_strategy_and_metric(simulation):
     assert run["log"].count("receipt 'client-step' = 'proximal-mu'") == 1, run["log"][-3000:]
 
 
-@pytest.mark.xdist_group("flwr-run-c")
+@pytest.mark.xdist_group("flwr-run-f")
 def test_own_message_app_with_scaffolds_client_side_rule(simulation):
     """examples/message_app: the user's own loop with SCAFFOLD's ``ClientRule`` hooks, whose Δc_i travels
     back in the reply through Ray (every method of the app runs in-process in test_example_apps.py)."""
