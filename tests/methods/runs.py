@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -71,6 +72,7 @@ def record() -> None:
     old = json.loads(RECORDED.read_text()) if RECORDED.exists() else {}
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["FLOWER_PFL_CLIENT_STATE_DIR"] = str(Path(tmp) / "client-state")  # nothing outside the temporary folder
         for e in entries():
             run = short_run(e.label, tmp)
             out[e.label] = {k: run[k] for k in FIGURES + CURVES}
