@@ -8,12 +8,15 @@ exits 0 even when a run failed: a run's status is read from ``flwr ls``, once pe
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flower_pfl import superlink
+from flower_pfl import checkpoint, superlink
 from flower_pfl.sweep_flwr import free_port, run_config_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,3 +114,26 @@ def check_results(run_dir: Path, method: str, rounds: int, nodes: int, per_round
     assert len(clients) == nodes * len(evaluated) and {r["partition-id"] for r in clients} == set(range(nodes))
     assert json.loads((run_dir / "config.json").read_text())["method"] == method
     assert (run_dir / "learning_curve.png").stat().st_size > 1000
+
+
+def kill_after_checkpoint(proc: subprocess.Popen, out_dir: Path, server_round: int, servers: Callable[[], list[int]],
+                          details: Callable[[], str] = str, timeout: float = 300) -> Path:
+    """Once the run that ``proc`` (its ``flwr run``) started has checkpointed ``server_round`` or a later
+    round into ``out_dir``, SIGKILL its ServerApp processes (``servers()``) and ``proc``; returns the
+    run's results folder (``details()``: what a failure message adds)."""
+    deadline, folder = time.monotonic() + timeout, None
+    try:
+        while folder is None and time.monotonic() < deadline:
+            found = list(Path(out_dir).glob("*/" + checkpoint.FILE))
+            if found and checkpoint.read(found[0])[1]["round"] >= server_round:
+                folder = found[0].parent
+            time.sleep(0.2)
+        assert folder is not None, "no checkpoint was written\n" + details()
+        pids = servers()
+        assert pids, "the run's ServerApp process is gone already\n" + details()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    return folder

@@ -13,7 +13,7 @@ import time
 import pytest
 from deployment import LocalDeployment, _alive, _descendants
 from flwr.common.constant import HEARTBEAT_PATIENCE
-from local_runs import ROOT, flwr_command, numbers
+from local_runs import ROOT, flwr_command, kill_after_checkpoint, numbers
 
 from flower_pfl import checkpoint, superlink
 from flower_pfl.credentials import write_node_key
@@ -71,21 +71,9 @@ def test_killed_serverapp_resumes_on_the_same_supernodes(tmp_path):
         proc = subprocess.Popen(flwr_command("run", str(ROOT), "deploy", "--stream", "--run-config",
                                              run_config_text({**settings, "output-dir": str(killed)})),
                                 cwd=ROOT, env=deployment.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        folder, deadline = None, time.monotonic() + 300
-        try:
-            while folder is None and time.monotonic() < deadline:
-                found = list(killed.glob("*/" + checkpoint.FILE))
-                if found and checkpoint.read(found[0])[1]["round"] >= 1:
-                    folder = found[0].parent
-                time.sleep(0.2)
-            assert folder is not None, "no checkpoint was written\n" + deployment.log_tail()
-            apps = [pid for p in deployment.procs for pid in _descendants(p.pid) if "flwr-serverapp" in " ".join(superlink.cmdline(pid))]
-            assert apps, "no ServerApp process found"
-            for pid in apps:
-                os.kill(pid, signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait()
+        folder = kill_after_checkpoint(proc, killed, 1, lambda: [pid for p in deployment.procs for pid in _descendants(p.pid)
+                                                                 if "flwr-serverapp" in " ".join(superlink.cmdline(pid))],
+                                       deployment.log_tail)
         assert checkpoint.read(folder / checkpoint.FILE)[1]["round"] < 3
         resumed = deployment.run(run_config_text({**settings, "resume-from": str(folder), "output-dir": str(killed)}))
     assert not deployment.left_running, "processes of the deployment are still running"

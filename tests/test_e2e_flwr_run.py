@@ -10,15 +10,12 @@ Ray. Tests are grouped (``xdist_group``) so that each group's runs share one Sup
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from local_runs import ROOT, LocalSimulation, check_results, numbers, results
+from local_runs import ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
 
 from flower_pfl import checkpoint
 from flower_pfl.results import MODELS, SERVER_STATE, load_models, load_state
@@ -83,21 +80,7 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
     killed = tmp_path / "killed"
     proc = simulation.start({**settings, "output-dir": str(killed)}, nodes=6, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline, folder = time.monotonic() + 300, None
-    try:
-        while time.monotonic() < deadline and folder is None:
-            found = list(killed.glob("*/" + checkpoint.FILE))
-            if found and checkpoint.read(found[0])[1]["round"] >= 2:
-                folder = found[0].parent
-            time.sleep(0.2)
-        assert folder is not None, "no checkpoint was written"
-        servers = simulation.server_processes()
-        assert servers, "the run's ServerApp process is gone already"
-        for pid in servers:
-            os.kill(pid, signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    folder = kill_after_checkpoint(proc, killed, 2, simulation.server_processes)
     assert checkpoint.read(folder / checkpoint.FILE)[1]["round"] < 8, "the run finished before it was killed"
     simulation.runs()  # the killed run is known: the next new run is the resumed one
 
