@@ -18,7 +18,7 @@ of the replies, ``get`` of the next participants), which the limit does not. Eve
 median over repeats after a warm-up call (the limit's over its timings before and after the
 methods), with torch's threads as set by ``--threads`` (default: torch's own).
 
-FedAMP's precision: its weights ξ (``flower_pfl.attention.fedamp_weights``) from float32 models
+FedAMP's precision: its weights ξ (``flower_pfl.methods.attention.fedamp_weights``) from float32 models
 against the same function on float64 models and against a float64 ``torch.cdist`` reference, with
 the aggregated models ``u_i = Σ_j ξ_ij w_j``, on the benchmark's models and on the models of short
 in-process FedAMP runs.
@@ -45,14 +45,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from flower_pfl.attention import fedamp_weights
-from flower_pfl.layout import ParamLayout
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.reply_checks import Reply
+from flower_pfl.engine.wire import encode_vector
+from flower_pfl.methods.attention import fedamp_weights
 from flower_pfl.methods.fedattn import BIAS_GRADIENT, REPRESENTATION
 from flower_pfl.methods.igfl import ATTENTION_MODES
 from flower_pfl.methods.registry import method_classes
 from flower_pfl.methods.scaffold import CONTROL_DELTA
-from flower_pfl.server_step import MethodServer, Reply
-from flower_pfl.wire import encode_vector
 
 #: ``(m, d)``: participants x parameters
 SIZES: dict[str, list[tuple[int, int]]] = {
@@ -278,7 +279,7 @@ def results_precision(folder: str | Path, label: str) -> dict[str, Any]:
     """``fedamp_precision`` on the server's per-client models of a FedAMP results folder, in groups
     of ``clients-per-round`` clients (a round's participants, so no self weight turns negative), with
     the run's ``α_k`` and ``σ``: the largest difference over the groups."""
-    from flower_pfl.results import MODELS, load_models
+    from flower_pfl.run.results import MODELS, load_models
 
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())

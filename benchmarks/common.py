@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from flower_pfl.compare import fmt  # noqa: F401 - the scripts' ``mean ± std`` in percent, as the sweep's tables
-from flower_pfl.figures import format_value
+from flower_pfl.reports.figures import format_value
+from flower_pfl.tools.compare import fmt  # noqa: F401 - the scripts' ``mean ± std`` in percent, as the sweep's tables
 
 
 def _run(job: dict) -> dict:

@@ -1,4 +1,4 @@
-"""FedACS's data-scarce setting (paper 001, Table 2): 100 clients, Dirichlet(alpha) label
+"""FedACS's data-scarce setting (Chen, Li, Shen, Table 2): 100 clients, Dirichlet(alpha) label
 skew, only 50 training samples per client.
 
 Runs FedACS, FedAvg, Local and FedMCSA for every alpha and seed with the real

@@ -1,4 +1,4 @@
-"""FedAttn (paper 003) as written and with the stabilisers its authors propose, against FedAvg,
+"""FedAttn (Luo, Panchal, Guan) as written and with the stabilisers its authors propose, against FedAvg,
 FedMCSA and Local.
 
 Every client evaluates its personalized model (FedAttn: the global model with the biases the
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import caption, finish_plot, fmt, machine, run_jobs, save
-from flower_pfl.figures import format_value
+from flower_pfl.reports.figures import format_value
 
 #: name -> (method, extra run config)
 VARIANTS = {

@@ -110,7 +110,7 @@ def main() -> None:
 def _statistics_of(run: dict) -> dict[str, list[float]]:
     """``round_statistics`` of a finished run, from the attention it saved."""
     saved = np.load(Path(run["results_dir"]) / "attention_rounds.npz")
-    sigma = PAPER_SETTINGS["sigma"] if run["method"] == "fedmcsa" else None
+    sigma = PAPER_SETTINGS["fedmcsa-sigma"] if run["method"] == "fedmcsa" else None
     return round_statistics(saved["ids"], saved["num_participants"], saved[COMPONENT[run["method"]]], sigma,
                             zero_first=run["init"] == "zero")
 
@@ -149,7 +149,7 @@ def report(runs: list[dict], settings: dict, out: Path) -> None:
     seconds = np.mean([r["summary"]["seconds_per_round"] for r in runs]) if runs else float("nan")
     note = (f"\n\nSynthetic({settings.get('synthetic-alpha')}, {settings.get('synthetic-beta')}), MLR, 100 clients, "
             f"S = {settings.get('clients-per-round')}, R = {settings.get('local-steps')}, |D| = {settings.get('batch-size')}, "
-            f"η = {settings.get('lr')}, λ = {settings.get('lam')}, σ = {settings.get('sigma')}, T = {settings.get('rounds')}, "
+            f"η = {settings.get('lr')}, λ = {settings.get('fedmcsa-lambda', settings.get('lam'))}, σ = {settings.get('fedmcsa-sigma', settings.get('sigma'))}, T = {settings.get('rounds')}, "
             f"evaluated every {settings.get('eval_every')} rounds; FedACS and FedAMP at their defaults. BMTA and its round: "
             "mean ± std (round: mean) over seeds. Self-attention: the mean diagonal of the round's attention on the weight "
             "matrix (FedMCSA: `fc.weight`'s; FedACS, FedAMP: the whole model's), at round 10 and averaged over the last 10% "

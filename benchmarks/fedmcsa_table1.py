@@ -1,4 +1,4 @@
-"""Reproduce the Synthetic column of FedMCSA's Table 1 (paper 004, section 5.1.4).
+"""Reproduce the Synthetic column of FedMCSA's Table 1 (Guo et al., section 5.1.4).
 
 Every run is the real ServerApp + ClientApp code driven in one process
 (``server_apps.inprocess``); runs go to a pool of worker processes. Prints a
@@ -46,7 +46,7 @@ LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "fedmcsa":
 #: Section 5.1.4: SGD, eta 0.02, lambda 5, sigma 50, S 20, |D| 20, R 20, T 800, 75/25 split.
 PAPER_SETTINGS = {
     "dataset": "synthetic", "synthetic-alpha": 0.5, "synthetic-beta": 0.5, "train-fraction": 0.75,
-    "clients-per-round": 20, "lr": 0.02, "batch-size": 20, "local-steps": 20, "lam": 5.0, "sigma": 50.0,
+    "clients-per-round": 20, "lr": 0.02, "batch-size": 20, "local-steps": 20, "fedmcsa-lambda": 5.0, "fedmcsa-sigma": 50.0,
     "hidden-units": 20, "device": "cpu",
 }
 
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=800)
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--proximal-mu", type=float, default=0.01)
-    ap.add_argument("--lam", type=float, default=PAPER_SETTINGS["lam"], help="FedMCSA's lambda (paper: 5)")
+    ap.add_argument("--lam", type=float, default=PAPER_SETTINGS["fedmcsa-lambda"], help="FedMCSA's lambda (paper: 5)")
     ap.add_argument("--participation", nargs="+", choices=["sampled", "all"], default=["sampled"],
                     help="sampled: only the sampled clients train (default); all: every client, every round "
                          "(FedMCSA's Algorithm 1; applies to fedmcsa and local)")
@@ -94,7 +94,7 @@ def main() -> None:
     jobs = [
         {"method": m, "participation": p, "model": mdl, "seed": s, "num_nodes": 100,
          "overrides": {**PAPER_SETTINGS, **_method_config(m), "model": mdl, "seed": s, "num-rounds": args.rounds,
-                       "eval-every": args.eval_every, "proximal-mu": args.proximal_mu, "lam": args.lam,
+                       "eval-every": args.eval_every, "fedprox-mu": args.proximal_mu, "fedmcsa-lambda": args.lam,
                        "all-clients-train": p == "all", "output-dir": str(args.out / "runs")}}
         for mdl in args.models for m, p in variants for s in args.seeds
     ]

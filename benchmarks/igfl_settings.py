@@ -1,4 +1,4 @@
-"""IGFL's experiments (paper 002, Tables 1-3 and Figure 2) on one global model.
+"""IGFL's experiments (Huang, Shang et al., Tables 1-3 and Figure 2) on one global model.
 
 - cross-silo: 10 clients, all train every round, 2 label shards each (sort and partition);
   IGFL-S / IGFL use time attention (the paper's choice for this setting).
@@ -86,7 +86,7 @@ def main() -> None:
 
     common = {"dataset": args.dataset, "data-dir": str(Path(args.data_dir).resolve()), "emnist-split": args.emnist_split,
               "model": model, "num-rounds": args.rounds, "local-steps": args.local_steps, "batch-size": args.batch_size,
-              "lr": args.lr, "server-momentum": 0.9, "fedadam-eta": args.fedadam_eta, "fedadam-tau": args.fedadam_tau,
+              "lr": args.lr, "fedavgm-momentum": 0.9, "fedadam-eta": args.fedadam_eta, "fedadam-tau": args.fedadam_tau,
               "eval-every": args.eval_every, "device": "cpu", "output-dir": str(out / "runs")}
     grid = settings(args)
     jobs = [{"kind": "table", "setting": name, "method": m, "seed": s, "num_nodes": st["num_nodes"],

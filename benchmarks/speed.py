@@ -35,9 +35,9 @@ from typing import Any
 
 from flwr.common.config import parse_config_args
 
-from flower_pfl.config import ExperimentConfig
-from flower_pfl.sweep import Cell
-from flower_pfl.sweep_flwr import PROJECT, RESOURCES, FlwrRunEngine
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.tools.sweep import Cell
+from flower_pfl.tools.sweep_flwr import PROJECT, RESOURCES, FlwrRunEngine
 
 from . import speed_probe
 from .common import save

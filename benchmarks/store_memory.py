@@ -3,7 +3,7 @@
 The disk store (``DiskClientModelStore``) with N clients x D parameters (default 10,000 x
 1,000,000: 40 GB of float32 rows on disk), each client's row written once, in chunks; then R
 rounds of FedMCSA's server step on P sampled participants: their rows fetched (``get``), the
-layer-wise attention of ``flower_pfl.attention`` over them, with one component per tenth of
+layer-wise attention of ``flower_pfl.methods.attention`` over them, with one component per tenth of
 the columns, and the personalized rows written back (``put``). Then the same for the in-memory
 store (``ClientModelStore``) at a size that fits in memory (default 1,000 x 1,000,000: 4 GB).
 
@@ -68,8 +68,8 @@ def run_store(kind: str, clients: int, dim: int, rounds: int, participants: int,
     import numpy as np
     import torch
 
-    from flower_pfl.attention import layerwise_attention
-    from flower_pfl.store import make_store
+    from flower_pfl.engine.store import make_store
+    from flower_pfl.methods.attention import layerwise_attention
 
     rss_start = _rss()
     gen = torch.Generator().manual_seed(seed)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.common import machine, run_jobs
 from benchmarks.fedmcsa_table1 import PAPER_SETTINGS, _method_config
-from flower_pfl.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.methods.registry import entries
 
 

@@ -23,17 +23,17 @@ from flwr.clientapp import ClientApp
 
 from client_apps import persisted_state
 from client_apps.rules import RecordState
-from flower_pfl.client_step import SERVER_ROUND, Extras, TrainData, train_locally
-from flower_pfl.config import ExperimentConfig
-from flower_pfl.data import ClientData
-from flower_pfl.experiment import dataset_shape, load_client_data, make_model, resolve_device, solver_settings
+from flower_pfl.engine.client_step import SERVER_ROUND, Extras, TrainData, train_locally
+from flower_pfl.engine.evaluation import EvalResult
+from flower_pfl.engine.evaluation import evaluate as evaluate_model
+from flower_pfl.engine.wire import fingerprint
+from flower_pfl.experiment.build import dataset_shape, load_client_data, make_model, resolve_device, solver_settings
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.experiment.data import ClientData
 from flower_pfl.methods.registry import client_step_for, evaluation_step_for
-from flower_pfl.quiet import silence_runtime_noise
-from flower_pfl.solvers import EvalResult
-from flower_pfl.solvers import evaluate as evaluate_model
-from flower_pfl.wire import fingerprint
+from flower_pfl.run.quiet import silence_runtime_noise
 
-silence_runtime_noise()  # loaded before Ray starts in a simulation, and in every Ray actor (flower_pfl.quiet)
+silence_runtime_noise()  # loaded before Ray starts in a simulation, and in every Ray actor (flower_pfl.run.quiet)
 app = ClientApp()
 
 #: evaluation metric: ``fingerprint`` of the model the node received (see the trust model in README)

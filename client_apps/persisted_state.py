@@ -27,10 +27,9 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.common.logger import log
 
-from flower_pfl import checkpoint
-from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
-
-from .rules import RecordState
+from client_apps.rules import RecordState
+from flower_pfl.engine.client_step import RESUMED_AFTER, RUN_KEY
+from flower_pfl.run import tensor_files
 
 _RESTORED = "flower-pfl-restored"
 
@@ -75,7 +74,7 @@ def restore(records: RecordDict, node_config: Mapping[str, Any], config: Mapping
             path.unlink(missing_ok=True)  # written by the run that crashed, after its last checkpoint
     if not versions:
         return
-    tensors, meta = checkpoint.read(versions[max(versions)])
+    tensors, meta = tensor_files.read(versions[max(versions)])
     for key, names in meta["entries"].items():
         state[key] = [tensors[name] for name in names]
 
@@ -101,7 +100,7 @@ def _persist(records: RecordDict, node_config: Mapping[str, Any], config: Mappin
     for key in state:
         entries[key] = [f"{key}.{i}" for i in range(len(state[key]))]
         tensors.update(zip(entries[key], state[key]))
-    checkpoint.write(folder / f"round-{server_round}.safetensors", tensors, {"entries": entries})
+    tensor_files.write(folder / f"round-{server_round}.safetensors", tensors, {"entries": entries})
     # the server's last checkpoint is of round ((r - 1) // k) * k (none but the final one for k = 0)
     needed = ((server_round - 1) // checkpoint_every) * checkpoint_every if checkpoint_every > 0 else server_round
     versions = _versions(folder)

@@ -2,30 +2,30 @@
 
 A method whose client is plain local training (FedACS, FedAvg+MCSA, Local, FedAvg, FedAvgM,
 FedAdam) works with any ClientApp that trains the received model and sends it back. For the
-others, ``ClientRule.from_config`` reads from the training instruction which client step the
+others, ``step_for`` reads from the training instruction which client step the
 strategy asks for and hands you that step: the very object this package's own ClientApp runs
-(``flower_pfl.client_step``), with two hooks for an ordinary PyTorch loop::
+(``flower_pfl.engine.client_step``), with two hooks for an ordinary PyTorch loop::
 
-    rule = ClientRule.from_config(config, model, context.state)
+    step = step_for(config, model, context.state)
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
     for x, y in loader:
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
-        rule.adjust_gradients(model, (x, y))
+        step.adjust_gradients(model, (x, y))
         optimizer.step()
-    extras = rule.finish(model, train_inputs)  # what the strategy needs back, with the step's receipt
+    extras = step.finish(model, train_inputs)  # what the strategy needs back, with the step's receipt
 
 Send ``extras`` back as a ``ConfigRecord`` in the reply (Message API) or inside the fit
 metrics (legacy API): besides the bytes some steps return, they hold the step's receipt
 (``client-step``: the config key that asked for it), without which the strategy warns once that
 its clients ignored the step (the method then runs as another one, e.g. FedMCSA without λ).
 The IGFL-C, SCAFFOLD, FedAttn and pFedMe steps assume plain SGD steps of the instruction's
-``lr`` (no momentum, weight decay, schedule or clipping); pass the optimizer to ``from_config``
+``lr`` (no momentum, weight decay, schedule or clipping); pass the optimizer to ``step_for``
 to have that checked, and send ``lr`` and ``local-steps`` in the strategy's train config. The steps:
 
 - proximal term ``μ/2 ||w − a||²`` (FedMCSA, FedProx, FedAMP, HeurFedAMP; the anchor ``a`` is the
   received model, or the one the client remembered for FedMCSA's clients that were not sampled);
-- IGFL-C's individual and group correction (IGFL, paper 002, Algorithm 2): exactly
+- IGFL-C's individual and group correction (IGFL, Huang, Shang et al., Algorithm 2): exactly
   ``local-steps`` steps;
 - SCAFFOLD's control variates (option II), which returns ``Δc_i``;
 - FedAttn's optional bias stabiliser; returns ``Z_i`` and the bias gradient (``finish`` needs
@@ -41,6 +41,7 @@ between rounds on a SuperNode and in simulation alike.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -49,14 +50,10 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from flower_pfl.client_step import ClientStep, Proximal
-from flower_pfl.methods.fedattn import FedAttnStep
-from flower_pfl.methods.igfl import IGFLCorrection
-from flower_pfl.methods.pfedme import PFedMeStep
+from flower_pfl.engine.client_step import ClientStep
 from flower_pfl.methods.registry import client_step_for
-from flower_pfl.methods.scaffold import ScaffoldCorrection
 
-__all__ = ["ClientRule", "FedAttnStep", "IGFLCorrection", "PFedMeStep", "Proximal", "RecordState", "ScaffoldCorrection"]
+__all__ = ["ClientRule", "RecordState", "client_state", "step_for"]
 
 
 class RecordState(MutableMapping[str, list[torch.Tensor]]):
@@ -87,24 +84,34 @@ def client_state(state: RecordDict | MutableMapping[str, list[torch.Tensor]] | N
     return RecordState(state) if isinstance(state, RecordDict) else state
 
 
+def step_for(config: Mapping[str, Any], model: nn.Module, state: RecordDict | None = None,
+             optimizer: torch.optim.Optimizer | None = None,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> ClientStep:
+    """The client step the training instruction ``config`` asks for, ready for your loop; call it
+    after loading the received model into ``model`` (see the module docstring).
+
+    ``state``: the node's ``context.state``; ``optimizer``: checked to be what the step assumes
+    (plain SGD, no momentum or weight decay, ``lr`` as sent) when given; ``loss_fn(logits, y)``:
+    your loss, for steps that evaluate it themselves (pFedMe's inner problem). The step classes
+    live beside their methods (``flower_pfl.methods``; e.g. ``ScaffoldCorrection`` in ``scaffold``).
+    """
+    step = client_step_for(config)
+    if not step.hookable:
+        raise ValueError(f"{step.__name__} trains a second model or takes a second minibatch per step; "
+                         "use client_apps.app's ClientApp for it")
+    made = step(model, config, client_state(state), loss_fn)
+    if optimizer is not None and made.needs_plain_sgd:
+        made.check_optimizer(optimizer)
+    return made
+
+
 class ClientRule:
-    """Hands out the client step a training instruction asks for (see the module docstring)."""
+    """Deprecated: ``ClientRule.from_config(...)`` is ``step_for(...)``."""
 
     @staticmethod
     def from_config(config: Mapping[str, Any], model: nn.Module, state: RecordDict | None = None,
                     optimizer: torch.optim.Optimizer | None = None,
                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> ClientStep:
-        """The step the instruction ``config`` asks for; call it after loading the received model.
-
-        ``state``: the node's ``context.state``; ``optimizer``: checked to be what the step assumes
-        (plain SGD, no momentum or weight decay, ``lr`` as sent) when given; ``loss_fn(logits, y)``:
-        your loss, for steps that evaluate it themselves (pFedMe's inner problem).
-        """
-        step = client_step_for(config)
-        if not step.hookable:
-            raise ValueError(f"{step.__name__} trains a second model or takes a second minibatch per step; "
-                             "use client_apps.app's ClientApp for it")
-        rule = step(model, config, client_state(state), loss_fn)
-        if optimizer is not None and rule.needs_plain_sgd:
-            rule.check_optimizer(optimizer)
-        return rule
+        """Deprecated name of ``step_for``."""
+        warnings.warn("client_apps.rules.ClientRule.from_config is now client_apps.rules.step_for", FutureWarning, stacklevel=2)
+        return step_for(config, model, state, optimizer, loss_fn)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
@@ -19,29 +21,29 @@ from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from flower_pfl.client_step import RESUMED_AFTER, RUN_KEY
-from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.diagnostics import label_set, save_similarity_snapshot, strongest_partner_agreement
-from flower_pfl.experiment import check_device, has_hidden_layers, initial_arrays, solver_config
-from flower_pfl.figures import grouped_order, run_title
-from flower_pfl.quiet import silence_runtime_noise
-from flower_pfl.reply_checks import ReplyBounds
-from flower_pfl.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, save_models, save_state
-from flower_pfl.sampling import Sampler
-from flower_pfl.server_step import MethodServer
-from flower_pfl.store import DiskClientModelStore
-from strategies.metrics import PersonalizedMetrics
+from flower_pfl.engine.client_step import RESUMED_AFTER, RUN_KEY
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.reply_checks import ReplyBounds
+from flower_pfl.engine.sampling import Sampler
+from flower_pfl.engine.server_step import PersonalizedStep
+from flower_pfl.engine.store import DiskClientModelStore
+from flower_pfl.experiment.build import check_device, has_hidden_layers, initial_arrays, solver_config
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.reports.diagnostics import save_run_diagnostics
+from flower_pfl.reports.figures import run_title
+from flower_pfl.run.quiet import silence_runtime_noise
+from flower_pfl.run.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, save_models, save_state
+from server_apps.checkpoints import Checkpointer, Resumption, set_flower_state
+from server_apps.console import quiet_round_loop
+from server_apps.factory import build_legacy_strategy, build_message_strategy, participants
+from server_apps.guard import ReplyGuard
+from server_apps.node_order import RankedGrid, query_nodes
+from server_apps.recording import RecordedLegacyStrategy, RecordedStrategy
+from server_apps.seeded import SeededClientManager
+from strategies.aggregated_metrics import PersonalizedMetrics
 from strategies.nodes import NodeWatch
 
-from .checkpointing import Checkpointer, Resumption, set_flower_state
-from .console import quiet_round_loop
-from .factory import build_legacy_strategy, build_message_strategy, participants
-from .guard import ReplyGuard
-from .node_order import RankedGrid, query_nodes
-from .recording import RecordedLegacyStrategy, RecordedStrategy
-from .seeded import SeededClientManager
-
-silence_runtime_noise()  # before Ray starts in a simulation (flower_pfl.quiet)
+silence_runtime_noise()  # before Ray starts in a simulation (flower_pfl.run.quiet)
 app = ServerApp()
 
 
@@ -70,36 +72,6 @@ def run_dir(cfg: ExperimentConfig) -> Path:
             problem = "cannot hold a results folder"
         raise ConfigError(f"run config 'output-dir' = {cfg.output_dir!r}: {problem} ({err})") from err
     raise RuntimeError(f"cannot create a results folder next to {base}")
-
-
-def _save_diagnostics(server: MethodServer, info: Mapping[int, Mapping[str, Any]], out: Path, title: str) -> dict[str, Any]:
-    """Attention heatmaps averaged over rounds (clients ordered by their label set, then partition
-    id) with how often each client's strongest attention falls on a client with the same labels,
-    and, for FedACS, the last round's similarity and selection mask. Returns figures for the summary."""
-    def about(key: Any) -> Mapping[str, Any]:
-        return info.get(int(key), {})
-
-    extra: dict[str, Any] = {}
-    attention = getattr(server.method, "attention_weights", None)
-    if attention is not None and len(attention):
-        ids = attention.clients
-        labels = {cid: label_set(about(cid).get("label-counts", [])) for cid in ids}
-        order = [ids[i] for i in grouped_order([labels[c] for c in ids], [about(c).get("partition-id", -1) for c in ids])]
-        attention.save_rounds(out / "attention_rounds")
-        attention.save(out / "attention", title=title, rank={c: i for i, c in enumerate(order)}, groups=labels)
-        ordered, means = attention.mean({c: i for i, c in enumerate(order)})
-        for name, mean in means.items():
-            stats = strongest_partner_agreement(mean, [labels[c] for c in ordered])
-            extra[f"attention_{name}_strongest_same_labels"] = stats["strongest_same_group"]
-            extra[f"attention_{name}_chance_same_labels"] = stats["chance_same_group"]
-    method_state = server.method
-    if getattr(method_state, "last_similarity", None) is None or not server.last_participants:
-        return extra
-    ids = server.last_participants
-    stats = save_similarity_snapshot(out / "similarity_last_round", ids, method_state.last_similarity.cpu().numpy(),
-                                     method_state.last_mask.cpu().numpy(), method_state.last_delta,
-                                     [about(cid).get("dominant-label", -1) for cid in ids], title=title)
-    return extra | {f"last_round_{k}": v for k, v in stats.items()}
 
 
 #: seconds between a simulation's looks for replies (``flwr run``: Flower's in-memory grid, 0.1 s by default)
@@ -131,24 +103,56 @@ def _continue_bmta(strategy: Any, best: float) -> None:
 def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     """Run the experiment ``run_config`` describes on ``grid`` (or continue the one ``resume-from``
     names); returns the results folder. Flower's round-by-round lines are dropped from the console
-    unless ``verbose`` (``flower_pfl.quiet``): the run's own progress lines say how it goes."""
-    try:
+    unless ``verbose`` (``flower_pfl.run.quiet``): the run's own progress lines say how it goes."""
+    with _logged(ConfigError):
         cfg = ExperimentConfig.from_mapping(run_config)
-    except ConfigError as err:
-        log(ERROR, "%s", err)
-        raise
     with quiet_round_loop(enabled=not cfg.verbose):
-        return _run_experiment(grid, cfg)
+        run = _open(grid, cfg)
+        strategy, sampler = _build(run)
+        final = _train(run, strategy, sampler)
+        return _finish(run, strategy, final)
 
 
-def _run_experiment(grid: Grid, cfg: ExperimentConfig) -> Path:
+@contextmanager
+def _logged(*errors: type[Exception]) -> Iterator[None]:
+    """Log ``errors`` raised inside the block (Flower shows the ServerApp's log, not its traceback), then raise them."""
     try:
-        check_device(cfg.device)
-        resumed = Resumption(cfg.resume_from) if cfg.resume_from else None
-    except ConfigError as err:
+        yield
+    except errors as err:
         log(ERROR, "%s", err)
         raise
-    initial = initial_arrays(cfg)
+
+
+@dataclass
+class _Run:
+    """A run being made: its config, nodes, results folder and, when resumed, its checkpoint."""
+
+    cfg: ExperimentConfig
+    grid: Grid
+    initial: dict[str, np.ndarray]
+    resumed: Resumption | None
+    #: what each node reported at start (partition id, label counts), by node id
+    info: dict[int, dict[str, Any]]
+    out: Path
+    recorder: RunRecorder
+    #: every instruction names the run (clients keep their state under that name) and, when resumed, the round
+    instructions: dict[str, Any]
+
+    @property
+    def ranks(self) -> dict[int, int]:
+        return {node: i["partition-id"] for node, i in self.info.items()}
+
+    @property
+    def offset(self) -> int:
+        """The rounds done before this process started (a resumed run's checkpointed round)."""
+        return self.resumed.round if self.resumed is not None else 0
+
+    @property
+    def layout(self) -> dict[str, list[int]]:
+        return {name: list(a.shape) for name, a in self.initial.items()}
+
+
+def _warn_about_init(cfg: ExperimentConfig, initial: Mapping[str, np.ndarray]) -> None:
     if cfg.init == "zero" and has_hidden_layers(initial):
         log(WARNING, "init = 'zero' with model '%s': zero weights cannot break the symmetry of its hidden units (with "
             "every weight at zero they get no gradient at all: the model learns only its output bias); use init 'shared' "
@@ -156,92 +160,120 @@ def _run_experiment(grid: Grid, cfg: ExperimentConfig) -> Path:
     if cfg.init == "zero" and cfg.max_update_ratio > 0:
         log(WARNING, "init = 'zero' with max-update-ratio = %g: a client sent a near-zero model may have its honest update "
             "refused (the bound is relative to the norm of the model sent); max-update-ratio = 0 turns it off", cfg.max_update_ratio)
-    layout = {name: list(a.shape) for name, a in initial.items()}
+
+
+def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
+    """Check what can be checked before anything is written, ask every node for its partition, then open
+    the results folder (a new one, or the resumed run's) and its recorder."""
+    with _logged(ConfigError):
+        check_device(cfg.device)
+        resumed = Resumption(cfg.resume_from) if cfg.resume_from else None
+    initial = initial_arrays(cfg)
+    _warn_about_init(cfg, initial)
     settings = cfg.to_run_config()
-    if resumed is not None:
-        try:
-            resumed.check(settings, layout)
+    with _logged(ConfigError):
+        if resumed is not None:
+            resumed.check(settings, {name: list(a.shape) for name, a in initial.items()})
             if cfg.store == "disk":
                 raise ConfigError("run config 'resume-from' needs store = 'memory': a disk store is not rolled back to its "
                                   "checkpoint, so the resumed run would not continue from the checkpointed round")
-        except ConfigError as err:
-            log(ERROR, "%s", err)
-            raise
-    try:  # every node loads its data to answer: what they cannot serve fails before the results folder exists
-        info = query_nodes(grid)
+        info = query_nodes(grid)  # every node loads its data to answer: what they cannot serve fails before the folder exists
         out = resumed.folder if resumed is not None else run_dir(cfg)
-    except ConfigError as err:
-        log(ERROR, "%s", err)
-        raise
+    say: Callable[[str], None] = lambda msg: log(INFO, "%s", msg)
     if resumed is not None:
-        recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=lambda msg: log(INFO, "%s", msg))
+        recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=say)
         log(INFO, "flower-pfl: resuming %s after round %d", out, resumed.round)
+        instructions: dict[str, Any] = {RUN_KEY: resumed.meta["run-key"], RESUMED_AFTER: resumed.round}
     else:
-        recorder = RunRecorder(out, settings, cfg.num_rounds, log=lambda msg: log(INFO, "%s", msg))
-    offset = resumed.round if resumed is not None else 0
+        recorder = RunRecorder(out, settings, cfg.num_rounds, log=say)
+        instructions = {RUN_KEY: f"{out.name}-{secrets.token_hex(4)}"}  # unique per run
     ranks = {node: i["partition-id"] for node, i in info.items()}
-    grid = RankedGrid(grid, ranks)  # type: ignore[assignment]
-    num_nodes = len(list(grid.get_node_ids()))
+    run = _Run(cfg, RankedGrid(grid, ranks), initial, resumed, info, out, recorder, instructions)  # type: ignore[arg-type]
     log(INFO, "flower-pfl: %s on %s (%s), %d nodes, %d rounds, evaluation every %d; results in %s", cfg.label, cfg.dataset,
-        cfg.model, num_nodes, cfg.num_rounds, cfg.eval_every, out)
+        cfg.model, len(ranks), cfg.num_rounds, cfg.eval_every, out)
+    return run
 
-    sampler = Sampler(cfg.seed, ranks)  # Flower's own strategies sample with it too (see server_apps.seeded)
-    store_dir = str(out / "store") if cfg.store == "disk" else None
-    # every instruction names the run (clients keep their state under that name) and, when resumed, the round
-    run_key = resumed.meta["run-key"] if resumed is not None else f"{out.name}-{secrets.token_hex(4)}"  # unique per run
-    instructions: dict[str, Any] = {RUN_KEY: run_key} | ({RESUMED_AFTER: resumed.round} if resumed is not None else {})
+
+def _build(run: _Run) -> tuple[Any, Sampler]:
+    """The strategy the run config asks for (with a resumed run's state) and the run's sampler, which
+    Flower's own strategies sample with too (``server_apps.seeded``)."""
+    cfg, num_nodes = run.cfg, len(run.ranks)
+    store_dir = str(run.out / "store") if cfg.store == "disk" else None
     if cfg.api == "message":
-        strategy: Any = build_message_strategy(cfg, num_nodes, ranks, store_dir)
+        strategy: Any = build_message_strategy(cfg, num_nodes, run.ranks, store_dir)
     else:
-        strategy = build_legacy_strategy(cfg, initial, num_nodes, ranks, store_dir, instructions)
-    server = getattr(strategy, "server", None)  # our strategies' server (none for Flower's own)
-    if cfg.init == "independent":  # the config allows it only for methods that keep a model per client
+        strategy = build_legacy_strategy(cfg, run.initial, num_nodes, run.ranks, store_dir, run.instructions)
+    server: MethodServer | None = getattr(strategy, "server", None)  # our strategies' server (none for Flower's own)
+    if cfg.init == "independent" and server is not None:  # the config allows it only for methods that keep a model per client
         server.initial_by_rank = partial(initial_arrays, cfg)
-    arrays = initial
-    if resumed is not None:
-        if server is not None:
-            server.initialize(initial)
-            server.set_state(resumed.server_state(ranks))
-        else:
-            set_flower_state(strategy, resumed.flower_state())
-        saved = resumed.arrays()
-        if saved is not None:  # by name; legacy checkpoints keep positions only
-            arrays = {k: saved[k] for k in initial} if set(saved) == set(initial) else dict(zip(initial, saved.values()))
-        sampler.set_state(resumed.sampler_state())
-        _continue_bmta(strategy, recorder.best_mean)
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, strategy, recorder, settings, ranks, layout, sampler, run_key)
-    remaining = cfg.num_rounds - offset
+    sampler = Sampler(cfg.seed, run.ranks)
+    if run.resumed is not None:
+        state = run.resumed.server_state(run.ranks)
+        if server is not None and state is not None:
+            server.initialize(run.initial)
+            server.set_state(state)
+        elif server is None:
+            set_flower_state(strategy, run.resumed.flower_state())
+        sampler.set_state(run.resumed.sampler_state())
+        _continue_bmta(strategy, run.recorder.best_mean)
+    return strategy, sampler
+
+
+def _starting_arrays(run: _Run) -> dict[str, np.ndarray]:
+    """The global arrays the first round of this process starts from: a resumed run's checkpointed ones
+    (by name; legacy checkpoints keep positions only), else the initial model."""
+    saved = run.resumed.arrays() if run.resumed is not None else None
+    if saved is None:
+        return run.initial
+    return {k: saved[k] for k in run.initial} if set(saved) == set(run.initial) else dict(zip(run.initial, saved.values()))
+
+
+def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
+    """The rounds this process has left, through the API the run config names, with the checkpoints and
+    the records of every round; returns the final global arrays (``None``: the method has none)."""
+    cfg, arrays = run.cfg, _starting_arrays(run)
+    checkpointer = Checkpointer(run.out, cfg.checkpoint_every, strategy, run.recorder, cfg.to_run_config(), run.ranks,
+                                run.layout, sampler, run.instructions[RUN_KEY])
+    remaining = cfg.num_rounds - run.offset
     guard = ReplyGuard(ReplyBounds(**cfg.bounds())) if cfg.entry.builtin else None  # ours check their own replies
     if cfg.api == "message":
-        flower_k = participants(cfg, num_nodes) if cfg.entry.builtin else None
-        wrapper: Any = RecordedStrategy(strategy, recorder, cfg.eval_every, sampler, flower_k, checkpointer, offset,
+        flower_k = participants(cfg, len(run.ranks)) if cfg.entry.builtin else None
+        wrapper: Any = RecordedStrategy(strategy, run.recorder, cfg.eval_every, sampler, flower_k, checkpointer, run.offset,
                                         guard=guard, max_idle_rounds=cfg.max_idle_rounds, nodes=NodeWatch(cfg.node_wait_timeout))
         if remaining > 0:
-            wrapper.start(grid=grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
-                          num_rounds=remaining, train_config=ConfigRecord({**solver_config(cfg), **instructions}),
-                          evaluate_config=ConfigRecord(instructions))
+            wrapper.start(grid=run.grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
+                          num_rounds=remaining, train_config=ConfigRecord({**solver_config(cfg), **run.instructions}),
+                          evaluate_config=ConfigRecord(run.instructions))
         final = wrapper.arrays
     else:
-        wrapper = RecordedLegacyStrategy(strategy, recorder, cfg.eval_every, sampler, checkpointer, offset,
+        wrapper = RecordedLegacyStrategy(strategy, run.recorder, cfg.eval_every, sampler, checkpointer, run.offset,
                                          initial_parameters=ndarrays_to_parameters(list(arrays.values())),
                                          guard=guard, max_idle_rounds=cfg.max_idle_rounds)
         if remaining > 0:
-            start_grid(grid=grid, strategy=wrapper, config=ServerConfig(num_rounds=remaining),
+            start_grid(grid=run.grid, strategy=wrapper, config=ServerConfig(num_rounds=remaining),
                        client_manager=SeededClientManager(sampler))
         final = wrapper.named()
-    if remaining > 0 or resumed is None:
+    if remaining > 0 or run.resumed is None:
         checkpointer.save(cfg.num_rounds, final)
+    return final
 
-    if server is not None and isinstance(getattr(server.method, "store", None), DiskClientModelStore):
-        server.method.store.flush()  # the models stay in <results>/store (loading them all could exceed memory)
-    elif server is not None and getattr(server.method, "store", None) is not None:  # what each client would use
-        ids = server.method.store.ids()
-        save_models(out / MODELS, ids, server.method.models_for_evaluation(ids), server.method.store.initial)
-    if server is not None and (learned := server.method.server_state()):  # e.g. FedAttn's attention module
-        save_state(out / SERVER_STATE, learned)
-    title = run_title(cfg, num_nodes)
-    extra = _save_diagnostics(server, info, out, title) if server is not None else {}
-    summary = recorder.finish(title=title, extra=extra)  # logs the closing block
+
+def _finish(run: _Run, strategy: Any, final: Any) -> Path:
+    """The models, the method's learned state, its diagnostics and the summary, written to the results folder."""
+    cfg, out, server = run.cfg, run.out, getattr(strategy, "server", None)
+    title = run_title(cfg, len(run.ranks))
+    extra: dict[str, Any] = {}
+    if server is not None:
+        method = server.method
+        if isinstance(method, PersonalizedStep) and isinstance(method.store, DiskClientModelStore):
+            method.store.flush()  # the models stay in <results>/store (loading them all could exceed memory)
+        elif isinstance(method, PersonalizedStep):  # what each client would use
+            ids = method.store.ids()
+            save_models(out / MODELS, ids, method.models_for_evaluation(ids), method.store.initial)
+        if learned := method.server_state():  # e.g. FedAttn's attention module
+            save_state(out / SERVER_STATE, learned)
+        extra = save_run_diagnostics(method, server.last_participants, run.info, out, title)
+    summary = run.recorder.finish(title=title, extra=extra)  # logs the closing block
     if cfg.verbose:
         log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
     if not summary.get("evaluated_rounds"):

@@ -1,5 +1,5 @@
 """What of Flower's server-side console output a run keeps: its round loop's narration goes
-(``flower_pfl.quiet``), the run's own progress lines, warnings and errors stay."""
+(``flower_pfl.run.quiet``), the run's own progress lines, warnings and errors stay."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
 
-from flower_pfl.quiet import dropping
+from flower_pfl.run.quiet import dropping
 
 
 def _source(module: ModuleType) -> str:

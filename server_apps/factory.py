@@ -14,10 +14,10 @@ from flwr.serverapp.strategy import Strategy as MessageStrategy
 
 import strategies
 import strategies.message
-from flower_pfl.client_step import SERVER_ROUND
-from flower_pfl.config import ExperimentConfig
-from flower_pfl.experiment import resolve_device, solver_config
-from strategies.metrics import PersonalizedMetrics, weighted_train_metrics
+from flower_pfl.engine.client_step import SERVER_ROUND
+from flower_pfl.experiment.build import resolve_device, solver_config
+from flower_pfl.experiment.config import ExperimentConfig
+from strategies.aggregated_metrics import PersonalizedMetrics, weighted_train_metrics
 
 
 def participants(cfg: ExperimentConfig, num_nodes: int) -> int:

@@ -2,7 +2,7 @@
 
 Flower's FedAvg aggregates whatever arrives: a reply with the wrong arrays, a NaN, an unreadable
 array or a huge update reaches the global model or stops the run. In the package's ServerApp
-their replies pass ``flower_pfl.reply_checks`` first (structure, finiteness, sample count and the
+their replies pass ``flower_pfl.engine.reply_checks`` first (structure, finiteness, sample count and the
 update bound against the global model sent); refused replies are logged and left out.
 """
 
@@ -15,8 +15,8 @@ import numpy as np
 from flwr.app import Message
 from flwr.common import parameters_to_ndarrays
 
-from flower_pfl.layout import ParamLayout
-from flower_pfl.reply_checks import (
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.reply_checks import (
     RawReply,
     Reply,
     ReplyBounds,
@@ -28,8 +28,8 @@ from flower_pfl.reply_checks import (
     model_change,
     screen,
 )
+from strategies.aggregated_metrics import reply_counts
 from strategies.message.method_strategy import raw_reply
-from strategies.metrics import reply_counts
 from strategies.nodes import split_replies
 from strategies.replies import log_rejected
 

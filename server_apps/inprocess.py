@@ -17,7 +17,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_pfl.config import ExperimentConfig
+from flower_pfl.experiment.config import ExperimentConfig
 
 CLIENT_APP_EXCEPTION = 1  # error code in replies of a ClientApp that raised
 

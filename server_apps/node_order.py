@@ -18,7 +18,7 @@ from typing import Any
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flower_pfl.config import ConfigError
+from flower_pfl.experiment.config import ConfigError
 from strategies.nodes import query
 
 #: how Flower's simulation wraps a ClientApp's exception message

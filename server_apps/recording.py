@@ -15,15 +15,14 @@ from flwr.server.strategy import Strategy as LegacyStrategy
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy as MessageStrategy
 
-from flower_pfl.reply_checks import UpdateRejected, check_evaluation
-from flower_pfl.results import RunFailed, RunRecorder
-from flower_pfl.sampling import Sampler
-from strategies.metrics import ACCURACY
+from flower_pfl.engine.reply_checks import UpdateRejected, check_evaluation
+from flower_pfl.engine.sampling import Sampler
+from flower_pfl.run.results import RunFailed, RunRecorder
+from server_apps.checkpoints import Checkpointer
+from server_apps.guard import ReplyGuard
+from server_apps.seeded import SampledGrid, in_rank_order, node_id
+from strategies.aggregated_metrics import ACCURACY
 from strategies.nodes import NodeWatch
-
-from .checkpointing import Checkpointer
-from .guard import ReplyGuard
-from .seeded import SampledGrid, in_rank_order, node_id
 
 
 def _usable(metrics: Any) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.criterion import Criterion
 from flwr.serverapp import Grid
 
-from flower_pfl.sampling import Sampler
+from flower_pfl.engine.sampling import Sampler
 
 
 class SampledGrid:

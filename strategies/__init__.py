@@ -2,9 +2,11 @@
 
 ``strategies.<Name>`` are legacy ``flwr.server.strategy.Strategy`` classes
 (``configure_fit`` / ``aggregate_fit``); ``strategies.message.<Name>`` are their Message-API
-twins. Both are made from the same method declaration (``flower_pfl.methods``): every
-method's hyperparameters are typed keyword arguments of its class, documented in its
-docstring. FedAvg, FedProx, FedAvgM and FedAdam are Flower's own, re-exported for convenience.
+twins. Both run the same method declaration (``flower_pfl.methods``) on a generic strategy
+(``LegacyMethodStrategy``, ``MethodStrategy``); ``strategies/methods.py`` and
+``strategies/message/methods.py`` give each method its class, with the method's hyperparameters as
+typed keyword arguments documented in its docstring. FedAvg, FedProx, FedAvgM and FedAdam are
+Flower's own, re-exported for convenience.
 """
 
 # re-exported (``X as X``: names of this package's API)
@@ -13,16 +15,13 @@ from flwr.server.strategy import FedAvg as FedAvg
 from flwr.server.strategy import FedAvgM as FedAvgM
 from flwr.server.strategy import FedProx as FedProx
 
-from flower_pfl.server_step import UpdateRejected as UpdateRejected
-
-from .declared import strategy_classes
-from .legacy import LegacyMethodStrategy
-
-_METHODS = strategy_classes(LegacyMethodStrategy, __name__)
-globals().update(_METHODS)
+from flower_pfl.engine.reply_checks import UpdateRejected as UpdateRejected
+from strategies import methods
+from strategies.legacy import LegacyMethodStrategy as LegacyMethodStrategy
+from strategies.methods import *  # noqa: F403  (one class per method, listed in its __all__)
 
 #: the generic strategy, for a method instance of your own (``LegacyMethodStrategy(MyMethod(), ...)``)
 PersonalizedStrategy = GlobalModelStrategy = LegacyMethodStrategy
 
 __all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "GlobalModelStrategy", "LegacyMethodStrategy", "PersonalizedStrategy",
-                  "UpdateRejected", *_METHODS])
+                  "UpdateRejected", *methods.__all__])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from logging import DEBUG, INFO, WARNING
-from typing import Any
+from typing import Any, ClassVar, TypedDict
 
 import numpy as np
 import torch
@@ -27,11 +27,21 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from flwr.server.strategy.aggregate import weighted_loss_avg
 
-from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
-from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded, is_finite_number
-from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
-
-from .metrics import (
+from flower_pfl.engine.client_step import LOCAL_STEPS, LR, SERVER_ROUND
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.reply_checks import (
+    MAX_MEDIAN_RATIO,
+    MAX_UPDATE_RATIO,
+    MAX_WEIGHT_RATIO,
+    RawReply,
+    ReplyBounds,
+    RoundReplies,
+    UpdateRejected,
+    decoded,
+    is_finite_number,
+)
+from flower_pfl.engine.server_step import Instruction, ServerStep
+from strategies.aggregated_metrics import (
     ACCURACY,
     IDENTITIES,
     NUM_EXAMPLES,
@@ -41,9 +51,10 @@ from .metrics import (
     reply_counts,
     round_replies_metrics,
 )
-from .nodes import NODE_WAIT_TIMEOUT
-from .ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
-from .replies import receive_round
+from strategies.documented import PerMethodDocs
+from strategies.nodes import NODE_WAIT_TIMEOUT
+from strategies.ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
+from strategies.replies import receive_round
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
 MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
@@ -55,8 +66,39 @@ def client_id(proxy: ClientProxy) -> int | str:
     return int(proxy.cid) if proxy.cid.isdigit() else proxy.cid
 
 
-class LegacyMethodStrategy(Strategy):
-    """A method's server step (``flower_pfl.server_step``) as a legacy strategy
+class LegacyOptions(TypedDict, total=False):
+    """``LegacyMethodStrategy``'s options as keyword arguments of the method classes (``strategies.FedMCSA(...,
+    **options)``), documented in ``LegacyMethodStrategy.OPTION_DOCS``."""
+
+    initial_parameters: Parameters | Mapping[str, Any] | None
+    clients_per_round: int | None
+    fraction_fit: float
+    min_fit_clients: int
+    min_available_clients: int
+    fraction_evaluate: float
+    min_evaluate_clients: int
+    accept_failures: bool
+    fit_metrics_aggregation_fn: MetricsFn | None
+    inplace: bool
+    on_fit_config_fn: ConfigFn | None
+    on_evaluate_config_fn: ConfigFn | None
+    evaluate_metrics_aggregation_fn: MetricsFn | None
+    evaluate_fn: EvaluateFn | None
+    accuracy_key: str
+    seed: int
+    device: str | torch.device
+    store_dir: str | None
+    max_update_ratio: float
+    max_weight_ratio: float
+    max_median_ratio: float
+    lr: float | None
+    local_steps: int | None
+    node_wait_timeout: float
+    rank_key: str | None
+
+
+class LegacyMethodStrategy(PerMethodDocs, Strategy):
+    """A method's server step (``flower_pfl.engine.server_step``) as a legacy strategy
     (``configure_fit`` / ``aggregate_fit``).
 
     ``initial_parameters`` is every client's starting model; give it as a ``state_dict`` (or any
@@ -67,7 +109,7 @@ class LegacyMethodStrategy(Strategy):
     client settings and ``server-round``.
     """
 
-    OPTION_DOCS = {
+    OPTION_DOCS: ClassVar[dict[str, str]] = {
         "initial_parameters": "Every client's starting model: a state_dict (names kept) or Flower Parameters "
                               "(no names; None: asked from one client).",
         "clients_per_round": "Clients that train each round (None: ``fraction_fit`` of the available clients).",
@@ -84,7 +126,7 @@ class LegacyMethodStrategy(Strategy):
         "on_evaluate_config_fn": "Config sent with every evaluation instruction, by round.",
         "evaluate_metrics_aggregation_fn": "Aggregates the clients' ``(num_examples, metrics)`` evaluations, as Flower's "
                                            "FedAvg's (None: every numeric metric's sample-weighted mean under its own name); "
-                                           "the personalized summary of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) "
+                                           "the personalized summary of ``accuracy_key`` (``strategies.aggregated_metrics.PersonalizedMetrics``) "
                                            "is added either way. The loss is Flower's sample-weighted mean.",
         "accuracy_key": "The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); "
                         "a fraction in [0, 1], a reply claiming more is left out.",
@@ -95,7 +137,7 @@ class LegacyMethodStrategy(Strategy):
         "store_dir": "A folder for the per-client models on disk (memory-mapped; server memory then grows with the "
                      "round's participants, not the federation); None keeps them in memory.",
         "max_update_ratio": "Refuse an update whose model changed by more than this multiple of the norm of the model its "
-                            "client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).",
+                            "client was sent; ``math.inf``: off (see ``flower_pfl.engine.reply_checks.ReplyBounds``).",
         "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
                             "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num_examples`` at most this multiple of the round's median; ``math.inf``: off.",
@@ -108,7 +150,7 @@ class LegacyMethodStrategy(Strategy):
                     "metrics and, before a draw, from one ``get_properties`` call to each client without one. None: clients "
                     "are ordered by node id.",
     }
-    CONTRACT = (
+    CONTRACT: ClassVar[str] = (
         "Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of "
         "training examples and metrics; bytes the method needs back (e.g. SCAFFOLD's "
         "``scaffold-control-delta``) travel inside those metrics. ``evaluate`` returns metrics with ``accuracy``. "

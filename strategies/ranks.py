@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 from flwr.common.logger import log
 
-from flower_pfl.server_step import ClientId, MethodServer
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.server_step import ClientId
 
 Row = TypeVar("Row", bound=tuple)
 #: asks the given nodes for their rank; ``(node, what it reported)`` for those that answered

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from local_runs import ROOT, flwr_command
 
-from flower_pfl import superlink
-from flower_pfl.sweep_flwr import free_port
+from flower_pfl.tools import superlink
+from flower_pfl.tools.sweep_flwr import free_port
 
 
 def _descendants(pid: int) -> set[int]:
@@ -50,7 +50,7 @@ def _alive(pid: int) -> bool:
 class LocalDeployment:
     """``with LocalDeployment(tmp, nodes=2, tls=..., auth=...) as d: d.run(...)``.
 
-    ``tls``: certificates from ``flower_pfl.credentials``; ``auth``: SuperNode authentication
+    ``tls``: certificates from ``flower_pfl.tools.credentials``; ``auth``: SuperNode authentication
     (needs TLS), every SuperNode registered with ``flwr supernode register`` before it starts.
     ``heartbeat``: the interval, in seconds, the SuperNodes declare for their heartbeats (the
     SuperLink declares a node offline after twice that). Flower's SuperNode always declares 30 s and
@@ -89,7 +89,7 @@ class LocalDeployment:
     def __enter__(self) -> LocalDeployment:
         self.work.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(exist_ok=True)
-        from flower_pfl.credentials import write_node_key, write_tls_certificates
+        from flower_pfl.tools.credentials import write_node_key, write_tls_certificates
 
         link = [superlink.executable("flower-superlink"), "--port", str(self.port)]
         if self.tls:

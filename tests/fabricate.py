@@ -42,7 +42,7 @@ def user_loop(model, step, x, y, *, lr: float, batch_size: int, steps: int, seed
     import torch
     import torch.nn.functional as F
 
-    from flower_pfl.solvers import MinibatchStream
+    from flower_pfl.engine.minibatches import MinibatchStream
 
     loss_fn = loss_fn or F.cross_entropy
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)

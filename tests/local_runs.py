@@ -16,8 +16,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flower_pfl import checkpoint, superlink
-from flower_pfl.sweep_flwr import free_port, run_config_text
+from flower_pfl.run import tensor_files
+from flower_pfl.run.results import CHECKPOINT
+from flower_pfl.tools import superlink
+from flower_pfl.tools.sweep_flwr import free_port, run_config_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,8 +126,8 @@ def kill_after_checkpoint(proc: subprocess.Popen, out_dir: Path, server_round: i
     deadline, folder = time.monotonic() + timeout, None
     try:
         while folder is None and time.monotonic() < deadline:
-            found = list(Path(out_dir).glob("*/" + checkpoint.FILE))
-            if found and checkpoint.read(found[0])[1]["round"] >= server_round:
+            found = list(Path(out_dir).glob("*/" + CHECKPOINT))
+            if found and tensor_files.read(found[0])[1]["round"] >= server_round:
                 folder = found[0].parent
             time.sleep(0.2)
         assert folder is not None, "no checkpoint was written\n" + details()

@@ -11,7 +11,7 @@ import torch
 
 from benchmarks import aggregation_speed as agg
 from flower_pfl.methods.registry import method_classes
-from flower_pfl.results import MODELS, save_models
+from flower_pfl.run.results import MODELS, save_models
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from flower_pfl.attention import cosine_similarity_matrix, layerwise_attention, squared_distances
+from flower_pfl.methods.attention import cosine_similarity_matrix, layerwise_attention, squared_distances
 
 
 def test_hand_computed_two_clients_one_layer():

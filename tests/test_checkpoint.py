@@ -12,11 +12,12 @@ import pytest
 import torch
 
 import server_apps.recording as recording
-from flower_pfl import checkpoint
-from flower_pfl.config import ConfigError, ExperimentConfig
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.models import DNN
 from flower_pfl.methods.registry import client_step_for, entries
-from flower_pfl.models import DNN
-from flower_pfl.server_step import MethodServer
+from flower_pfl.run import tensor_files
+from flower_pfl.run.results import CHECKPOINT
 from server_apps.inprocess import run_in_process
 
 SETTING = {"num-rounds": 6, "clients-per-round": 4, "local-steps": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 5,
@@ -28,26 +29,26 @@ def test_pack_unpack_round_trip_keeps_types_and_ids():
     state = {"ids": [3, 1], "rows": torch.arange(6.0).view(2, 3), "per_client": {7: torch.ones(2), "a": torch.zeros(1)},
              "nested": [{"x": 1.5, "y": None, "z": "s"}, (True, 2)], "grid": torch.zeros(0)}
     tensors: dict = {}
-    meta = json.loads(json.dumps(checkpoint.pack(state, "s", tensors)))
-    back = checkpoint.unpack(meta, tensors)
+    meta = json.loads(json.dumps(tensor_files.pack(state, "s", tensors)))
+    back = tensor_files.unpack(meta, tensors)
     assert back["ids"] == [3, 1] and set(back["per_client"]) == {7, "a"} and back["nested"] == [{"x": 1.5, "y": None, "z": "s"}, (True, 2)]
     assert torch.equal(back["rows"], state["rows"]) and torch.equal(back["per_client"][7], torch.ones(2))
     with pytest.raises(TypeError, match="cannot checkpoint"):
-        checkpoint.pack(object(), "o", {})
+        tensor_files.pack(object(), "o", {})
 
 
 def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    path = tmp_path / checkpoint.FILE
-    checkpoint.write(path, {"w": torch.ones(3)}, {"round": 1})
+    path = tmp_path / CHECKPOINT
+    tensor_files.write(path, {"w": torch.ones(3)}, {"round": 1})
 
     def crash(*args, **kwargs):
         Path(args[1]).write_bytes(b"half a file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint, "save_file", crash)
+    monkeypatch.setattr(tensor_files, "save_file", crash)
     with pytest.raises(OSError):
-        checkpoint.write(path, {"w": torch.zeros(3)}, {"round": 2})
-    tensors, meta = checkpoint.read(path)
+        tensor_files.write(path, {"w": torch.zeros(3)}, {"round": 2})
+    tensors, meta = tensor_files.read(path)
     assert meta == {"round": 1} and torch.equal(tensors["w"], torch.ones(3))
 
 
@@ -85,7 +86,7 @@ def _run(tmp_path: Path, label: str, api: str, **extra) -> Path:
 def _numbers(folder: Path) -> tuple[list, list, dict]:
     rows = [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in (folder / "metrics.jsonl").read_text().splitlines()]
     clients = (folder / "clients.jsonl").read_text().splitlines()
-    tensors, meta = checkpoint.read(folder / checkpoint.FILE)
+    tensors, meta = tensor_files.read(folder / CHECKPOINT)
     return rows, clients, {"round": meta["round"], "server": meta["server"], "arrays": meta["arrays"],
                            "tensors": {k: v.tolist() for k, v in tensors.items()}}
 
@@ -105,7 +106,7 @@ def _interrupted(tmp_path: Path, label: str, api: str, monkeypatch, crash_round:
         _run(tmp_path, label, api, **extra)
     monkeypatch.setattr(recording._Schedule, "before_round", original)
     (folder,) = list(tmp_path.iterdir())
-    _, meta = checkpoint.read(folder / checkpoint.FILE)
+    _, meta = tensor_files.read(folder / CHECKPOINT)
     assert meta["round"] == 4
     assert _run(tmp_path, label, api, **extra, **{"resume-from": str(folder)}) == folder
     return folder
@@ -176,11 +177,11 @@ def test_resumed_legacy_run_gives_the_numbers_of_an_uninterrupted_one(tmp_path, 
 
 def test_resuming_with_another_config_is_refused_naming_what_differs(tmp_path):
     folder = _run(tmp_path, "fedmcsa", "message", **{"num-rounds": 2})
-    with pytest.raises(ConfigError, match="'sigma' = 10.0 \\(checkpoint: 50.0\\)"):
-        _run(tmp_path, "fedmcsa", "message", **{"num-rounds": 2, "sigma": 10.0, "resume-from": str(folder)})
+    with pytest.raises(ConfigError, match="'fedmcsa-sigma' = 10.0 \\(checkpoint: 50.0\\)"):
+        _run(tmp_path, "fedmcsa", "message", **{"num-rounds": 2, "fedmcsa-sigma": 10.0, "resume-from": str(folder)})
     with pytest.raises(ConfigError, match="'model' = 'mlr' \\(checkpoint: 'dnn'\\)"):
         _run(tmp_path, "fedmcsa", "message", **{"num-rounds": 2, "model": "mlr", "resume-from": str(folder)})
-    from server_apps.checkpointing import Resumption
+    from server_apps.checkpoints import Resumption
 
     resumption = Resumption(folder)
     with pytest.raises(ConfigError, match="the model differs"):  # same config, another model definition

@@ -6,8 +6,9 @@ from flwr.app import Context, RecordDict
 
 from client_apps.app import Node
 from client_apps.rules import RecordState
-from flower_pfl.client_step import ANCHOR, ANCHOR_STATE, PROXIMAL_MU, Proximal
-from flower_pfl.config import ExperimentConfig
+from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_STATE, AnchoredProximal
+from flower_pfl.engine.client_step import PROXIMAL_MU, Proximal
+from flower_pfl.experiment.config import ExperimentConfig
 
 
 def _node(state: RecordDict) -> Node:
@@ -19,7 +20,8 @@ def _node(state: RecordDict) -> Node:
 def _anchor(node: Node, mode: str | None) -> list[torch.Tensor]:
     """The anchor of the proximal step the node would run for an instruction with ``mode``."""
     config = {PROXIMAL_MU: 1.0} if mode is None else {PROXIMAL_MU: 1.0, ANCHOR: mode}
-    return Proximal(node.model, config, RecordState(node.state)).anchor
+    step = AnchoredProximal if mode is not None else Proximal
+    return step(node.model, config, RecordState(node.state)).anchor
 
 
 def _params(node: Node) -> list[np.ndarray]:

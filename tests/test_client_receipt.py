@@ -1,7 +1,7 @@
 """A client step's receipt: every step a training instruction asks for says in ``finish``'s extras
 that it ran (``client-step``), and a strategy whose clients ignored the step (a plain-SGD ClientApp)
 says so once per run, naming the step, its config key, what the method becomes and the fix. Replies
-of the real steps (a user's loop with ``ClientRule``, or the package's loop) raise nothing."""
+of the real steps (a user's loop with ``step_for``, or the package's loop) raise nothing."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from test_twins import NODES, Clients, _data, _model
 
 import strategies
 import strategies.message
-from client_apps.rules import ClientRule
-from flower_pfl.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, PROXIMAL_MU, ClientStep, Proximal
+from client_apps.rules import step_for
+from flower_pfl.engine.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, PROXIMAL_MU, ClientStep, Proximal
+from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.methods.igfl import CORRECTION, IGFLCorrection
 from flower_pfl.methods.pfedme import LAMBDA as PFEDME_LAMBDA
 from flower_pfl.methods.registry import client_step_for, method_classes
-from flower_pfl.server_step import MethodServer
 
 SOLVER = {LR: 0.01, LOCAL_STEPS: 3, BATCH_SIZE: 4}
 #: methods whose client step asks for more than plain SGD, by their step
@@ -54,8 +54,8 @@ def _user_loop(model, step, node: int, config: dict) -> dict:
 def test_a_users_loop_returns_the_receipt_of_the_step_the_instruction_asked_for(method_cls):
     config = _instruction_config(method_cls)
     model = _model()
-    rule = ClientRule.from_config(config, model, {})
-    assert type(rule) is method_cls.client
+    rule = step_for(config, model, {})
+    assert issubclass(method_cls.client, type(rule))  # the step, or the base of it the instruction asks for (FedMCSA: Proximal)
     extras = _user_loop(model, rule, NODES[0], config)
     assert extras[CLIENT_STEP] == method_cls.client.receipt() and extras[CLIENT_STEP] in config  # the key that asked
     assert set(extras) == {CLIENT_STEP, *method_cls.client.reply_keys}  # the step's own bytes beside it, nothing else
@@ -70,9 +70,9 @@ def test_the_package_loop_returns_the_receipt_of_steps_that_are_not_hooks(method
 
 def test_plain_sgd_returns_no_receipt_and_the_proximal_step_names_proximal_mu():
     model = _model()
-    assert ClientStep.receipt() is None and _user_loop(model, ClientRule.from_config(SOLVER, model), NODES[0], SOLVER) == {}
+    assert ClientStep.receipt() is None and _user_loop(model, step_for(SOLVER, model), NODES[0], SOLVER) == {}
     config = {**SOLVER, PROXIMAL_MU: 0.5}
-    assert _user_loop(model, ClientRule.from_config(config, model), NODES[0], config) == {CLIENT_STEP: PROXIMAL_MU}
+    assert _user_loop(model, step_for(config, model), NODES[0], config) == {CLIENT_STEP: PROXIMAL_MU}
     assert Proximal.receipt() == PROXIMAL_MU and IGFLCorrection.receipt() == CORRECTION
 
 
@@ -80,7 +80,7 @@ def test_plain_sgd_returns_no_receipt_and_the_proximal_step_names_proximal_mu():
 
 class Users:
     """Each node's own ClientApp: ``plain`` trains with plain SGD and ignores the config (nodes in
-    ``plain``; all of them by default), the others run ``ClientRule.from_config`` in the same loop, or
+    ``plain``; all of them by default), the others run ``step_for`` in the same loop, or
     the package's loop where the step is not a hook."""
 
     def __init__(self, plain: set[int] | None = None) -> None:
@@ -93,7 +93,7 @@ class Users:
         if node in self.plain:
             step: ClientStep = ClientStep(model, config)
         elif client_step_for(config).hookable:
-            step = ClientRule.from_config(config, model, self.states[node])
+            step = step_for(config, model, self.states[node])
         else:
             return self.package.train(node, arrays, config)
         extras = _user_loop(model, step, node, config)
@@ -137,12 +137,12 @@ def _receipt_warnings(caplog) -> list[str]:
 
 
 CASES = [  # strategy, constructor arguments, step, its config key, what the method becomes, the fix
-    ("FedMCSA", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA", "ClientRule.from_config"),
+    ("FedMCSA", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA", "step_for"),
     ("FedAMP", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term toward the cloud model u_i",
-     "ClientRule.from_config"),
-    ("IGFL", {}, "IGFLCorrection", CORRECTION, "runs as IGFL-S (server attention only", "ClientRule.from_config"),
-    ("IGFL", {"attention": None}, "IGFLCorrection", CORRECTION, "runs as FedAvg (no IGFL-C client correction", "ClientRule.from_config"),
-    ("PFedMe", {}, "PFedMeStep", PFEDME_LAMBDA, "runs as FedAvg with server mixing β", "ClientRule.from_config"),
+     "step_for"),
+    ("IGFL", {}, "IGFLCorrection", CORRECTION, "runs as IGFL-S (server attention only", "step_for"),
+    ("IGFL", {"attention": None}, "IGFLCorrection", CORRECTION, "runs as FedAvg (no IGFL-C client correction", "step_for"),
+    ("PFedMe", {}, "PFedMeStep", PFEDME_LAMBDA, "runs as FedAvg with server mixing β", "step_for"),
     ("Ditto", {}, "DittoStep", "ditto-lambda", "runs as FedAvg: no personal model", "package's ClientApp (client_apps.app)"),
 ]
 
@@ -183,7 +183,7 @@ def test_instructions_that_ask_for_no_step_expect_no_receipt(api, name, args, ca
 @pytest.mark.parametrize("api", ["message", "legacy"])
 @pytest.mark.parametrize("name", ["SCAFFOLD", "FedAttn"])
 def test_steps_whose_replies_show_they_ran_need_no_receipt(api, name, caplog):
-    """SCAFFOLD's Δc_i and FedAttn's Z_i already show the step ran (their absence is MissingClientRule's
+    """SCAFFOLD's Δc_i and FedAttn's Z_i already show the step ran (their absence is StepOutputMissing's
     warning): a hand-written client that returns them without the receipt is not warned about."""
 
     class WithoutReceipt(Users):

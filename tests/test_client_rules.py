@@ -1,5 +1,5 @@
 """Client steps in a user's own loop (``torch.optim.SGD`` + ``adjust_gradients`` + ``finish``),
-handed out by ``ClientRule.from_config``, give the same models, replies and client state as the
+handed out by ``client_apps.rules.step_for``, give the same models, replies and client state as the
 package's loop (``train_locally``) and as each method's update written out here; a second round
 starts from the state the first one kept. Ditto, APFL and Per-FedAvg are refused with a pointer;
 steps that assume plain SGD check the optimizer."""
@@ -13,38 +13,20 @@ import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
 
-from client_apps.rules import (
-    ClientRule,
-    FedAttnStep,
-    IGFLCorrection,
-    PFedMeStep,
-    Proximal,
-    RecordState,
-    ScaffoldCorrection,
-)
-from flower_pfl.client_step import (
-    ANCHOR,
-    ANCHOR_KEEP,
-    ANCHOR_SET,
-    ANCHOR_STATE,
-    CLIENT_STEP,
-    LEGACY_PROXIMAL_MU,
-    PROXIMAL_MU,
-    ClientStep,
-    TrainData,
-    train_locally,
-)
+from client_apps.rules import ClientRule, RecordState, step_for
+from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE
+from flower_pfl.engine.client_step import CLIENT_STEP, LEGACY_PROXIMAL_MU, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.wire import decode_flat, encode_vector
+from flower_pfl.experiment.models import build_model
 from flower_pfl.methods.apfl import APFLStep
 from flower_pfl.methods.ditto import DittoStep
-from flower_pfl.methods.fedattn import BIAS_GRADIENT, BIAS_REG, FEDATTN, GLOBAL_BIASES, REPRESENTATION
-from flower_pfl.methods.igfl import CORRECTION, DELTA_STATE, GLOBAL_DELTA, PARTICIPANTS
+from flower_pfl.methods.fedattn import BIAS_GRADIENT, BIAS_REG, FEDATTN, GLOBAL_BIASES, REPRESENTATION, FedAttnStep
+from flower_pfl.methods.igfl import CORRECTION, DELTA_STATE, GLOBAL_DELTA, PARTICIPANTS, IGFLCorrection
 from flower_pfl.methods.per_fedavg import PerFedAvgStep
-from flower_pfl.methods.pfedme import INNER_STEPS, LAMBDA, PERSONAL_LR, THETA_STATE
+from flower_pfl.methods.pfedme import INNER_STEPS, LAMBDA, PERSONAL_LR, THETA_STATE, PFedMeStep
 from flower_pfl.methods.registry import client_step_for
-from flower_pfl.methods.scaffold import CONTROL, CONTROL_DELTA, CONTROL_STATE
-from flower_pfl.models import build_model
-from flower_pfl.solvers import MinibatchStream
-from flower_pfl.wire import decode_flat, encode_vector
+from flower_pfl.methods.scaffold import CONTROL, CONTROL_DELTA, CONTROL_STATE, ScaffoldCorrection
 
 STEPS, LR, BATCH, SEED = 4, 0.1, 8, 5
 SOLVER = {"lr": LR, "local-steps": STEPS, "batch-size": BATCH}
@@ -125,7 +107,7 @@ def test_proximal_rule_matches_the_package_loop_and_remembers_its_anchor():
     _proximal_reference(reference, received, 3.0, x, y)
     state = RecordDict()
     config = {**SOLVER, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}
-    rule = ClientRule.from_config(config, mine, state)
+    rule = step_for(config, mine, state)
     assert isinstance(rule, Proximal) and rule.mu == 3.0
     assert torch.equal(_kept(state, ANCHOR_STATE), _flat(received))
     _user_loop(mine, rule, x, y)
@@ -141,7 +123,7 @@ def test_proximal_rule_keeps_the_remembered_anchor_next_round():
     """FedMCSA's clients that were not sampled: the anchor is the model remembered last, not the received one."""
     x, y = _data()
     state, mine, reference, package = RecordDict(), _model(), _model(), _model()
-    ClientRule.from_config({**SOLVER, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}, mine, state)  # remembers the start model
+    step_for({**SOLVER, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}, mine, state)  # remembers the start model
     anchor = [p.detach().clone() for p in mine.parameters()]
     with torch.no_grad():
         for model in (mine, reference, package):
@@ -149,7 +131,7 @@ def test_proximal_rule_keeps_the_remembered_anchor_next_round():
                 p.add_(0.5)  # a different received model
     config = {**SOLVER, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_KEEP}
     package_state = _plain_state(state)
-    rule = ClientRule.from_config(config, mine, state)
+    rule = step_for(config, mine, state)
     _user_loop(mine, rule, x, y)
     _package_loop(package, config, package_state, x, y)
     _proximal_reference(reference, anchor, 3.0, x, y)
@@ -158,17 +140,17 @@ def test_proximal_rule_keeps_the_remembered_anchor_next_round():
     assert torch.equal(_kept(state, ANCHOR_STATE), _flat(anchor))  # keep: the remembered anchor is unchanged
     # without an anchor mode (Flower's own strategies) the anchor is the received model
     received = [p.detach().clone() for p in mine.parameters()]
-    assert all(torch.equal(a, r) for a, r in zip(ClientRule.from_config({**SOLVER, PROXIMAL_MU: 1.0}, mine, state).anchor, received))
+    assert all(torch.equal(a, r) for a, r in zip(step_for({**SOLVER, PROXIMAL_MU: 1.0}, mine, state).anchor, received))
 
 
 def test_proximal_term_pulls_toward_the_anchor():
     x, y = _data()
     plain, pulled = _model(), _model()
     start = _flat(plain.parameters())
-    plain_rule = ClientRule.from_config(SOLVER, plain)
+    plain_rule = step_for(SOLVER, plain)
     assert type(plain_rule) is ClientStep
     _user_loop(plain, plain_rule, x, y)
-    rule = ClientRule.from_config({**SOLVER, LEGACY_PROXIMAL_MU: 5.0}, pulled)  # Flower's legacy FedProx key
+    rule = step_for({**SOLVER, LEGACY_PROXIMAL_MU: 5.0}, pulled)  # Flower's legacy FedProx key
     assert isinstance(rule, Proximal) and rule.mu == 5.0
     _user_loop(pulled, rule, x, y)
     assert (_flat(pulled.parameters()) - start).norm() < (_flat(plain.parameters()) - start).norm()
@@ -179,20 +161,20 @@ def test_proximal_term_pulls_toward_the_anchor():
 def test_rules_that_keep_state_or_assume_plain_sgd_say_so():
     model = _model()
     with pytest.raises(ValueError, match="context.state"):
-        ClientRule.from_config({**SOLVER, CONTROL: _vector(model, 0.0)}, model)
+        step_for({**SOLVER, CONTROL: _vector(model, 0.0)}, model)
     with pytest.raises(ValueError, match="context.state"):
-        ClientRule.from_config({**SOLVER, PROXIMAL_MU: 1.0, ANCHOR: ANCHOR_KEEP}, model)
+        step_for({**SOLVER, PROXIMAL_MU: 1.0, ANCHOR: ANCHOR_KEEP}, model)
     with pytest.raises(ValueError, match="context.state"):
-        ClientRule.from_config({**SOLVER, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: _vector(model, 0.0)}, model)
+        step_for({**SOLVER, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: _vector(model, 0.0)}, model)
     config = {**SOLVER, CONTROL: _vector(model, 0.0)}
     for optimizer, reason in ((torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9), "momentum"),
                               (torch.optim.SGD(model.parameters(), lr=LR, weight_decay=1e-4), "weight decay"),
                               (torch.optim.Adam(model.parameters(), lr=LR), "plain SGD"),
                               (torch.optim.SGD(model.parameters(), lr=LR / 2), "step size")):
         with pytest.raises(ValueError, match=reason):
-            ClientRule.from_config(config, model, RecordDict(), optimizer=optimizer)
-    ClientRule.from_config(config, model, RecordDict(), optimizer=torch.optim.SGD(model.parameters(), lr=LR))
-    ClientRule.from_config({**SOLVER, PROXIMAL_MU: 1.0}, model, optimizer=torch.optim.Adam(model.parameters()))  # any optimizer
+            step_for(config, model, RecordDict(), optimizer=optimizer)
+    step_for(config, model, RecordDict(), optimizer=torch.optim.SGD(model.parameters(), lr=LR))
+    step_for({**SOLVER, PROXIMAL_MU: 1.0}, model, optimizer=torch.optim.Adam(model.parameters()))  # any optimizer
     for needs_sgd in (ScaffoldCorrection, IGFLCorrection, FedAttnStep, PFedMeStep):
         assert needs_sgd.needs_plain_sgd and needs_sgd.hookable
     assert not Proximal.needs_plain_sgd
@@ -203,21 +185,21 @@ def test_rules_that_keep_state_or_assume_plain_sgd_say_so():
 def test_two_model_methods_are_refused_with_a_pointer(config, step):
     assert client_step_for(config) is step and not step.hookable
     with pytest.raises(ValueError, match="client_apps.app"):
-        ClientRule.from_config({**SOLVER, **config}, _model(), RecordDict())
+        step_for({**SOLVER, **config}, _model(), RecordDict())
 
 
 def test_missing_or_malformed_settings_are_clear_errors():
     model = _model()
     with pytest.raises(ValueError, match="igfl-global-delta"):
-        ClientRule.from_config({**SOLVER, CORRECTION: True, PARTICIPANTS: 2}, model, RecordDict())
+        step_for({**SOLVER, CORRECTION: True, PARTICIPANTS: 2}, model, RecordDict())
     with pytest.raises(ValueError, match="expected"):  # a control variate of the wrong size
-        ClientRule.from_config({**SOLVER, CONTROL: _vector(model, 0.0)[:-4]}, model, RecordDict())
+        step_for({**SOLVER, CONTROL: _vector(model, 0.0)[:-4]}, model, RecordDict())
     with pytest.raises(ValueError, match="pfedme-personal-lr"):
-        ClientRule.from_config({**SOLVER, LAMBDA: 15.0, INNER_STEPS: 3}, model)
+        step_for({**SOLVER, LAMBDA: 15.0, INNER_STEPS: 3}, model)
     with pytest.raises(ValueError, match="several client steps"):
-        ClientRule.from_config({**SOLVER, CONTROL: _vector(model, 0.0), LAMBDA: 1.0}, model, RecordDict())
+        step_for({**SOLVER, CONTROL: _vector(model, 0.0), LAMBDA: 1.0}, model, RecordDict())
     with pytest.raises(ValueError, match="'lr'"):  # a step that assumes SGD of size lr needs to know it
-        ClientRule.from_config({CONTROL: _vector(model, 0.0)}, model, RecordDict(),
+        step_for({CONTROL: _vector(model, 0.0)}, model, RecordDict(),
                                optimizer=torch.optim.SGD(model.parameters(), lr=LR))
 
 
@@ -243,7 +225,7 @@ def test_igfl_rule_matches_algorithm_2_and_keeps_the_delta_for_the_next_round():
     package_state = _plain_state(state)
     start = _flat(mine.parameters())
     config = {**SOLVER, CORRECTION: True, PARTICIPANTS: 3, GLOBAL_DELTA: encode_vector(_flat(glob))}
-    rule = ClientRule.from_config(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
+    rule = step_for(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
     assert isinstance(rule, IGFLCorrection)
     _user_loop(mine, rule, x, y)
     assert rule.finish(mine) == {CLIENT_STEP: CORRECTION}
@@ -261,7 +243,7 @@ def test_igfl_rule_matches_algorithm_2_and_keeps_the_delta_for_the_next_round():
     second.load_state_dict(mine.state_dict())
     reference.load_state_dict(mine.state_dict())
     _igfl_reference(reference, previous, glob, 3, x, y)
-    rule = ClientRule.from_config(config, mine, state)
+    rule = step_for(config, mine, state)
     _user_loop(mine, rule, x, y)
     rule.finish(mine)
     _package_loop(second, config, package_state, x, y)
@@ -274,7 +256,7 @@ def test_igfl_with_one_participant_and_no_deltas_is_sgd_with_twice_the_step():
     x, y = _data()
     mine, reference = _model(), _model()
     zeros = encode_vector(torch.zeros(sum(p.numel() for p in mine.parameters())))
-    rule = ClientRule.from_config({**SOLVER, CORRECTION: True, PARTICIPANTS: 1, GLOBAL_DELTA: zeros}, mine, RecordDict())
+    rule = step_for({**SOLVER, CORRECTION: True, PARTICIPANTS: 1, GLOBAL_DELTA: zeros}, mine, RecordDict())
     _user_loop(mine, rule, x, y)
 
     def update(params, grads, _):
@@ -288,7 +270,7 @@ def test_igfl_rule_refuses_another_number_of_steps():
     x, y = _data()
     model = _model()
     zeros = encode_vector(torch.zeros(sum(p.numel() for p in model.parameters())))
-    rule = ClientRule.from_config({**SOLVER, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: zeros}, model, RecordDict())
+    rule = step_for({**SOLVER, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: zeros}, model, RecordDict())
     _user_loop(model, rule, x, y, steps=STEPS - 1)
     with pytest.raises(ValueError, match="local-steps"):
         rule.finish(model)
@@ -316,7 +298,7 @@ def test_scaffold_rule_matches_option_ii_and_reports_the_control_delta():
     new_ci, delta = _scaffold_reference(reference, c, zeros, x, y)
     state, package_state = RecordDict(), {}
     config = {**SOLVER, CONTROL: encode_vector(_flat(c))}
-    rule = ClientRule.from_config(config, mine, state)
+    rule = step_for(config, mine, state)
     assert isinstance(rule, ScaffoldCorrection)
     _user_loop(mine, rule, x, y)
     extras = rule.finish(mine)
@@ -331,7 +313,7 @@ def test_scaffold_rule_matches_option_ii_and_reports_the_control_delta():
     second = copy.deepcopy(mine)
     reference.load_state_dict(mine.state_dict())
     second_ci, second_delta = _scaffold_reference(reference, c, new_ci, x, y)
-    rule = ClientRule.from_config(config, mine, state)
+    rule = step_for(config, mine, state)
     _user_loop(mine, rule, x, y)
     extras = rule.finish(mine)
     package_extras = _package_loop(second, config, package_state, x, y)
@@ -368,7 +350,7 @@ def test_pfedme_rule_matches_algorithm_1_and_keeps_theta():
     theta = _pfedme_reference(reference, x, y, 15.0, 0.01, 3)
     state, package_state = RecordDict(), {}
     config = {**SOLVER, **settings}
-    rule = ClientRule.from_config(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
+    rule = step_for(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
     assert isinstance(rule, PFedMeStep)
     _user_loop(mine, rule, x, y)
     assert rule.finish(mine) == {CLIENT_STEP: LAMBDA}
@@ -378,16 +360,16 @@ def test_pfedme_rule_matches_algorithm_1_and_keeps_theta():
     assert torch.allclose(_kept(state, THETA_STATE), _flat(theta), atol=1e-6)  # DNN: parameters only, state_dict order
     assert torch.allclose(_flat(package_state[THETA_STATE]), _kept(state, THETA_STATE), atol=1e-6)
     with pytest.raises(ValueError, match="minibatch"):
-        ClientRule.from_config(config, mine).adjust_gradients(mine)
+        step_for(config, mine).adjust_gradients(mine)
 
 
 def test_pfedme_rule_uses_the_users_loss():
     x, y = _data()
     settings = {**SOLVER, LAMBDA: 15.0, PERSONAL_LR: 0.1, INNER_STEPS: 3}
     plain, smoothed = _model(), _model()
-    _user_loop(plain, ClientRule.from_config(settings, plain), x, y)
+    _user_loop(plain, step_for(settings, plain), x, y)
     smooth = lambda out, t: F.cross_entropy(out, t, label_smoothing=0.5)
-    rule = ClientRule.from_config(settings, smoothed, loss_fn=smooth)
+    rule = step_for(settings, smoothed, loss_fn=smooth)
     _user_loop(smoothed, rule, x, y, loss_fn=smooth)
     assert not torch.allclose(_flat(plain.parameters()), _flat(smoothed.parameters()))
 
@@ -408,7 +390,7 @@ def test_fedattn_rule_matches_the_package_loop_and_reports_z_and_gradient():
     _written_out(reference, x, y, update)
 
     config = {**SOLVER, FEDATTN: True, BIAS_REG: 2.0, GLOBAL_BIASES: encode_vector(_flat(anchor))}
-    rule = ClientRule.from_config(config, mine, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
+    rule = step_for(config, mine, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
     assert isinstance(rule, FedAttnStep)
     _user_loop(mine, rule, x, y)
     extras = rule.finish(mine, [(x[:15], y[:15]), (x[15:], y[15:])])  # a loader's batches work as inputs
@@ -427,3 +409,10 @@ def test_fedattn_rule_matches_the_package_loop_and_reports_z_and_gradient():
                               atol=1e-5)
     with pytest.raises(ValueError, match="representation"):
         rule.finish(mine)
+
+
+def test_the_old_name_of_step_for_still_works_and_says_so():
+    model = _model()
+    with pytest.warns(FutureWarning, match="step_for"):
+        old = ClientRule.from_config({**SOLVER, PROXIMAL_MU: 1.0}, model)
+    assert type(old) is type(step_for({**SOLVER, PROXIMAL_MU: 1.0}, model)) is Proximal

@@ -1,8 +1,9 @@
 import torch
 
-from flower_pfl.client_step import PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
-from flower_pfl.models import MLR
-from flower_pfl.solvers import MinibatchStream, evaluate
+from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.engine.evaluation import evaluate
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.experiment.models import MLR
 
 
 def local_sgd(model, x, y, *, steps, lr, batch_size, prox_mu, generator):
@@ -85,7 +86,7 @@ def test_evaluate_counts_correct_predictions():
 def test_solver_settings_name_what_is_missing():
     import pytest
 
-    from flower_pfl.experiment import solver_settings
+    from flower_pfl.experiment.build import solver_settings
 
     with pytest.raises(ValueError, match="local-steps"):
         solver_settings({"lr": 0.1, "batch-size": 4}, seed=0, partition_id=0)

@@ -11,9 +11,9 @@ import flwr.serverapp.strategy.strategy
 import pytest
 from flwr.common.logger import FLOWER_LOGGER
 
-from flower_pfl import quiet
-from flower_pfl.progress import clock, eta, progress_line, summary_lines
-from flower_pfl.results import RunRecorder
+from flower_pfl.run import quiet
+from flower_pfl.run.progress import clock, eta, progress_line, summary_lines
+from flower_pfl.run.results import RunRecorder
 from server_apps.console import quiet_round_loop, round_loop_sources
 from server_apps.inprocess import run_in_process
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flower_pfl import credentials
-from flower_pfl.credentials import main, write_node_key, write_tls_certificates
+from flower_pfl.tools import credentials
+from flower_pfl.tools.credentials import main, write_node_key, write_tls_certificates
 
 ROOT = Path(__file__).resolve().parents[1]
 TLS_MODES = {"ca": 0o644, "certificate": 0o644, "key": 0o600, "ca_key": 0o600}
@@ -127,7 +127,7 @@ def test_cli_refuses_with_status_2_and_one_line(tmp_path, capsys, fast_rsa):
 
 
 def test_cli_process_exit_status_without_traceback(tmp_path):
-    run = [sys.executable, "-m", "flower_pfl.credentials", "node-key", str(tmp_path / "node")]
+    run = [sys.executable, "-m", "flower_pfl", "credentials", "node-key", str(tmp_path / "node")]
     assert subprocess.run(run, check=False, cwd=ROOT, capture_output=True).returncode == 0
     refused = subprocess.run(run, check=False, cwd=ROOT, capture_output=True, text=True)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr and len(refused.stderr.splitlines()) == 1

@@ -1,12 +1,15 @@
 import tomllib
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.data import generate_synthetic, train_test_split
-from flower_pfl.metrics import round_metrics, summarize_run, weighted_means
+from flower_pfl.engine.client_metrics import round_metrics, weighted_means
+from flower_pfl.experiment.config import NOT_SET, ConfigError, ExperimentConfig
+from flower_pfl.experiment.data import generate_synthetic, train_test_split
+from flower_pfl.methods.registry import renamed_keys
+from flower_pfl.run.summary import summarize_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +41,7 @@ def test_split_is_seeded_disjoint_and_covers_everything():
     y = np.arange(20)
     a = train_test_split(x, y, 0.75, np.random.default_rng(0))
     b = train_test_split(x, y, 0.75, np.random.default_rng(0))
-    assert a.num_train == 15 and a.num_test == 5
+    assert a.num_train == 15 and len(a.y_test) == 5
     assert sorted(a.y_train.tolist() + a.y_test.tolist()) == list(range(20))
     assert a.y_train.tolist() == b.y_train.tolist()
     with pytest.raises(ValueError):
@@ -90,8 +93,8 @@ def test_config_errors_name_the_key_and_the_allowed_values():
         ({"igfl-attention": "all"}, "'igfl-attention'.*self, global, time"),
         ({"aggregation": "mcsa"}, "'aggregation'.*for method 'fedmcsa'"),
         ({"method": "fedamp", "fedamp-alpha-k": 0.5}, "'fedamp-alpha-k'.*self weight"),
-        ({"sigma": 0}, "'sigma'.*> 0"),
-        ({"lam": -1.0}, "'lam'.*>= 0"),
+        ({"fedmcsa-sigma": 0}, "'fedmcsa-sigma'.*> 0"),
+        ({"fedmcsa-lambda": -1.0}, "'fedmcsa-lambda'.*>= 0"),
         ({"num-rounds": 0}, "'num-rounds'.*>= 1"),
         ({"train-fraction": 1.5}, "'train-fraction'"),
         ({"local-steps": "many"}, "'local-steps'.*int"),
@@ -104,4 +107,28 @@ def test_config_errors_name_the_key_and_the_allowed_values():
 
 def test_pyproject_run_config_matches_the_defaults():
     app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    renamed = {old: app_config.pop(old) for old in renamed_keys()}
     assert app_config == ExperimentConfig().to_run_config()
+    assert renamed == dict.fromkeys(renamed_keys(), NOT_SET)  # Flower accepts only listed keys: the old names, not set
+
+
+@pytest.mark.parametrize("old,new,value", [("lam", "fedmcsa-lambda", 3.0), ("sigma", "fedmcsa-sigma", 7.0),
+                                           ("layer-grouping", "fedmcsa-layer-grouping", "module"),
+                                           ("proximal-mu", "fedprox-mu", 0.5), ("server-momentum", "fedavgm-momentum", 0.5)])
+def test_renamed_method_keys_are_still_read_with_a_warning(old, new, value):
+    defaults = ExperimentConfig().to_run_config()
+    with pytest.warns(FutureWarning, match=f"'{old}' is now '{new}'"):
+        cfg = ExperimentConfig.from_mapping({**defaults, old: value})  # as under flwr run: every key present
+    assert cfg.option(new) == value and old not in cfg.to_run_config()
+    with pytest.warns(FutureWarning):
+        assert ExperimentConfig(options={old: value}).option(new) == value
+    if isinstance(value, float):  # both names set, to different values (the new one not at its default)
+        with pytest.raises(ConfigError, match=f"set only '{new}'"):
+            ExperimentConfig.from_mapping({**defaults, old: value, new: 0.25})
+
+
+def test_an_unset_renamed_key_in_pyproject_is_silent():
+    app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ExperimentConfig.from_mapping(app_config) == ExperimentConfig()

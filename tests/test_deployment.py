@@ -15,11 +15,12 @@ from deployment import LocalDeployment, _alive, _descendants
 from flwr.common.constant import HEARTBEAT_PATIENCE
 from local_runs import ROOT, flwr_command, kill_after_checkpoint, numbers
 
-from flower_pfl import checkpoint, superlink
-from flower_pfl.credentials import write_node_key
-from flower_pfl.results import MODELS, load_models
-from flower_pfl.sweep_flwr import run_config_text
-from flower_pfl.wire import fingerprint
+from flower_pfl.engine.wire import fingerprint
+from flower_pfl.run import tensor_files
+from flower_pfl.run.results import CHECKPOINT, MODELS, load_models
+from flower_pfl.tools import superlink
+from flower_pfl.tools.credentials import write_node_key
+from flower_pfl.tools.sweep_flwr import run_config_text
 from server_apps.inprocess import run_in_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -74,7 +75,7 @@ def test_killed_serverapp_resumes_on_the_same_supernodes(tmp_path):
         folder = kill_after_checkpoint(proc, killed, 1, lambda: [pid for p in deployment.procs for pid in _descendants(p.pid)
                                                                  if "flwr-serverapp" in " ".join(superlink.cmdline(pid))],
                                        deployment.log_tail)
-        assert checkpoint.read(folder / checkpoint.FILE)[1]["round"] < 3
+        assert tensor_files.read(folder / CHECKPOINT)[1]["round"] < 3
         resumed = deployment.run(run_config_text({**settings, "resume-from": str(folder), "output-dir": str(killed)}))
     assert not deployment.left_running, "processes of the deployment are still running"
     assert resumed["status"] == "finished:completed", resumed["status-details"] + resumed["log"][-3000:]

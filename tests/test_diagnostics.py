@@ -1,7 +1,8 @@
 import numpy as np
 import torch
 
-from flower_pfl.diagnostics import AttentionAccumulator
+from flower_pfl.engine.attention_log import AttentionAccumulator
+from flower_pfl.reports.diagnostics import label_grouping, save_attention
 
 
 def test_running_mean_per_pair_by_hand(tmp_path):
@@ -14,7 +15,7 @@ def test_running_mean_per_pair_by_hand(tmp_path):
     assert np.allclose(mean[0, :2], [0.6, 0.4]) and np.isnan(mean[0, 2])  # a and c never met
     assert np.isclose(mean[1, 1], (0.8 + 1.0) / 2)  # b with itself in both rounds
     assert np.allclose(mean[2, 1:], [0.5, 0.5])
-    acc.save(tmp_path / "attention", title="t")
+    save_attention(acc, tmp_path / "attention", title="t")
     assert (tmp_path / "attention.png").stat().st_size > 1000
     saved = np.load(tmp_path / "attention.npz")
     assert np.array_equal(saved["ids"], ["a", "b", "c"]) and np.allclose(np.diag(saved["b"]), 1.0)
@@ -25,13 +26,11 @@ def test_rank_orders_rows_and_columns(tmp_path):
     acc.add([10, 20], {"w": torch.tensor([[0.9, 0.1], [0.3, 0.7]])})
     ids, means = acc.mean(rank={10: 1, 20: 0})
     assert ids == [20, 10] and np.allclose(means["w"], [[0.7, 0.3], [0.1, 0.9]])
-    acc.save(tmp_path / "a", rank={10: 1, 20: 0})
+    save_attention(acc, tmp_path / "a", rank={10: 1, 20: 0})
     assert np.load(tmp_path / "a.npz")["rank"].tolist() == [0, 1]
 
 
 def test_label_grouping_by_hand():
-    from flower_pfl.diagnostics import label_grouping
-
     sim = np.array([[1.0, 0.9, 0.1], [0.9, 1.0, 0.2], [0.1, 0.2, 1.0]])
     mask = np.array([[True, True, False], [True, True, False], [False, False, True]])
     stats = label_grouping(sim, mask, [3, 3, 5])
@@ -41,7 +40,7 @@ def test_label_grouping_by_hand():
 
 
 def test_label_set_and_strongest_partner_by_hand():
-    from flower_pfl.diagnostics import label_set, strongest_partner_agreement
+    from flower_pfl.reports.diagnostics import label_set, strongest_partner_agreement
 
     assert label_set([50, 45, 5, 0]) == (0, 1) and label_set([0, 0]) == ()
     mean = np.array([[0.5, 0.3, 0.2, np.nan],

@@ -105,7 +105,7 @@ def test_fedamp_at_a_learning_rate_that_cannot_train_is_warned_about_once_naming
 
 @pytest.mark.parametrize("method", ["fedamp", "heurfedamp"])
 def test_the_package_app_refuses_a_fedamp_run_that_cannot_train(method):
-    from flower_pfl.config import ConfigError, ExperimentConfig
+    from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 
     base = {**ExperimentConfig().to_run_config(), "method": method}
     with pytest.raises(ConfigError, match="'fedamp-lambda'.*could not train"):
@@ -118,7 +118,7 @@ def test_the_package_app_refuses_a_fedamp_run_that_cannot_train(method):
 def test_a_method_whose_clients_lack_its_client_step_says_so_once_and_fails_when_none_has_it(api, name, rule, caplog):
     from test_twins import Clients
 
-    from flower_pfl.reply_checks import ClientRuleMissing
+    from flower_pfl.engine.reply_checks import ClientStepNotRun
 
     fb.set_task_identity()
     initial = {k: v.numpy() for k, v in _model().state_dict().items()}
@@ -156,8 +156,8 @@ def test_a_method_whose_clients_lack_its_client_step_says_so_once_and_fails_when
     _, metrics = replies(1, strategy, plain={NODES[0]})  # one plain client: warned, refused, the round goes on
     replies(2, strategy, plain={NODES[0]})
     warnings = [r.getMessage() for r in caplog.records if "does not run it" in r.getMessage()]
-    assert metrics["clients-rejected"] == 1 and len(warnings) == 1 and rule in warnings[0] and "ClientRule" in warnings[0]
-    with pytest.raises(ClientRuleMissing, match=f"{rule}.*cannot work"):
+    assert metrics["clients-rejected"] == 1 and len(warnings) == 1 and rule in warnings[0] and "step_for" in warnings[0]
+    with pytest.raises(ClientStepNotRun, match=f"{rule}.*cannot work"):
         replies(1, make(), plain=set(NODES))  # nobody runs it: the run ends and says why
 
 

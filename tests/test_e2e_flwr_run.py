@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from local_runs import ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
 
-from flower_pfl import checkpoint
-from flower_pfl.results import MODELS, SERVER_STATE, load_models, load_state
-from flower_pfl.wire import fingerprint
+from flower_pfl.engine.wire import fingerprint
+from flower_pfl.run import tensor_files
+from flower_pfl.run.results import CHECKPOINT, MODELS, SERVER_STATE, load_models, load_state
 from server_apps.inprocess import run_in_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -81,7 +81,7 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
     proc = simulation.start({**settings, "output-dir": str(killed)}, nodes=6, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     folder = kill_after_checkpoint(proc, killed, 2, simulation.server_processes)
-    assert checkpoint.read(folder / checkpoint.FILE)[1]["round"] < 8, "the run finished before it was killed"
+    assert tensor_files.read(folder / CHECKPOINT)[1]["round"] < 8, "the run finished before it was killed"
     simulation.runs()  # the killed run is known: the next new run is the resumed one
 
     _completed(simulation.run({**settings, "resume-from": str(folder), "output-dir": str(killed)}, nodes=6))
@@ -159,7 +159,7 @@ def test_plain_app_names_its_strategy_and_metric(simulation):
 
 @pytest.mark.xdist_group("flwr-run-f")
 def test_own_message_app_with_scaffolds_client_side_rule(simulation):
-    """examples/message_app: the user's own loop with SCAFFOLD's ``ClientRule`` hooks, whose Δc_i travels
+    """examples/message_app: the user's own loop with SCAFFOLD's ``step_for`` hooks, whose Δc_i travels
     back in the reply through Ray (every method of the app runs in-process in test_example_apps.py)."""
     run = simulation.run({"method": "scaffold", "num-rounds": 3, "clients-per-round": 6}, nodes=6,
                          app=ROOT / "examples" / "message_app")

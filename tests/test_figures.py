@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from flower_pfl.config import ExperimentConfig
-from flower_pfl.figures import (
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.reports.figures import (
     client_accuracies,
     draw_client_matrix,
     draw_selection_mask,
@@ -96,8 +96,8 @@ def test_title_names_method_settings_data_seed_and_api():
 
 
 def test_method_settings_are_the_keys_its_strategy_reads_and_what_the_variant_fixes():
-    cfg = ExperimentConfig(method="fedavg", aggregation="mcsa", options={"sigma": 10.0})
-    assert method_settings(cfg) == {"sigma": 10.0, "layer-grouping": "tensor", "all-clients-train": False, "lam": 0.0}
+    cfg = ExperimentConfig(method="fedavg", aggregation="mcsa", options={"fedmcsa-sigma": 10.0})
+    assert method_settings(cfg) == {"fedmcsa-sigma": 10.0, "fedmcsa-layer-grouping": "tensor", "all-clients-train": False, "lam": 0.0}
     assert method_settings(ExperimentConfig(method="fedacs", options={"fedacs-p": 0.3})) == {"fedacs-p": 0.3, "all-clients-train": False}
 
 

@@ -6,8 +6,8 @@ import image_files as files
 import numpy as np
 import pytest
 
-from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.experiment import load_client_data
+from flower_pfl.experiment.build import load_client_data
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from server_apps.inprocess import run_in_process
 
 
@@ -17,7 +17,7 @@ def test_fmnist_dirichlet_partitions_cover_the_train_split(tmp_path):
     cfg = ExperimentConfig(dataset="fmnist", data_source="flwr-datasets", hub_dataset=str(tmp_path),
                            partition="dirichlet", dirichlet_alpha=1.0)
     clients = [load_client_data(cfg, pid, 5) for pid in range(5)]
-    assert sum(c.num_train + c.num_test for c in clients) == 300
+    assert sum(c.num_train + len(c.y_test) for c in clients) == 300
     assert all(tuple(c.x_train.shape[1:]) == (1, 28, 28) and c.x_train.min() >= -1 and c.x_train.max() <= 1 for c in clients)
     again = load_client_data(cfg, 3, 5)
     assert np.array_equal(again.y_test.numpy(), clients[3].y_test.numpy())
@@ -31,7 +31,7 @@ def test_paired_clients_split_one_hub_partition(tmp_path):
     groups = [load_client_data(ExperimentConfig(**common), pid, 2) for pid in range(2)]
     for k, group in enumerate(groups):
         pair = twins[2 * k: 2 * k + 2]
-        assert sum(c.num_train + c.num_test for c in pair) == group.num_train + group.num_test
+        assert sum(c.num_train + len(c.y_test) for c in pair) == group.num_train + len(group.y_test)
         labels_of = [set(c.y_train.tolist()) | set(c.y_test.tolist()) for c in pair]
         assert labels_of[0] == labels_of[1] == set(group.y_train.tolist()) | set(group.y_test.tolist())
 
@@ -46,7 +46,7 @@ def test_femnist_natural_partition_is_one_writer_per_client(tmp_path):
     for pid in range(6):
         c = load_client_data(cfg, pid, 6)
         assert c.num_train == 8  # data scarcity applies to natural partitions too
-        sizes.append(c.num_test)
+        sizes.append(len(c.y_test))
     assert sum(sizes) == 6 * 5  # 20 samples per writer, 25% of them for testing
     with pytest.raises(ValueError, match="6 natural partitions"):
         load_client_data(cfg, 6, 7)

@@ -7,8 +7,8 @@ import image_files as files
 import numpy as np
 import pytest
 
-from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.data.images import load_image_pool, to_float
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.data.images import load_image_pool, to_float
 from server_apps.inprocess import run_in_process
 
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from benchmarks.fedmcsa_init import round_statistics
-from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.experiment import has_hidden_layers, initial_arrays
-from flower_pfl.layout import ParamLayout
-from flower_pfl.results import MODELS, load_models
-from flower_pfl.server_step import MethodServer
-from flower_pfl.store import make_store
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.store import make_store
+from flower_pfl.experiment.build import has_hidden_layers, initial_arrays
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.run.results import MODELS, load_models
 from server_apps.inprocess import run_in_process
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from flower_pfl.results import RunFailed
+from flower_pfl.run.results import RunFailed
 from server_apps.inprocess import run_in_process
 
 SMALL = {"num-rounds": 12, "clients-per-round": 8, "local-steps": 10, "eval-every": 3, "seed": 1}
@@ -131,7 +131,7 @@ def test_igfl_self_attention_heatmap_by_label_set_with_paired_clients(tmp_path):
 
 
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
-    from flower_pfl.config import ExperimentConfig
+    from flower_pfl.experiment.config import ExperimentConfig
     from server_apps.app import run_dir
 
     cfg = ExperimentConfig(output_dir=str(tmp_path))
@@ -149,7 +149,7 @@ def test_mcsa_transfer_runs(tmp_path, method):
 
 def test_disk_store_gives_the_numbers_of_the_memory_store(tmp_path):
     """``store = "disk"``: the per-client models live in memory-mapped files of the results folder."""
-    from flower_pfl.results import load_models
+    from flower_pfl.run.results import load_models
 
     runs = {store: run_in_process({**SMALL, "num-rounds": 4, "clients-per-round": 4, "store": store,
                                    "output-dir": str(tmp_path / store)}, num_nodes=8) for store in ("memory", "disk")}
@@ -157,7 +157,7 @@ def test_disk_store_gives_the_numbers_of_the_memory_store(tmp_path):
     numbers = {s: [json.loads(line) | {"elapsed_s": 0} for line in (d / "metrics.jsonl").read_text().splitlines()]
                for s, d in runs.items()}
     assert numbers["disk"] == numbers["memory"]
-    from flower_pfl.store import DiskClientModelStore
+    from flower_pfl.engine.store import DiskClientModelStore
 
     disk = DiskClientModelStore.open(runs["disk"] / "store")  # the models stay there (no full copy at the end)
     ids, rows, _ = load_models(runs["memory"] / "personalized_models.safetensors")

@@ -17,20 +17,14 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from flower_pfl.client_step import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
-from flower_pfl.layout import ParamLayout
+from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.params import param_specs
+from flower_pfl.engine.reply_checks import RawReply, UpdateRejected, check_update
+from flower_pfl.engine.server_step import GlobalModelStep, PersonalizedStep, weighted_mean
 from flower_pfl.methods.local import Local
 from flower_pfl.methods.registry import method_classes
-from flower_pfl.params import param_specs
-from flower_pfl.server_step import (
-    GlobalModelStep,
-    MethodServer,
-    PersonalizedStep,
-    RawReply,
-    UpdateRejected,
-    check_update,
-    weighted_mean,
-)
 
 NAMES, SHAPES = fb.NAMES, fb.SHAPES
 #: the personalized methods that offer FedMCSA's Algorithm 1 (every client trains every round)
@@ -247,7 +241,7 @@ def test_a_methods_extras_check_rejects_replies_and_passes_what_it_made():
 
 
 def test_train_metrics_average_numbers_and_skip_the_rest():
-    from strategies.metrics import weighted_train_metrics
+    from strategies.aggregated_metrics import weighted_train_metrics
 
     out = weighted_train_metrics([(10, {"train-loss": 1.0, "note": "ok", "blob": b"x", "flag": True}),
                                   (30, {"train-loss": 2.0, "note": "hi", "blob": b"y", "flag": False})])
@@ -339,7 +333,7 @@ def test_all_clients_train_anchors(cls):
             assert config[ANCHOR] == ANCHOR_SET and torch.allclose(_sent(m), models[sampled.index(node)], atol=1e-6)
         else:
             assert config[ANCHOR] == ANCHOR_KEEP and torch.equal(_sent(m), _flat(_arrays(1.0 + node)))
-        assert {k: v for k, v in config.items() if k != ANCHOR} == {**strat.method.train_config(), "server-round": 2}
+        assert {k: v for k, v in config.items() if k != ANCHOR} == {**strat.method.train_config(1), "server-round": 2}
     without = getattr(strategies.message, cls.strategy)(clients_per_round=2, min_available_nodes=1)
     msgs, _ = _run_round(without, grid, 1, lambda m: fb.train_reply(m, _arrays(1.0)))
     assert len(msgs) == 2 and all(ANCHOR not in m.content["config"] for m in msgs)

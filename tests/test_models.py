@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from flower_pfl.models import build_model
+from flower_pfl.experiment.models import build_model
 
 
 def _count(model: torch.nn.Module) -> int:

@@ -18,7 +18,8 @@ from flwr.common import Code, EvaluateRes, Status
 
 import strategies
 import strategies.message
-from flower_pfl.server_step import GlobalModelStep, MethodServer
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.server_step import GlobalModelStep
 
 PARTITIONS = [0, 1, 2, 3, 4, 5]
 #: two runs' node ids for the same partitions: ordered by node id, the partitions come in other orders

@@ -15,10 +15,10 @@ from flwr.common import Code, EvaluateRes, Status
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 from test_twins import NODES, OURS, _twins
 
-from flower_pfl.reply_checks import Reply, ReplyBounds, RoundReplies, UpdateRejected, check_evaluation, lower_median
-from flower_pfl.results import RunFailed
+from flower_pfl.engine.reply_checks import Reply, ReplyBounds, RoundReplies, UpdateRejected, check_evaluation, lower_median
+from flower_pfl.run.results import RunFailed
 from server_apps.inprocess import run_in_process
-from strategies.metrics import checked_evaluations
+from strategies.aggregated_metrics import checked_evaluations
 from strategies.nodes import NodeWatch, split_replies
 
 
@@ -55,7 +55,7 @@ def test_a_model_sent_as_zeros_is_bounded_by_the_rounds_median_change():
 
 def test_a_change_too_large_for_float32_norms_is_refused_not_waved_through():
     """Norms in float32 of a 1e30 change overflow to inf, and inf / inf is NaN, which compares False."""
-    from flower_pfl.reply_checks import model_change
+    from flower_pfl.engine.reply_checks import model_change
 
     sent = torch.full((100,), 0.1)
     change = model_change(Reply("a", torch.full((100,), 1e30), 1, {}), sent)["model"]
@@ -110,7 +110,7 @@ def test_check_evaluation_names_the_field(case):
 def test_a_reply_without_the_accuracy_key_counts_for_its_other_metrics_only():
     assert check_evaluation({"num-examples": 5, "loss": 1.0, "hist": [1, 2]}) == {"num-examples": 5, "loss": 1.0, "hist": [1.0, 2.0]}
     kept, _ = checked_evaluations([(1, {"accuracy": 0.5, "loss": 1.0, "num-examples": 10}), (2, {"loss": 3.0, "num-examples": 10})])
-    from strategies.metrics import PersonalizedMetrics
+    from strategies.aggregated_metrics import PersonalizedMetrics
 
     out = PersonalizedMetrics().legacy([(row["num-examples"], row) for _, row in kept])
     assert out["loss"] == 2.0 and out["accuracy"] == 0.5 and out["accuracy-mean"] == 0.5 and out["clients-evaluated"] == 1
@@ -314,7 +314,7 @@ def test_replies_that_do_not_answer_the_rounds_instructions_once_are_refused(tri
 
 
 def test_training_metrics_average_only_finite_numbers():
-    from strategies.metrics import weighted_train_metrics
+    from strategies.aggregated_metrics import weighted_train_metrics
 
     got = weighted_train_metrics([(10, {"train-loss": 1.0, "acc": 0.5, "tag": [1, 2]}), (30, {"train-loss": math.nan, "acc": 1e308}),
                                   (10, {"train-loss": 2.0, "acc": 1e308})])
@@ -324,7 +324,9 @@ def test_training_metrics_average_only_finite_numbers():
 
 
 def test_a_client_claiming_a_trillion_examples_weighs_as_a_thousand_median_clients():
-    from flower_pfl.server_step import GlobalModelStep, MethodServer, RawReply
+    from flower_pfl.engine.method_server import MethodServer
+    from flower_pfl.engine.reply_checks import RawReply
+    from flower_pfl.engine.server_step import GlobalModelStep
 
     server = MethodServer(GlobalModelStep(), clients_per_round=3, seed=0)
     initial = {"w": np.ones(4, np.float32)}

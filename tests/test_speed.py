@@ -11,7 +11,7 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from benchmarks import speed, speed_probe
 from client_apps.app import Node
-from flower_pfl.config import ExperimentConfig
+from flower_pfl.experiment.config import ExperimentConfig
 from server_apps.app import PULL_INTERVAL, poll_faster
 from server_apps.inprocess import in_process_grid
 

@@ -15,9 +15,9 @@ from fabricate import set_task_identity
 from flwr.app import Error, Message, MetricRecord, RecordDict
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
-from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.data.images import expected_files
-from flower_pfl.experiment import check_device, load_client_data
+from flower_pfl.experiment.build import check_device, load_client_data
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.data.images import expected_files
 from server_apps.app import run_dir
 from server_apps.inprocess import run_in_process
 from server_apps.node_order import query_nodes
@@ -177,7 +177,7 @@ def test_query_maps_replies_to_nodes(caplog):
 
 
 def test_query_fails_when_no_node_answers(caplog):
-    bad = "<class 'flower_pfl.config.ConfigError'>:<'run config 'dataset' = 'fmnist': no files'>"  # as a SuperNode reports it
+    bad = "<class 'flower_pfl.experiment.config.ConfigError'>:<'run config 'dataset' = 'fmnist': no files'>"  # as a SuperNode reports it
     grid = QueryGrid({11: fails(bad), 12: fails(bad), 13: unavailable, 14: fails(bad)})
     with pytest.raises(ConfigError) as err:
         query_nodes(grid)

@@ -1,4 +1,4 @@
-"""`python -m flower_pfl.superlink`: finds the local SuperLink by its ports and FLWR_HOME, stops it by PID.
+"""`python -m flower_pfl superlink`: finds the local SuperLink by its ports and FLWR_HOME, stops it by PID.
 
 A small Python process stands in for `flower-superlink`: it listens on a free port and carries the
 `--log-file <FLWR_HOME>/local-superlink/superlink.log` argument `flwr run` gives the real one.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from deployment import free_port
 
-from flower_pfl import superlink
+from flower_pfl.tools import superlink
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc")
 

@@ -1,4 +1,4 @@
-"""Sweeps (flower_pfl.sweep) and comparisons of finished runs (flower_pfl.compare)."""
+"""Sweeps (flower_pfl.tools.sweep) and comparisons of finished runs (flower_pfl.tools.compare)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flower_pfl import compare, superlink, sweep
-from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.sweep_flwr import run_config_text
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.tools import compare, superlink, sweep, sweep_grid
+from flower_pfl.tools.sweep_flwr import run_config_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 SWEEPS = ROOT / "benchmarks" / "sweeps"
 
 
-def _sweep(text: str) -> sweep.Sweep:
-    return sweep.from_mapping(tomllib.loads(text))
+def _sweep(text: str) -> sweep_grid.Sweep:
+    return sweep_grid.from_mapping(tomllib.loads(text))
 
 
 # --- grid expansion and the sweep file ----------------------------------------------------------
@@ -34,7 +34,7 @@ methods = ["fedmcsa", "fedavg+mcsa"]
 seeds = [0, 1]
 [base]
 num-rounds = 7
-lam = 1.0
+fedmcsa-lambda = 1.0
 num-nodes = 12
 [grid]
 dirichlet-alpha = [0.1, 0.5]
@@ -47,7 +47,7 @@ name = "skewed"
 partition = "dirichlet"
 num-nodes = 30
 [method.fedmcsa]
-lam = 2.0
+fedmcsa-lambda = 2.0
 """)
     cells = s.cells(tmp_path)
     assert len(cells) == 2 * 4 * 2 * 2 * 2  # named settings × grid points × (methods + references) × seeds
@@ -57,11 +57,11 @@ lam = 2.0
     assert names[-1] == "skewed, dirichlet-alpha=0.5, model=dnn" and len(names) == 8
     first = cells[0]
     assert (first.method, first.seed, first.num_nodes) == ("fedmcsa", 0, 12)
-    assert first.run_config["lam"] == 2.0 and first.run_config["num-rounds"] == 7  # method table over base
+    assert first.run_config["fedmcsa-lambda"] == 2.0 and first.run_config["num-rounds"] == 7  # method table over base
     assert first.run_config["partition"] == "iid" and first.run_config["dirichlet-alpha"] == 0.1
     assert "num-nodes" not in first.run_config
     mcsa = next(c for c in cells if c.method == "fedavg+mcsa")
-    assert (mcsa.run_config["method"], mcsa.run_config["aggregation"], mcsa.run_config["lam"]) == ("fedavg", "mcsa", 1.0)
+    assert (mcsa.run_config["method"], mcsa.run_config["aggregation"], mcsa.run_config["fedmcsa-lambda"]) == ("fedavg", "mcsa", 1.0)
     skewed = next(c for c in cells if c.setting.startswith("skewed"))
     assert skewed.num_nodes == 30 and skewed.run_config["partition"] == "dirichlet"
     assert first.folder == tmp_path.resolve() / "runs" / "fedmcsa" / "iid_dirichlet-alpha=0.1_model=mlr" / "seed0"
@@ -70,11 +70,11 @@ lam = 2.0
 
 
 def test_command_line_sets_base_values_and_grid_axes():
-    base, grid = sweep.parse_set(["num-rounds=3", "dirichlet-alpha=0.1,0.5", "partition=dirichlet", "download=true"])
+    base, grid = sweep_grid.parse_set(["num-rounds=3", "dirichlet-alpha=0.1,0.5", "partition=dirichlet", "download=true"])
     assert base == {"num-rounds": 3, "partition": "dirichlet", "download": True}
     assert grid == {"dirichlet-alpha": [0.1, 0.5]}
-    with pytest.raises(sweep.SweepError, match="key=value"):
-        sweep.parse_set(["num-rounds"])
+    with pytest.raises(sweep_grid.SweepError, match="key=value"):
+        sweep_grid.parse_set(["num-rounds"])
 
 
 def test_command_line_replaces_the_files_lists(tmp_path):
@@ -87,24 +87,24 @@ def test_command_line_replaces_the_files_lists(tmp_path):
 
 
 @pytest.mark.parametrize("text,error,message", [
-    ('methods = ["fedmcsa"]\nseeds = [0', sweep.SweepError, "not valid TOML"),
-    ('methods = ["fedmcsa"]\nseeds = [0]\nrounds = 3', sweep.SweepError, "unknown sweep-file key"),
-    ('methods = ["fedmcsa"]', sweep.SweepError, "needs 'methods' and 'seeds'"),
-    ('methods = []\nseeds = [0]', sweep.SweepError, "non-empty list of method names"),
-    ('methods = ["fedmcsa"]\nseeds = [0, 0]', sweep.SweepError, "seed twice"),
-    ('methods = ["fedmcsa"]\nseeds = [-1]', sweep.SweepError, "integers >= 0"),
+    ('methods = ["fedmcsa"]\nseeds = [0', sweep_grid.SweepError, "not valid TOML"),
+    ('methods = ["fedmcsa"]\nseeds = [0]\nrounds = 3', sweep_grid.SweepError, "unknown sweep-file key"),
+    ('methods = ["fedmcsa"]', sweep_grid.SweepError, "needs 'methods' and 'seeds'"),
+    ('methods = []\nseeds = [0]', sweep_grid.SweepError, "non-empty list of method names"),
+    ('methods = ["fedmcsa"]\nseeds = [0, 0]', sweep_grid.SweepError, "seed twice"),
+    ('methods = ["fedmcsa"]\nseeds = [-1]', sweep_grid.SweepError, "integers >= 0"),
     ('methods = ["fedmcsa"]\nseeds = [0]\n[base]\ndirichlet-alfa = 1.0', ConfigError, "did you mean dirichlet-alpha"),
-    ('methods = ["fedmcsa"]\nseeds = [0]\n[base]\nseed = 1', sweep.SweepError, "set by 'seeds'"),
-    ('methods = ["fedmcsa"]\nseeds = [0]\n[grid]\nmethod = ["fedavg"]', sweep.SweepError, "'methods' or a"),
-    ('methods = ["fedmcsa"]\nseeds = [0]\n[grid]\nlr = 0.1', sweep.SweepError, "non-empty list of values"),
-    ('methods = ["fedmcsa"]\nseeds = [0]\n[[settings]]\npartition = "iid"', sweep.SweepError, "own 'name'"),
-    ('methods = ["fedmcsa"]\nseeds = [0]\n[method.ditto]\nditto-lambda = 0.1', sweep.SweepError, "names no method"),
+    ('methods = ["fedmcsa"]\nseeds = [0]\n[base]\nseed = 1', sweep_grid.SweepError, "set by 'seeds'"),
+    ('methods = ["fedmcsa"]\nseeds = [0]\n[grid]\nmethod = ["fedavg"]', sweep_grid.SweepError, "'methods' or a"),
+    ('methods = ["fedmcsa"]\nseeds = [0]\n[grid]\nlr = 0.1', sweep_grid.SweepError, "non-empty list of values"),
+    ('methods = ["fedmcsa"]\nseeds = [0]\n[[settings]]\npartition = "iid"', sweep_grid.SweepError, "own 'name'"),
+    ('methods = ["fedmcsa"]\nseeds = [0]\n[method.ditto]\nditto-lambda = 0.1', sweep_grid.SweepError, "names no method"),
 ])
 def test_bad_sweep_files_say_what_to_fix(tmp_path, text, error, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(error, match=message):
-        sweep.from_toml(path)
+        sweep_grid.from_toml(path)
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -134,7 +134,7 @@ def _comparable(run_config: dict) -> dict:
 ])
 def test_sweep_files_reproduce_the_recorded_grids(tmp_path, toml, recorded, kind):
     """Every cell of the sweep file is one run of the published benchmark (same run config and clients)."""
-    cells = sweep.from_toml(SWEEPS / f"{toml}.toml").cells(tmp_path)
+    cells = sweep_grid.from_toml(SWEEPS / f"{toml}.toml").cells(tmp_path)
     jobs = [j for j in json.loads((RESULTS / recorded / "results.json").read_text())["runs"] if j.get("kind", "table") == kind]
 
     def key(config: dict, nodes: int) -> str:
@@ -221,11 +221,11 @@ def test_table_is_mean_and_std_over_seeds_in_percent(tmp_path):
 
 def test_grouping_by_method_and_the_keys_that_differ(tmp_path):
     def run(name, method, alpha, seed, lam=5.0):
-        cfg = {"method": method, "aggregation": "default", "dirichlet-alpha": alpha, "seed": seed, "lam": lam,
+        cfg = {"method": method, "aggregation": "default", "dirichlet-alpha": alpha, "seed": seed, "fedmcsa-lambda": lam,
                "output-dir": str(tmp_path / name), "num-rounds": 10}
         _fabricate(tmp_path / name, cfg, _summary(0.5 + alpha, 0.5, 0.5, 0.5))
 
-    run("m1", "fedmcsa", 0.1, 0, lam=1.0)  # lam differs between methods only: it names the method, not a setting
+    run("m1", "fedmcsa", 0.1, 0, lam=1.0)  # fedmcsa-lambda differs between methods only: it names the method, not a setting
     run("m2", "fedmcsa", 0.1, 1, lam=1.0)
     run("m3", "fedmcsa", 0.3, 0, lam=1.0)
     run("a1", "fedavg", 0.1, 0)
@@ -237,8 +237,8 @@ def test_grouping_by_method_and_the_keys_that_differ(tmp_path):
         ("dirichlet-alpha=0.1", "fedavg", 1), ("dirichlet-alpha=0.1", "fedmcsa", 2),
         ("dirichlet-alpha=0.3", "fedavg", 1), ("dirichlet-alpha=0.3", "fedmcsa", 1)]
     assert compare.fmt(rows[1].values("bmta")) == "60.00 ± 0.00"
-    run("m4", "fedmcsa", 0.3, 1, lam=2.0)  # lam now varies within fedmcsa's runs: a setting key
-    assert compare.setting_keys(compare.load([tmp_path])) == ["dirichlet-alpha", "lam"]
+    run("m4", "fedmcsa", 0.3, 1, lam=2.0)  # fedmcsa-lambda now varies within fedmcsa's runs: a setting key
+    assert compare.setting_keys(compare.load([tmp_path])) == ["dirichlet-alpha", "fedmcsa-lambda"]
     pooled = compare.group(compare.load([tmp_path]), by=["method", "num-rounds"])  # --by: only these keys
     assert [(r.setting, r.method, len(r.runs)) for r in pooled] == [("num-rounds=10", "fedavg", 2), ("num-rounds=10", "fedmcsa", 4)]
 

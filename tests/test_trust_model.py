@@ -12,7 +12,7 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from flower_pfl.wire import fingerprint
+from flower_pfl.engine.wire import fingerprint
 
 NAMES, SHAPES = ("fc.weight", "fc.bias"), ((3, 4), (3,))
 NODES = list(range(101, 109))

@@ -16,11 +16,11 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from flower_pfl.client_step import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND, TrainData, train_locally
-from flower_pfl.config import ExperimentConfig
-from flower_pfl.layout import ParamLayout
+from flower_pfl.engine.client_step import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND, TrainData, train_locally
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.experiment.models import DNN
 from flower_pfl.methods.registry import client_step_for, entries
-from flower_pfl.models import DNN
 
 NODES = [11, 12, 13, 14, 15]
 SOLVER = {LR: 0.05, LOCAL_STEPS: 3, BATCH_SIZE: 4}

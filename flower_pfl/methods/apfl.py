@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, load_stored, stored
-from ..layout import flatten_module
-from ..params import NON_NEGATIVE, UNIT_INTERVAL, param
-from ..server_step import GlobalModelStep, Settings
-from ..solvers import trainable
-from .base import Method
+from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, load_stored, stored, trainable
+from flower_pfl.engine.layout import flatten_module
+from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
+from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.methods.base import Method
 
 #: config keys: run APFL with this α step (training); evaluate the mixture (evaluation); α's start value
 ALPHA_LR, EVALUATE_MIXED, ALPHA_INIT = "apfl-alpha-lr", "apfl-mixed", "apfl-alpha-init"

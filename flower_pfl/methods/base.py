@@ -1,7 +1,7 @@
 """What a method module declares, and the registry entries built from it.
 
 A method is one class in one module of this package: a dataclass whose fields are its
-hyperparameters (``flower_pfl.params.param``), whose base is its server step
+hyperparameters (``flower_pfl.engine.params.param``), whose base is its server step
 (``PersonalizedStep`` or ``GlobalModelStep``) and whose class attributes name it::
 
     @dataclass
@@ -9,7 +9,7 @@ hyperparameters (``flower_pfl.params.param``), whose base is its server step
         '''FedFoo (Someone et al.): one line on what it does.'''
         name = "fedfoo"                 # run-config ``method``
         strategy = "FedFoo"             # class in ``strategies`` and ``strategies.message``
-        client = Proximal               # its client step (``flower_pfl.client_step``)
+        client = Proximal               # its client step (``flower_pfl.engine.client_step``)
         tau: float = param(1.0, key="fedfoo-tau", doc="...", must=POSITIVE)
 
         def personalize(self, models, layout): ...
@@ -28,19 +28,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..client_step import ClientStep
-from ..params import ParamSpec, check_params, param_specs
+from flower_pfl.engine.params import ParamSpec, check_params, param_specs
+from flower_pfl.engine.server_step import ServerStep
 
 
-class Method:
-    """Class-level facts of a method (mixed into its server step)."""
+class Method(ServerStep):
+    """Class-level facts of a method, first among its server step's bases (``class FedFoo(Method, PersonalizedStep)``)."""
 
     #: run-config ``method`` value
     name: ClassVar[str]
     #: class name in ``strategies`` and ``strategies.message``
     strategy: ClassVar[str]
-    #: the client step its clients run
-    client: ClassVar[type[ClientStep]] = ClientStep
     #: other run-config ``method`` values this class runs, with the constructor arguments they fix
     variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     #: participants per round when a strategy is built without ``clients_per_round``

@@ -11,11 +11,11 @@ from typing import Any
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import PROXIMAL_MU, Batch, ClientState, ClientStep, LossFn, Proximal, TrainData, keep, load_stored
-from ..layout import flatten_module
-from ..params import NON_NEGATIVE, param
-from ..server_step import GlobalModelStep, Settings
-from .base import Method
+from flower_pfl.engine.client_step import PROXIMAL_MU, Batch, ClientState, ClientStep, LossFn, Proximal, TrainData, keep, load_stored
+from flower_pfl.engine.layout import flatten_module
+from flower_pfl.engine.params import NON_NEGATIVE, param
+from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.methods.base import Method
 
 #: config key: Ditto's λ (its presence makes the client run Ditto, and evaluate its personal model)
 LAMBDA = "ditto-lambda"

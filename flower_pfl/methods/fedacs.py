@@ -1,4 +1,4 @@
-"""FedACS (Chen, Li, Shen; paper 001): attention-based client selection."""
+"""FedACS (Chen, Li, Shen): attention-based client selection."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..attention import cosine_similarity_matrix, quantile_threshold_weights
-from ..client_step import PROXIMAL_MU, ClientStep
-from ..layout import ParamLayout
-from ..params import HALF_OPEN_UNIT, param
-from ..server_step import PersonalizedStep, Settings, all_clients_train_param
-from .base import Method
+from flower_pfl.engine.all_clients_train import AllClientsTrain
+from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.params import HALF_OPEN_UNIT, param
+from flower_pfl.engine.server_step import Settings, SimilaritySnapshot
+from flower_pfl.methods.attention import cosine_similarity_matrix, quantile_threshold_weights
+from flower_pfl.methods.base import Method
 
 
 @dataclass
-class FedACS(Method, PersonalizedStep):
+class FedACS(Method, AllClientsTrain):
     """FedACS (Chen, Li, Shen): each participant gets the similarity-weighted average of the
     participants whose cosine similarity to it exceeds the round's p-quantile, then trains
     locally from it.
@@ -34,7 +35,6 @@ class FedACS(Method, PersonalizedStep):
 
     p: float = param(0.5, key="fedacs-p", must=HALF_OPEN_UNIT,
                      doc="similarity threshold = this quantile of the round's similarities (0 keeps every positively similar client)")
-    all_clients_train: bool = all_clients_train_param()
     #: similarity matrix, threshold δ and selection mask of the last round (diagnostics)
     last_similarity: torch.Tensor | None = field(default=None, init=False, repr=False)
     last_delta: float | None = field(default=None, init=False, repr=False)
@@ -45,5 +45,11 @@ class FedACS(Method, PersonalizedStep):
         weights, self.last_mask, self.last_delta = quantile_threshold_weights(self.last_similarity, self.p)
         return weights @ models, {"model": weights}
 
-    def train_config(self) -> Settings:
+    def train_config(self, num_participants: int) -> Settings:
         return {PROXIMAL_MU: 0.0}
+
+    def similarity_snapshot(self) -> SimilaritySnapshot | None:
+        """The last round's ``s_ij``, the pairs above ``δ`` and ``δ``."""
+        if self.last_similarity is None or self.last_mask is None or self.last_delta is None:
+            return None
+        return SimilaritySnapshot(self.last_similarity, self.last_mask, self.last_delta)

@@ -13,16 +13,17 @@ from typing import Any
 
 import torch
 
-from ..attention import fedamp_weights, heuristic_fedamp_weights
-from ..client_step import PROXIMAL_MU, Proximal
-from ..layout import ParamLayout
-from ..params import POSITIVE, UNIT_INTERVAL, param
-from ..server_step import PersonalizedStep, Settings, all_clients_train_param
-from .base import Method
+from flower_pfl.engine.all_clients_train import AllClientsTrain
+from flower_pfl.engine.client_step import PROXIMAL_MU, Proximal
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.params import POSITIVE, UNIT_INTERVAL, param
+from flower_pfl.engine.server_step import Settings
+from flower_pfl.methods.attention import fedamp_weights, heuristic_fedamp_weights
+from flower_pfl.methods.base import Method
 
 
 @dataclass
-class FedAMP(Method, PersonalizedStep):
+class FedAMP(Method, AllClientsTrain):
     """FedAMP (Huang et al. 2021): each participant gets ``u_i = Σ_j ξ_ij w_j`` with distance-based
     weights and trains with a proximal term toward it.
 
@@ -39,7 +40,6 @@ class FedAMP(Method, PersonalizedStep):
                            doc="server step α_k (scales the weights; the client's proximal weight is λ / α_k)")
     sigma: float = param(1.0, key="fedamp-sigma", must=POSITIVE, doc="distance scale σ of ξ_ij = α_k exp(−||w_i − w_j||² / σ) / σ")
     lam: float = param(1.0, key="fedamp-lambda", must=POSITIVE, doc="regularization weight λ")
-    all_clients_train: bool = all_clients_train_param()
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -59,7 +59,7 @@ class FedAMP(Method, PersonalizedStep):
         weights = fedamp_weights(models, self.alpha_k, self.sigma)
         return weights @ models, {"model": weights}
 
-    def train_config(self) -> Settings:
+    def train_config(self, num_participants: int) -> Settings:
         return {PROXIMAL_MU: self.lam / self.alpha_k}
 
 

@@ -1,4 +1,4 @@
-"""FedAttn (Luo, Panchal, Guan; paper 003): a global model trained by FedAvg whose biases are
+"""FedAttn (Luo, Panchal, Guan): a global model trained by FedAvg whose biases are
 personalized, per client, by a trainable attention over its nearest clients' biases.
 
 - client representation ``Z_i``: the mean over the client's training data of the last layer's
@@ -23,14 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import Batch, ClientState, ClientStep, LossFn, setting
-from ..layout import ParamLayout
-from ..params import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
-from ..reply_checks import MissingClientRule, norm
-from ..server_step import GlobalModelStep, Reply, Settings
-from ..solvers import trainable
-from ..wire import decode_flat, decode_vector, encode_vector
-from .base import Method
+from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, setting, trainable
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
+from flower_pfl.engine.reply_checks import Reply, StepOutputMissing, norm
+from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.wire import decode_flat, decode_vector, encode_vector
+from flower_pfl.methods.base import Method
 
 #: config keys: run FedAttn's client step, the bias regularization weight, the global biases (bytes)
 FEDATTN, BIAS_REG, GLOBAL_BIASES = "fedattn", "fedattn-bias-reg", "fedattn-global-biases"
@@ -274,7 +273,7 @@ class FedAttn(Method, GlobalModelStep):
         """``Z_i`` (the size of the first client's) and ``∂L_i/∂M̃_i`` (one value per bias), all finite."""
         for key in (REPRESENTATION, BIAS_GRADIENT):
             if key not in extras:
-                raise MissingClientRule(f"the reply lacks '{key}' (FedAttn)", FedAttnStep.__name__)
+                raise StepOutputMissing(f"the reply lacks '{key}' (FedAttn)", FedAttnStep.__name__)
         data = extras[REPRESENTATION]
         size = self.d_z or (len(data) // 4 if isinstance(data, bytes) else 0)
         z = decode_flat(data, size, REPRESENTATION)

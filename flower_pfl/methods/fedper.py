@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
-from ..client_step import ClientStep
-from ..layout import ParamLayout
-from ..params import AT_LEAST_ONE, param
-from ..server_step import ClientId, PersonalizedStep, Reply, weighted_mean
-from .base import Method
+from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.params import AT_LEAST_ONE, param
+from flower_pfl.engine.reply_checks import Reply
+from flower_pfl.engine.server_step import ClientId, PersonalizedStep, weighted_mean
+from flower_pfl.methods.base import Method
 
 
 @dataclass
@@ -46,13 +47,6 @@ class FedPer(Method, PersonalizedStep):
         #: the base layers' columns: the modules before the head, a leading slice of the flat vector
         self.base_slice = slice(0, modules[len(modules) - self.head_layers - 1][1].stop)
         self.base = initial[self.base_slice].to(device=self.store.device, dtype=torch.float32)
-
-    @property
-    def base_columns(self) -> torch.Tensor:
-        """The base's columns as a mask over the flat model (``base_slice``)."""
-        mask = torch.zeros(self.store.dim, dtype=torch.bool)
-        mask[self.base_slice] = True
-        return mask
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -3,18 +3,19 @@ strategy classes, which ``strategies`` and ``strategies.message`` re-export."""
 
 from __future__ import annotations
 
-from ..params import HALF_OPEN_UNIT, NON_NEGATIVE, POSITIVE, ParamSpec
-from .base import Entry, FlowerMethod
+from flower_pfl.engine.params import HALF_OPEN_UNIT, NON_NEGATIVE, POSITIVE, ParamSpec
+from flower_pfl.methods.base import Entry, FlowerMethod
 
 FEDAVG = FlowerMethod("fedavg", "FedAvg", "FedAvg (McMahan et al. 2017): the sample-weighted mean of the participants' models.")
 FEDPROX = FlowerMethod(
     "fedprox", "FedProx", "FedProx (Li et al. 2020): FedAvg whose clients add μ/2 ||w − w_received||².",
-    (ParamSpec("proximal_mu", "proximal-mu", 0.01, float, "FedProx's proximal weight μ", NON_NEGATIVE),),
-    lambda o: {"proximal_mu": o["proximal-mu"]})
+    (ParamSpec("proximal_mu", "fedprox-mu", 0.01, float, "FedProx's proximal weight μ", NON_NEGATIVE, ("proximal-mu",)),),
+    lambda o: {"proximal_mu": o["fedprox-mu"]})
 FEDAVGM = FlowerMethod(
     "fedavgm", "FedAvgM", "FedAvgM (Hsu et al. 2019): FedAvg with server momentum.",
-    (ParamSpec("server_momentum", "server-momentum", 0.9, float, "FedAvgM's server momentum", HALF_OPEN_UNIT),),
-    lambda o: {"server_learning_rate": 1.0, "server_momentum": o["server-momentum"]})
+    (ParamSpec("server_momentum", "fedavgm-momentum", 0.9, float, "FedAvgM's server momentum", HALF_OPEN_UNIT,
+               ("server-momentum",)),),
+    lambda o: {"server_learning_rate": 1.0, "server_momentum": o["fedavgm-momentum"]})
 FEDADAM = FlowerMethod(
     "fedadam", "FedAdam", "FedAdam (Reddi et al. 2021): Adam on the server over the mean update (client step η_l = lr).",
     (ParamSpec("eta", "fedadam-eta", 0.01, float, "FedAdam's server learning rate", POSITIVE),

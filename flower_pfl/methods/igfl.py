@@ -1,4 +1,4 @@
-"""IGFL (Huang, Shang et al.; paper 002): individual-and-group client correction (IGFL-C,
+"""IGFL (Huang, Shang et al.): individual-and-group client correction (IGFL-C,
 Algorithm 2) and attention-based server aggregation (AFL / IGFL-S, Algorithm 3).
 
 The deltas of a round's participants form one ``(m, d)`` matrix.
@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import LOCAL_STEPS, Batch, ClientState, ClientStep, LossFn, keep, setting, stored
-from ..params import Rule, param
-from ..server_step import GlobalModelStep, Reply, Settings
-from ..solvers import like_params, trainable
-from ..wire import decode_vector, encode_vector
-from .base import Method
+from flower_pfl.engine.client_step import LOCAL_STEPS, Batch, ClientState, ClientStep, LossFn, keep, like_params, setting, stored, trainable
+from flower_pfl.engine.params import Rule, param
+from flower_pfl.engine.reply_checks import Reply
+from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.wire import decode_vector, encode_vector
+from flower_pfl.methods.base import Method
 
 AttentionMode = Literal["self", "global", "time"]
 ATTENTION_MODES: tuple[str, ...] = ("self", "global", "time")

@@ -6,14 +6,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..client_step import PROXIMAL_MU, ClientStep
-from ..layout import ParamLayout
-from ..server_step import PersonalizedStep, Settings, all_clients_train_param
-from .base import Method
+from flower_pfl.engine.all_clients_train import AllClientsTrain
+from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.server_step import Settings
+from flower_pfl.methods.base import Method
 
 
 @dataclass
-class Local(Method, PersonalizedStep):
+class Local(Method, AllClientsTrain):
     """Local: every sampled client trains its own model with plain local SGD; nothing is shared."""
 
     name = "local"
@@ -21,10 +22,9 @@ class Local(Method, PersonalizedStep):
     client = ClientStep
     default_clients_per_round = 10
 
-    all_clients_train: bool = all_clients_train_param()
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
         return models, None
 
-    def train_config(self) -> Settings:
+    def train_config(self, num_participants: int) -> Settings:
         return {PROXIMAL_MU: 0.0}

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Entry
-from .fedmcsa import FedMCSA
-from .flower_baselines import FEDPROX
-from .pfedme import PFedMe
+from flower_pfl.methods.base import Entry
+from flower_pfl.methods.fedmcsa import FedMCSA
+from flower_pfl.methods.flower_baselines import FEDPROX
+from flower_pfl.methods.pfedme import PFedMe
 
 
 def _mcsa(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -23,16 +23,16 @@ def _mcsa(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _pfedme_mcsa(options: Mapping[str, Any]) -> dict[str, Any]:
-    pfedme = PFedMe(**Entry("pfedme", "default", PFedMe).arguments(options))
-    return {**_mcsa(options), "client_settings": pfedme.train_config(0), "evaluation_settings": pfedme.evaluation_config()}
+    return {**_mcsa(options), "client_method": PFedMe(**Entry("pfedme", "default", PFedMe).arguments(options))}
 
 
 ENTRIES = [
     Entry("fedavg", "mcsa", FedMCSA, fixed={"lam": 0.0},
           summary_text="FedAvg+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with FedAvg's plain local SGD (λ = 0)."),
     Entry("pfedme", "mcsa", FedMCSA, custom=_pfedme_mcsa,
-          reads=("sigma", "layer-grouping", "all-clients-train", "pfedme-lambda", "pfedme-personal-lr", "pfedme-inner-steps"),
+          reads=("fedmcsa-sigma", "fedmcsa-layer-grouping", "all-clients-train", "pfedme-lambda", "pfedme-personal-lr",
+                 "pfedme-inner-steps"),
           summary_text="pFedMe+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with pFedMe's client step and evaluation."),
-    Entry("fedmcsa", "mean", FEDPROX, custom=lambda o: {"proximal_mu": o["lam"]}, reads=("lam",),
-          summary_text="FedMCSA−MCSA (FedMCSA's Table 2): the plain average instead of the attention, i.e. FedProx with μ = λ (lam)."),
+    Entry("fedmcsa", "mean", FEDPROX, custom=lambda o: {"proximal_mu": o["fedmcsa-lambda"]}, reads=("fedmcsa-lambda",),
+          summary_text="FedMCSA−MCSA (FedMCSA's Table 2): the plain average instead of the attention, i.e. FedProx with μ = λ (fedmcsa-lambda)."),
 ]

@@ -11,11 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData
-from ..params import POSITIVE, param
-from ..server_step import GlobalModelStep, Settings
-from ..solvers import trainable
-from .base import Method
+from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, TrainData, trainable
+from flower_pfl.engine.params import POSITIVE, param
+from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.methods.base import Method
 
 #: config keys: Per-FedAvg's client step (its α, the adaptation step size); evaluate after one step
 ALPHA, ADAPT = "per-fedavg-alpha", "per-fedavg-adapt"

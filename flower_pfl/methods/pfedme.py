@@ -18,13 +18,24 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, load_stored, setting, sgd_update
-from ..layout import ParamLayout
-from ..metrics import GLOBAL_ACCURACY
-from ..params import AT_LEAST_ONE, POSITIVE, Rule, param
-from ..server_step import GlobalModelStep, Reply, Settings
-from ..solvers import trainable
-from .base import Method
+from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
+from flower_pfl.engine.client_step import (
+    Batch,
+    ClientState,
+    ClientStep,
+    LossFn,
+    TrainData,
+    keep,
+    load_stored,
+    setting,
+    sgd_update,
+    trainable,
+)
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.params import AT_LEAST_ONE, POSITIVE, Rule, param
+from flower_pfl.engine.reply_checks import Reply
+from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.methods.base import Method
 
 #: config keys: λ, the personalized step and K (training); evaluate θ_i and the global model (evaluation)
 LAMBDA, PERSONAL_LR, INNER_STEPS, EVALUATE_BOTH = "pfedme-lambda", "pfedme-personal-lr", "pfedme-inner-steps", "pfedme-pm-gm"

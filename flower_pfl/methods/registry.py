@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from ..client_step import ClientStep, Proximal
-from ..params import ParamSpec
-from .base import Entry, Method
+from flower_pfl.engine.client_step import ClientStep, Proximal
+from flower_pfl.engine.params import ParamSpec
+from flower_pfl.methods.base import Entry, Method
 
 _GROUPS = ("paper", "baseline", "flower")
 
@@ -85,10 +85,16 @@ def option_specs() -> dict[str, ParamSpec]:
 
 
 @lru_cache(maxsize=1)
+def renamed_keys() -> dict[str, str]:
+    """Earlier names of method run-config keys -> their current names (``param(..., old_keys=...)``)."""
+    return {old: key for key, spec in option_specs().items() for old in spec.old_keys}
+
+
+@lru_cache(maxsize=1)
 def client_steps() -> tuple[type[ClientStep], ...]:
     """The client steps a training instruction can ask for by its config key."""
     steps = {cls.client for cls in method_classes()}
-    return tuple(sorted((s for s in steps if s.key is not None), key=lambda s: s.key))  # type: ignore[arg-type, return-value]
+    return tuple(sorted((s for s in steps if s.key is not None), key=lambda s: str(s.key)))
 
 
 def client_step_for(config: Mapping[str, Any]) -> type[ClientStep]:

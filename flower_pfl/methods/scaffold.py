@@ -10,13 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..client_step import Batch, ClientState, ClientStep, LossFn, keep, setting, stored
-from ..params import POSITIVE, param
-from ..reply_checks import MissingClientRule, norm
-from ..server_step import GlobalModelStep, Reply, Settings
-from ..solvers import like_params, trainable
-from ..wire import decode_flat, decode_vector, encode_vector
-from .base import Method
+from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, keep, like_params, setting, stored, trainable
+from flower_pfl.engine.params import POSITIVE, param
+from flower_pfl.engine.reply_checks import Reply, StepOutputMissing, norm
+from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.wire import decode_flat, decode_vector, encode_vector
+from flower_pfl.methods.base import Method
 
 #: config key of the server's control variate ``c``; reply key of the client's ``Δc_i`` (float32 bytes)
 CONTROL, CONTROL_DELTA = "scaffold-control", "scaffold-control-delta"
@@ -92,7 +91,7 @@ class SCAFFOLD(Method, GlobalModelStep):
     def check_extras(self, extras: Mapping[str, Any]) -> torch.Tensor:
         """The client's ``Δc_i``: float32 bytes of the model's size, all finite."""
         if CONTROL_DELTA not in extras:
-            raise MissingClientRule(f"the reply lacks '{CONTROL_DELTA}' (SCAFFOLD's Δc_i)", ScaffoldCorrection.__name__)
+            raise StepOutputMissing(f"the reply lacks '{CONTROL_DELTA}' (SCAFFOLD's Δc_i)", ScaffoldCorrection.__name__)
         delta = decode_flat(extras[CONTROL_DELTA], self.layout.dim, CONTROL_DELTA)
         if not torch.isfinite(delta).all():
             raise ValueError(f"'{CONTROL_DELTA}' holds NaN or Inf")

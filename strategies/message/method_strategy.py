@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, ClassVar, TypedDict
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -12,11 +12,21 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from flower_pfl.client_step import LOCAL_STEPS, LR, SERVER_ROUND
-from flower_pfl.reply_checks import MAX_MEDIAN_RATIO, MAX_UPDATE_RATIO, MAX_WEIGHT_RATIO, ReplyBounds, decoded, is_number
-from flower_pfl.server_step import Instruction, MethodServer, RawReply, RoundReplies, ServerStep, UpdateRejected
-
-from ..metrics import (
+from flower_pfl.engine.client_step import LOCAL_STEPS, LR, SERVER_ROUND
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.reply_checks import (
+    MAX_MEDIAN_RATIO,
+    MAX_UPDATE_RATIO,
+    MAX_WEIGHT_RATIO,
+    RawReply,
+    ReplyBounds,
+    RoundReplies,
+    UpdateRejected,
+    decoded,
+    is_number,
+)
+from flower_pfl.engine.server_step import Instruction, ServerStep
+from strategies.aggregated_metrics import (
     ACCURACY,
     IDENTITIES,
     NUM_EXAMPLES,
@@ -26,15 +36,44 @@ from ..metrics import (
     reply_counts,
     round_replies_metrics,
 )
-from ..nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
-from ..ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
-from ..replies import receive_round
+from strategies.documented import PerMethodDocs
+from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
+from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
+from strategies.replies import receive_round
 
 MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
-class MethodStrategy(Strategy):
-    """A method's server step (``flower_pfl.server_step``) as a Message-API strategy.
+class MessageOptions(TypedDict, total=False):
+    """``MethodStrategy``'s options as keyword arguments of the method classes (``strategies.message.FedMCSA(...,
+    **options)``), documented in ``MethodStrategy.OPTION_DOCS``."""
+
+    clients_per_round: int | None
+    fraction_train: float
+    min_train_nodes: int
+    min_available_nodes: int
+    fraction_evaluate: float
+    min_evaluate_nodes: int
+    weighted_by_key: str
+    train_metrics_aggr_fn: MetricsFn | None
+    seed: int
+    device: str | torch.device
+    store_dir: str | None
+    arrayrecord_key: str
+    configrecord_key: str
+    evaluate_metrics_aggr_fn: MetricsFn | None
+    accuracy_key: str
+    max_update_ratio: float
+    max_weight_ratio: float
+    max_median_ratio: float
+    lr: float | None
+    local_steps: int | None
+    node_wait_timeout: float
+    rank_key: str | None
+
+
+class MethodStrategy(PerMethodDocs, Strategy):
+    """A method's server step (``flower_pfl.engine.server_step``) as a Message-API strategy.
 
     ``start(grid=..., initial_arrays=..., num_rounds=..., train_config=...)`` works as for Flower's
     own strategies: ``initial_arrays`` is every client's starting model (its names key the
@@ -44,7 +83,7 @@ class MethodStrategy(Strategy):
     (the personalized models stay in ``self.server.method.store``).
     """
 
-    OPTION_DOCS = {
+    OPTION_DOCS: ClassVar[dict[str, str]] = {
         "clients_per_round": "Clients that train each round (None: ``fraction_train`` of the connected nodes).",
         "fraction_train": "Fraction of the connected nodes that train when ``clients_per_round`` is None.",
         "min_train_nodes": "Least number of nodes that train when ``fraction_train`` is used.",
@@ -62,11 +101,11 @@ class MethodStrategy(Strategy):
         "configrecord_key": "Key of the ConfigRecord in messages.",
         "evaluate_metrics_aggr_fn": "Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every "
                                     "numeric metric's sample-weighted mean under its own name); the personalized summary "
-                                    "of ``accuracy_key`` (``strategies.metrics.PersonalizedMetrics``) is added either way.",
+                                    "of ``accuracy_key`` (``strategies.aggregated_metrics.PersonalizedMetrics``) is added either way.",
         "accuracy_key": "The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); "
                         "a fraction in [0, 1], a reply claiming more is left out.",
         "max_update_ratio": "Refuse an update whose model changed by more than this multiple of the norm of the model its "
-                            "client was sent; ``math.inf``: off (see ``flower_pfl.reply_checks.ReplyBounds``).",
+                            "client was sent; ``math.inf``: off (see ``flower_pfl.engine.reply_checks.ReplyBounds``).",
         "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
                             "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.",
@@ -78,7 +117,7 @@ class MethodStrategy(Strategy):
                     "for sampling and aggregation, as node ids change from run to run; learned from replies and, before a "
                     "draw, from one QUERY message to each node without one. None: nodes are ordered by node id.",
     }
-    CONTRACT = (
+    CONTRACT: ClassVar[str] = (
         "Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the "
         "parameter names it was sent) and one MetricRecord with ``num-examples``; bytes the method needs "
         "back (e.g. SCAFFOLD's ``scaffold-control-delta``) travel in ConfigRecords. An evaluation reply "

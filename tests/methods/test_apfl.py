@@ -11,14 +11,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import CLIENT_STEP, LR, TrainData, train_locally
-from flower_pfl.config import ExperimentConfig
-from flower_pfl.layout import flatten_module, load_flat_
+from client_apps.rules import RecordState, step_for
+from flower_pfl.engine.client_step import CLIENT_STEP, LR, TrainData, train_locally
+from flower_pfl.engine.evaluation import evaluate
+from flower_pfl.engine.layout import flatten_module, load_flat_
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.reply_checks import RawReply
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.experiment.models import MLR
 from flower_pfl.methods.apfl import ALPHA_INIT, ALPHA_LR, APFL, EVALUATE_MIXED, PERSONAL_STATE, APFLStep, Mixture
-from flower_pfl.models import MLR
-from flower_pfl.server_step import MethodServer, RawReply
-from flower_pfl.solvers import MinibatchStream, evaluate
 
 from .runs import assert_as_recorded
 
@@ -129,7 +131,7 @@ def test_the_client_step_needs_state_and_is_no_hook_on_a_users_loop():
     with pytest.raises(ValueError, match="state"):
         APFLStep(w, _config())
     with pytest.raises(ValueError, match="ClientApp"):
-        ClientRule.from_config(_config(), w, RecordDict())
+        step_for(_config(), w, RecordDict())
     with pytest.raises(ValueError, match="alpha"):
         APFLStep(w, _config(alpha_init=1.5), {})
 

@@ -14,15 +14,17 @@ from flwr.common import parameters_to_ndarrays
 import strategies
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import CLIENT_STEP, LR, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
-from flower_pfl.config import ExperimentConfig
-from flower_pfl.experiment import client_generator
-from flower_pfl.layout import flatten_module
+from client_apps.rules import RecordState, step_for
+from flower_pfl.engine.client_step import CLIENT_STEP, LR, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.engine.evaluation import evaluate
+from flower_pfl.engine.layout import flatten_module
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.reply_checks import RawReply
+from flower_pfl.experiment.build import client_generator
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.experiment.models import MLR
 from flower_pfl.methods.ditto import LAMBDA, PERSONAL_STATE, Ditto, DittoStep
-from flower_pfl.models import MLR
-from flower_pfl.server_step import MethodServer, RawReply
-from flower_pfl.solvers import MinibatchStream, evaluate
 
 from .runs import assert_as_recorded
 
@@ -119,7 +121,7 @@ def test_the_client_step_needs_state_and_is_no_hook_on_a_users_loop():
     with pytest.raises(ValueError, match="state"):
         DittoStep(w, {LR: 0.1, LAMBDA: 1.0})
     with pytest.raises(ValueError, match="ClientApp"):
-        ClientRule.from_config({LR: 0.1, LAMBDA: 1.0}, w, RecordDict())
+        step_for({LR: 0.1, LAMBDA: 1.0}, w, RecordDict())
     with pytest.raises(ValueError, match="lambda"):
         DittoStep(w, {LR: 0.1, LAMBDA: -1.0}, {})
 

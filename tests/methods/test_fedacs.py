@@ -1,4 +1,4 @@
-"""FedACS (Chen, Li, Shen; paper 001): thresholded cosine-similarity weights (eq. 4) by hand, the
+"""FedACS (Chen, Li, Shen): thresholded cosine-similarity weights (eq. 4) by hand, the
 server step through both strategies, its plain local-SGD client (eq. 5), and a short whole run."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from client_apps.rules import ClientRule
-from flower_pfl.attention import cosine_similarity_matrix, quantile_threshold_weights
-from flower_pfl.client_step import PROXIMAL_MU, ClientStep, TrainData, train_locally
+from client_apps.rules import step_for
+from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep, TrainData, train_locally
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.experiment.models import build_model
+from flower_pfl.methods.attention import cosine_similarity_matrix, quantile_threshold_weights
 from flower_pfl.methods.fedacs import FedACS
 from flower_pfl.methods.registry import client_step_for
-from flower_pfl.models import build_model
-from flower_pfl.solvers import MinibatchStream
 
 from .runs import assert_as_recorded
 
@@ -74,7 +74,7 @@ def test_server_step_is_eq_4():
     assert torch.allclose(out[0], (models[0] + s01 * models[1]) / (1 + s01)) and torch.allclose(out[2], models[2])
     with pytest.raises(ValueError, match="p = 1.0"):
         FedACS(p=1.0)
-    assert FedACS().train_config() == {PROXIMAL_MU: 0.0}  # eq. 5: plain local steps from u_i
+    assert FedACS().train_config(1) == {PROXIMAL_MU: 0.0}  # eq. 5: plain local steps from u_i
 
 
 # ---------------------------------------------------------------- 2. the server step
@@ -134,13 +134,13 @@ def test_legacy_fedacs_sends_the_same_models():
 
 def test_client_is_plain_sgd_from_u_i_in_a_users_loop_and_the_package_loop():
     lr, steps, batch = 0.1, 5, 8
-    config = {**FedACS().train_config(), "lr": lr, "local-steps": steps, "batch-size": batch}
+    config = {**FedACS().train_config(1), "lr": lr, "local-steps": steps, "batch-size": batch}
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(30, 6, generator=g), torch.randint(0, 3, (30,), generator=g)
     users, package, reference = (build_model("dnn", (6,), 3, hidden=5, seed=1) for _ in range(3))
     assert client_step_for(config) is ClientStep
 
-    step = ClientRule.from_config(config, users, optimizer=torch.optim.SGD(users.parameters(), lr=lr))
+    step = step_for(config, users, optimizer=torch.optim.SGD(users.parameters(), lr=lr))
     optimizer = torch.optim.SGD(users.parameters(), lr=lr)
     stream = MinibatchStream(30, batch, torch.Generator().manual_seed(3))
     for _ in range(steps):

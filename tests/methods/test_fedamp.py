@@ -16,15 +16,15 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from client_apps.rules import ClientRule
-from flower_pfl.attention import fedamp_weights, heuristic_fedamp_weights
-from flower_pfl.client_step import CLIENT_STEP, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
-from flower_pfl.config import ConfigError, ExperimentConfig
-from flower_pfl.layout import ParamLayout
+from client_apps.rules import step_for
+from flower_pfl.engine.client_step import CLIENT_STEP, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.models import MLR
+from flower_pfl.methods.attention import fedamp_weights, heuristic_fedamp_weights
 from flower_pfl.methods.fedamp import FedAMP, HeurFedAMP
 from flower_pfl.methods.registry import client_step_for
-from flower_pfl.models import MLR
-from flower_pfl.solvers import MinibatchStream
 
 from .runs import assert_as_recorded
 
@@ -68,8 +68,8 @@ def test_methods_validate_their_settings():
         FedAMP(alpha_k=0.0)
     with pytest.raises(ValueError, match="self_weight"):
         HeurFedAMP(self_weight=1.5)
-    assert FedAMP(alpha_k=0.05, lam=1.0).train_config() == {PROXIMAL_MU: 20.0}
-    assert HeurFedAMP().train_config() == {PROXIMAL_MU: 1.0 / 0.05}
+    assert FedAMP(alpha_k=0.05, lam=1.0).train_config(1) == {PROXIMAL_MU: 20.0}
+    assert HeurFedAMP().train_config(1) == {PROXIMAL_MU: 1.0 / 0.05}
     assert np.isclose(HeurFedAMP(sigma=5.0).sigma, 5.0)
 
 
@@ -157,7 +157,7 @@ def test_the_regularizer_has_a_gradient_toward_the_cloud_model_and_training_foll
     plain local models. Here the pull toward u_i is real: its gradient is μ (w − u_i) with
     μ = λ / α_k, and training ends nearer to u_i than plain SGD does."""
     model, _, _ = _setting()
-    config = {**FedAMP(alpha_k=0.05, lam=1.0).train_config(), "lr": LR, "local-steps": STEPS, "batch-size": BATCH}
+    config = {**FedAMP(alpha_k=0.05, lam=1.0).train_config(1), "lr": LR, "local-steps": STEPS, "batch-size": BATCH}
     mu = config[PROXIMAL_MU]
     assert client_step_for(config) is Proximal
     cloud = [p.detach().clone() for p in model.parameters()]  # u_i: the model the client received
@@ -186,13 +186,13 @@ def test_the_regularizer_has_a_gradient_toward_the_cloud_model_and_training_foll
 
 
 def test_users_loop_equals_the_package_loop_and_the_objective_written_out():
-    config = {**HeurFedAMP().train_config(), "lr": LR, "local-steps": STEPS, "batch-size": BATCH}
+    config = {**HeurFedAMP().train_config(1), "lr": LR, "local-steps": STEPS, "batch-size": BATCH}
     mu = config[PROXIMAL_MU]
     users, x, y = _setting()
     package, reference = _setting()[0], _setting()[0]
     cloud = [p.detach().clone() for p in reference.parameters()]
 
-    step = ClientRule.from_config(config, users, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
+    step = step_for(config, users, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
     optimizer = torch.optim.SGD(users.parameters(), lr=LR)
     stream = MinibatchStream(len(y), BATCH, torch.Generator().manual_seed(2))
     for _ in range(STEPS):
@@ -232,7 +232,7 @@ def test_float32_distances_match_float64_on_large_models_sharing_a_big_common_pa
     """FedAMP's weights from float32 models (one GEMM on centred rows) against float64 ``cdist``: models
     that share a large common component and differ by a little, the case where ``||a||² + ||b||² − 2a·b``
     in float32 would cancel catastrophically without the centring."""
-    from flower_pfl.attention import squared_distances
+    from flower_pfl.methods.attention import squared_distances
 
     g = torch.Generator().manual_seed(0)
     common = 3.0 * torch.randn(1, 100_000, generator=g)

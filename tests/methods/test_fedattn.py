@@ -1,4 +1,4 @@
-"""FedAttn (paper 003): neighbour search, the attention and its gradient, the client step
+"""FedAttn (Luo, Panchal, Guan): neighbour search, the attention and its gradient, the client step
 (in the package's loop and in a user's own), the server through both Flower APIs, one whole run."""
 
 import copy
@@ -14,13 +14,14 @@ from flwr.common import parameters_to_ndarrays
 import flower_pfl.methods.fedattn as fa
 import strategies
 import strategies.message
-from client_apps.rules import ClientRule
-from flower_pfl.client_step import CLIENT_STEP, LR, TrainData, train_locally
-from flower_pfl.layout import ParamLayout
-from flower_pfl.models import DNN, MLR
-from flower_pfl.server_step import MethodServer, RawReply, UpdateRejected
-from flower_pfl.solvers import MinibatchStream
-from flower_pfl.wire import decode_flat, encode_vector
+from client_apps.rules import step_for
+from flower_pfl.engine.client_step import CLIENT_STEP, LR, TrainData, train_locally
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
+from flower_pfl.engine.wire import decode_flat, encode_vector
+from flower_pfl.experiment.models import DNN, MLR
 
 from .runs import assert_as_recorded
 
@@ -213,7 +214,7 @@ def test_the_step_in_a_users_own_loop_gives_what_train_locally_gives():
 
     model = _dnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=config[LR])
-    step = ClientRule.from_config(config, model, None, optimizer)
+    step = step_for(config, model, None, optimizer)
     assert isinstance(step, fa.FedAttnStep)
     stream = MinibatchStream(40, 8, torch.Generator().manual_seed(3))
     model.train()
@@ -237,9 +238,9 @@ def test_the_step_in_a_users_own_loop_gives_what_train_locally_gives():
 def test_the_step_refuses_what_its_arithmetic_cannot_use():
     model = _dnn()
     with pytest.raises(ValueError, match="momentum"):
-        ClientRule.from_config(_config(), model, None, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        step_for(_config(), model, None, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     with pytest.raises(ValueError, match="step size"):
-        ClientRule.from_config(_config(), model, None, torch.optim.SGD(model.parameters(), lr=0.2))
+        step_for(_config(), model, None, torch.optim.SGD(model.parameters(), lr=0.2))
     with pytest.raises(ValueError, match="fedattn-global-biases"):
         fa.FedAttnStep(model, _config(0.5))  # a regularizer toward biases it was not sent
     step = fa.FedAttnStep(model, _config())

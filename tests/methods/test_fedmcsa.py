@@ -1,4 +1,4 @@
-"""FedMCSA (Guo et al., paper 004) and its Table 2 transfers (fedavg+mcsa, fedmcsa+mean).
+"""FedMCSA (Guo et al.) and its Table 2 transfers (fedavg+mcsa, fedmcsa+mean).
 
 1. the layer-wise attention (eqs. 6-8) against hand-computed examples;
 2. the server step through both Flower APIs' strategies, driven with fabricated replies
@@ -22,27 +22,17 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from client_apps.rules import ClientRule, RecordState
-from flower_pfl.attention import layerwise_attention
-from flower_pfl.client_step import (
-    ANCHOR,
-    ANCHOR_KEEP,
-    ANCHOR_SET,
-    ANCHOR_STATE,
-    CLIENT_STEP,
-    PROXIMAL_MU,
-    ClientStep,
-    Proximal,
-    TrainData,
-    train_locally,
-)
-from flower_pfl.config import ExperimentConfig
-from flower_pfl.layout import ParamLayout
+from client_apps.rules import RecordState, step_for
+from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, AnchoredProximal
+from flower_pfl.engine.client_step import CLIENT_STEP, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.experiment.models import build_model
+from flower_pfl.methods.attention import layerwise_attention
 from flower_pfl.methods.fedmcsa import FedMCSA
 from flower_pfl.methods.pfedme import PFedMe, PFedMeStep
 from flower_pfl.methods.registry import client_step_for, entry, evaluation_step_for
-from flower_pfl.models import build_model
-from flower_pfl.solvers import MinibatchStream
 
 from .runs import assert_as_recorded
 
@@ -94,15 +84,16 @@ def test_sigma_limits_mean_and_own_model():
     assert torch.allclose(own, models, atol=1e-5)
     # and the method is exactly the attention function over the layout's components
     out, _ = FedMCSA(sigma=3.0).personalize(models, layout)
-    assert torch.equal(out, layerwise_attention(models, layout.component_slices("tensor"), 3.0)[0])
+    assert torch.equal(out, layerwise_attention(models, [sl for _, sl in layout.components("tensor")], 3.0)[0])
 
 
 def test_client_settings_and_validation():
-    assert FedMCSA(lam=2.5).train_config() == {PROXIMAL_MU: 2.5}
+    assert FedMCSA(lam=2.5).train_config(1) == {PROXIMAL_MU: 2.5}
     assert FedMCSA().evaluation_config() == {}
     pfedme = PFedMe()
-    transfer = FedMCSA(client_settings=pfedme.train_config(0), evaluation_settings=pfedme.evaluation_config())
-    assert transfer.train_config() == pfedme.train_config(0) and transfer.evaluation_config() == pfedme.evaluation_config()
+    transfer = FedMCSA(client_method=pfedme)
+    assert transfer.train_config(1) == pfedme.train_config(1) and transfer.evaluation_config() == pfedme.evaluation_config()
+    assert transfer.client_step() is PFedMeStep and FedMCSA().client_step() is AnchoredProximal
     for bad, name in (({"sigma": 0.0}, "sigma"), ({"lam": -1.0}, "lam"), ({"grouping": "layer"}, "grouping")):
         with pytest.raises(ValueError, match=name):
             FedMCSA(**bad)
@@ -131,7 +122,7 @@ def test_each_client_gets_its_own_personalized_model_and_settings():
     assert len(ids) == 4 == len(set(ids)) and set(ids) <= set(grid.node_ids)
     assert ids == strat.server.last_participants
     stored = strat.method.store.get(ids)
-    expected, _ = layerwise_attention(stored, strat.server.layout.component_slices("tensor"), 50.0)
+    expected, _ = layerwise_attention(stored, [sl for _, sl in strat.server.layout.components("tensor")], 50.0)
     assert not torch.allclose(expected, stored, atol=1e-3)  # the attention mixes: the check below can fail
     for i, msg in enumerate(msgs):
         assert torch.allclose(_sent(msg), expected[i])
@@ -152,7 +143,7 @@ def test_all_clients_train_as_algorithm_1():
     sampled = [m.metadata.dst_node_id for m in msgs if m.content["config"][ANCHOR] == ANCHOR_SET]
     others = [m for m in msgs if m.content["config"][ANCHOR] == ANCHOR_KEEP]
     assert len(sampled) == 2 and len(others) == 4 and sampled == strat.server.last_participants
-    expected, _ = layerwise_attention(strat.method.store.get(sampled), strat.server.layout.component_slices("tensor"), 50.0)
+    expected, _ = layerwise_attention(strat.method.store.get(sampled), [sl for _, sl in strat.server.layout.components("tensor")], 50.0)
     for m in msgs:
         nid = m.metadata.dst_node_id
         want = expected[sampled.index(nid)] if nid in sampled else _flat(_arrays(float(nid)))
@@ -184,7 +175,7 @@ def test_attention_weights_are_recorded_per_component():
     _run_round(strat, grid, 1, lambda m: fb.train_reply(m, _arrays(float(m.metadata.dst_node_id))))
     msgs = list(strat.configure_train(2, ArrayRecord(), ConfigRecord(), grid))
     ids = [m.metadata.dst_node_id for m in msgs]
-    _, weights = layerwise_attention(strat.method.store.get(ids), strat.server.layout.component_slices("tensor"), 2.0)
+    _, weights = layerwise_attention(strat.method.store.get(ids), [sl for _, sl in strat.server.layout.components("tensor")], 2.0)
     rounds = strat.method.attention_weights.rounds
     assert len(rounds) == 2
     _, first = rounds[0]  # round 1: every stored model is the initial one: uniform weights
@@ -232,7 +223,7 @@ def test_legacy_attention_mixes_like_the_message_api():
     strat.aggregate_fit(1, [(p, fb.fit_res(list(_arrays(float(p.cid)).values()))) for p, _ in ins], [])
     ins = strat.configure_fit(2, strat.initial_parameters, cm)
     ids = [int(p.cid) for p, _ in ins]
-    expected, _ = layerwise_attention(strat.method.store.get(ids), strat.server.layout.component_slices("tensor"), 2.0)
+    expected, _ = layerwise_attention(strat.method.store.get(ids), [sl for _, sl in strat.server.layout.components("tensor")], 2.0)
     for i, (_, fitins) in enumerate(ins):
         assert torch.allclose(_flat(parameters_to_ndarrays(fitins.parameters)), expected[i], atol=1e-6)
 
@@ -251,12 +242,12 @@ def test_strategy_arguments_go_to_the_method_and_bad_ones_are_refused():
 def test_table_2_entries():
     """fedavg+mcsa: the attention with λ = 0 (plain local SGD); fedmcsa+mean: Flower's FedProx with
     μ = λ; pfedme+mcsa: the attention with pFedMe's client step and evaluation."""
-    run = {"lam": 3.0}
+    run = {"fedmcsa-lambda": 3.0}
     cfg = ExperimentConfig.from_mapping({"method": "fedavg", "aggregation": "mcsa", **run})
     method = FedMCSA(**cfg.method_arguments())
     assert cfg.entry.declaration is FedMCSA and method.lam == 0.0
-    assert client_step_for(method.train_config()) is ClientStep
-    assert client_step_for(FedMCSA(lam=3.0).train_config()) is Proximal
+    assert client_step_for(method.train_config(1)) is ClientStep
+    assert client_step_for(FedMCSA(lam=3.0).train_config(1)) is Proximal
 
     cfg = ExperimentConfig.from_mapping({"method": "fedmcsa", "aggregation": "mean", **run})
     assert cfg.entry.strategy == "FedProx" and cfg.method_arguments() == {"proximal_mu": 3.0}
@@ -264,7 +255,7 @@ def test_table_2_entries():
 
     cfg = ExperimentConfig.from_mapping({"method": "pfedme", "aggregation": "mcsa"})
     method = FedMCSA(**cfg.method_arguments())
-    assert client_step_for(method.train_config()) is PFedMeStep
+    assert client_step_for(method.train_config(1)) is PFedMeStep
     assert evaluation_step_for(method.evaluation_config()) is PFedMeStep
 
 
@@ -337,7 +328,7 @@ def test_algorithm_1_clients_in_a_users_loop_and_in_the_package_loop():
 
             users, state = _model(received), states[node]
             package, package_state = _model(received), {k: list(v) for k, v in RecordState(state).items()}
-            step = ClientRule.from_config(config, users, state, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
+            step = step_for(config, users, state, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
             assert isinstance(step, Proximal) and step.mu == LAM
             assert _user_loop(users, step, x, y, seed=rnd) == {CLIENT_STEP: PROXIMAL_MU}  # the receipt only
 

@@ -1,4 +1,4 @@
-"""IGFL (paper 002): the AFL server aggregation (Algorithm 3) and the IGFL-C client step
+"""IGFL (Huang, Shang et al.): the AFL server aggregation (Algorithm 3) and the IGFL-C client step
 (Algorithm 2) by hand, the server step driven with fabricated replies through both Flower
 APIs and ``MethodServer``, the client step in a user's own loop, and short whole runs of
 ``igfl``, ``igfl-c`` and ``igfl-s``."""
@@ -17,9 +17,14 @@ from flwr.common import parameters_to_ndarrays
 import strategies
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
-from flower_pfl.config import ExperimentConfig
+from client_apps.rules import RecordState, step_for
+from flower_pfl.engine.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
+from flower_pfl.engine.wire import decode_flat, decode_vector, encode_vector
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.experiment.models import MLR
 from flower_pfl.methods.igfl import (
     ATTENTION_MODES,
     CORRECTION,
@@ -32,10 +37,6 @@ from flower_pfl.methods.igfl import (
     corrected_step,
 )
 from flower_pfl.methods.registry import client_step_for
-from flower_pfl.models import MLR
-from flower_pfl.server_step import MethodServer, RawReply, UpdateRejected
-from flower_pfl.solvers import MinibatchStream
-from flower_pfl.wire import decode_flat, decode_vector, encode_vector
 
 from .runs import assert_as_recorded
 
@@ -271,7 +272,7 @@ def test_legacy_igfl_time_attention_round():
 
 def _user_loop(model, config, state, x, y, seed):
     """What a user's ClientApp does with the hooks (client_apps.rules' docstring)."""
-    step = ClientRule.from_config(config, model, state, torch.optim.SGD(model.parameters(), lr=config[LR]))
+    step = step_for(config, model, state, torch.optim.SGD(model.parameters(), lr=config[LR]))
     return fb.user_loop(model, step, x, y, lr=config[LR], batch_size=config[BATCH_SIZE], steps=config[LOCAL_STEPS], seed=seed)
 
 
@@ -300,9 +301,9 @@ def test_client_step_refuses_what_its_arithmetic_does_not_assume():
     model = MLR(4, 2)
     config = _config(model, steps=3)
     with pytest.raises(ValueError, match="momentum"):
-        ClientRule.from_config(config, model, RecordDict(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        step_for(config, model, RecordDict(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     with pytest.raises(ValueError, match="lr = 0.1"):
-        ClientRule.from_config(config, model, RecordDict(), torch.optim.SGD(model.parameters(), lr=0.2))
+        step_for(config, model, RecordDict(), torch.optim.SGD(model.parameters(), lr=0.2))
     with pytest.raises(ValueError, match="context.state"):
         IGFLCorrection(model, config, None)
     with pytest.raises(ValueError, match="igfl-participants"):

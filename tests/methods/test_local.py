@@ -14,11 +14,11 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from flower_pfl.client_step import PROXIMAL_MU, ClientStep, TrainData, train_locally
-from flower_pfl.layout import ParamLayout
+from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep, TrainData, train_locally
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.experiment.models import build_model
 from flower_pfl.methods.local import Local
 from flower_pfl.methods.registry import client_step_for
-from flower_pfl.models import build_model
 
 from .runs import assert_as_recorded
 
@@ -36,8 +36,8 @@ def test_the_server_step_returns_the_stored_models_unchanged():
     models = torch.randn(4, 8)
     out, weights = Local().personalize(models, ParamLayout(names=("w",), shapes=((8,),)))
     assert torch.equal(out, models) and weights is None
-    assert Local().train_config() == {PROXIMAL_MU: 0.0} and Local().evaluation_config() == {}
-    assert client_step_for(Local().train_config()) is ClientStep
+    assert Local().train_config(1) == {PROXIMAL_MU: 0.0} and Local().evaluation_config() == {}
+    assert client_step_for(Local().train_config(1)) is ClientStep
 
 
 def test_each_client_gets_its_own_model_and_no_proximal_term():

@@ -12,14 +12,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 import flower_pfl.methods.per_fedavg as pf
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import ClientRule
-from flower_pfl.client_step import CLIENT_STEP, LR, TrainData, train_locally
-from flower_pfl.config import ExperimentConfig
-from flower_pfl.layout import flatten_module
+from client_apps.rules import step_for
+from flower_pfl.engine.client_step import CLIENT_STEP, LR, TrainData, train_locally
+from flower_pfl.engine.evaluation import evaluate
+from flower_pfl.engine.layout import flatten_module
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.reply_checks import RawReply
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.experiment.models import MLR
 from flower_pfl.methods.per_fedavg import ADAPT, ALPHA, PerFedAvg, PerFedAvgStep, adapt_one_step
-from flower_pfl.models import MLR
-from flower_pfl.server_step import MethodServer, RawReply
-from flower_pfl.solvers import MinibatchStream, evaluate
 
 from .runs import assert_as_recorded
 
@@ -77,7 +79,7 @@ def test_the_client_step_is_no_hook_on_a_users_loop_and_keeps_no_state():
     torch.manual_seed(0)
     model = MLR(4, 2)
     with pytest.raises(ValueError, match="ClientApp"):
-        ClientRule.from_config({LR: 0.1, ALPHA: 0.3}, model)
+        step_for({LR: 0.1, ALPHA: 0.3}, model)
     state: dict = {}
     x, y = _data()
     train_locally(PerFedAvgStep(model, {LR: 0.1, ALPHA: 0.3}, state), model, TrainData(x, y), steps=2, lr=0.1, batch_size=8,

@@ -15,9 +15,15 @@ from torch import nn
 import strategies
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
-from flower_pfl.config import ConfigError, ExperimentConfig
+from client_apps.rules import RecordState, step_for
+from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
+from flower_pfl.engine.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
+from flower_pfl.engine.evaluation import EvalResult
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.reply_checks import RawReply
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.models import MLR
 from flower_pfl.methods.pfedme import (
     EVALUATE_BOTH,
     INNER_STEPS,
@@ -30,12 +36,8 @@ from flower_pfl.methods.pfedme import (
     personalized_vector,
 )
 from flower_pfl.methods.registry import client_step_for, evaluation_step_for
-from flower_pfl.metrics import GLOBAL_ACCURACY
-from flower_pfl.models import MLR
-from flower_pfl.server_step import MethodServer, RawReply
-from flower_pfl.solvers import EvalResult, MinibatchStream
 from server_apps.factory import build_message_strategy
-from strategies.metrics import PersonalizedMetrics
+from strategies.aggregated_metrics import PersonalizedMetrics
 
 from .runs import assert_as_recorded
 
@@ -172,9 +174,9 @@ def test_pfedme_mcsa_is_fedmcsa_with_pfedmes_client_and_evaluation(_identity):
     """FedMCSA's Table 2: pFedMe+MCSA by run config, not by a new class."""
     cfg = ExperimentConfig(method="pfedme", aggregation="mcsa", options={"pfedme-lambda": 9.0})
     strat = build_message_strategy(cfg, 4)
-    assert type(strat).__name__ == "FedMCSA" and strat.method.train_config() == {
+    assert type(strat).__name__ == "FedMCSA" and strat.method.train_config(1) == {
         "pfedme-lambda": 9.0, "pfedme-personal-lr": 0.01, "pfedme-inner-steps": 5}
-    assert client_step_for({LR: 0.1, **strat.method.train_config()}) is PFedMeStep
+    assert client_step_for({LR: 0.1, **strat.method.train_config(1)}) is PFedMeStep
     arrays = ArrayRecord({k: fb.Array(v) for k, v in _arrays(0.0, 0.0).items()})
     msgs = list(strat.configure_evaluate(1, arrays, ConfigRecord(), fb.FakeGrid([1, 2, 3, 4])))
     assert all(m.content["config"]["pfedme-pm-gm"] is True for m in msgs)  # the client reports θ_i
@@ -185,7 +187,7 @@ def test_other_table2_transfers_by_run_config(_identity):
     """The rest of FedMCSA's Table 2 (ported with pFedMe's old test): FedAvg+MCSA is FedMCSA with
     λ = 0; FedMCSA^-MCSA is FedProx with μ = λ; other combinations are refused."""
     fedavg = build_message_strategy(ExperimentConfig(method="fedavg", aggregation="mcsa"), 4)
-    assert type(fedavg).__name__ == "FedMCSA" and fedavg.method.train_config() == {"proximal-mu": 0.0}
+    assert type(fedavg).__name__ == "FedMCSA" and fedavg.method.train_config(1) == {"proximal-mu": 0.0}
     with pytest.raises(ConfigError, match="'aggregation'"):
         ExperimentConfig.from_mapping({"method": "fedacs", "aggregation": "mcsa"})
     ablation = build_message_strategy(ExperimentConfig(method="fedmcsa", aggregation="mean", options={"lam": 5.0}), 4)
@@ -211,7 +213,7 @@ def test_users_loop_matches_train_locally_with_the_users_loss():
     step = PFedMeStep(ours, config, ours_state, loss_fn=_smoothed)
     result, _ = train_locally(step, ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(1))
     optimizer = torch.optim.SGD(theirs.parameters(), lr=0.1)
-    rule = ClientRule.from_config(config, theirs, their_state, optimizer, loss_fn=_smoothed)
+    rule = step_for(config, theirs, their_state, optimizer, loss_fn=_smoothed)
     stream = MinibatchStream(len(y), 8, torch.Generator().manual_seed(1))
     for _ in range(3):
         idx = stream.next()

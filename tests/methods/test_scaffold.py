@@ -14,9 +14,14 @@ from flwr.common import parameters_to_ndarrays
 import strategies
 import strategies.message
 from client_apps.app import Node, train
-from client_apps.rules import ClientRule, RecordState
-from flower_pfl.client_step import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
-from flower_pfl.config import ExperimentConfig
+from client_apps.rules import RecordState, step_for
+from flower_pfl.engine.client_step import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
+from flower_pfl.engine.wire import decode_flat, encode_vector
+from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.experiment.models import MLR
 from flower_pfl.methods.registry import client_step_for
 from flower_pfl.methods.scaffold import (
     CONTROL,
@@ -27,10 +32,6 @@ from flower_pfl.methods.scaffold import (
     new_control,
     scaffold_server_update,
 )
-from flower_pfl.models import MLR
-from flower_pfl.server_step import MethodServer, RawReply, UpdateRejected
-from flower_pfl.solvers import MinibatchStream
-from flower_pfl.wire import decode_flat, encode_vector
 
 from .runs import assert_as_recorded
 
@@ -192,7 +193,7 @@ def test_legacy_scaffold_round():
 
 def _user_loop(model, config, state, x, y, seed):
     """What a user's ClientApp does with the hooks (client_apps.rules' docstring)."""
-    step = ClientRule.from_config(config, model, state, torch.optim.SGD(model.parameters(), lr=config[LR]))
+    step = step_for(config, model, state, torch.optim.SGD(model.parameters(), lr=config[LR]))
     return fb.user_loop(model, step, x, y, lr=config[LR], batch_size=config[BATCH_SIZE], steps=config[LOCAL_STEPS], seed=seed)
 
 

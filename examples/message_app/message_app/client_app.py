@@ -6,7 +6,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_apps.rules import ClientRule
+from client_apps.rules import step_for
 from message_app.task import Net, load_data, test, train
 
 app = ClientApp()
@@ -23,7 +23,7 @@ def train_fn(msg: Message, context: Context) -> Message:
     model = _model(msg)
     x, y, _, _ = load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
     config = msg.content["config"]
-    rule = ClientRule.from_config(config, model, context.state)  # e.g. FedMCSA's proximal term, SCAFFOLD's c - c_i
+    rule = step_for(config, model, context.state)  # e.g. FedMCSA's proximal term, SCAFFOLD's c - c_i
     loss = train(model, x, y, float(config["lr"]), int(config["local-steps"]), rule)
     extras = rule.finish(model, x)  # what the strategy needs back: the step's receipt, e.g. SCAFFOLD's delta c_i
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()),

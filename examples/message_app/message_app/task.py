@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.client_step import ClientStep
+from flower_pfl.engine.client_step import ClientStep
 
 DIM, CLASSES = 10, 4
 

@@ -1,0 +1,103 @@
+"""The clients' metrics of a round, combined: sample-weighted means under the clients' own names
+(Flower's aggregation) and the personalized view over clients (mean, spread, minimum).
+
+Per evaluated round every client reports its accuracy of the model it would use, on its own
+test split; ``round_metrics`` turns those into the round's row (``flower_pfl.run.summary``
+makes a run's figures from the rows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypeGuard
+
+import numpy as np
+
+
+def weighted_means(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], skip: Collection[str] = ()) -> dict[str, Any]:
+    """Every numeric metric's weighted mean, under its own name: Flower's FedAvg aggregation
+    (``aggregate_metricrecords``: ``Σ_i w_i m_i / Σ_i w_i``; lists element-wise). A metric is averaged
+    over the rows that report it as finite number(s) of one shape, so a client that lacks a metric or
+    reports NaN, a string or a list of another length leaves that metric alone; where every row reports
+    every metric the result is Flower's exactly. Keys in ``skip`` (the weight itself) are left out."""
+    sums: dict[str, tuple[Any, float]] = {}
+    bad: set[str] = set()
+    for row, w in zip(rows, weights, strict=True):
+        for key, value in row.items():
+            if key in skip or key in bad:
+                continue
+            vec = numbers(value)
+            if vec is None:
+                continue
+            if key in sums:
+                total, weight = sums[key]
+                if np.shape(total) != np.shape(vec):
+                    bad.add(key)
+                    continue
+                with np.errstate(over="ignore", invalid="ignore"):
+                    sums[key] = (total + w * vec, weight + w)
+            else:
+                sums[key] = (w * vec, float(w))
+    out: dict[str, Any] = {}
+    for key in sorted(set(sums) - bad):
+        total, weight = sums[key]
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean = total / weight if weight > 0 else math.nan
+        if np.isfinite(mean).all():  # a sum that overflowed is left out, not reported as inf
+            out[key] = mean.tolist() if isinstance(mean, np.ndarray) else float(mean)
+    return out
+
+
+def is_number(value: Any) -> TypeGuard[float]:
+    """A real number (Python or numpy, not a bool)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_finite_number(value: Any) -> TypeGuard[float]:
+    return is_number(value) and math.isfinite(value)
+
+
+def numbers(value: Any) -> Any:
+    """A finite number as float, a non-empty list of finite numbers as a float64 array, else None."""
+    if is_number(value):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        arr = np.asarray(value, dtype=np.float64)
+        return arr if np.isfinite(arr).all() else None
+    return None
+
+
+def spread(values: Sequence[float], key: str) -> dict[str, float]:
+    """The personalized view of one metric over clients (the papers' personalized evaluation):
+    ``<key>-mean`` (unweighted, the papers' "mean test accuracy"), ``<key>-std`` (population std)
+    and ``<key>-min``."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        raise ValueError(f"no client value of '{key}'")
+    return {f"{key}-mean": float(arr.mean()), f"{key}-std": float(arr.std()), f"{key}-min": float(arr.min())}
+
+
+def round_metrics(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], accuracy_key: str = "accuracy",
+                  also: Sequence[str] = (), skip: Collection[str] = ("num-examples",)) -> dict[str, Any]:
+    """One evaluated round: ``weighted_means`` of every metric under the clients' own names (so
+    ``<accuracy_key>`` is the sample-weighted mean, as Flower reports it), ``spread`` of
+    ``accuracy_key`` and of each key in ``also`` over the clients that report it, and
+    ``clients-evaluated`` (clients with a finite ``accuracy_key``). ``skip``: the weight's own key and
+    metrics that name rather than measure."""
+    out = weighted_means(rows, weights, skip=skip)
+    for key in (accuracy_key, *also):
+        values = [float(r[key]) for r in rows if numbers(r.get(key)) is not None and np.ndim(r[key]) == 0]
+        if values:
+            out.update(spread(values, key))
+        if key == accuracy_key:
+            out[CLIENTS_EVALUATED] = float(len(values))
+    return out
+
+
+#: how many clients' ``accuracy_key`` entered a round's ``<key>-mean``
+CLIENTS_EVALUATED = "clients-evaluated"
+
+
+#: a client's accuracy of the global model, reported beside its personalized one (pFedMe's GM)
+GLOBAL_ACCURACY = "global-accuracy"

@@ -1,0 +1,276 @@
+"""A method's server step with what every method shares, independent of the Flower API: the
+model's layout, reproducible sampling of a round's participants (ordered by a stable rank per
+node), the checks every reply passes before it reaches the method, and the client-contract
+messages, each said once. ``strategies`` and ``strategies.message`` wrap it for Flower."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flower_pfl.engine.client_contract import ignored_step_message, missing_step_message, receipt_expected, settings_problem
+from flower_pfl.engine.client_metrics import is_finite_number
+from flower_pfl.engine.client_step import CLIENT_STEP, ClientStep
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.reply_checks import (
+    RawReply,
+    Reply,
+    ReplyBounds,
+    RoundReplies,
+    UpdateRejected,
+    check_num_examples,
+    check_update,
+    screen,
+)
+from flower_pfl.engine.sampling import Sampler
+from flower_pfl.engine.server_step import ClientId, Instruction, PersonalizedStep, ServerStep
+from flower_pfl.engine.store import make_store
+
+
+class MethodServer:
+    """A method's ``ServerStep`` with the plumbing every method shares, independent of the Flower API.
+
+    ``clients_per_round`` clients train each round (``None``: ``ceil(fraction_train · n)`` of the
+    ``n`` connected, at least ``min_train_clients``), drawn by a ``Sampler`` seeded with ``seed``
+    after ordering clients by ``node_rank`` (e.g. their partition id): Flower's node ids change from
+    run to run, so ranking by something stable makes runs repeatable. A strategy sets the ranks
+    (``node_rank``) or lets the server learn them from what clients report under ``rank_key``
+    (``learn_rank``); a client keeps the first rank it reports.
+    """
+
+    def __init__(self, method: ServerStep, clients_per_round: int | None = None, *, fraction_train: float = 1.0,
+                 min_train_clients: int = 1, seed: int = 0, device: str | torch.device = "cpu",
+                 store_dir: str | Path | None = None, bounds: ReplyBounds | None = None,
+                 rank_key: str | None = None) -> None:
+        if clients_per_round is not None and clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        if not 0 < fraction_train <= 1:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        self.method = method
+        self.clients_per_round = clients_per_round
+        self.fraction_train, self.min_train_clients = fraction_train, min_train_clients
+        self.device = torch.device(device)
+        self.store_dir = store_dir
+        self.bounds = bounds or ReplyBounds()
+        self.seed = seed
+        self.sampler = Sampler(seed)
+        #: the metric under which clients report their rank (None: ranks are only set, never learned)
+        self.rank_key = rank_key
+        self._claims: dict[int, ClientId] = {}  # rank -> the first client that has it
+        self._rank_asked: set[ClientId] = set()
+        self._duplicate_reported = self._unranked_reported = False
+        self.layout: ParamLayout | None = None
+        #: the clients sampled in the last round, in the method's row order
+        self.last_participants: list[ClientId] = []
+        self._sampled: set[ClientId] = set()
+        #: the model each of the round's trainers was sent (``ReplyBounds`` measures changes from it)
+        self._sent: dict[ClientId, torch.Tensor] = {}
+        #: the client step each of the round's trainers was asked for, where only its receipt shows it ran
+        self._step_asked: dict[ClientId, type[ClientStep]] = {}
+        self._settings_seen = False
+        self._missing_step_reported = self._receipt_reported = False
+        #: each client's own starting model by its rank, as named arrays (``None``: all start from the
+        #: initial model); set before ``initialize``, for methods that keep a model per client
+        self.initial_by_rank: Callable[[int], Mapping[str, np.ndarray]] | None = None
+
+    @property
+    def node_rank(self) -> dict[ClientId, int]:
+        """A stable rank per client for sampling (e.g. its partition id; see ``Sampler``)."""
+        return self.sampler.rank
+
+    @node_rank.setter
+    def node_rank(self, rank: dict[ClientId, int]) -> None:
+        self.sampler.rank = dict(rank)
+        self._claims = {}
+        for cid, r in sorted(rank.items(), key=lambda item: self.sampler.key(item[0])):
+            self._claims.setdefault(r, cid)
+
+    def learn_rank(self, client_id: ClientId, value: Any) -> str | None:
+        """Take ``value`` (a finite, integer-valued number) as ``client_id``'s rank unless it has one.
+        Returns a message the first time two clients claim the same rank (they are then ordered by
+        client id among themselves), else ``None``."""
+        if client_id in self.sampler.rank or not (is_finite_number(value) and float(value).is_integer()):
+            return None
+        rank = int(value)
+        self.sampler.rank[client_id] = rank
+        first = self._claims.setdefault(rank, client_id)
+        if first == client_id or self._duplicate_reported:
+            return None
+        self._duplicate_reported = True
+        return (f"nodes {first} and {client_id} both report {self.rank_key} = {rank}: they are ordered by node id "
+                "among themselves, which changes from run to run (further nodes sharing a rank are not reported)")
+
+    def unasked(self, available: Iterable[ClientId]) -> list[ClientId]:
+        """The clients of ``available`` without a rank that were not asked for one yet, now marked asked
+        (a strategy asks each client at most once per run); none when ranks are not learned."""
+        if self.rank_key is None:
+            return []
+        out = [c for c in available if c not in self.sampler.rank and c not in self._rank_asked]
+        self._rank_asked.update(out)
+        return out
+
+    def rank_problem(self, available: Iterable[ClientId], advice: str) -> str | None:
+        """Once per run, when a draw from ``available`` meets clients without a rank: what follows and
+        ``advice`` on how clients report one; else ``None``."""
+        pool = list(available)
+        missing = sum(c not in self.sampler.rank for c in pool)
+        if not missing or self.rank_key is None or self._unranked_reported:
+            return None
+        self._unranked_reported = True
+        return (f"{missing} of {len(pool)} nodes did not report '{self.rank_key}', the rank that orders nodes for "
+                "sampling: those nodes are ordered by node id, which changes from run to run: the same seed then "
+                f"samples other clients; {advice}")
+
+    @property
+    def initialized(self) -> bool:
+        return self.layout is not None
+
+    def initialize(self, arrays: Mapping[str, np.ndarray | torch.Tensor]) -> None:
+        """Learn the layout and every client's starting model from the named initial arrays (once)."""
+        if self.layout is None:
+            self.layout = ParamLayout.from_arrays(arrays)
+            initial = self.layout.flatten(arrays.values())
+            self.method.setup(self.layout, initial, self.device, self.seed)
+            if self.store_dir is not None and isinstance(self.method, PersonalizedStep):  # rows on disk, not in memory
+                self.method.store = make_store(initial, self.device, self.store_dir)
+            if self.initial_by_rank is not None:
+                if not isinstance(self.method, PersonalizedStep):
+                    raise ValueError(f"{type(self.method).__name__} starts every client from one model: "
+                                     "per-client starting models need a method that keeps a model per client")
+                self.method.store.initial_rows = self._initial_rows
+
+    def _initial_rows(self, ids: Sequence[ClientId]) -> torch.Tensor:
+        """The ``(m, d)`` starting models of ``ids``, from their ranks (``initial_by_rank``)."""
+        unranked = [cid for cid in ids if cid not in self.sampler.rank]
+        if unranked:
+            raise RuntimeError(f"clients {unranked[:3]} have no rank (partition id): per-client starting models are "
+                               "keyed by it")
+        layout, make = self._require(), self.initial_by_rank
+        named = [make(self.sampler.rank[cid]) for cid in ids]  # type: ignore[misc]
+        return torch.stack([layout.flatten(arrays[name] for name in layout.names) for arrays in named])
+
+    def _require(self) -> ParamLayout:
+        if self.layout is None:
+            raise RuntimeError("initialize() must be called with the initial model first")
+        return self.layout
+
+    def settings_problem(self, settings: Mapping[str, Any]) -> str | None:
+        """The method's ``settings_problem`` for the first training settings it sees (later: ``None``,
+        so a strategy says it once)."""
+        if self._settings_seen:
+            return None
+        self._settings_seen = True
+        return settings_problem(self.method, settings)
+
+    def sample(self, available: Iterable[ClientId], k: int) -> list[ClientId]:
+        """``k`` distinct clients for training, uniformly, reproducibly."""
+        return self.sampler.sample(available, k)
+
+    def participants(self, num_available: int) -> int:
+        """How many of ``num_available`` clients a training round samples."""
+        if self.clients_per_round is not None:
+            return self.clients_per_round
+        return max(self.min_train_clients, math.ceil(self.fraction_train * num_available))
+
+    @staticmethod
+    def evaluators(num_available: int, fraction: float, minimum: int = 1) -> int:
+        """How many of ``num_available`` clients evaluate: all (``fraction >= 1``) or ``max(minimum, ceil(fraction · n))``."""
+        return num_available if fraction >= 1.0 else max(minimum, math.ceil(fraction * num_available))
+
+    def plan_training(self, server_round: int, available: Iterable[ClientId]) -> list[Instruction]:
+        """Sample the round's participants and return the method's training instructions."""
+        self._require()
+        pool = self.sampler.order(available)
+        sampled = self.last_participants = self.sample(pool, self.participants(len(pool)))
+        chosen = set(sampled)
+        plan = self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
+        self._sampled = chosen
+        self._sent = {ins.client_id: ins.model for ins in plan}
+        client = self.method.client_step()
+        self._step_asked = {ins.client_id: step for ins in plan if (step := receipt_expected(client, ins.config)) is not None}
+        return plan
+
+    def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float, minimum: int = 1) -> list[Instruction]:
+        """Evaluation instructions for all clients (``fraction >= 1``) or ``max(minimum, ceil(fraction · n))`` of them."""
+        self._require()
+        if fraction <= 0:
+            return []
+        pool = self.sampler.order(available)
+        k = self.evaluators(len(pool), fraction, minimum)
+        ids = pool if k >= len(pool) else self.sampler.sample(pool, k, evaluation=True)
+        return self.method.evaluation_instructions(server_round, ids)
+
+    def check(self, raw: RawReply) -> Reply:
+        """One reply checked on its own (model, sample count, extras), or ``UpdateRejected``."""
+        vector = check_update(self._require(), raw.arrays, raw.names)
+        n = check_num_examples(raw.num_examples)
+        try:
+            extras = self.method.check_extras(raw.extras)
+        except UpdateRejected:  # StepOutputMissing included
+            raise
+        except (ValueError, TypeError) as err:
+            raise UpdateRejected(str(err)) from err
+        receipt = raw.extras.get(CLIENT_STEP)
+        return Reply(raw.client_id, vector, n, raw.metrics, extras, receipt if isinstance(receipt, str) else None)
+
+    def receive(self, raws: Sequence[RawReply], batch: RoundReplies | None = None) -> RoundReplies:
+        """The round's training replies checked: each on its own (``check``; it must answer this
+        round's instructions, once), then together (``bounds``). Refusals are listed in the result
+        (``batch``: one with refusals the Flower layer already made); nothing is stored."""
+        batch = batch if batch is not None else RoundReplies()
+        screen(raws, self._sent, self.check, self.method.update_norms, self.bounds, batch)
+        return batch
+
+    def missing_step_problem(self, batch: RoundReplies) -> tuple[str, bool] | None:
+        """``(message, fatal)`` the first time replies show that clients do not run the method's
+        client step; fatal when no reply of the round had it (the method cannot work without it)."""
+        if batch.missing_step is None or self._missing_step_reported:
+            return None
+        self._missing_step_reported = True
+        fatal = not batch.accepted and batch.missing_step_count == batch.rejected
+        return missing_step_message(self.method, batch.missing_step, batch.missing_step_count), fatal
+
+    def ignored_step_problem(self, batch: RoundReplies) -> str | None:
+        """A warning the first time accepted replies lack the receipt of the client step their
+        instruction asked for: their clients trained without it. Not fatal: the method still runs,
+        as another method (``ServerStep.ignored_step_consequence`` says which)."""
+        if self._receipt_reported:
+            return None
+        ignored = [r for r in batch.accepted if r.client_id in self._step_asked and r.client_step != self._step_asked[r.client_id].receipt()]
+        if not ignored:
+            return None
+        self._receipt_reported = True
+        return ignored_step_message(self.method, self._step_asked[ignored[0].client_id], len(ignored), len(batch.accepted))
+
+    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> torch.Tensor | None:
+        """Give the accepted replies to the method in the order of the round's instructions (the sampled
+        clients, then the others, each in rank order, with ranks learned since the plan): replies arrive
+        in any order, and sums over them must not depend on it. Returns the new global model (``None``: none)."""
+        if replies:
+            ordered = sorted(replies, key=lambda r: (r.client_id not in self._sampled, self.sampler.key(r.client_id)))
+            self.method.aggregate(server_round, ordered)
+        return self.method.global_model()
+
+    def get_state(self) -> dict[str, Any]:
+        """The sampler's generators, the last round's participants and the method's state."""
+        return {"sampler": self.sampler.state(), "last_participants": list(self.last_participants),
+                "method": self.method.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``get_state`` returned (after ``initialize``)."""
+        self._require()
+        self.sampler.set_state(state["sampler"])
+        self.last_participants = list(state["last_participants"])
+        self.method.set_state(state["method"])
+
+    def to_arrays(self, vector: torch.Tensor) -> list[np.ndarray]:
+        return self._require().to_numpy_list(vector)
+
+    def to_named_arrays(self, vector: torch.Tensor) -> dict[str, np.ndarray]:
+        layout = self._require()
+        return dict(zip(layout.names, layout.to_numpy_list(vector)))

@@ -1,0 +1,281 @@
+"""Experiment configuration: every run-config key, its default and what it allows.
+
+The keys every experiment has (data, model, rounds, solver settings) are fields here; each
+method's own hyperparameters are declared beside the method (``flower_pfl.methods``) and read
+from the registry, as are the ``method`` and ``aggregation`` values. ``ExperimentConfig.from_mapping``
+turns a Flower run config (kebab-case keys) into a validated, typed object, and fails with a
+``ConfigError`` that names the key and the allowed values. ``pyproject.toml``'s
+``[tool.flwr.app.config]`` carries the same defaults (a test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from flower_pfl.engine.server_step import PersonalizedStep
+from flower_pfl.experiment.data.hub import HUB
+from flower_pfl.experiment.data.images import EMNIST_CLASSES
+from flower_pfl.experiment.data.partition import SCHEMES
+from flower_pfl.experiment.models import MODELS
+from flower_pfl.methods import registry
+
+DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
+DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
+APIS: tuple[str, ...] = ("message", "legacy")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+STORES: tuple[str, ...] = ("memory", "disk")
+#: the clients' starting models: one PyTorch-default model for all, zeros, or one PyTorch-default model each
+INITS: tuple[str, ...] = ("shared", "zero", "independent")
+#: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
+PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
+#: fields that decide a client's data (runs that share them share the generated data)
+DATA_FIELDS: tuple[str, ...] = (
+    "dataset", "synthetic_alpha", "synthetic_beta", "train_fraction", "partition", "dirichlet_alpha",
+    "classes_per_client", "shards_per_client", "paired_clients", "train_samples_per_client", "seed",
+    "data_dir", "download", "emnist_split", "data_source", "hub_dataset",
+)
+
+
+class ConfigError(ValueError):
+    """A run-config value that is missing, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One experiment. Field ``foo_bar`` is run-config key ``foo-bar``; a method hyperparameter
+    ``foo-bar`` is ``options["foo-bar"]`` (also ``cfg.foo_bar``)."""
+
+    method: str = "fedmcsa"
+    #: "default", or FedMCSA's Table 2: "mcsa" gives fedavg / pfedme FedMCSA's layer-wise attention;
+    #: "mean" gives fedmcsa plain averaging instead of it (FedMCSA^-MCSA)
+    aggregation: str = "default"
+    api: str = "message"
+    dataset: str = "synthetic"
+    data_source: str = "torchvision"
+    hub_dataset: str = ""
+    data_dir: str = "data"
+    download: bool = False
+    emnist_split: str = "byclass"
+    synthetic_alpha: float = 0.5
+    synthetic_beta: float = 0.5
+    train_fraction: float = 0.75
+    partition: str = "natural"
+    dirichlet_alpha: float = 0.5
+    classes_per_client: int = 2
+    shards_per_client: int = 2
+    paired_clients: bool = False
+    train_samples_per_client: int = 0
+    model: str = "mlr"
+    hidden_units: int = 20
+    #: the clients' starting models: "shared" (one PyTorch-default model, seeded by ``seed``), "zero"
+    #: (all parameters 0), "independent" (each client its own PyTorch-default model, seeded by seed and
+    #: partition id; methods that keep a model per client on the server only)
+    init: str = "shared"
+    #: multiplies the shared or independent starting models (1: PyTorch's default scale)
+    init_scale: float = 1.0
+    num_rounds: int = 100
+    clients_per_round: int = 20
+    lr: float = 0.02
+    batch_size: int = 20
+    local_steps: int = 20
+    eval_every: int = 5
+    seed: int = 0
+    device: str = "auto"
+    output_dir: str = "results"
+    #: where the server keeps the per-client models: "memory", or "disk" (memory-mapped files in the results folder)
+    store: str = "memory"
+    #: write the server's complete state every this many rounds (0: only after the last round)
+    checkpoint_every: int = 10
+    #: a results folder to continue: the run goes on after its last checkpointed round, in that folder
+    resume_from: str = ""
+    #: refuse an update that changes a model by more than this multiple of the model's norm as sent
+    #: (0: off; see ``flower_pfl.engine.reply_checks.ReplyBounds``)
+    max_update_ratio: float = 10.0
+    #: refuse extras (SCAFFOLD's Δc_i, FedAttn's Z_i) above this multiple of the round's median (0: off)
+    max_median_ratio: float = 100.0
+    #: count a reply's num-examples at most this multiple of the round's median (0: off)
+    max_weight_ratio: float = 1000.0
+    #: seconds a round waits for missing nodes before it goes on with those connected
+    node_wait_timeout: float = 120.0
+    #: the run fails when more than this share of its rounds accepted no update (1: never)
+    max_idle_rounds: float = 0.5
+    #: keep Flower's round-by-round console lines (false: only the run's own progress lines)
+    verbose: bool = False
+    #: every method's hyperparameters by run-config key (declared beside each method, see
+    #: ``flower_pfl.methods``); missing keys take the declared defaults
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        specs = registry.option_specs()
+        object.__setattr__(self, "options", current_names(self.options))
+        unknown = sorted(set(self.options) - set(specs))
+        if unknown:
+            raise ConfigError(f"run config keys {unknown} are not parameters of any method")
+        options = {key: spec.default for key, spec in specs.items()} | dict(self.options)
+        object.__setattr__(self, "options", options)
+        choices = {
+            "method": registry.methods(), "aggregation": registry.aggregations(), "api": APIS, "dataset": DATASETS,
+            "model": MODELS, "device": DEVICES, "partition": PARTITIONS, "emnist_split": tuple(EMNIST_CLASSES),
+            "data_source": DATA_SOURCES, "store": STORES, "init": INITS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                _fail(name, getattr(self, name), f"one of {', '.join(allowed)}")
+        for name in ("num_rounds", "clients_per_round", "batch_size", "local_steps", "eval_every", "hidden_units",
+                     "classes_per_client", "shards_per_client"):
+            if getattr(self, name) < 1:
+                _fail(name, getattr(self, name), "an integer >= 1")
+        for name in ("lr", "dirichlet_alpha"):
+            if not getattr(self, name) > 0:
+                _fail(name, getattr(self, name), "a number > 0")
+        for name in ("synthetic_alpha", "synthetic_beta"):
+            if not getattr(self, name) >= 0:
+                _fail(name, getattr(self, name), "a number >= 0")
+        for key, spec in specs.items():
+            value = _coerce(key, options[key], spec.type) if spec.type is not object else options[key]
+            if (must := spec.check(value)) is not None:
+                _fail(key, value, must)
+        if self.data_source == "flwr-datasets" and self.dataset not in HUB and self.dataset != "synthetic":
+            _fail("dataset", self.dataset, f"one of {', '.join(HUB)} with data-source 'flwr-datasets'")
+        if self.dataset == "femnist" and self.data_source != "flwr-datasets":
+            _fail("data_source", self.data_source, "'flwr-datasets' for dataset 'femnist'")
+        if self.partition == "natural" and self.dataset not in ("synthetic", "femnist"):
+            _fail("partition", self.partition, f"one of {', '.join(SCHEMES)} for dataset '{self.dataset}' (it has no natural clients)")
+        if self.paired_clients and self.partition == "natural":
+            _fail("paired_clients", self.paired_clients, f"false with partition 'natural' (twins split a partition of {', '.join(SCHEMES)})")
+        if self.train_samples_per_client < 0:
+            _fail("train_samples_per_client", self.train_samples_per_client, "an integer >= 0 (0 keeps all)")
+        if not 0 < self.train_fraction < 1:
+            _fail("train_fraction", self.train_fraction, "a number in (0, 1)")
+        allowed = tuple(e.aggregation for e in registry.entries() if e.method == self.method)
+        if self.aggregation not in allowed:
+            _fail("aggregation", self.aggregation, f"one of {', '.join(allowed)} for method '{self.method}'")
+        if (problem := self.entry.declaration.check_run(self.to_run_config()) if not self.entry.builtin else None):
+            _fail(problem[0], self.to_run_config()[problem[0]], problem[1])
+        self._check_init()
+        if self.seed < 0:
+            _fail("seed", self.seed, "an integer >= 0")
+        if self.checkpoint_every < 0:
+            _fail("checkpoint_every", self.checkpoint_every, "an integer >= 0 (0: only after the last round)")
+        for name in ("max_update_ratio", "max_weight_ratio", "max_median_ratio"):
+            if not (getattr(self, name) == 0 or getattr(self, name) >= 1):
+                _fail(name, getattr(self, name), "0 (off) or a number >= 1")
+        if not self.node_wait_timeout >= 0:
+            _fail("node_wait_timeout", self.node_wait_timeout, "a number of seconds >= 0")
+        if not 0 <= self.max_idle_rounds <= 1:
+            _fail("max_idle_rounds", self.max_idle_rounds, "a share in [0, 1] (1: never fail)")
+        if not self.output_dir:
+            _fail("output_dir", self.output_dir, "a non-empty path")
+
+    def _check_init(self) -> None:
+        if not (math.isfinite(self.init_scale) and self.init_scale > 0):
+            _fail("init_scale", self.init_scale, "a finite number > 0")
+        if self.init == "zero" and self.init_scale != 1:
+            _fail("init_scale", self.init_scale, "1 with init 'zero' (it scales the 'shared' and 'independent' models)")
+        if self.init == "independent" and self.label not in per_client_methods():
+            _fail("init", self.init, f"'shared' or 'zero' for method '{self.label}', which starts from one global "
+                  f"model; 'independent' applies to {', '.join(per_client_methods())}")
+
+    @property
+    def entry(self) -> registry.Entry:
+        """The registry entry of this run's ``(method, aggregation)``."""
+        return registry.entry(self.method, self.aggregation)
+
+    @property
+    def label(self) -> str:
+        """``fedavg``, or ``fedavg+mcsa`` for a non-default aggregation."""
+        return self.entry.label
+
+    @property
+    def run_name(self) -> str:
+        """The results folder's name before its time stamp: ``<label>-<dataset>-<model>-seed<seed>``,
+        with ``-legacy`` after the label for runs on Flower's legacy API (``fedavg-legacy-...``)."""
+        api = "-legacy" if self.api == "legacy" else ""
+        return f"{self.label}{api}-{self.dataset}-{self.model}-seed{self.seed}"
+
+    def bounds(self) -> dict[str, float]:
+        """The reply bounds as strategy arguments (0 in the run config: ``math.inf``, off)."""
+        return {name: getattr(self, name) or math.inf for name in ("max_update_ratio", "max_weight_ratio", "max_median_ratio")}
+
+    def method_arguments(self) -> dict[str, Any]:
+        """The strategy constructor's method arguments for this run."""
+        return self.entry.arguments(self.to_run_config())
+
+    def option(self, key: str) -> Any:
+        """A method hyperparameter by its run-config key (``"fedattn-k"``)."""
+        return self.options[key]
+
+    def __getattr__(self, name: str) -> Any:
+        """Method hyperparameters as attributes too: ``cfg.fedattn_k`` is ``cfg.option("fedattn-k")``."""
+        options = self.__dict__.get("options", {})
+        if _key(name) in options:
+            return options[_key(name)]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @classmethod
+    def from_mapping(cls, run_config: Mapping[str, Any]) -> ExperimentConfig:
+        """Build from a run config; unknown keys are ignored, missing keys take defaults."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            key = _key(f.name)
+            if f.name != "options" and key in run_config:
+                kwargs[f.name] = _coerce(key, run_config[key], type(getattr(cls, f.name)))
+        specs = registry.option_specs()
+        run_config = current_names(run_config)
+        options = {key: _coerce(key, run_config[key], spec.type) if spec.type is not object else run_config[key]
+                   for key, spec in specs.items() if key in run_config}
+        return cls(**kwargs, options=options)
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The kebab-case run config (e.g. for ``config.json``)."""
+        general = {_key(f.name): getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        return general | dict(self.options)
+
+
+#: the value of a renamed key in ``pyproject.toml`` (Flower accepts only keys listed there): not set
+NOT_SET = ""
+
+
+def current_names(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``run_config`` with method keys under their current names (``fedmcsa-lambda`` for ``lam``): a
+    renamed key that is set warns (``FutureWarning``) and gives its value to the new key, unless both
+    are set to different values (``ConfigError``)."""
+    out = dict(run_config)
+    for old, new in registry.renamed_keys().items():
+        value = out.pop(old, NOT_SET)
+        if isinstance(value, str) and value == NOT_SET:
+            continue
+        default = registry.option_specs()[new].default
+        if new in out and out[new] != default and out[new] != value:
+            raise ConfigError(f"run config sets both '{old}' = {value!r} and '{new}' = {out[new]!r}: '{old}' is the old "
+                              f"name of '{new}'; set only '{new}'")
+        warnings.warn(f"run config key '{old}' is now '{new}'; '{old}' is still read but will go", FutureWarning, stacklevel=3)
+        out[new] = value
+    return out
+
+
+def per_client_methods() -> tuple[str, ...]:
+    """The methods (labels) whose server keeps one model per client, so each client can start from its own."""
+    return tuple(e.label for e in registry.entries()
+                 if isinstance(e.declaration, type) and issubclass(e.declaration, PersonalizedStep))
+
+
+def _key(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+def _fail(field_name: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"run config '{_key(field_name)}' = {value!r} is invalid: must be {allowed}")
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    """Accept an int where a float is expected; reject anything else of the wrong type."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise ConfigError(f"run config '{key}' = {value!r} is invalid: must be of type {kind.__name__}")
+    return value

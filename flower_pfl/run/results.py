@@ -1,0 +1,184 @@
+"""A run's results folder: config, per-round metrics, summary and learning curve."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flower_pfl.reports.figures import client_accuracies, plot_learning_curve
+from flower_pfl.run.progress import no_accuracy_line, progress_line, summary_lines
+from flower_pfl.run.summary import summarize_run
+
+logger = logging.getLogger("flower_pfl")
+
+CONFIG, METRICS, SUMMARY, CURVE = "config.json", "metrics.jsonl", "summary.json", "learning_curve.png"
+#: the server's per-client models and what a method learned besides them (safetensors: no code runs on loading)
+MODELS, SERVER_STATE = "personalized_models.safetensors", "server_state.safetensors"
+#: the run's complete server state after its last checkpointed round (``server_apps.checkpoints``)
+CHECKPOINT = "checkpoint.safetensors"
+#: one JSON object per client evaluation: ``{"round", "node-id", "partition-id", "accuracy", ...}``
+CLIENTS = "clients.jsonl"
+#: an evaluated round's mean client accuracy (``flower_pfl.engine.client_metrics.round_metrics``)
+MEAN = "accuracy-mean"
+
+
+class RunRecorder:
+    """Writes results as a run goes, so an interrupted run keeps what it had.
+
+    ``metrics.jsonl`` holds one JSON object per line: ``{"round", "phase", ...}``
+    with ``phase`` ``"train"`` or ``"evaluate"``.
+    """
+
+    def __init__(self, out_dir: str | Path, config: Mapping[str, Any], num_rounds: int, log: Any = None) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.num_rounds = num_rounds
+        self.evaluations: list[dict[str, Any]] = []
+        self._log = log or (lambda msg: logger.info(msg))
+        self._t0 = time.perf_counter()
+        #: rounds in which no client update was accepted
+        self.idle_rounds = 0
+        (self.out_dir / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
+        (self.out_dir / METRICS).write_text("")
+
+    @classmethod
+    def resume(cls, out_dir: str | Path, num_rounds: int, last_round: int, elapsed: float, log: Any = None) -> RunRecorder:
+        """Continue writing into an existing results folder after round ``last_round``: rows of later
+        rounds (written before a crash) are dropped, so none is duplicated or half-written, and the
+        clock continues from ``elapsed``."""
+        self = cls.__new__(cls)
+        self.out_dir, self.num_rounds = Path(out_dir), num_rounds
+        self._log = log or (lambda msg: logger.info(msg))
+        self._t0 = time.perf_counter() - elapsed
+        for name in (METRICS, CLIENTS):
+            path = self.out_dir / name
+            if path.exists():
+                kept = [line for line in _complete_lines(path) if json.loads(line)["round"] <= last_round]
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text("".join(line + "\n" for line in kept))
+                tmp.replace(path)
+        rows = list(map(json.loads, _complete_lines(self.out_dir / METRICS)))
+        self.evaluations = [{k: v for k, v in row.items() if k not in ("phase", "elapsed_s")} for row in rows
+                            if row["phase"] == "evaluate" and MEAN in row]
+        self.idle_rounds = sum(1 for row in rows if row["phase"] == "train" and _idle(row))
+        return self
+
+    def _append(self, row: Mapping[str, Any], name: str = METRICS) -> None:
+        with (self.out_dir / name).open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def on_client_evaluations(self, server_round: int, rows: list[Mapping[str, Any]]) -> None:
+        """Every client's own evaluation (``clients.jsonl``): the distribution behind the round's means."""
+        with (self.out_dir / CLIENTS).open("a") as fh:
+            fh.writelines(json.dumps({"round": server_round, **row}) + "\n" for row in sorted(rows, key=lambda r: str(r.get("node-id"))))
+
+    def on_train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
+        """A training round's metrics; with ``clients-accepted`` = 0 it counts as idle."""
+        self.idle_rounds += _idle(metrics)
+        self._append({"round": server_round, "phase": "train", "elapsed_s": self.elapsed,
+                      **{k: float(v) for k, v in metrics.items()}})
+
+    def on_evaluate(self, server_round: int, metrics: Mapping[str, Any]) -> None:
+        """An evaluated round's metrics (``flower_pfl.engine.client_metrics.round_metrics``); it enters the summary
+        when it has ``accuracy-mean``."""
+        row = {"round": server_round, **{k: v if isinstance(v, list) else float(v) for k, v in metrics.items()}}
+        self._append({"round": server_round, "phase": "evaluate", "elapsed_s": self.elapsed, **row})
+        if MEAN not in row:
+            self._log(no_accuracy_line(server_round, self.num_rounds, self.elapsed))
+            return
+        self.evaluations.append(row)
+        self._log(progress_line(server_round, self.num_rounds, row, self.elapsed, self.best_mean))
+
+    @property
+    def best_mean(self) -> float:
+        """The best ``accuracy-mean`` recorded so far (BMTA; ``-inf`` before any)."""
+        return max((e[MEAN] for e in self.evaluations), default=-math.inf)
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def finish(self, title: str = "", extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``summary.json`` and the learning curve (its band: the clients' spread from
+        ``clients.jsonl``, see ``flower_pfl.reports.figures.spread_band``); returns the summary."""
+        if self.evaluations:
+            summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds)
+        else:
+            summary = {"evaluated_rounds": 0, "error": "no client evaluation succeeded; see the run's log"}
+        summary.update({"status": "completed" if self.evaluations else "failed", "idle_rounds": self.idle_rounds,
+                        "num_rounds": self.num_rounds, "wall_time_s": self.elapsed,
+                        "seconds_per_round": self.elapsed / max(self.num_rounds, 1), **(extra or {})})
+        (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
+        if self.evaluations:
+            clients = self.out_dir / CLIENTS
+            per_client = client_accuracies(map(json.loads, _complete_lines(clients))) if clients.exists() else None
+            plot_learning_curve(self.evaluations, self.out_dir / CURVE, title, per_client)
+        self._report(summary)
+        return summary
+
+    def fail(self, reason: str) -> None:
+        """Write ``summary.json`` for a run that stopped because it could not achieve anything."""
+        summary = {"status": "failed", "error": reason, "idle_rounds": self.idle_rounds, "num_rounds": self.num_rounds,
+                   "wall_time_s": self.elapsed}
+        (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
+        self._report(summary)
+
+    def _report(self, summary: Mapping[str, Any]) -> None:
+        """The closing block on the console (``flower_pfl.run.progress.summary_lines``)."""
+        for line in summary_lines(summary, self.out_dir):
+            self._log(line)
+
+
+class RunFailed(RuntimeError):
+    """A run that cannot achieve anything (no accepted updates, no finite accuracy); the message says why."""
+
+
+def _idle(train_metrics: Mapping[str, Any]) -> bool:
+    return train_metrics.get("clients-accepted", 1) == 0
+
+
+def save_models(path: Path, ids: list[Any], rows: Any, initial: Any) -> None:
+    """Every client's model (``rows`` in the order of ``ids``) and the initial model, as safetensors."""
+    from flower_pfl.run.tensor_files import write
+
+    write(path, {"rows": rows, "initial": initial}, {"ids": list(ids)})
+
+
+def load_models(path: str | Path) -> tuple[list[Any], Any, Any]:
+    """``(ids, rows, initial)`` of a ``personalized_models.safetensors``."""
+    from flower_pfl.run.tensor_files import read
+
+    tensors, meta = read(path)
+    return meta["ids"], tensors["rows"], tensors["initial"]
+
+
+def save_state(path: Path, state: Mapping[str, Any]) -> None:
+    """A method's learned state (``flower_pfl.run.tensor_files.pack`` form), as safetensors."""
+    from flower_pfl.run.tensor_files import pack, write
+
+    tensors: dict[str, Any] = {}
+    write(path, tensors, {"state": pack(dict(state), "state", tensors)})
+
+
+def load_state(path: str | Path) -> dict[str, Any]:
+    from flower_pfl.run.tensor_files import read, unpack
+
+    tensors, meta = read(path)
+    return unpack(meta["state"], tensors)
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a JSON-lines file that parse (a line cut short by a crash does not)."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out.append(line)
+    return out

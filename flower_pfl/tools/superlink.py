@@ -1,0 +1,273 @@
+"""Show or stop the local SuperLink that ``flwr run`` starts in the background.
+
+``flwr run`` (Flower 1.41, ``flwr/cli/local_superlink.py``) starts ``flower-superlink`` on fixed
+ports (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``, default 39091, and ``FLWR_LOCAL_CONTROL_API_PORT``,
+default 39093) with its log and database in ``$FLWR_HOME/local-superlink/``, and keeps no PID file.
+This finds the process listening on those ports whose command line names this ``FLWR_HOME``'s
+``local-superlink`` folder, and stops it and the processes it started (the runs it executes)
+by PID: SIGTERM, then SIGKILL for what is still there after ``--timeout`` seconds.
+
+    python -m flower_pfl superlink status
+    python -m flower_pfl superlink stop
+
+Linux reads ``/proc``; elsewhere ``lsof``, ``ps`` and ``pgrep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+LISTEN = "0A"  # socket state in /proc/net/tcp
+KILL_WAIT = 5.0  # seconds a SIGKILLed process gets to disappear
+STILL_RUNNING = "still running (not stopped: another user's process?)"
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A process listening on some of the ports looked at."""
+
+    pid: int
+    ports: tuple[int, ...]
+    cmdline: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"pid {self.pid} (port {', '.join(map(str, self.ports))}): {' '.join(self.cmdline)}"
+
+
+def local_ports() -> tuple[int, int]:
+    """The local SuperLink's HTTP API and Control API ports, as ``flwr run`` reads them."""
+    return (int(os.environ.get("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "39091")),
+            int(os.environ.get("FLWR_LOCAL_CONTROL_API_PORT", "39093")))
+
+
+def flwr_home() -> Path:
+    """``$FLWR_HOME``, default ``~/.flwr`` (as Flower resolves it)."""
+    return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr").expanduser()
+
+
+def _proc_listening_inodes(ports: set[int]) -> dict[str, int]:
+    """Socket inode -> port, for TCP sockets listening on ``ports``."""
+    inodes: dict[str, int] = {}
+    for table in ("tcp", "tcp6"):
+        path = PROC / "net" / table
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            port = int(fields[1].rsplit(":", 1)[1], 16)
+            if fields[3] == LISTEN and port in ports:
+                inodes[fields[9]] = port
+    return inodes
+
+
+def _proc_listeners(ports: set[int]) -> dict[int, set[int]]:
+    inodes = _proc_listening_inodes(ports)
+    found: dict[int, set[int]] = {}
+    if not inodes:
+        return found
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            links = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+        except OSError:  # gone, or another user's
+            continue
+        for link in links:
+            if link.startswith("socket:[") and (port := inodes.get(link[8:-1])) is not None:
+                found.setdefault(int(entry.name), set()).add(port)
+    return found
+
+
+def _lsof_listeners(ports: set[int]) -> dict[int, set[int]]:
+    found: dict[int, set[int]] = {}
+    for port in ports:
+        out = subprocess.run(["lsof", "-nP", f"-iTCP:{port}", "-sTCP:LISTEN", "-t"], capture_output=True, text=True).stdout
+        for pid in out.split():
+            found.setdefault(int(pid), set()).add(port)
+    return found
+
+
+def cmdline(pid: int) -> tuple[str, ...]:
+    """A process's command line (empty when it is gone or unreadable)."""
+    if PROC.exists():
+        try:
+            return tuple(arg for arg in (PROC / str(pid) / "cmdline").read_bytes().decode().split("\0") if arg)
+        except OSError:
+            return ()
+    return tuple(subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True).stdout.split())
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started that are still running."""
+    if not PROC.exists():
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+    found = []
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state is the parent's pid
+                found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes ``pid`` started, directly or further down, that are still running."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        new = set(children(todo.pop())) - found
+        found |= new
+        todo.extend(new)
+    return found
+
+
+def processes(pattern: str) -> list[int]:
+    """The running processes whose command line matches the regular expression ``pattern``, this one
+    left out (what ``pgrep -f`` finds, without needing ``pgrep``)."""
+    if not PROC.exists():
+        out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split() if int(p) != os.getpid()]
+    regex, found = re.compile(pattern), []
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            pid = int(entry.name)
+            if regex.search(" ".join(cmdline(pid))) and _alive(pid):
+                found.append(pid)
+    return found
+
+
+def executable(name: str) -> str:
+    """Flower's command ``name`` (``flwr``, ``flower-superlink``, ...) from this Python's environment,
+    so that a virtual environment works without being on ``PATH``; else the one on ``PATH``."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name) or name
+
+
+def environment(**variables: str) -> dict[str, str]:
+    """This process's environment plus ``variables``, with this Python's scripts folder first on
+    ``PATH``: Flower starts ``flower-superlink``, ``flower-superexec`` and its apps by name."""
+    scripts = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if scripts not in path.split(os.pathsep):
+        path = os.pathsep.join(filter(None, [scripts, path]))
+    return {**os.environ, "PATH": path, **variables}
+
+
+def listeners(ports: Iterable[int]) -> list[Listener]:
+    """The processes listening on ``ports``, by pid."""
+    wanted = set(ports)
+    found = _proc_listeners(wanted) if (PROC / "net" / "tcp").exists() else _lsof_listeners(wanted)
+    return [Listener(pid, tuple(sorted(p)), cmdline(pid)) for pid, p in sorted(found.items())]
+
+
+def belongs_to(listener: Listener, home: Path) -> bool:
+    """Whether the listener is the SuperLink ``flwr run`` started for ``home``: its log file and
+    database lie in ``home/local-superlink`` (as given, e.g. relative, or resolved)."""
+    folders = tuple({str(h / "local-superlink") + os.sep for h in (home, home.expanduser().resolve())})
+    return any(arg.startswith(folders) for arg in listener.cmdline)
+
+
+def find(home: Path, ports: Sequence[int]) -> tuple[list[Listener], list[Listener]]:
+    """``(this home's local SuperLink, other processes on its ports)``."""
+    found = listeners(ports)
+    return [p for p in found if belongs_to(p, home)], [p for p in found if not belongs_to(p, home)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) has stopped
+        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def terminate(pids: Sequence[int], timeout: float) -> dict[int, str]:
+    """SIGTERM ``pids``, wait up to ``timeout`` seconds, SIGKILL what is left; pid -> what happened
+    (``STILL_RUNNING`` for a process that survived, e.g. another user's)."""
+    how = {pid: "stopped" for pid in pids}
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            how[pid] = "already gone"
+        except PermissionError:
+            how[pid] = STILL_RUNNING
+    _wait([p for p in pids if how[p] == "stopped"], timeout)
+    for pid in pids:
+        if how[pid] == "stopped" and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            how[pid] = f"killed (SIGKILL: still running {timeout:g} s after SIGTERM)"
+    _wait([p for p in pids if how[p].startswith("killed")], KILL_WAIT)
+    return {pid: STILL_RUNNING if _alive(pid) else what for pid, what in how.items()}
+
+
+def _wait(pids: Sequence[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def status(home: Path, ports: Sequence[int]) -> tuple[int, list[str]]:
+    """Exit code 0 and a description when this home's local SuperLink runs, else 1."""
+    mine, others = find(home, ports)
+    lines = [f"local SuperLink of FLWR_HOME={home}: {p.describe()}" for p in mine]
+    lines += [f"  started by it: pid {c}: {' '.join(cmdline(c))}" for p in mine for c in children(p.pid)]
+    if not mine:
+        lines.append(f"no local SuperLink of FLWR_HOME={home} listens on ports {', '.join(map(str, ports))}")
+    lines += [f"not this FLWR_HOME's SuperLink, left alone: {p.describe()}" for p in others]
+    return (0 if mine else 1), lines
+
+
+def stop(home: Path, ports: Sequence[int], timeout: float = 10.0) -> tuple[int, list[str]]:
+    """Stop this home's local SuperLink and the runs it started; exit code 1 when one survives."""
+    mine, others = find(home, ports)
+    lines = [f"not this FLWR_HOME's SuperLink, left alone: {p.describe()}" for p in others]
+    if not mine:
+        return 0, [f"no local SuperLink of FLWR_HOME={home} listens on ports {', '.join(map(str, ports))}", *lines]
+    code = 0
+    for link in mine:
+        started = {pid: " ".join(cmdline(pid)) for pid in children(link.pid)}  # its executors and runs first
+        for pid, what in terminate(list(started), timeout).items():
+            lines.append(f"process {pid} started by it ({started[pid]}): {what}")
+        what = terminate([link.pid], timeout)[link.pid]
+        lines.append(f"local SuperLink {link.describe()}: {what}")
+        code = max(code, int(what == STILL_RUNNING))
+    return code, lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flower_pfl superlink", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("status", "stop"))
+    parser.add_argument("--flwr-home", type=Path, default=None, help="default: $FLWR_HOME, else ~/.flwr")
+    parser.add_argument("--port", type=int, action="append", default=None,
+                        help="ports to look at (repeatable; default: the local SuperLink's HTTP API and Control API ports)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    args = parser.parse_args(argv)
+    home, ports = args.flwr_home or flwr_home(), args.port or list(local_ports())
+    code, lines = status(home, ports) if args.action == "status" else stop(home, ports, args.timeout)
+    print("\n".join(lines))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
