@@ -98,9 +98,10 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
 
 @pytest.mark.xdist_group("flwr-run-b")
 def test_bad_run_config_stops_the_run_with_a_clear_message(simulation, tmp_path):
+    """Given under its earlier name (``sigma``), a method key still reaches the run, whose error names it as it is now."""
     run = simulation.run({"sigma": -1.0, "output-dir": str(tmp_path)}, nodes=2)
     assert run["status"] == "finished:failed"
-    assert "'sigma'" in run["status-details"] and "> 0" in run["status-details"]
+    assert "'fedmcsa-sigma'" in run["status-details"] and "> 0" in run["status-details"]
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
