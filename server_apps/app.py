@@ -232,10 +232,12 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
     """The rounds this process has left, through the API the run config names, with the checkpoints and
     the records of every round; returns the final global arrays (``None``: the method has none)."""
     cfg, arrays = run.cfg, _starting_arrays(run)
-    checkpointer = Checkpointer(run.out, cfg.checkpoint_every, strategy, run.recorder, cfg.to_run_config(), run.ranks,
-                                run.layout, sampler, run.instructions[RUN_KEY])
-    remaining = cfg.num_rounds - run.offset
     guard = ReplyGuard(ReplyBounds(**cfg.bounds())) if cfg.entry.builtin else None  # ours check their own replies
+    if guard is not None and run.resumed is not None and (weights := run.resumed.guard_state(run.ranks)) is not None:
+        guard.weights.set_state(weights)
+    checkpointer = Checkpointer(run.out, cfg.checkpoint_every, strategy, run.recorder, cfg.to_run_config(), run.ranks,
+                                run.layout, sampler, run.instructions[RUN_KEY], guard)
+    remaining = cfg.num_rounds - run.offset
     if cfg.api == "message":
         flower_k = participants(cfg, len(run.ranks)) if cfg.entry.builtin else None
         wrapper: Any = RecordedStrategy(strategy, run.recorder, cfg.eval_every, sampler, flower_k, checkpointer, run.offset,

@@ -25,6 +25,7 @@ from flower_pfl.engine.sampling import Sampler
 from flower_pfl.experiment.config import ConfigError
 from flower_pfl.run import tensor_files
 from flower_pfl.run.results import CHECKPOINT, RunRecorder
+from server_apps.guard import ReplyGuard
 
 #: run-config keys that may differ between a run and its resumption
 MAY_DIFFER = ("resume-from", "device", "output-dir", "verbose")
@@ -61,9 +62,12 @@ class Checkpointer:
     """Writes ``strategy``'s state (and the run's) every ``every`` rounds; 0 writes only after the last."""
 
     def __init__(self, out: Path, every: int, strategy: Any, recorder: RunRecorder, run_config: Mapping[str, Any],
-                 ranks: Mapping[Any, int], layout: Mapping[str, list[int]], sampler: Sampler, run_key: str) -> None:
+                 ranks: Mapping[Any, int], layout: Mapping[str, list[int]], sampler: Sampler, run_key: str,
+                 guard: ReplyGuard | None = None) -> None:
         self.path = out / CHECKPOINT
         self.every, self.strategy, self.recorder, self.sampler, self.run_key = every, strategy, recorder, sampler, run_key
+        #: the reply checks in front of Flower's own strategies (their weight book is part of the state)
+        self.guard = guard
         self.run_config, self.ranks, self.layout = dict(run_config), dict(ranks), dict(layout)
 
     def due(self, server_round: int) -> bool:
@@ -79,6 +83,7 @@ class Checkpointer:
             "sampler": self.sampler.state(), "run-key": self.run_key,
             "server": tensor_files.pack(server.get_state(), "server", tensors) if server is not None else None,
             "flower": tensor_files.pack(flower_state(self.strategy), "flower", tensors) if server is None else None,
+            "guard": self.guard.weights.get_state() if self.guard is not None else None,
             "arrays": tensor_files.pack(dict(arrays) if arrays is not None else None, "arrays", tensors),
         }
         tensor_files.write(self.path, tensors, meta)
@@ -119,6 +124,11 @@ class Resumption:
         if packed is None:
             return None
         return translate(tensor_files.unpack(packed, self.tensors), self.node_ids(ranks))
+
+    def guard_state(self, ranks: Mapping[Any, int]) -> dict[str, Any] | None:
+        """The weight book of the reply checks in front of Flower's own strategies (``None``: none saved)."""
+        state = self.meta.get("guard")
+        return translate(state, self.node_ids(ranks)) if state is not None else None
 
     def sampler_state(self) -> dict[str, Any]:
         return self.meta["sampler"]

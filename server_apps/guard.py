@@ -22,6 +22,7 @@ from flower_pfl.engine.reply_checks import (
     ReplyBounds,
     RoundReplies,
     UpdateRejected,
+    WeightBook,
     check_num_examples,
     check_update,
     decoded,
@@ -39,6 +40,8 @@ class ReplyGuard:
 
     def __init__(self, bounds: ReplyBounds) -> None:
         self.bounds = bounds
+        #: what each client's sample count may count for, from the run's claims so far (checkpointed)
+        self.weights = WeightBook(bounds.max_weight_ratio)
 
     def _screen(self, server_round: int, sent_arrays: Mapping[str, np.ndarray], targets: Iterable[Hashable],
                 raws: Sequence[RawReply], batch: RoundReplies) -> RoundReplies:
@@ -48,7 +51,7 @@ class ReplyGuard:
         def check(raw: RawReply) -> Reply:
             return Reply(raw.client_id, check_update(layout, raw.arrays, raw.names), check_num_examples(raw.num_examples), raw.metrics)
 
-        screen(raws, {t: sent for t in targets}, check, model_change, self.bounds, batch)
+        screen(raws, {t: sent for t in targets}, check, model_change, self.bounds, batch, self.weights)
         for cid, reason in batch.rejections:
             log_rejected(cid, server_round, reason)
         return batch

@@ -13,9 +13,24 @@ import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Code, EvaluateRes, Status
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
-from test_twins import NODES, OURS, _twins
+from test_twins import NODES, OURS, SOLVER, Clients, _twins
+from test_twins import _model as twins_model
 
-from flower_pfl.engine.reply_checks import Reply, ReplyBounds, RoundReplies, UpdateRejected, check_evaluation, lower_median
+import strategies.message
+from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.reply_checks import (
+    RawReply,
+    Reply,
+    ReplyBounds,
+    RoundReplies,
+    UpdateRejected,
+    WeightBook,
+    check_evaluation,
+    lower_median,
+)
+from flower_pfl.engine.sampling import Sampler
+from flower_pfl.experiment.build import load_client_data
+from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.run.results import RunFailed
 from server_apps.inprocess import run_in_process
 from strategies.aggregated_metrics import checked_evaluations
@@ -348,3 +363,50 @@ def test_an_exploding_attention_temperature_fails_the_run(tmp_path):
     with pytest.raises(RunFailed, match="accepted no client update"):
         run_in_process({"method": "fedmcsa", "sigma": 1e308, "num-rounds": 4, "clients-per-round": 4, "local-steps": 2,
                         "output-dir": str(tmp_path)}, num_nodes=4)
+
+
+def test_the_weight_book_by_hand():
+    """A claim never grows past the client's first count; newcomers are capped at ratio × the lower median
+    of every first claim seen (this round's included), which colluders in one round cannot raise."""
+    book = WeightBook(ratio=10)
+    assert book.count(["a", "b", "c"], [100, 200, 10**12]) == [100, 200, 2000]  # median of {100, 200, 1e12}: 200
+    assert book.first == {"a": 100, "b": 200, "c": 2000}
+    assert book.count(["a", "b", "c"], [150, 10**9, 2000]) == [100, 200, 2000]  # grown claims count their first
+    honest = WeightBook(ratio=10)
+    honest.count(["a", "b", "c"], [100, 200, 300])
+    # two colluders join a round of three claiming 1e9: the round's median would be 1e9 (a cap of 1e10);
+    # the median of all five first claims is 300
+    assert honest.count(["a", "x", "y"], [100, 10**9, 10**9]) == [100, 3000, 3000]
+    book.set_state(WeightBook().get_state())
+    assert book.first == {}
+    assert WeightBook(math.inf).count(["a"], [10**12]) == [10**12]
+
+
+def test_an_honest_federation_is_counted_as_it_claims():
+    """Synthetic(0.5, 0.5)'s 100 clients (up to ~130× apart in these seeds), 20 per round for 100 rounds:
+    every count is the claim."""
+    for seed in (0, 2):
+        cfg = ExperimentConfig(seed=seed)
+        sizes = [load_client_data(cfg, p, 100).num_train for p in range(100)]
+        book, sampler = WeightBook(), Sampler(seed, {p: p for p in range(100)})
+        for _ in range(100):
+            ids = sampler.sample(list(range(100)), 20)
+            assert book.count(ids, [sizes[i] for i in ids]) == [sizes[i] for i in ids]
+
+
+@pytest.mark.parametrize("name", ["Ditto", "FedAttn", "PerFedAvg", "PFedMe", "APFL"])
+def test_a_client_that_joined_honestly_cannot_outweigh_a_round_later_with_a_huge_claim(name):
+    """Round 1: five clients train and claim their sizes; round 2: one claims 10^12. It counts its first
+    claim, not 1000 × the median (which would be 99.6% of the round's weight)."""
+    server = MethodServer(getattr(strategies.message, name)().method, clients_per_round=5, seed=0)
+    names = list(twins_model().state_dict())
+    server.initialize({k: t.detach().numpy() for k, t in twins_model().state_dict().items()})
+    clients, sizes = Clients(), dict(zip(NODES, [100, 200, 300, 400, 500]))
+    for server_round, claim in ((1, 500), (2, 10**12)):
+        raws = []
+        for ins in server.plan_training(server_round, NODES):
+            trained, _, extras = clients.train(ins.client_id, server.to_arrays(ins.model), {**ins.config, **SOLVER})
+            n = claim if ins.client_id == NODES[-1] else sizes[ins.client_id]
+            raws.append(RawReply(ins.client_id, trained, names, n, {}, extras))
+        batch = server.receive(raws)
+        assert not batch.rejections and {r.client_id: r.num_examples for r in batch.accepted} == sizes

@@ -23,6 +23,7 @@ from flower_pfl.engine.reply_checks import (
     ReplyBounds,
     RoundReplies,
     UpdateRejected,
+    WeightBook,
     check_num_examples,
     check_update,
     screen,
@@ -57,6 +58,8 @@ class MethodServer:
         self.device = torch.device(device)
         self.store_dir = store_dir
         self.bounds = bounds or ReplyBounds()
+        #: what each client's sample count may count for (``WeightBook``), from the run's claims so far
+        self.weights = WeightBook(self.bounds.max_weight_ratio)
         self.seed = seed
         self.sampler = Sampler(seed)
         #: the metric under which clients report their rank (None: ranks are only set, never learned)
@@ -223,7 +226,7 @@ class MethodServer:
         round's instructions, once), then together (``bounds``). Refusals are listed in the result
         (``batch``: one with refusals the Flower layer already made); nothing is stored."""
         batch = batch if batch is not None else RoundReplies()
-        screen(raws, self._sent, self.check, self.method.update_norms, self.bounds, batch)
+        screen(raws, self._sent, self.check, self.method.update_norms, self.bounds, batch, self.weights)
         return batch
 
     def missing_step_problem(self, batch: RoundReplies) -> tuple[str, bool] | None:
@@ -257,15 +260,18 @@ class MethodServer:
         return self.method.global_model()
 
     def get_state(self) -> dict[str, Any]:
-        """The sampler's generators, the last round's participants and the method's state."""
+        """The sampler's generators, the last round's participants, the clients' first sample counts and
+        the method's state."""
         return {"sampler": self.sampler.state(), "last_participants": list(self.last_participants),
-                "method": self.method.get_state()}
+                "weights": self.weights.get_state(), "method": self.method.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore what ``get_state`` returned (after ``initialize``)."""
         self._require()
         self.sampler.set_state(state["sampler"])
         self.last_participants = list(state["last_participants"])
+        if "weights" in state:  # checkpoints of earlier versions have none
+            self.weights.set_state(state["weights"])
         self.method.set_state(state["method"])
 
     def to_arrays(self, vector: torch.Tensor) -> list[np.ndarray]:

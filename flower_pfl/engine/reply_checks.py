@@ -166,8 +166,9 @@ class ReplyBounds:
     bias gradient, a model sent as all zeros) is refused above this multiple of the round's
     lower-median value of the same field (honest clients reach about 5 on the benchmark).
 
-    ``max_weight_ratio``: a reply's ``num-examples`` counts at most this multiple of the round's
-    lower-median count (and at least 1). The default 1000 leaves the heavy-tailed Synthetic data
+    ``max_weight_ratio``: a reply's ``num-examples`` counts at most this multiple of the lower-median
+    count (and at least 1): of the round's replies, or, with a ``WeightBook``, of the first claims of
+    every client the federation has shown. The default 1000 leaves the heavy-tailed Synthetic data
     (up to ~850× between clients) untouched.
     """
 
@@ -182,9 +183,10 @@ class ReplyBounds:
                 raise ValueError(f"{name} must be a number >= 1 (math.inf: off), got {value!r}")
 
     def apply(self, replies: Sequence[Reply], norms: Sequence[Mapping[str, tuple[float, float]]],
-              batch: RoundReplies) -> list[Reply]:
-        """The replies within the update bound, their counts capped; ``norms[i]`` maps each field
-        reply i changed to ``(norm of the change, norm of its reference)``. Refusals go to ``batch``."""
+              batch: RoundReplies, book: WeightBook | None = None) -> list[Reply]:
+        """The replies within the update bound, their counts capped (by ``book`` when given, else
+        against the round's median); ``norms[i]`` maps each field reply i changed to ``(norm of the
+        change, norm of its reference)``. Refusals go to ``batch``."""
         medians = {f: lower_median([n[f][0] for n in norms if f in n]) for f in {f for n in norms for f in n}}
         kept = []
         for reply, changed in zip(replies, norms):
@@ -201,7 +203,8 @@ class ReplyBounds:
                 continue
             batch.bound_use = max(batch.bound_use, *use.values(), 0.0)
             kept.append(reply)
-        counts = cap_weights([r.num_examples for r in kept], self.max_weight_ratio)
+        claims = [r.num_examples for r in kept]
+        counts = book.count([r.client_id for r in kept], claims) if book is not None else cap_weights(claims, self.max_weight_ratio)
         return [r if r.num_examples == n else replace(r, num_examples=n) for r, n in zip(kept, counts)]
 
 
@@ -219,6 +222,40 @@ def cap_weights(counts: Sequence[int], ratio: float) -> list[int]:
     return [min(n, cap) for n in counts]
 
 
+class WeightBook:
+    """What a client's ``num-examples`` may count for, from what the federation has claimed so far.
+
+    A client's count never exceeds the first count it was given (honest clients keep their data: a
+    claim that grows is a broken or lying client), nor ``ratio`` × the lower median of the first
+    claims of every client seen so far, this round's newcomers included (one small round, or a few
+    colluding clients in it, cannot raise that median). The first claims and hence every count of an
+    honest federation are left as claimed while its sizes differ by less than ``ratio`` × its median.
+    No bound on sizes alone tells an honest client with 850× the data of the others from a lying one
+    the first time it is seen: the book bounds what a claim can grow to, not whether it is true.
+    """
+
+    def __init__(self, ratio: float = MAX_WEIGHT_RATIO) -> None:
+        self.ratio = ratio
+        #: each client's first counted ``num-examples``, in order of first appearance
+        self.first: dict[ClientId, int] = {}
+
+    def count(self, ids: Sequence[ClientId], claims: Sequence[int]) -> list[int]:
+        """The counts of a round's replies (``claims`` by client ``ids``), taking in the newcomers' claims."""
+        if math.isinf(self.ratio):
+            return list(claims)
+        newcomers = {cid: n for cid, n in zip(ids, claims) if cid not in self.first}
+        cap = max(1, int(self.ratio * lower_median([*self.first.values(), *newcomers.values()])))
+        for cid, n in newcomers.items():
+            self.first[cid] = min(n, cap)
+        return [min(n, self.first[cid], cap) for cid, n in zip(ids, claims)]
+
+    def get_state(self) -> dict[str, Any]:
+        return {"first": dict(self.first)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.first = {cid: int(n) for cid, n in state["first"].items()}
+
+
 def model_change(reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
     """The model's change against what was sent, and the norm of what was sent (``ReplyBounds``' default)."""
     return {"model": (norm(reply.model - sent), norm(sent))}
@@ -231,10 +268,11 @@ def norm(vector: torch.Tensor) -> float:
 
 def screen(raws: Sequence[RawReply], sent: Mapping[ClientId, torch.Tensor], check: Callable[[RawReply], Reply],
            norms: Callable[[Reply, torch.Tensor], Mapping[str, tuple[float, float]]], bounds: ReplyBounds,
-           batch: RoundReplies) -> None:
+           batch: RoundReplies, book: WeightBook | None = None) -> None:
     """Put a round's usable training replies into ``batch.accepted`` and the reasons for the others into
     ``batch.rejections``: each reply must answer an instruction (``sent``: what each client was sent),
-    once, and pass ``check``; then ``bounds`` apply to what ``norms`` says each changed."""
+    once, and pass ``check``; then ``bounds`` apply to what ``norms`` says each changed, and ``book``
+    (when given) to the sample counts."""
     checked: list[Reply] = []
     seen: set[ClientId] = set()
     for raw in raws:
@@ -251,7 +289,7 @@ def screen(raws: Sequence[RawReply], sent: Mapping[ClientId, torch.Tensor], chec
         except UpdateRejected as err:
             batch.reject(raw.client_id, str(err))
     changes = [norms(r, sent[r.client_id].to(r.model.device)) for r in checked]
-    batch.accepted.extend(bounds.apply(checked, changes, batch))
+    batch.accepted.extend(bounds.apply(checked, changes, batch, book))
 
 
 def lower_median(values: Sequence[float]) -> float:

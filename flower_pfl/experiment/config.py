@@ -97,7 +97,8 @@ class ExperimentConfig:
     max_update_ratio: float = 10.0
     #: refuse extras (SCAFFOLD's Δc_i, FedAttn's Z_i) above this multiple of the round's median (0: off)
     max_median_ratio: float = 100.0
-    #: count a reply's num-examples at most this multiple of the round's median (0: off)
+    #: count a reply's num-examples at most this multiple of the median of the clients' first claims, and at
+    #: most its client's first count (0: off; see ``flower_pfl.engine.reply_checks.WeightBook``)
     max_weight_ratio: float = 1000.0
     #: seconds a round waits for missing nodes before it goes on with those connected
     node_wait_timeout: float = 120.0

@@ -108,7 +108,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
                             "client was sent; ``math.inf``: off (see ``flower_pfl.engine.reply_checks.ReplyBounds``).",
         "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
                             "this multiple of the round's median; ``math.inf``: off.",
-        "max_weight_ratio": "Count a reply's ``num-examples`` at most this multiple of the round's median; ``math.inf``: off.",
+        "max_weight_ratio": "Count a reply's ``num-examples`` at most this multiple of the lower median of the clients' first claims, and never more than its own client's first count (``flower_pfl.engine.reply_checks.WeightBook``); ``math.inf``: off.",
         "lr": "The clients' learning rate, sent as ``lr`` with every training instruction unless the training config "
               "has it (client steps that correct gradients or report per-step quantities need it).",
         "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
