@@ -22,8 +22,9 @@ from flwr.client.message_handler.message_handler import handle_legacy_message_fr
 from flwr.clientapp import ClientApp
 
 from client_apps import persisted_state
+from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
 from client_apps.rules import RecordState
-from flower_pfl.engine.client_step import SERVER_ROUND, Extras, TrainData, train_locally
+from flower_pfl.engine.client_step import RESUMED_AFTER, SERVER_ROUND, Extras, TrainData, train_locally
 from flower_pfl.engine.evaluation import EvalResult
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
 from flower_pfl.engine.wire import fingerprint
@@ -59,7 +60,9 @@ class Node:
         cfg = run_settings(context.run_config)
         pid = int(context.node_config["partition-id"])
         data = load_client_data(cfg, pid, int(context.node_config["num-partitions"]))
-        return cls(cfg, pid, data, _model(cfg, threading.get_ident()), context.state, dict(context.node_config))
+        # the run config names the client-state folder where the node config does not (a Ray cluster's actors)
+        node_config = {**({"client-state-dir": cfg.client_state_dir} if cfg.client_state_dir else {}), **context.node_config}
+        return cls(cfg, pid, data, _model(cfg, threading.get_ident()), context.state, node_config)
 
     def load(self, arrays: Mapping[str, Any] | list[np.ndarray]) -> None:
         state = self.model.state_dict()
@@ -180,9 +183,17 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server this node's ``partition-id`` (to order nodes reproducibly) and its training
-    label counts and most frequent label (only to group clients in diagnostic plots)."""
+    label counts and most frequent label (only to group clients in diagnostic plots); in a resumed
+    run, also whether it lacks the client state the checkpoint needs (``persisted_state.missing``)."""
     node = Node.from_context(context)
     counts = torch.bincount(node.data.y_train, minlength=dataset_shape(node.cfg)[1])
     dominant = int(counts.argmax()) if node.data.num_train else -1
     info: dict[str, Any] = {"partition-id": node.partition_id, "dominant-label": dominant, "label-counts": [int(c) for c in counts]}
-    return Message(content=RecordDict({"metrics": MetricRecord(info)}), reply_to=msg)
+    reply = RecordDict({"metrics": MetricRecord(info)})
+    config: Mapping[str, Any] = msg.content.config_records.get("config", {})
+    if RESUMED_AFTER in config:
+        needed = dict(zip(config[STATE_PARTITIONS], config[STATE_ROUNDS]))
+        if node.partition_id in needed and (problem := persisted_state.missing(
+                node.node_config, config, node.partition_id, int(needed[node.partition_id]))):
+            reply[CLIENT_STATE] = ConfigRecord({"missing": problem})
+    return Message(content=reply, reply_to=msg)

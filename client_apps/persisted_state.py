@@ -9,9 +9,14 @@ folder's name, sent by the server as ``run-key``). A resumed run's instructions 
 empty then loads its latest version from a round <= R: exactly the state it had when the server
 wrote that checkpoint. Versions older than the one the server's last checkpoint needs are deleted.
 
-The folder is the node's choice, never the server's: ``client-state-dir`` in the node config
-(``flower-supernode --node-config "client-state-dir='/var/lib/pfl'"``), else the environment
-variable ``FLOWER_PFL_CLIENT_STATE_DIR``, else ``~/.cache/flower-pfl/client-state``.
+The folder is ``client-state-dir`` in the node config (``flower-supernode --node-config
+"client-state-dir='/var/lib/pfl'"``), else the run config's ``client-state-dir`` (how a simulation's
+clients on a Ray cluster learn it: the environment of ``flwr run`` does not reach them), else the
+environment variable ``FLOWER_PFL_CLIENT_STATE_DIR``, else ``~/.cache/flower-pfl/client-state``.
+
+A resumed run first asks every node whether it has what the checkpoint needs (``missing``): the
+server names, per partition, the round of the last state its client kept before the checkpoint; a
+node without a version from that round up to the checkpoint's says so, with its folder.
 """
 
 from __future__ import annotations
@@ -32,12 +37,28 @@ from flower_pfl.engine.client_step import RESUMED_AFTER, RUN_KEY
 from flower_pfl.run import tensor_files
 
 _RESTORED = "flower-pfl-restored"
+#: a resumed run's start-up query: partitions and the round of the client state each needs (parallel lists)
+STATE_PARTITIONS, STATE_ROUNDS = "state-partitions", "state-rounds"
+#: the query reply's record naming what a node lacks
+CLIENT_STATE = "client-state"
 
 
 def state_dir(node_config: Mapping[str, Any]) -> Path:
     """The node's folder for persisted client state."""
     default = os.environ.get("FLOWER_PFL_CLIENT_STATE_DIR") or Path.home() / ".cache" / "flower-pfl" / "client-state"
     return Path(str(node_config.get("client-state-dir", default))).expanduser()
+
+
+def missing(node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int, needed: int) -> str | None:
+    """Why this node cannot restore the client state of round ``needed`` (a resumed run's start-up
+    check; ``config`` carries the run key and the checkpoint's round), else ``None``."""
+    folder = _folder(node_config, config, partition_id)
+    if folder is None:
+        return None
+    after = int(config[RESUMED_AFTER])
+    if any(needed <= r <= after for r in _versions(folder)):
+        return None
+    return f"partition {partition_id}: no client state of round {needed} (to {after}) in {folder}"
 
 
 def _folder(node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int) -> Path | None:

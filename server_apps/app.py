@@ -21,6 +21,7 @@ from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
+from client_apps.persisted_state import STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.client_step import RESUMED_AFTER, RUN_KEY
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import ReplyBounds
@@ -177,7 +178,11 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
             if cfg.store == "disk":
                 raise ConfigError("run config 'resume-from' needs store = 'memory': a disk store is not rolled back to its "
                                   "checkpoint, so the resumed run would not continue from the checkpointed round")
-        info = query_nodes(grid)  # every node loads its data to answer: what they cannot serve fails before the folder exists
+        # every node loads its data to answer (what they cannot serve fails before the folder exists) and, in a
+        # resumed run, says whether it has the client state the checkpoint needs
+        info = query_nodes(grid, config=_state_query(resumed) if resumed is not None else None)
+        if resumed is not None:
+            _check_client_state(cfg, info)
         out = resumed.folder if resumed is not None else run_dir(cfg)
     say: Callable[[str], None] = lambda msg: log(INFO, "%s", msg)
     if resumed is not None:
@@ -192,6 +197,29 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
     log(INFO, "flower-pfl: %s on %s (%s), %d nodes, %d rounds, evaluation every %d; results in %s", cfg.label, cfg.dataset,
         cfg.model, len(ranks), cfg.num_rounds, cfg.eval_every, out)
     return run
+
+
+def _state_query(resumed: Resumption) -> dict[str, Any]:
+    """What a resumed run's start-up query asks each node: does it have the client state of the
+    round its partition last kept before the checkpoint (``client_apps.persisted_state.missing``)?"""
+    needed = resumed.state_rounds()
+    return {RUN_KEY: resumed.meta["run-key"], RESUMED_AFTER: resumed.round,
+            STATE_PARTITIONS: list(needed), STATE_ROUNDS: list(needed.values())}
+
+
+def _check_client_state(cfg: ExperimentConfig, info: Mapping[int, Mapping[str, Any]]) -> None:
+    """Refuse to resume (``ConfigError``) when nodes lack the client state the checkpoint needs, naming each
+    node's partition, folder and round, unless ``allow-empty-client-state`` lets them start it afresh."""
+    lacking = sorted(str(about["client-state-missing"]) for about in info.values() if "client-state-missing" in about)
+    if not lacking:
+        return
+    shown = "; ".join(lacking[:10]) + (f"; and {len(lacking) - 10} more" if len(lacking) > 10 else "")
+    if not cfg.allow_empty_client_state:
+        raise ConfigError(f"{len(lacking)} nodes lack the client state this checkpoint needs, so the resumed run would "
+                          f"not continue the checkpointed one: {shown}. Resume from the client-state folder the run "
+                          "wrote, or set allow-empty-client-state = true to start those clients' state afresh")
+    log(WARNING, "%d nodes lack the client state this checkpoint needs and start it afresh (allow-empty-client-state): %s",
+        len(lacking), shown)
 
 
 def _build(run: _Run) -> tuple[Any, Sampler]:

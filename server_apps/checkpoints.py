@@ -28,7 +28,7 @@ from flower_pfl.run.results import CHECKPOINT, RunRecorder
 from server_apps.guard import ReplyGuard
 
 #: run-config keys that may differ between a run and its resumption
-MAY_DIFFER = ("resume-from", "device", "output-dir", "verbose")
+MAY_DIFFER = ("resume-from", "device", "output-dir", "verbose", "client-state-dir", "allow-empty-client-state")
 #: inner state of Flower's own strategies (both APIs), by attribute name
 FLOWER_STATE = ("current_arrays", "momentum_vector", "m_t", "v_t", "current_weights", "initial_parameters")
 
@@ -124,6 +124,14 @@ class Resumption:
         if packed is None:
             return None
         return translate(tensor_files.unpack(packed, self.tensors), self.node_ids(ranks))
+
+    def state_rounds(self) -> dict[int, int]:
+        """Partition id -> the round of the last client state its client kept up to the checkpoint (clients
+        of methods whose client step keeps none, and clients that never trained, are not listed)."""
+        packed = self.meta["server"]
+        rounds = tensor_files.unpack(packed, self.tensors).get("state_rounds", {}) if packed is not None else {}
+        partition = {node: part for node, part in self.meta["ranks"]}
+        return {partition[node]: int(r) for node, r in rounds.items() if node in partition}
 
     def guard_state(self, ranks: Mapping[Any, int]) -> dict[str, Any] | None:
         """The weight book of the reply checks in front of Flower's own strategies (``None``: none saved)."""

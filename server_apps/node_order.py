@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from logging import WARNING
 from typing import Any
 
+from flwr.app import ConfigRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from client_apps.persisted_state import CLIENT_STATE
 from flower_pfl.experiment.config import ConfigError
 from strategies.nodes import query
 
@@ -25,8 +28,10 @@ from strategies.nodes import query
 RAY_MESSAGE = "Exception ClientAppException occurred. Message: "
 
 
-def query_nodes(grid: Grid, timeout: float = 120.0) -> dict[int, dict[str, Any]]:
-    """``node id -> {"partition-id", "dominant-label", "label-counts"}`` of every node that answers.
+def query_nodes(grid: Grid, timeout: float = 120.0, config: Mapping[str, Any] | None = None) -> dict[int, dict[str, Any]]:
+    """``node id -> {"partition-id", "dominant-label", "label-counts"}`` of every node that answers
+    (``config``: what the query asks besides; a node that lacks a resumed run's client state adds
+    ``"client-state-missing"``, its message).
 
     Every node loads its data and model to answer, so a run config they cannot serve fails here, before
     any training: ``ConfigError`` with the nodes' errors when no node answers and some report an error.
@@ -34,13 +39,15 @@ def query_nodes(grid: Grid, timeout: float = 120.0) -> dict[int, dict[str, Any]]
     asked = list(grid.get_node_ids())
     info: dict[int, dict[str, Any]] = {}
     errors: dict[str, list[int]] = {}
-    for node, reply in query(grid, asked, timeout):
+    for node, reply in query(grid, asked, timeout, ConfigRecord(dict(config or {}))):
         if reply.has_error():
             errors.setdefault(_gist(reply.error.reason or ""), []).append(node)
         elif reply.content.metric_records:
             metrics = next(iter(reply.content.metric_records.values()))
             if "partition-id" in metrics:
                 info[node] = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
+            if CLIENT_STATE in reply.content.config_records:
+                info.setdefault(node, {})["client-state-missing"] = str(reply.content.config_records[CLIENT_STATE]["missing"])
     _report(info, errors, len(asked))
     return info
 

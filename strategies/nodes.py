@@ -65,10 +65,11 @@ def sender(reply: Message, sent_to: dict[str, int]) -> int:
     return sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
 
 
-def query(grid: Any, node_ids: Iterable[int], timeout: float) -> list[tuple[int, Message]]:
-    """Send each of ``node_ids`` a QUERY message (an empty ConfigRecord ``config``); ``(node, reply)``
+def query(grid: Any, node_ids: Iterable[int], timeout: float, config: ConfigRecord | None = None) -> list[tuple[int, Message]]:
+    """Send each of ``node_ids`` a QUERY message (ConfigRecord ``config``, empty by default); ``(node, reply)``
     for the replies that came within ``timeout`` seconds, errors included."""
-    messages = [Message(RecordDict({"config": ConfigRecord()}), message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
+    messages = [Message(RecordDict({"config": ConfigRecord(dict(config or {}))}), message_type=MessageType.QUERY, dst_node_id=n)
+                for n in node_ids]
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     sent_to = senders(messages)  # ids are set once sent; a reply the SuperLink makes itself comes from node 1
     return [(sender(reply, sent_to), reply) for reply in replies]

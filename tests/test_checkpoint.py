@@ -162,10 +162,39 @@ def test_without_its_state_a_resumed_client_would_differ(tmp_path, monkeypatch, 
         _run(tmp_path / "resumed", "scaffold", "message")
     monkeypatch.setattr(recording._Schedule, "before_round", original)
     (folder,) = list((tmp_path / "resumed").iterdir())
-    for run in client_state_dir.glob(folder.name + "-*"):
-        shutil.rmtree(run)  # the clients lost their disks
-    _run(tmp_path / "resumed", "scaffold", "message", **{"resume-from": str(folder)})
+    state = client_state_dir / tensor_files.read(folder / CHECKPOINT)[1]["run-key"]
+    shutil.rmtree(state / "partition-2")  # one client lost its disk
+    with pytest.raises(ConfigError, match=f"1 nodes lack .*partition 2: no client state of round [1-4] \\(to 4\\) in {state}/partition-2"):
+        _run(tmp_path / "resumed", "scaffold", "message", **{"resume-from": str(folder)})
+    shutil.rmtree(state)  # all of them
+    with pytest.raises(ConfigError, match=f"{NODES} nodes lack"):
+        _run(tmp_path / "resumed", "scaffold", "message", **{"resume-from": str(folder)})
+    _run(tmp_path / "resumed", "scaffold", "message", **{"resume-from": str(folder), "allow-empty-client-state": True})
     assert _numbers(folder)[0] != _numbers(whole)[0]
+
+
+def test_a_second_resume_from_a_copy_of_the_folder_is_refused_when_the_first_pruned_the_state_it_needs(
+        tmp_path, monkeypatch, client_state_dir):
+    """Killed after the checkpoint of round 4 and resumed to the end, the nodes dropped the versions of round
+    4 and before; resuming an untouched copy of the killed run's folder would start them empty."""
+    import shutil
+
+    original = recording._Schedule.before_round
+
+    def dying(self, server_round, arrays):
+        original(self, server_round, arrays)
+        if server_round == 5:
+            raise Killed
+
+    monkeypatch.setattr(recording._Schedule, "before_round", dying)
+    with pytest.raises(Killed):
+        _run(tmp_path / "runs", "ditto", "message", **{"num-rounds": 12})
+    monkeypatch.setattr(recording._Schedule, "before_round", original)
+    (folder,) = list((tmp_path / "runs").iterdir())
+    copy = shutil.copytree(folder, tmp_path / "copy" / folder.name)
+    _run(tmp_path / "runs", "ditto", "message", **{"num-rounds": 12, "resume-from": str(folder)})
+    with pytest.raises(ConfigError, match="nodes lack the client state this checkpoint needs"):
+        _run(tmp_path / "copy", "ditto", "message", **{"num-rounds": 12, "resume-from": str(copy)})
 
 
 @pytest.mark.parametrize("label", ["fedmcsa", "fedavgm", "ditto"])

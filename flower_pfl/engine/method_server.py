@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from flower_pfl.engine.client_contract import ignored_step_message, missing_step_message, receipt_expected, settings_problem
+from flower_pfl.engine.client_contract import (
+    ignored_step_message,
+    missing_step_message,
+    receipt_expected,
+    settings_problem,
+    step_asked,
+)
 from flower_pfl.engine.client_metrics import is_finite_number
 from flower_pfl.engine.client_step import CLIENT_STEP, ClientStep
 from flower_pfl.engine.layout import ParamLayout
@@ -73,6 +79,10 @@ class MethodServer:
         self._sampled: set[ClientId] = set()
         #: the model each of the round's trainers was sent (``ReplyBounds`` measures changes from it)
         self._sent: dict[ClientId, torch.Tensor] = {}
+        #: the last round in which each client's accepted reply came from a step that keeps client state
+        #: (a resumed run asks its node for the state of that round; ``client_apps.persisted_state``)
+        self.state_rounds: dict[ClientId, int] = {}
+        self._keeps_state: set[ClientId] = set()
         #: the client step each of the round's trainers was asked for, where only its receipt shows it ran
         self._step_asked: dict[ClientId, type[ClientStep]] = {}
         self._settings_seen = False
@@ -196,6 +206,7 @@ class MethodServer:
         self._sent = {ins.client_id: ins.model for ins in plan}
         client = self.method.client_step()
         self._step_asked = {ins.client_id: step for ins in plan if (step := receipt_expected(client, ins.config)) is not None}
+        self._keeps_state = {ins.client_id for ins in plan if (step := step_asked(client, ins.config)) is not None and step.keeps_state}
         return plan
 
     def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float, minimum: int = 1) -> list[Instruction]:
@@ -257,13 +268,14 @@ class MethodServer:
         if replies:
             ordered = sorted(replies, key=lambda r: (r.client_id not in self._sampled, self.sampler.key(r.client_id)))
             self.method.aggregate(server_round, ordered)
+        self.state_rounds.update({r.client_id: server_round for r in replies if r.client_id in self._keeps_state})
         return self.method.global_model()
 
     def get_state(self) -> dict[str, Any]:
         """The sampler's generators, the last round's participants, the clients' first sample counts and
         the method's state."""
         return {"sampler": self.sampler.state(), "last_participants": list(self.last_participants),
-                "weights": self.weights.get_state(), "method": self.method.get_state()}
+                "weights": self.weights.get_state(), "state_rounds": dict(self.state_rounds), "method": self.method.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore what ``get_state`` returned (after ``initialize``)."""
@@ -272,6 +284,7 @@ class MethodServer:
         self.last_participants = list(state["last_participants"])
         if "weights" in state:  # checkpoints of earlier versions have none
             self.weights.set_state(state["weights"])
+            self.state_rounds = dict(state["state_rounds"])
         self.method.set_state(state["method"])
 
     def to_arrays(self, vector: torch.Tensor) -> list[np.ndarray]:

@@ -104,6 +104,12 @@ class ExperimentConfig:
     node_wait_timeout: float = 120.0
     #: the run fails when more than this share of its rounds accepted no update (1: never)
     max_idle_rounds: float = 0.5
+    #: the clients' folder for their persisted state (an absolute path on shared storage in a Ray cluster;
+    #: "": each node's own choice: its node config's ``client-state-dir``, else ``FLOWER_PFL_CLIENT_STATE_DIR``,
+    #: else ``~/.cache/flower-pfl/client-state``); a node config's ``client-state-dir`` wins
+    client_state_dir: str = ""
+    #: a resumed run goes on when nodes lack the client state of the checkpoint's round (they start it afresh)
+    allow_empty_client_state: bool = False
     #: keep Flower's round-by-round console lines (false: only the run's own progress lines)
     verbose: bool = False
     #: every method's hyperparameters by run-config key (declared beside each method, see
