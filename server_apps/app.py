@@ -175,9 +175,6 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
     with _logged(ConfigError):
         if resumed is not None:
             resumed.check(settings, {name: list(a.shape) for name, a in initial.items()})
-            if cfg.store == "disk":
-                raise ConfigError("run config 'resume-from' needs store = 'memory': a disk store is not rolled back to its "
-                                  "checkpoint, so the resumed run would not continue from the checkpointed round")
         # every node loads its data to answer (what they cannot serve fails before the folder exists) and, in a
         # resumed run, says whether it has the client state the checkpoint needs
         info = query_nodes(grid, config=_state_query(resumed) if resumed is not None else None)

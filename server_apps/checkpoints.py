@@ -87,6 +87,8 @@ class Checkpointer:
             "arrays": tensor_files.pack(dict(arrays) if arrays is not None else None, "arrays", tensors),
         }
         tensor_files.write(self.path, tensors, meta)
+        if server is not None:
+            server.method.checkpoint_written()
 
 
 class Resumption:

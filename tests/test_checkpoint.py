@@ -13,6 +13,7 @@ import torch
 
 import server_apps.recording as recording
 from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.store import DiskClientModelStore
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.models import DNN
 from flower_pfl.methods.registry import client_step_for, entries
@@ -119,6 +120,18 @@ def test_resumed_run_gives_the_numbers_of_an_uninterrupted_one(tmp_path, monkeyp
     resumed = _interrupted(tmp_path / "resumed", entry.label, "message", monkeypatch)
     assert _numbers(resumed) == _numbers(whole)
     assert json.loads((resumed / "summary.json").read_text())["bmta"] == json.loads((whole / "summary.json").read_text())["bmta"]
+
+
+@pytest.mark.parametrize("label", ["fedmcsa", "fedacs+default", "local"])
+def test_a_disk_store_run_resumes_to_the_numbers_and_models_of_an_uninterrupted_one(tmp_path, monkeypatch, label):
+    """The server dies at the start of round 6: round 5 overwrote models after the checkpoint of round 4,
+    and the resumed run rolls the disk store back to that checkpoint."""
+    extra = {"store": "disk"}
+    whole = _run(tmp_path / "whole", label, "message", **extra)
+    resumed = _interrupted(tmp_path / "resumed", label, "message", monkeypatch, crash_round=6, **extra)
+    assert _numbers(resumed)[:2] == _numbers(whole)[:2]
+    a, b = DiskClientModelStore.open(whole / "store"), DiskClientModelStore.open(resumed / "store")
+    assert a.ids() == b.ids() and torch.equal(a.get(a.ids()), b.get(b.ids()))
 
 
 @pytest.mark.parametrize("api", ["message", "legacy"])

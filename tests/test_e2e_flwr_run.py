@@ -15,8 +15,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from local_runs import ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
 
+from flower_pfl.engine.store import DiskClientModelStore
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.run import tensor_files
 from flower_pfl.run.results import CHECKPOINT, MODELS, SERVER_STATE, load_models, load_state
@@ -36,10 +38,25 @@ def _completed(run: dict) -> None:
     assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
 
 
+def _stored(run_dir: Path) -> dict[int, torch.Tensor]:
+    """Every node's personalized model as the run left it, by node id: from the results' models file, or
+    the disk store in the results folder (``store = "disk"``)."""
+    if (run_dir / MODELS).exists():
+        ids, rows, _ = load_models(run_dir / MODELS)
+    else:
+        store = DiskClientModelStore.open(run_dir / "store")
+        ids, rows = store.ids(), store.get(store.ids())
+    return {int(i): row for i, row in zip(ids, rows)}
+
+
+def _by_partition(run_dir: Path, models: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    partition = {r["node-id"]: r["partition-id"] for r in map(json.loads, (run_dir / "clients.jsonl").read_text().splitlines())}
+    return {partition[node]: row for node, row in models.items()}
+
+
 def _own_models_evaluated(run_dir: Path, last_round: int) -> None:
     """Each node evaluated the personalized model stored for it, nobody else's."""
-    ids, rows, _ = load_models(run_dir / MODELS)
-    stored = {int(i): fingerprint([row]) for i, row in zip(ids, rows)}
+    stored = {node: fingerprint([row]) for node, row in _stored(run_dir).items()}
     clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
     assert {r["node-id"]: r["model-fingerprint"] for r in clients if r["round"] == last_round} == stored
 
@@ -72,11 +89,12 @@ def test_flwr_run_gives_the_in_process_numbers_of_the_same_seed(simulation, tmp_
                                     pytest.param("fedattn", marks=pytest.mark.xdist_group("flwr-run-d")),
                                     pytest.param("scaffold", marks=pytest.mark.xdist_group("flwr-run-e"))])
 def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, tmp_path, method):
-    """A personalized method, a global-model method with server-side state (FedAttn's attention
-    module) and one whose clients keep state (SCAFFOLD's c_i, restored from the nodes' disks): SIGKILL
-    the ServerApp's process after its first checkpoint, resume from the results folder, and compare
-    with the run that was never interrupted."""
-    settings = {"method": method, "num-rounds": 8, "clients-per-round": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 4}
+    """A personalized method with its models in the disk store (rolled back to the checkpoint), a
+    global-model method with server-side state (FedAttn's attention module) and one whose clients keep
+    state (SCAFFOLD's c_i, restored from the nodes' disks): SIGKILL the ServerApp's process after its
+    first checkpoint, resume from the results folder, and compare with the run that was never interrupted."""
+    settings = {"method": method, "num-rounds": 8, "clients-per-round": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 4,
+                **({"store": "disk"} if method == "fedmcsa" else {})}
     killed = tmp_path / "killed"
     proc = simulation.start({**settings, "output-dir": str(killed)}, nodes=6, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -90,6 +108,8 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
     check_results(folder, method, rounds=8, nodes=6, per_round=3, evaluated=[1, 2, 4, 6, 8])
     if method == "fedmcsa":
         _own_models_evaluated(folder, last_round=8)
+        resumed, uninterrupted = _by_partition(folder, _stored(folder)), _by_partition(whole, _stored(whole))
+        assert resumed.keys() == uninterrupted.keys() and all(torch.equal(resumed[p], uninterrupted[p]) for p in resumed)
     if method == "fedattn":  # the attention module is saved with the results
         assert set(load_state(folder / SERVER_STATE)["attention"]) == {"w_q", "w_k", "w_v"}
 

@@ -228,3 +228,41 @@ def test_disk_store_keeps_its_rows_in_files(tmp_path):
     assert disk.ids() == ["x", "y"] and torch.equal(disk.get(["y", "x"]), memory.get(["y", "x"]))
     blocks = sorted(tmp_path.glob("rows_*.npy"))
     assert len(blocks) == 1 and np.load(blocks[0])[:2].tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+
+def test_a_disk_store_rolls_back_to_a_snapshot_bit_for_bit(tmp_path):
+    """Snapshot, overwrite some rows (some twice), add clients, snapshot again without releasing the first
+    (a checkpoint that never reached the disk), change more: rolling back to either snapshot restores
+    exactly its rows and clients, and the undo logs hold only the rows that changed."""
+    rng = np.random.default_rng(0)
+    store = DiskClientModelStore(torch.zeros(6), tmp_path)
+    store.put(list(range(8)), torch.from_numpy(rng.standard_normal((8, 6), dtype=np.float32)))
+    first = store.snapshot()
+    at_first = store.get(store.ids())
+    store.put([1, 3], torch.ones(2, 6))
+    store.put([3, 8, 9], torch.full((3, 6), 2.0))  # 3 again (logged once), 8 and 9 new
+    assert store.undo.read(first)[0].tolist() == [1, 3]
+    second = store.snapshot()
+    at_second = store.get(store.ids())
+    store.put([0, 9, 10], torch.full((3, 6), 3.0))
+    store.rollback(second, list(range(10)))
+    assert store.ids() == list(range(10)) and torch.equal(store.get(store.ids()), at_second)
+    store.put([2], torch.full((1, 6), 4.0))  # the crash again, after the first rollback
+    reopened = DiskClientModelStore.open(tmp_path)
+    reopened.rollback(first, list(range(8)))
+    assert reopened.ids() == list(range(8)) and torch.equal(reopened.get(reopened.ids()), at_first)
+    assert reopened.undo.tokens() == [first]
+    reopened.put([11], torch.zeros(1, 6))  # new clients take the dropped rows' places
+    assert reopened.ids() == [*range(8), 11] and torch.equal(reopened.get(list(range(8))), at_first)
+
+
+def test_release_drops_the_logs_of_older_snapshots_and_rollback_refuses_another_store(tmp_path):
+    store = DiskClientModelStore(torch.zeros(3), tmp_path)
+    store.put(["a", "b"], torch.ones(2, 3))
+    first = store.snapshot()
+    store.put(["a"], torch.zeros(1, 3))
+    second = store.snapshot()
+    store.release()
+    assert store.undo.tokens() == [second] and first < second
+    with pytest.raises(ValueError, match="does not hold the snapshot's clients"):
+        store.rollback(second, ["b", "a"])

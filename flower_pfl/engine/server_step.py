@@ -129,6 +129,9 @@ class ServerStep:
         (the ServerApp draws it at the end of a run); ``None``: nothing to show."""
         return None
 
+    def checkpoint_written(self) -> None:
+        """Called once a checkpoint holding ``get_state`` is durably written."""
+
     def get_state(self) -> dict[str, Any]:
         """Everything ``state_attributes`` name, for a checkpoint (``flower_pfl.run.tensor_files.pack`` form)."""
         names = [n for klass in reversed(type(self).__mro__) for n in vars(klass).get("state_attributes", ())]
@@ -161,23 +164,29 @@ class PersonalizedStep(ServerStep):
 
     def get_state(self) -> dict[str, Any]:
         """The method's state and every client's model (ids in the store's order). A disk store is
-        flushed and named instead: its folder holds the rows, as of the last round."""
+        snapshot instead (its folder keeps the rows, and what changes them is logged, see
+        ``DiskClientModelStore.snapshot``): the state names the folder and the snapshot."""
         ids = self.store.ids()
         if isinstance(self.store, DiskClientModelStore):
-            self.store.flush()
-            return {**super().get_state(), "store": {"ids": ids, "folder": str(self.store.folder)}}
+            snapshot = self.store.snapshot()
+            return {**super().get_state(), "store": {"ids": ids, "folder": str(self.store.folder), "snapshot": snapshot}}
         return {**super().get_state(), "store": {"ids": ids, "rows": self.store.get(ids)}}
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = dict(state)
         store = state.pop("store")
         super().set_state(state)
-        if "folder" in store:  # the disk store reopened its folder when it was made
-            missing = set(store["ids"]) - set(self.store.ids())
-            if missing:
-                raise ValueError(f"the disk store in {store['folder']} lacks {len(missing)} clients of the checkpoint")
+        if "folder" in store:  # the disk store reopened its folder when it was made: back to the snapshot
+            if not isinstance(self.store, DiskClientModelStore):
+                raise ValueError(f"the checkpoint's models are in the disk store {store['folder']}: resume with store = 'disk'")
+            self.store.rollback(int(store["snapshot"]), list(store["ids"]))
         elif store["ids"]:
             self.store.put(list(store["ids"]), store["rows"])
+
+    def checkpoint_written(self) -> None:
+        """A checkpoint holding ``get_state`` is on disk: a disk store drops what only older ones needed."""
+        if isinstance(self.store, DiskClientModelStore):
+            self.store.release()
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, Mapping[str, torch.Tensor] | None]:
         """The ``(m, d)`` models to send from the participants' ``(m, d)`` stored ones, and the

@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flower_pfl.engine.undo_log import UndoLog
+
 #: a new block holds at least this fraction of the rows already held
 GROWTH = 0.05
 #: copy run by run when the runs average at least this many bytes, else by indexed copies
@@ -305,8 +307,12 @@ class DiskClientModelStore(ModelStore):
 
     A block's disk space is allocated when the block is added. The index is replaced
     (atomically) whenever clients are added; rows go through the page cache; ``flush`` makes
-    everything durable (fsync). ``state_dict`` reads every row into memory. One store object
-    at a time per folder.
+    everything durable (fsync). One store object at a time per folder.
+
+    ``snapshot`` marks the store's state (a checkpoint) without copying it; ``rollback`` returns
+    the store to a snapshot after a crash, bit for bit: the rows overwritten since are kept, as
+    they were, in an undo log (``flower_pfl.engine.undo_log``), and ``release`` drops the logs an
+    older snapshot needed.
     """
 
     INDEX = "index.json"
@@ -320,6 +326,9 @@ class DiskClientModelStore(ModelStore):
         self.folder.mkdir(parents=True, exist_ok=True)
         self._written: set[int] = set()  # blocks written since the last flush
         self._offsets: dict[int, int] = {}  # where each block's rows start in its file
+        self.undo = UndoLog(self.folder, self.dim)
+        #: the last snapshot (0: none yet), the rows that existed then, and those logged since
+        self._token, self._kept, self._logged = 0, 0, set[int]()
         if (self.folder / self.INDEX).exists():
             self._load_index(json.loads((self.folder / self.INDEX).read_text()))
         else:
@@ -344,6 +353,51 @@ class DiskClientModelStore(ModelStore):
             finally:
                 os.close(fd)
         self._written.clear()
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def snapshot(self) -> int:
+        """Make the store durable and mark its state; returns the snapshot's token for ``rollback``.
+        Rows overwritten from now on are logged first (once each), so nothing is copied here."""
+        self._token += 1
+        self._kept, self._logged = len(self), set()
+        self.undo.start(self._token)
+        self.flush()  # the index now carries the token
+        return self._token
+
+    def release(self) -> None:
+        """Drop the undo logs of snapshots before the last one (once a checkpoint durably refers to it)."""
+        self.undo.release(self._token)
+
+    def rollback(self, token: int, ids: Sequence[Hashable]) -> None:
+        """Return the store to snapshot ``token``, whose clients were ``ids`` (in the store's order):
+        the logged rows get their old values back, newest logs first, clients added since are
+        dropped, and logging starts afresh from that state."""
+        if list(self._index)[: len(ids)] != list(ids):
+            raise ValueError(f"the store in {self.folder} does not hold the snapshot's clients in their order")
+        for later in sorted((t for t in self.undo.tokens() if t >= token), reverse=True):
+            positions, rows = self.undo.read(later)  # each position once: the value it had at snapshot ``later``
+            if len(positions):
+                self._scatter(torch.from_numpy(rows), self._plan(positions))
+            if later > token:
+                self.undo.drop(later)
+        self._index = {cid: i for i, cid in enumerate(ids)}
+        self._token = token
+        self._kept, self._logged = len(ids), set()
+        self.undo.start(token)
+        self.flush()
+
+    def put(self, ids: Sequence[Hashable], rows: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """As ``ModelStore.put``, after logging the old values of rows that existed at the last snapshot."""
+        if self._token:
+            old = np.array(sorted({self._index[c] for c in ids if c in self._index} - self._logged), dtype=np.int64)
+            old = old[old < self._kept]
+            if len(old):
+                before = torch.empty((len(old), self.dim), dtype=torch.float32)
+                self._gather(before, self._plan(old))
+                self.undo.append(self._token, old, before.numpy())
+                self._logged.update(old.tolist())
+        super().put(ids, rows)
 
     # -- files --------------------------------------------------------------------------------
 
@@ -384,10 +438,11 @@ class DiskClientModelStore(ModelStore):
         self._starts = np.cumsum([0] + sizes[:-1]).astype(np.int64)
         self._capacity = sum(sizes)
         self._index = {cid: i for i, cid in enumerate(ids)}
+        self._token = int(index.get("snapshot", 0))
 
     def _save_index(self) -> None:
         index = {"format": self.FORMAT, "version": 1, "dim": self.dim, "dtype": "float32",
-                 "blocks": self._sizes, "ids": list(self._index)}
+                 "blocks": self._sizes, "ids": list(self._index), "snapshot": self._token}
         tmp = self.folder / (self.INDEX + ".tmp")
         tmp.write_text(json.dumps(index))
         os.replace(tmp, self.folder / self.INDEX)
