@@ -15,6 +15,13 @@ whose federation does not fit in memory would (``--keep-cache`` leaves them cach
     python -m benchmarks.store_memory                      # 40 GB in a temporary folder under /tmp, deleted at the end
     python -m benchmarks.store_memory --dir /data/store    # the disk store in /data/store (kept)
     python -m benchmarks.store_memory --clients 2000 --memory-clients 500 --rounds 3
+
+Then the disk store's checkpoints and resumption at the same size (``--no-resume`` skips it): the
+rounds run again with a checkpoint every ``--checkpoint-every`` rounds (``snapshot``: what it costs
+in time, and the undo log's extra disk before it is released), once without interruption and once
+SIGKILLed in round ``--kill-in`` (after a checkpoint, with rows overwritten since), then resumed in a
+new process from the last checkpoint (``rollback``); the SHA-256 of every row of both stores must
+be equal.
 """
 
 from __future__ import annotations
@@ -134,6 +141,87 @@ def _in_process(**kwargs) -> dict:
         return pool.submit(run_store, **kwargs).result()
 
 
+def run_checkpointed(mode: str, folder: str, clients: int, dim: int, rounds: int, participants: int, chunk: int,
+                     components: int, sigma: float, seed: int, every: int, kill_in: int) -> dict:
+    """The disk store's rounds with checkpoints: ``mode`` ``whole`` (create, run every round), ``killed``
+    (create, SIGKILL itself in round ``kill_in`` after the round's rows are written) or ``resumed``
+    (reopen, roll back to the last checkpoint, run the remaining rounds). A checkpoint is the store's
+    snapshot plus what the rounds need to go on (a JSON file beside the store, written atomically).
+    Returns the checkpoints' costs and, for ``whole`` and ``resumed``, the SHA-256 of every row."""
+    import hashlib
+    import json
+    import signal
+
+    import numpy as np
+    import torch
+
+    from flower_pfl.engine.store import DiskClientModelStore
+    from flower_pfl.methods.attention import layerwise_attention
+
+    state_file = Path(folder).with_name(Path(folder).name + "-checkpoint.json")
+    width = dim // components
+    slices = [slice(l * width, dim if l == components - 1 else (l + 1) * width) for l in range(components)]
+    rng = np.random.default_rng(seed)
+    if mode == "resumed":
+        store = DiskClientModelStore.open(folder)
+        saved = json.loads(state_file.read_text())
+        t = time.perf_counter()
+        store.rollback(saved["snapshot"], saved["ids"])
+        rollback_s, first = time.perf_counter() - t, saved["round"] + 1
+        rng.bit_generator.state = saved["rng"]
+    else:
+        store, rollback_s, first = DiskClientModelStore(torch.zeros(dim), folder), 0.0, 1
+        gen = torch.Generator().manual_seed(seed)
+        base = torch.randn(chunk, dim, generator=gen)
+        for start in range(0, clients, chunk):
+            n = min(chunk, clients - start)
+            store.put(list(range(start, start + n)), torch.addcmul(torch.randn(n, 1, generator=gen), base[:n],
+                                                                    torch.rand(n, 1, generator=gen) + 0.5))
+        store.flush()
+    checkpoints = []
+    for server_round in range(first, rounds + 1):
+        ids = rng.choice(clients, size=participants, replace=False).tolist()
+        store.put(ids, layerwise_attention(store.get(ids), slices, sigma)[0])
+        if mode == "killed" and server_round == kill_in:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if server_round % every == 0:
+            undo = sum(p.stat().st_size for p in Path(folder).glob("undo-*"))
+            t = time.perf_counter()
+            token = store.snapshot()
+            tmp = state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"round": server_round, "snapshot": token, "ids": store.ids(),
+                                       "rng": rng.bit_generator.state}))
+            os.replace(tmp, state_file)
+            store.release()
+            checkpoints.append({"round": server_round, "seconds": time.perf_counter() - t, "undo_bytes": undo})
+    digest = hashlib.sha256()
+    t = time.perf_counter()
+    ids = store.ids()
+    for start in range(0, len(ids), chunk):
+        digest.update(store.get(ids[start:start + chunk]).numpy().tobytes())
+    return {"mode": mode, "checkpoints": checkpoints, "rollback_s": rollback_s, "sha256": digest.hexdigest(),
+            "hash_s": time.perf_counter() - t, "clients": len(ids)}
+
+
+def _resume_check(folder: Path, **kwargs) -> list[dict]:
+    """Uninterrupted, then killed and resumed, in fresh processes (the store is deleted in between)."""
+    out = []
+    for mode in ("whole", "killed", "resumed"):
+        if mode != "resumed":
+            shutil.rmtree(folder, ignore_errors=True)
+        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+            future = pool.submit(run_checkpointed, mode, str(folder), **kwargs)
+            try:
+                out.append(future.result())
+            except Exception as err:  # the killed process: its pool breaks
+                if mode != "killed":
+                    raise
+                out.append({"mode": mode, "died": type(err).__name__})
+        print(f"  {mode}: {out[-1] if mode == 'killed' else {k: v for k, v in out[-1].items() if k != 'checkpoints'}}",
+              flush=True)
+    return out
+
+
 def _stats(values: list[float]) -> str:
     return f"{sum(values) / len(values):.2f} / {min(values):.2f} / {max(values):.2f}"
 
@@ -158,6 +246,22 @@ def report(r: dict, participants: int) -> str:
     return "\n".join(lines)
 
 
+def resume_report(runs: list[dict], args: argparse.Namespace) -> str:
+    whole, resumed = runs[0], runs[2]
+    cps = whole["checkpoints"]
+    row_bytes = 4.0 * args.dim
+    times = ", ".join(f"round {c['round']} {c['seconds']:.2f} s" for c in cps)
+    undo = ", ".join(f"{c['undo_bytes'] / GB:.2f} GB" for c in cps)
+    lines = [f"  checkpoints (snapshot + release): {times}",
+             f"  undo log before each checkpoint: {undo} "
+             f"(rows overwritten since the previous one: at most {args.participants * args.checkpoint_every} × "
+             f"{row_bytes / 1e6:.0f} MB = {args.participants * args.checkpoint_every * row_bytes / GB:.1f} GB)",
+             f"  resumed: rollback {resumed['rollback_s']:.2f} s; SHA-256 of all {resumed['clients']:,} rows "
+             f"{'EQUAL to' if resumed['sha256'] == whole['sha256'] else 'DIFFERENT from'} the uninterrupted run's "
+             f"({whole['sha256'][:16]}…; hashing took {whole['hash_s']:.0f} s)"]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=10_000, help="clients in the disk store")
@@ -173,6 +277,10 @@ def main() -> None:
                          "folder under /tmp, deleted at the end")
     ap.add_argument("--keep-cache", action="store_true", help="do not drop the disk store's files from the page cache")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-resume", action="store_true", help="skip the checkpoint and SIGKILL + resume part")
+    ap.add_argument("--resume-rounds", type=int, default=6, help="rounds of the checkpoint and resume part")
+    ap.add_argument("--checkpoint-every", type=int, default=2)
+    ap.add_argument("--kill-in", type=int, default=5, help="the round the server is SIGKILLed in (after its writes)")
     args = ap.parse_args()
 
     common = {"dim": args.dim, "rounds": args.rounds, "participants": args.participants, "chunk": args.chunk,
@@ -194,10 +302,18 @@ def main() -> None:
         print(f"disk store: {args.clients:,} x {args.dim:,} ({need / GB:.1f} GB) in {folder}", flush=True)
         try:
             results.append(_in_process(kind="disk", clients=args.clients, folder=str(folder), **common))
+            print(report(results[-1], args.participants), flush=True)
+            if not args.no_resume:
+                print(f"disk store with a checkpoint every {args.checkpoint_every} rounds, {args.resume_rounds} rounds, "
+                      f"SIGKILLed in round {args.kill_in}:", flush=True)
+                resume = _resume_check(folder, clients=args.clients, dim=args.dim, rounds=args.resume_rounds,
+                                       participants=args.participants, chunk=args.chunk, components=args.components,
+                                       sigma=args.sigma, seed=args.seed, every=args.checkpoint_every, kill_in=args.kill_in)
+                print(resume_report(resume, args), flush=True)
         finally:
             if args.dir is None:
                 shutil.rmtree(folder, ignore_errors=True)
-        print(report(results[-1], args.participants), flush=True)
+                folder.with_name(folder.name + "-checkpoint.json").unlink(missing_ok=True)
     if args.memory_clients > 0:
         print(f"memory store: {args.memory_clients:,} x {args.dim:,} "
               f"({4.0 * args.memory_clients * args.dim / GB:.1f} GB)", flush=True)
