@@ -8,6 +8,7 @@ strategies), with the same training and evaluation code.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -185,7 +186,10 @@ def query(msg: Message, context: Context) -> Message:
     """Tell the server this node's ``partition-id`` (to order nodes reproducibly) and its training
     label counts and most frequent label (only to group clients in diagnostic plots); in a resumed
     run, also whether it lacks the client state the checkpoint needs (``persisted_state.missing``)."""
-    node = Node.from_context(context)
+    try:
+        node = Node.from_context(context)
+    except Exception as err:  # in a cluster, say which machine could not load its data
+        raise RuntimeError(f"on host {socket.gethostname()}: {err}") from err
     counts = torch.bincount(node.data.y_train, minlength=dataset_shape(node.cfg)[1])
     dominant = int(counts.argmax()) if node.data.num_train else -1
     info: dict[str, Any] = {"partition-id": node.partition_id, "dominant-label": dominant, "label-counts": [int(c) for c in counts]}

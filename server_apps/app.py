@@ -35,6 +35,7 @@ from flower_pfl.reports.figures import run_title
 from flower_pfl.run.quiet import silence_runtime_noise
 from flower_pfl.run.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, save_models, save_state
 from server_apps.checkpoints import Checkpointer, Resumption, set_flower_state
+from server_apps.cluster import check_cluster_paths
 from server_apps.console import quiet_round_loop
 from server_apps.factory import build_legacy_strategy, build_message_strategy, participants
 from server_apps.guard import ReplyGuard
@@ -168,6 +169,7 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
     the results folder (a new one, or the resumed run's) and its recorder."""
     with _logged(ConfigError):
         check_device(cfg.device)
+        check_cluster_paths(cfg)
         resumed = Resumption(cfg.resume_from) if cfg.resume_from else None
     initial = initial_arrays(cfg)
     _warn_about_init(cfg, initial)

@@ -5,6 +5,7 @@ start-up query of the nodes reports (failed nodes, two nodes with one partition-
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 from uuid import uuid4
 
@@ -19,6 +20,7 @@ from flower_pfl.experiment.build import check_device, load_client_data
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data.images import expected_files
 from server_apps.app import run_dir
+from server_apps.cluster import check_cluster_paths
 from server_apps.inprocess import run_in_process
 from server_apps.node_order import query_nodes
 
@@ -129,6 +131,7 @@ def test_missing_data_fails_at_start_before_the_results_folder(tmp_path, monkeyp
         run_in_process({**QUICK, **FMNIST, "data-dir": str(tmp_path / "empty"), "output-dir": str(out)}, num_nodes=3)
     message = str(err.value)
     assert message.startswith("no node could serve this run config; nodes 1001, 1002, 1003: ")
+    assert f"on host {socket.gethostname()}: run config 'dataset'" in message  # the machine, for a Ray cluster
     assert "run config 'dataset' = 'fmnist': no files under data-dir" in message and message.count("FashionMNIST/raw") == 4
     assert not out.exists() and not trained
 
@@ -229,3 +232,15 @@ def test_long_node_lists_are_shortened(caplog):
     query_nodes(QueryGrid({n: partition(0) for n in range(100, 110)}))
     (warning,) = warnings(caplog)
     assert warning.startswith("nodes 100, 101, 102, 103, 104 and 5 more all report partition-id 0")
+
+
+@pytest.mark.parametrize("key,value,extra", [("data-dir", "data", {**FMNIST}), ("client-state-dir", "state", {}),
+                                             ("hub-dataset", "./femnist", {"dataset": "femnist", "data-source": "flwr-datasets"})])
+def test_a_cluster_run_refuses_a_relative_folder_naming_the_key(key, value, extra):
+    cfg = ExperimentConfig.from_mapping({**extra, key: value})
+    with pytest.raises(ConfigError, match=f"'{key}' = '{value}' is invalid on a Ray cluster \\(RAY_ADDRESS=10.0.0.1:6379\\)"):
+        check_cluster_paths(cfg, {"RAY_ADDRESS": "10.0.0.1:6379"})
+    check_cluster_paths(cfg, {})  # one machine: relative to where the run started, as before
+    check_cluster_paths(cfg, {"RAY_ADDRESS": "local"})
+    absolute = ExperimentConfig.from_mapping({**extra, key: "/" + value.lstrip("./")})
+    check_cluster_paths(absolute, {"RAY_ADDRESS": "10.0.0.1:6379"})

@@ -64,8 +64,7 @@ class FlwrRunEngine:
         self.env = superlink.environment(FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0",
                                          FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                                          FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.port),
-                                         FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port),
-                                         FLOWER_PFL_CLIENT_STATE_DIR=str(self.home / "client-state"))
+                                         FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port))
         self._first = threading.Lock()  # the first run starts the SuperLink; the others wait for it
         self._started = threading.Event()
 
@@ -80,8 +79,11 @@ class FlwrRunEngine:
         return self._run(cell)
 
     def command(self, cell: Cell) -> list[str]:
-        """The ``flwr run`` command line of ``cell`` (run it in ``self.app`` with ``self.env``)."""
-        return [superlink.executable("flwr"), "run", str(self.app), "--run-config", run_config_text(cell.run_config),
+        """The ``flwr run`` command line of ``cell`` (run it in ``self.app`` with ``self.env``). The clients keep
+        their state in this engine's folder unless the cell names one: the run config reaches every client
+        (on a Ray cluster too), the environment of ``flwr run`` does not."""
+        run_config = {**cell.run_config, "client-state-dir": cell.run_config.get("client-state-dir") or str(self.home / "client-state")}
+        return [superlink.executable("flwr"), "run", str(self.app), "--run-config", run_config_text(run_config),
                 "--federation-config", run_config_text({"num-supernodes": cell.num_nodes, **self.federation}), "--stream"]
 
     def _run(self, cell: Cell) -> dict[str, Any]:

@@ -232,4 +232,4 @@ def finished(cell: Cell) -> Path | None:
 
 
 def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in json.loads(json.dumps(dict(config))).items() if k != "output-dir"}
+    return {k: v for k, v in json.loads(json.dumps(dict(config))).items() if k not in ("output-dir", "client-state-dir")}
