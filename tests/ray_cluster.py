@@ -1,0 +1,124 @@
+"""A Ray cluster of a head and worker nodes on loopback, for tests: each node is ``ray start --block``
+in a session of its own (its process group holds its raylet, workers and actors), with its own
+``--temp-dir``, working folder and explicit ports, so it shares nothing with any other Ray on the
+machine; it is stopped by killing that process group (never ``ray stop``, which ends every Ray)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from flower_pfl.tools import superlink
+from flower_pfl.tools.sweep_flwr import free_port
+
+PROC = Path("/proc")
+
+
+def _ports(names: tuple[str, ...]) -> list[str]:
+    return [f"--{name}={free_port()}" for name in names]
+
+
+def _worker_ports() -> list[str]:
+    """A range of 40 ports for the node's worker processes, above a free one (checked free, port by port)."""
+    base = free_port()
+    return [f"--min-worker-port={base}", f"--max-worker-port={base + 40}"]
+
+
+class RayCluster:
+    """``start_head`` then ``start_worker`` (as often as wanted); ``address`` is what ``RAY_ADDRESS`` takes."""
+
+    NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+                  "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths live under it
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.nodes: dict[str, subprocess.Popen] = {}
+
+    def _start(self, name: str, args: list[str], cpus: int, timeout: float = 90.0) -> subprocess.Popen:
+        cwd = self.root / name
+        cwd.mkdir()
+        command = [superlink.executable("ray"), "start", "--block", f"--num-cpus={cpus}", "--node-ip-address=127.0.0.1",
+                   "--disable-usage-stats", "--object-store-memory=200000000", f"--temp-dir={self.root / ('t' + name)}",
+                   *_ports(self.NODE_PORTS), *_worker_ports(), *args]
+        log = (self.root / f"{name}.log").open("w")
+        node = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=superlink.environment())
+        self.nodes[name] = node
+        deadline = time.monotonic() + timeout
+        while "Ray runtime started" not in (self.root / f"{name}.log").read_text():
+            if node.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Ray node {name} did not start:\n" + (self.root / f"{name}.log").read_text()[-3000:])
+            time.sleep(0.3)
+        return node
+
+    def start_head(self, cpus: int) -> None:
+        self._start("head", ["--head", f"--port={self.port}", "--include-dashboard=false",
+                             f"--ray-client-server-port={free_port()}"], cpus)
+
+    def start_worker(self, name: str, cpus: int) -> None:
+        self._start(name, [f"--address={self.address}"], cpus)
+
+    def actors(self) -> dict[str, set[int]]:
+        """The virtual-client actors (``ray::ClientAppActor`` processes) alive now, by the node whose
+        process group they are in."""
+        groups = {node.pid: name for name, node in self.nodes.items()}
+        out: dict[str, set[int]] = {}
+        for entry in PROC.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                group = os.getpgid(int(entry.name))
+            except (OSError, ProcessLookupError):
+                continue
+            if "ClientAppActor" in title and group in groups:
+                out.setdefault(groups[group], set()).add(int(entry.name))
+        return out
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a node and everything it started (its process group), as a machine that is lost."""
+        node = self.nodes[name]
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait(timeout=30)
+
+    def _group(self) -> list[int]:
+        """The processes left in this cluster's nodes' process groups."""
+        groups = {node.pid for node in self.nodes.values()}
+        out = []
+        for entry in PROC.iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.getpgid(int(entry.name)) in groups:
+                        out.append(int(entry.name))
+                except ProcessLookupError:
+                    continue
+        return out
+
+    def stop(self) -> list[int]:
+        """Stop every node of this cluster (SIGTERM to its process group, SIGKILL to what is left after
+        8 s); returns the processes of its groups still alive."""
+        for node in self.nodes.values():
+            try:
+                os.killpg(node.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        deadline = time.monotonic() + 8
+        while self._group() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for node in self.nodes.values():
+            try:
+                os.killpg(node.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if node.poll() is None:
+                node.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while self._group() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return self._group()
