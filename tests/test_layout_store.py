@@ -256,7 +256,7 @@ def test_a_disk_store_rolls_back_to_a_snapshot_bit_for_bit(tmp_path):
     assert reopened.ids() == [*range(8), 11] and torch.equal(reopened.get(list(range(8))), at_first)
 
 
-def test_release_drops_the_logs_of_older_snapshots_and_rollback_refuses_another_store(tmp_path):
+def test_release_drops_the_logs_of_older_snapshots_and_rollback_rekeys_the_clients(tmp_path):
     store = DiskClientModelStore(torch.zeros(3), tmp_path)
     store.put(["a", "b"], torch.ones(2, 3))
     first = store.snapshot()
@@ -264,5 +264,7 @@ def test_release_drops_the_logs_of_older_snapshots_and_rollback_refuses_another_
     second = store.snapshot()
     store.release()
     assert store.undo.tokens() == [second] and first < second
-    with pytest.raises(ValueError, match="does not hold the snapshot's clients"):
-        store.rollback(second, ["b", "a"])
+    with pytest.raises(ValueError, match="holds 2 clients, not the snapshot's 3"):
+        store.rollback(second, ["a", "b", "c"])
+    store.rollback(second, ["x", "y"])  # the same clients under new ids (a new flwr run's node ids), in the store's order
+    assert store.ids() == ["x", "y"] and torch.equal(store.get(["x", "y"]), torch.tensor([[0.0] * 3, [1.0] * 3]))

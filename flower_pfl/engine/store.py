@@ -370,18 +370,19 @@ class DiskClientModelStore(ModelStore):
         self.undo.release(self._token)
 
     def rollback(self, token: int, ids: Sequence[Hashable]) -> None:
-        """Return the store to snapshot ``token``, whose clients were ``ids`` (in the store's order):
-        the logged rows get their old values back, newest logs first, clients added since are
-        dropped, and logging starts afresh from that state."""
-        if list(self._index)[: len(ids)] != list(ids):
-            raise ValueError(f"the store in {self.folder} does not hold the snapshot's clients in their order")
+        """Return the store to snapshot ``token``, whose clients were ``ids`` in the store's order (under
+        the ids they have now: a new ``flwr run`` gives nodes new ids, so the rows are re-keyed): the
+        logged rows get their old values back, newest logs first, clients added since are dropped, and
+        logging starts afresh from that state."""
+        if len(ids) > len(self._index) or len(set(ids)) != len(ids):
+            raise ValueError(f"the store in {self.folder} holds {len(self._index)} clients, not the snapshot's {len(ids)}")
         for later in sorted((t for t in self.undo.tokens() if t >= token), reverse=True):
             positions, rows = self.undo.read(later)  # each position once: the value it had at snapshot ``later``
             if len(positions):
                 self._scatter(torch.from_numpy(rows), self._plan(positions))
             if later > token:
                 self.undo.drop(later)
-        self._index = {cid: i for i, cid in enumerate(ids)}
+        self._index = {self._new_id(cid): i for i, cid in enumerate(ids)}
         self._token = token
         self._kept, self._logged = len(ids), set()
         self.undo.start(token)
