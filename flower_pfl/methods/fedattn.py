@@ -25,6 +25,7 @@ from torch import nn
 
 from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, setting, trainable
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_split import mean_features
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
 from flower_pfl.engine.reply_checks import Reply, StepOutputMissing, norm
 from flower_pfl.engine.server_step import GlobalModelStep, Settings
@@ -99,28 +100,6 @@ def attention_step(module: BiasAttention, optimizer: torch.optim.Optimizer, quer
     optimizer.step()
 
 
-def last_layer_input(model: nn.Module, x: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
-    """The client representation: mean over ``x`` of the input to the model's last ``nn.Linear``."""
-    last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
-    total, seen = None, 0
-    captured: list[torch.Tensor] = []
-    handle = last.register_forward_hook(lambda _m, inputs, _out: captured.append(inputs[0].detach()))
-    try:
-        model.eval()
-        with torch.no_grad():
-            for start in range(0, len(x), batch_size):
-                captured.clear()
-                model(x[start:start + batch_size])
-                s = captured[0].flatten(1).sum(0)
-                total = s if total is None else total + s
-                seen += captured[0].shape[0]
-    finally:
-        handle.remove()
-    if total is None:
-        raise ValueError("no data to compute a representation from")
-    return total / seen
-
-
 class FedAttnStep(ClientStep):
     """FedAttn's client (Algorithm 1, localSolver): local SGD on ``(G, M̃_i)`` with the optional
     stabiliser ``ρ/2 ||b − b_G||²`` toward the global biases (gradient ``ρ (b − b_G)``). ``finish``
@@ -158,7 +137,7 @@ class FedAttnStep(ClientStep):
         x = inputs if isinstance(inputs, torch.Tensor) else torch.cat([b[0] if isinstance(b, (tuple, list)) else b for b in inputs])
         device = self.received[0].device
         gradient = torch.cat([(r - p.detach()).flatten() for r, p, b in zip(self.received, trainable(model), self.is_bias) if b])
-        return {REPRESENTATION: encode_vector(last_layer_input(model, x.to(device))),
+        return {REPRESENTATION: encode_vector(mean_features(model, x.to(device))),
                 BIAS_GRADIENT: encode_vector(gradient / (self.lr * self.steps))}
 
 

@@ -10,6 +10,7 @@ import torch
 
 from flower_pfl.engine.client_step import ClientStep
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_split import body_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_step import ClientId, PersonalizedStep, weighted_mean
@@ -37,15 +38,8 @@ class FedPer(Method, PersonalizedStep):
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
-        if not layout.named:
-            raise ValueError("FedPer finds its layers by parameter name, and this model's have none: "
-                             "give the strategy the initial model with its parameter names (a state_dict)")
-        modules = layout.components("module")
-        if self.head_layers >= len(modules):
-            raise ValueError(f"head_layers = {self.head_layers} leaves no base layer to share ({len(modules)} layers: "
-                             f"{[name for name, _ in modules]}); that is Local")
         #: the base layers' columns: the modules before the head, a leading slice of the flat vector
-        self.base_slice = slice(0, modules[len(modules) - self.head_layers - 1][1].stop)
+        self.base_slice = body_slice(layout, self.head_layers)
         self.base = initial[self.base_slice].to(device=self.store.device, dtype=torch.float32)
 
     @classmethod

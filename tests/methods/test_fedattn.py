@@ -19,6 +19,7 @@ from flower_pfl.engine.client_step import CLIENT_STEP, LR, TrainData, train_loca
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.model_split import mean_features
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.experiment.models import DNN, MLR
@@ -143,8 +144,8 @@ def test_representation_is_the_mean_input_of_the_last_layer():
     x = torch.randn(30, 5, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     dnn = DNN(5, 3, hidden=4)
-    assert torch.allclose(fa.last_layer_input(dnn, x, batch_size=7), torch.relu(dnn.fc1(x)).mean(0), atol=1e-6)
-    assert torch.allclose(fa.last_layer_input(MLR(5, 3), x), x.mean(0), atol=1e-6)  # one layer: the input
+    assert torch.allclose(mean_features(dnn, x, batch_size=7), torch.relu(dnn.fc1(x)).mean(0), atol=1e-6)
+    assert torch.allclose(mean_features(MLR(5, 3), x), x.mean(0), atol=1e-6)  # one layer: the input
 
 
 # --- the client step -----------------------------------------------------------------------------
@@ -182,7 +183,7 @@ def test_one_step_reports_the_bias_gradient_and_the_regularizer_pulls_to_the_glo
     _, extras = _train(model, _config(), steps=1)
     z, grad = decode_flat(extras[fa.REPRESENTATION], 4), decode_flat(extras[fa.BIAS_GRADIENT], 7)
     assert torch.allclose(grad, expected, atol=1e-6)
-    assert torch.allclose(z, fa.last_layer_input(model, x), atol=1e-6)  # Z_i of the trained model
+    assert torch.allclose(z, mean_features(model, x), atol=1e-6)  # Z_i of the trained model
 
     model.load_state_dict(start)
     _, extras = _train(model, _config(2.0, torch.full((7,), 5.0)), steps=1)

@@ -44,7 +44,7 @@ def test_base_is_the_weighted_mean_and_heads_stay_with_their_clients():
 
 
 def test_a_head_without_a_base_or_a_model_without_names_is_refused():
-    with pytest.raises(ValueError, match="no base layer to share"):
+    with pytest.raises(ValueError, match="leaves no body layer"):
         _server(head_layers=2)  # both of the DNN's layers: that is Local
     server = MethodServer(FedPer(), clients_per_round=2)
     with pytest.raises(ValueError, match="parameter name"):

@@ -1,0 +1,64 @@
+"""A model as a body (its feature extractor) and a head (its trailing layers): the split the
+decoupling methods (FedPer, and methods that train or share the two apart) and the representation
+methods (FedAttn's Z_i, prototypes, contrastive losses) share, declared once.
+
+On the flat vector, the head is the model's trailing ``head_layers`` modules (found by parameter
+name, ``ParamLayout.components("module")``) and the body the leading slice before them. On the
+``nn.Module``, the head's input is the input of the model's last ``nn.Linear``: ``forward_with_features``
+returns it beside the logits (with its gradient), ``mean_features`` its mean over a data set.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flower_pfl.engine.layout import ParamLayout
+
+
+def body_slice(layout: ParamLayout, head_layers: int = 1) -> slice:
+    """The body's columns of the flat model: every module before the last ``head_layers``. Raises
+    ``ValueError`` for a model without parameter names or without a module left for the body."""
+    if not layout.named:
+        raise ValueError("the body and head are found by parameter name, and this model's have none: give the "
+                         "strategy the initial model with its parameter names (a state_dict)")
+    modules = layout.components("module")
+    if not 1 <= head_layers < len(modules):
+        raise ValueError(f"head_layers = {head_layers} leaves no body layer ({len(modules)} layers: "
+                         f"{[name for name, _ in modules]})")
+    return slice(0, modules[len(modules) - head_layers - 1][1].stop)
+
+
+def head_slice(layout: ParamLayout, head_layers: int = 1) -> slice:
+    """The head's columns of the flat model: the last ``head_layers`` modules, a trailing slice."""
+    return slice(body_slice(layout, head_layers).stop, layout.dim)
+
+
+def head_module(model: nn.Module) -> nn.Linear:
+    """The model's last ``nn.Linear``: the head whose input is the model's representation."""
+    linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linear:
+        raise ValueError(f"{type(model).__name__} has no nn.Linear layer to take as its head")
+    return linear[-1]
+
+
+def forward_with_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's logits on ``x`` and the head's input (the representation), flattened to ``(n, d)``;
+    both keep their gradients."""
+    captured: list[torch.Tensor] = []
+    handle = head_module(model).register_forward_hook(lambda _m, inputs, _out: captured.append(inputs[0]))
+    try:
+        logits = model(x)
+    finally:
+        handle.remove()
+    return logits, captured[0].flatten(1)
+
+
+@torch.no_grad()
+def mean_features(model: nn.Module, x: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
+    """The mean over ``x`` of the head's input (for a model with one layer, the input itself)."""
+    if len(x) == 0:
+        raise ValueError("no data to compute a representation from")
+    model.eval()
+    sums = [forward_with_features(model, x[start:start + batch_size])[1].sum(0) for start in range(0, len(x), batch_size)]
+    return torch.stack(sums).sum(0) / len(x)
