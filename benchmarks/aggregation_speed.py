@@ -189,7 +189,8 @@ def time_flower_fedavg(layout: ParamLayout, u: torch.Tensor, repeats: int) -> di
     """Flower's FedAvg mean as its Message-API strategy computes it (``aggregate_arrayrecords`` on
     the replies' records, arrays read from their bytes)."""
     from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
-    from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+    from client_apps.flower_internals import aggregate_arrayrecords
 
     counts = torch.randint(10, 100, (u.shape[0],), generator=torch.Generator().manual_seed(0)).tolist()
     records = [RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in named_arrays(layout, row).items()}),

@@ -33,8 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flwr.common.config import parse_config_args
-
+from client_apps.flower_internals import parse_config_args
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.tools.sweep import Cell
 from flower_pfl.tools.sweep_flwr import PROJECT, RESOURCES, FlwrRunEngine

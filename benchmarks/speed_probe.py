@@ -116,8 +116,9 @@ def query(msg: Message, context: Context) -> Message:
 def _patch_server_side() -> None:
     """Time the in-memory grid's push/pull and the Ray backend's ``process_message`` (both live in the
     simulation process that runs the ServerApp)."""
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+    from client_apps.flower_internals import in_memory_grid, ray_backend
+
+    RayBackend, InMemoryGrid = ray_backend(), in_memory_grid()
 
     for attr in ("push_messages", "pull_messages"):
         _timed_method(InMemoryGrid, attr, attr, _server)

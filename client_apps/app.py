@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import Client, NumPyClient
-from flwr.client.message_handler.message_handler import handle_legacy_message_from_msgtype
 from flwr.clientapp import ClientApp
 
 from client_apps import persisted_state
+from client_apps.flower_internals import handle_legacy_message_from_msgtype
 from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
 from client_apps.rules import RecordState
 from flower_pfl.engine.client_step import RESUMED_AFTER, SERVER_ROUND, Extras, TrainData, train_locally

@@ -17,10 +17,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.common import ndarrays_to_parameters
 from flwr.common.logger import log
 from flwr.server import ServerConfig
-from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
-from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
+from client_apps.flower_internals import in_memory_grid, start_grid
 from client_apps.persisted_state import STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.client_step import RESUMED_AFTER, RUN_KEY
 from flower_pfl.engine.method_server import MethodServer
@@ -84,7 +83,7 @@ def poll_faster(grid: Grid) -> None:
     """Let ``flwr run``'s in-memory grid look for replies every ``PULL_INTERVAL`` seconds instead of
     Flower's 0.1: a round no longer waits about 50 ms after its last reply (``benchmarks/speed.py``
     measures it). Other grids (a SuperLink's, the in-process one) are left as they are."""
-    if isinstance(grid, InMemoryGrid) and grid.pull_interval > PULL_INTERVAL:
+    if isinstance(grid, in_memory_grid()) and grid.pull_interval > PULL_INTERVAL:
         grid.pull_interval = PULL_INTERVAL
 
 

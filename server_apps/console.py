@@ -8,6 +8,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
 
+import flwr.server.strategy
+import flwr.serverapp.strategy
+
+import strategies.legacy
+import strategies.message.method_strategy
+from client_apps.flower_internals import server_compat, server_loop
 from flower_pfl.run.quiet import dropping
 
 
@@ -20,15 +26,7 @@ def _source(module: ModuleType) -> str:
 def round_loop_sources() -> tuple[str, ...]:
     """The files that narrate rounds: Flower's strategy loops and strategies (both APIs) and this
     package's strategies (``strategies.nodes``, which says when a round waits for nodes, stays)."""
-    import flwr.server.compat
-    import flwr.server.server
-    import flwr.server.strategy
-    import flwr.serverapp.strategy
-
-    import strategies.legacy
-    import strategies.message.method_strategy
-
-    return tuple(_source(m) for m in (flwr.serverapp.strategy, flwr.server.strategy, flwr.server.compat, flwr.server.server,
+    return tuple(_source(m) for m in (flwr.serverapp.strategy, flwr.server.strategy, server_compat, server_loop,
                                       strategies.legacy, strategies.message.method_strategy))
 
 

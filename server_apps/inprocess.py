@@ -15,8 +15,8 @@ from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.supercore.task_identity import TaskIdentity
 
+from client_apps.flower_internals import TaskIdentity
 from flower_pfl.experiment.config import ExperimentConfig
 
 CLIENT_APP_EXCEPTION = 1  # error code in replies of a ClientApp that raised

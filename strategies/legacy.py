@@ -25,7 +25,6 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
-from flwr.server.strategy.aggregate import weighted_loss_avg
 
 from flower_pfl.engine.client_step import LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.engine.method_server import MethodServer
@@ -312,7 +311,8 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
             return None, {}
         weighted = [(row[NUM_EXAMPLES], float(losses[cid])) for cid, row in kept_rows  # type: ignore[index]
                     if is_finite_number(losses[cid])]  # type: ignore[index]  # client ids are the proxies' cids
-        loss = weighted_loss_avg(weighted) if weighted else None
+        # Flower's sample-weighted mean (its ``weighted_loss_avg``), summed in the same order
+        loss = sum(n * value for n, value in weighted) / sum(n for n, _ in weighted) if weighted else None
         pairs = [(int(row[NUM_EXAMPLES]), {k: v for k, v in row.items() if k != NUM_EXAMPLES}) for _, row in kept_rows]
         metrics = self.personalized.legacy(pairs)
         if self.evaluate_metrics_aggregation_fn is not None:  # the app's own aggregation wins where names meet

@@ -9,7 +9,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageTy
 from flwr.common import Code, FitRes, GetPropertiesRes, Parameters, Status, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.supercore.task_identity import TaskIdentity
+
+from client_apps.flower_internals import TaskIdentity
 
 #: a small named model (MLR on 3 features, 2 classes) for strategies driven with fabricated replies
 NAMES = ("fc.weight", "fc.bias")

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import warnings
 
-import flwr.server.server
-import flwr.serverapp.strategy.strategy
+import flwr.serverapp.strategy
 import pytest
 from flwr.common.logger import FLOWER_LOGGER
 
+from client_apps.flower_internals import server_loop
 from flower_pfl.run import quiet
 from flower_pfl.run.progress import clock, eta, progress_line, summary_lines
 from flower_pfl.run.results import RunRecorder
@@ -91,17 +92,17 @@ def test_recorder_logs_a_line_per_evaluated_round_with_the_best_so_far_and_a_clo
 
 def test_round_loop_filter_drops_flowers_narration_and_keeps_warnings_errors_and_other_sources():
     drop = quiet.DropRecords(round_loop_sources())
-    loop, legacy = flwr.serverapp.strategy.strategy.__file__, flwr.server.server.__file__
+    loop, legacy = inspect.getfile(flwr.serverapp.strategy.Strategy), server_loop.__file__
     assert not drop.filter(_record(logging.INFO, loop)) and not drop.filter(_record(logging.INFO, legacy))
     assert not drop.filter(_record(logging.DEBUG, loop))
     assert drop.filter(_record(logging.WARNING, loop)) and drop.filter(_record(logging.ERROR, legacy))
     assert drop.filter(_record(logging.INFO, __file__))  # the package's own lines, and anyone else's
-    assert drop.filter(_record(logging.INFO, flwr.server.server.__file__.replace("server.py", "grid/grid.py")))
+    assert drop.filter(_record(logging.INFO, server_loop.__file__.replace("server.py", "grid/grid.py")))
 
 
 def test_quiet_round_loop_filters_flowers_logger_only_inside_the_block(flower_lines, monkeypatch):
     monkeypatch.delenv(quiet.VERBOSE_ENV, raising=False)
-    loop = flwr.serverapp.strategy.strategy.__file__
+    loop = inspect.getfile(flwr.serverapp.strategy.Strategy)
     with quiet_round_loop():
         FLOWER_LOGGER.handle(_record(logging.INFO, loop))
         FLOWER_LOGGER.handle(_record(logging.ERROR, loop, "ServerApp failed: %s", ("boom",)))
@@ -117,7 +118,7 @@ def test_verbose_keeps_the_round_loop(flower_lines, monkeypatch, enabled, env):
     else:
         monkeypatch.setenv(quiet.VERBOSE_ENV, env)
     with quiet_round_loop(enabled=enabled):
-        FLOWER_LOGGER.handle(_record(logging.INFO, flwr.serverapp.strategy.strategy.__file__))
+        FLOWER_LOGGER.handle(_record(logging.INFO, inspect.getfile(flwr.serverapp.strategy.Strategy)))
     assert flower_lines.messages == ["[ROUND 1/10]"]
 
 

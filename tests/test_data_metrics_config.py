@@ -59,7 +59,8 @@ def test_round_metrics_by_hand():
 
 def test_weighted_means_are_flowers_where_every_client_reports_every_metric():
     from flwr.app import MetricRecord, RecordDict
-    from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+
+    from client_apps.flower_internals import aggregate_metricrecords
 
     rows = [{"eval-acc": 0.9, "eval-loss": 0.3, "hist": [1.0, 2.0], "n": 5}, {"eval-acc": 0.4, "eval-loss": 1.1, "hist": [3.0, 0.0], "n": 15}]
     flower = aggregate_metricrecords([RecordDict({"m": MetricRecord(r)}) for r in rows], "n")

@@ -12,9 +12,9 @@ import time
 
 import pytest
 from deployment import LocalDeployment, _alive, _descendants
-from flwr.common.constant import HEARTBEAT_PATIENCE
 from local_runs import ROOT, flwr_command, kill_after_checkpoint, numbers
 
+from client_apps.flower_internals import HEARTBEAT_PATIENCE
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.run import tensor_files
 from flower_pfl.run.results import CHECKPOINT, MODELS, load_models

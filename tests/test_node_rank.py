@@ -322,8 +322,8 @@ def _user_apps(log: list[tuple[int, int]]) -> tuple[Any, Any]:
 def test_a_users_own_app_samples_the_same_partitions_whatever_the_node_ids(api, caplog):
     """Flower's legacy proxies (``get_properties``) and the Message API's QUERY, through Flower's own loops."""
     from flwr.server import ServerConfig
-    from flwr.server.compat import start_grid
 
+    from client_apps.flower_internals import start_grid
     from server_apps.inprocess import InProcessGrid
 
     runs = []

@@ -15,8 +15,8 @@ import fabricate as fb
 import pytest
 from conftest import ROOT
 from flwr.server import ServerConfig
-from flwr.server.compat import start_grid
 
+from client_apps.flower_internals import start_grid
 from flower_pfl.engine.reply_checks import ClientStepNotRun
 from server_apps.inprocess import InProcessGrid
 

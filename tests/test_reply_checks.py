@@ -12,11 +12,11 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Code, EvaluateRes, Status
-from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 from test_twins import NODES, OURS, SOLVER, Clients, _twins
 from test_twins import _model as twins_model
 
 import strategies.message
+from client_apps.flower_internals import unavailable_reply
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import (
     RawReply,
@@ -248,7 +248,7 @@ def test_an_error_the_superlink_makes_for_an_unreachable_node_names_that_node(ca
     sent = [Message(RecordDict({"config": ConfigRecord()}), message_type="train", dst_node_id=n) for n in (7, 8)]
     for i, msg in enumerate(sent):
         msg.metadata.__dict__["_message_id"] = f"id-{i}"
-    lost = create_message_error_unavailable_res_message(sent[0].metadata, "node_unavail")
+    lost = unavailable_reply(sent[0].metadata, "node_unavail")
     good, failed = split_replies(3, [lost], sent)
     assert lost.metadata.src_node_id == 1 and good == [] and failed == 2  # one failed, one never answered
     text = " ".join(r.getMessage() for r in caplog.records)

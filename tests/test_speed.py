@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
-from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from benchmarks import speed, speed_probe
 from client_apps.app import Node
+from client_apps.flower_internals import in_memory_grid
 from flower_pfl.experiment.config import ExperimentConfig
 from server_apps.app import PULL_INTERVAL, poll_faster
 from server_apps.inprocess import in_process_grid
@@ -32,7 +32,8 @@ def test_a_node_reuses_what_does_not_change_between_messages():
 
 
 def test_the_simulation_grid_polls_faster_and_no_other_grid_changes():
-    grid = InMemoryGrid.__new__(InMemoryGrid)
+    grid_class = in_memory_grid()
+    grid = grid_class.__new__(grid_class)
     grid.pull_interval = 0.1  # Flower's default
     poll_faster(grid)
     assert grid.pull_interval == PULL_INTERVAL < 0.1

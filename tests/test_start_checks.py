@@ -14,8 +14,8 @@ import pytest
 import torch
 from fabricate import set_task_identity
 from flwr.app import Error, Message, MetricRecord, RecordDict
-from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
+from client_apps.flower_internals import unavailable_reply
 from flower_pfl.experiment.build import check_device, load_client_data
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data.images import expected_files
@@ -165,7 +165,7 @@ def fails(reason: str):
 
 def unavailable(msg: Message) -> Message:
     """The error the SuperLink itself answers for a node that went away (from node 1, the SuperLink)."""
-    return create_message_error_unavailable_res_message(msg.metadata, "node_unavail")
+    return unavailable_reply(msg.metadata, "node_unavail")
 
 
 def warnings(caplog) -> list[str]:
