@@ -48,12 +48,9 @@ import torch
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.wire import encode_vector
 from flower_pfl.methods.attention import fedamp_weights
-from flower_pfl.methods.fedattn import BIAS_GRADIENT, REPRESENTATION
 from flower_pfl.methods.igfl import ATTENTION_MODES
 from flower_pfl.methods.registry import method_classes
-from flower_pfl.methods.scaffold import CONTROL_DELTA
 
 #: ``(m, d)``: participants x parameters
 SIZES: dict[str, list[tuple[int, int]]] = {
@@ -134,18 +131,6 @@ def configurations(m: int) -> list[tuple[str, type, dict[str, Any]]]:
     return out
 
 
-def _extra_size(key: str, method: Any) -> int:
-    """How many float32 values a client step returns under reply key ``key``."""
-    sizes: dict[str, Callable[[], int]] = {
-        CONTROL_DELTA: lambda: method.layout.dim,
-        REPRESENTATION: lambda: method.d_z,
-        BIAS_GRADIENT: lambda: int(method.mask.sum()),
-    }
-    if key not in sizes:
-        raise KeyError(f"{type(method).__name__}'s client step returns '{key}': add its size to _extra_size")
-    return sizes[key]()
-
-
 def fabricated_replies(server: MethodServer, ids: Sequence[int], u: torch.Tensor, seed: int = 0) -> list[Reply]:
     """One accepted reply per participant: row ``i`` of ``u`` as its model, a sample count, and what
     the method's client step returns (random, checked by the method's ``check_extras``)."""
@@ -154,8 +139,7 @@ def fabricated_replies(server: MethodServer, ids: Sequence[int], u: torch.Tensor
     counts = torch.randint(10, 100, (len(ids),), generator=g).tolist()
     replies = []
     for i, cid in enumerate(ids):
-        raw = {key: encode_vector(0.01 * torch.randn(_extra_size(key, method), generator=g)) for key in method.client.reply_keys}
-        replies.append(Reply(cid, u[i].clone(), counts[i], {"train-loss": 0.5}, method.check_extras(raw)))
+        replies.append(Reply(cid, u[i].clone(), counts[i], {"train-loss": 0.5}, method.check_extras(method.example_extras(g))))
     return replies
 
 

@@ -66,7 +66,10 @@ def source(api: str, generic_module: str, generic: str, options: str) -> str:
     lines += ["from typing import Unpack", ""]
     if "ServerStep" in annotations:
         lines += ["from flower_pfl.engine.server_step import ServerStep"]
-    lines += [f"from flower_pfl.methods import {', '.join(modules)}", f"from {generic_module} import {', '.join(sorted([generic, options]))}"]
+    methods = f"from flower_pfl.methods import {', '.join(modules)}"
+    if len(methods) > 140:  # as ruff's import sorting wraps a long import
+        methods = "from flower_pfl.methods import (\n" + "".join(f"    {m},\n" for m in modules) + ")"
+    lines += [methods, f"from {generic_module} import {', '.join(sorted([generic, options]))}"]
     lines += ["", "__all__ = [" + ", ".join(f'"{c.strategy}"' for c in classes) + "]"]
     for cls in classes:
         lines += class_source(cls, generic, options)

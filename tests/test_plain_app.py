@@ -27,11 +27,12 @@ from plain_app.client_app import app as client_app
 NODES, ROUNDS = 6, 6
 CONFIG = {"num-rounds": ROUNDS, "fraction-train": 0.5, "lr": 0.1, "local-steps": 10}
 #: the README's table, column "if the client ignores it": nothing to ignore, a warning, or a failure
-PLAIN = ["FedACS", "Local", "FedPer"]
-WARNS = ["FedMCSA", "FedAMP", "HeurFedAMP", "IGFL", "PFedMe", "Ditto", "APFL", "PerFedAvg"]
-FAILS = ["SCAFFOLD", "FedAttn"]
+PLAIN = ["FedACS", "Local", "FedPer", "LGFedAvg", "FedBN", "PFedHN", "CFL"]
+WARNS = ["FedMCSA", "FedAMP", "HeurFedAMP", "IGFL", "PFedMe", "Ditto", "APFL", "PerFedAvg", "FedRep", "FedBABU", "FedRoD",
+         "FedDyn", "MOON", "APPLE", "FedALA", "KNNPer"]
+FAILS = ["SCAFFOLD", "FedAttn", "FedProto", "FedFomo", "IFCA"]
 #: methods whose personalization lives in the server's store: with a plain client they still personalize
-SERVER_PERSONALIZED = ["FedACS", "Local", "FedPer", "FedMCSA", "FedAMP", "HeurFedAMP"]
+SERVER_PERSONALIZED = ["FedACS", "Local", "FedPer", "FedMCSA", "FedAMP", "HeurFedAMP", "LGFedAvg", "FedRep"]
 
 
 def _run(api: str, strategy: str, args: dict) -> dict[int, dict[str, float]]:

@@ -9,11 +9,14 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import strategies
 import strategies.message
 from flower_pfl.engine.client_step import ClientStep, Proximal
+from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.params import param_specs
+from flower_pfl.experiment.models import DNN
 from flower_pfl.methods.registry import client_step_for, client_steps, entries, method_classes, method_table, methods
 from strategies.codegen import sources
 
@@ -82,3 +85,13 @@ def test_per_method_strategy_classes_are_current():
     """``strategies/methods.py`` and ``strategies/message/methods.py`` are what the method declarations make."""
     for path, text in sources().items():
         assert path.read_text() == text, f"{path} is stale: run `python strategies/codegen.py`"
+
+
+@pytest.mark.parametrize("method", [m for m in method_classes() if m.client.reply_keys], ids=lambda m: m.name)
+def test_a_methods_example_extras_are_what_its_client_returns_and_pass_its_checks(method):
+    """``example_extras`` (what benchmarks fabricate replies with) holds the client step's reply keys, valid for ``check_extras``."""
+    server = MethodServer(method(), clients_per_round=2)
+    server.initialize({k: v.numpy() for k, v in DNN(6, 3, hidden=4).state_dict().items()})
+    example = server.method.example_extras(torch.Generator().manual_seed(0))
+    assert set(example) == set(method.client.reply_keys)
+    server.method.check_extras(example)

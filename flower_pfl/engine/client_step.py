@@ -191,6 +191,12 @@ class ClientStep:
         return {}
 
     # --- the package's loop --------------------------------------------------------------------
+    def begin(self, model: nn.Module, data: TrainData) -> TrainData:
+        """Called by ``train_locally`` with the received model and the client's training split before the
+        round's steps; returns the data the steps draw from. A step that needs the whole split (its class
+        counts, a held-out part, a choice among models) does it here; a user's own loop does not call it."""
+        return data
+
     def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
         """One step of ``train_locally``: exactly a user's loop iteration with plain SGD. Returns the
         step's training loss (data term only)."""
@@ -262,14 +268,15 @@ class Proximal(ClientStep):
 def train_locally(step: ClientStep, model: nn.Module, data: TrainData, *, steps: int, lr: float, batch_size: int,
                   generator: torch.Generator) -> tuple[LocalResult, Extras]:
     """The one local-training loop: ``steps`` fresh minibatches through ``step.train_step``, then
-    ``step.finish``. Returns the mean training loss and what the server needs back."""
+    ``step.finish``, after ``step.begin``. Returns the mean training loss and what the server needs back."""
+    model.train()
+    data = step.begin(model, data)
     stream = MinibatchStream(len(data.y), batch_size, generator)
 
     def next_batch() -> Batch:
         idx = stream.next()
         return data.x[idx], data.y[idx]
 
-    model.train()
     total = sum(step.train_step(model, next_batch, lr) for _ in range(steps))
     extras = step.finish(model, data.x)
     return LocalResult(loss=total / max(steps, 1), steps=steps), extras

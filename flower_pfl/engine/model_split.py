@@ -10,9 +10,12 @@ returns it beside the logits (with its gradient), ``mean_features`` its mean ove
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
+from flower_pfl.engine.client_step import trainable
 from flower_pfl.engine.layout import ParamLayout
 
 
@@ -32,6 +35,23 @@ def body_slice(layout: ParamLayout, head_layers: int = 1) -> slice:
 def head_slice(layout: ParamLayout, head_layers: int = 1) -> slice:
     """The head's columns of the flat model: the last ``head_layers`` modules, a trailing slice."""
     return slice(body_slice(layout, head_layers).stop, layout.dim)
+
+
+def head_flags(model: nn.Module, head_layers: int) -> list[bool]:
+    """For each trainable parameter of ``model``, whether it is in the head: the trailing
+    ``head_layers`` modules, found as the server finds them (``head_slice``)."""
+    layout = ParamLayout.from_module(model)
+    start = head_slice(layout, head_layers).start
+    in_head = {name for name, columns in zip(layout.names, layout.tensor_slices()) if columns.start >= start}
+    return [name in in_head for name, p in model.named_parameters() if p.requires_grad]
+
+
+def drop_gradients(model: nn.Module, frozen: Sequence[bool]) -> None:
+    """Freeze the parameters flagged in ``frozen`` for this step: their gradient becomes ``None``, which
+    plain SGD and ``torch.optim`` optimizers skip (no step, no weight decay, no momentum update)."""
+    for p, off in zip(trainable(model), frozen):
+        if off:
+            p.grad = None
 
 
 def head_module(model: nn.Module) -> nn.Linear:

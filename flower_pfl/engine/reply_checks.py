@@ -31,6 +31,10 @@ MAX_MEDIAN_RATIO = 100.0
 MAX_WEIGHT_RATIO = 1000.0
 
 
+#: the largest integer every smaller one of which float32 holds exactly (integer arrays are taken up to it)
+EXACT_INTEGERS = 2**24
+
+
 class UpdateRejected(ValueError):
     """A client reply that cannot be used; the message says why (naming the field)."""
 
@@ -106,23 +110,28 @@ def check_num_examples(value: Any, name: str = "num-examples") -> int:
 def check_update(layout: ParamLayout, arrays: Sequence[np.ndarray], names: Sequence[str] | None = None) -> torch.Tensor:
     """Returned arrays as a flat vector, or ``UpdateRejected`` with the reason.
 
-    Rejected: other parameter names or count, other shapes, a dtype other than float32, NaN
-    or Inf anywhere. ``names=None`` (the legacy API sends none): the layout's order.
+    Rejected: other parameter names or count, other shapes, a dtype other than float32 (or
+    integers that float32 holds exactly, such as a batch-norm layer's batch counter), NaN or Inf
+    anywhere. ``names=None`` (the legacy API sends none): the layout's order.
     """
     if names is not None and tuple(names) != layout.names:
         raise UpdateRejected(f"the arrays' names {list(names)} differ from the model's {list(layout.names)}")
     if len(arrays) != len(layout.shapes):
         raise UpdateRejected(f"expected {len(layout.shapes)} arrays, got {len(arrays)}")
+    checked = []
     for name, arr, shape in zip(layout.names, arrays, layout.shapes):
         if not isinstance(arr, np.ndarray):
             raise UpdateRejected(f"'{name}' is a {type(arr).__name__}, not an array")
         if tuple(arr.shape) != shape:
             raise UpdateRejected(f"'{name}' has shape {tuple(arr.shape)}, expected {shape}")
-        if arr.dtype != np.float32:
+        if arr.dtype.kind in "iu" and (arr.size == 0 or int(np.abs(arr).max()) <= EXACT_INTEGERS):
+            arr = arr.astype(np.float32)
+        elif arr.dtype != np.float32:
             raise UpdateRejected(f"'{name}' has dtype {arr.dtype}, expected float32")
         if not np.isfinite(arr).all():
             raise UpdateRejected(f"'{name}' contains NaN or Inf")
-    return layout.flatten(arrays)
+        checked.append(arr)
+    return layout.flatten(checked)
 
 
 def decoded(what: str, convert: Callable[[], Any]) -> Any:

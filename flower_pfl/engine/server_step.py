@@ -106,6 +106,11 @@ class ServerStep:
         """Validate what a client returned besides its model; raise ``ValueError`` to reject the reply."""
         return None
 
+    def example_extras(self, generator: torch.Generator) -> dict[str, bytes]:
+        """What an honest client of this method returns besides its model, made up (random, valid for
+        ``check_extras``): benchmarks and tests fabricate replies with it. None by default."""
+        return {}
+
     def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
         """What the reply changed, for ``ReplyBounds``: field -> (norm of the change, norm of its
         reference). The model's change against the model the client was sent; methods whose

@@ -264,6 +264,10 @@ class FedAttn(Method, GlobalModelStep):
                 raise ValueError(f"'{key}' holds NaN or Inf")
         return z, grad
 
+    def example_extras(self, generator: torch.Generator) -> dict[str, bytes]:
+        return {REPRESENTATION: encode_vector(0.01 * torch.randn(self.d_z, generator=generator)),
+                BIAS_GRADIENT: encode_vector(0.01 * torch.randn(int(self.mask.sum()), generator=generator))}
+
     def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
         """The model's change, and ``Z_i`` and the bias gradient against the round's median."""
         z, grad = reply.extras

@@ -97,6 +97,9 @@ class SCAFFOLD(Method, GlobalModelStep):
             raise ValueError(f"'{CONTROL_DELTA}' holds NaN or Inf")
         return delta
 
+    def example_extras(self, generator: torch.Generator) -> dict[str, bytes]:
+        return {CONTROL_DELTA: encode_vector(0.01 * torch.randn(self.layout.dim, generator=generator))}
+
     def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
         """The model's change, and ``Δc_i`` against the round's median."""
         return {**super().update_norms(reply, sent), CONTROL_DELTA: (norm(reply.extras), 0.0)}

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flower_pfl.engine.extras import require
+
 if TYPE_CHECKING:
     from flower_pfl.experiment.config import ExperimentConfig
 
@@ -223,6 +225,7 @@ def legend_handles(diagonal: str, missing: str | None = None, separators: bool =
 
 
 def _pyplot() -> tuple[Any, Any]:
+    require("matplotlib", why="figures")
     import matplotlib
 
     matplotlib.use("Agg")

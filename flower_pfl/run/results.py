@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.reports.figures import client_accuracies, plot_learning_curve
 from flower_pfl.run.progress import no_accuracy_line, progress_line, summary_lines
 from flower_pfl.run.summary import summarize_run
@@ -117,7 +118,10 @@ class RunRecorder:
         if self.evaluations:
             clients = self.out_dir / CLIENTS
             per_client = client_accuracies(map(json.loads, _complete_lines(clients))) if clients.exists() else None
-            plot_learning_curve(self.evaluations, self.out_dir / CURVE, title, per_client)
+            try:
+                plot_learning_curve(self.evaluations, self.out_dir / CURVE, title, per_client)
+            except MissingExtra as err:  # the figures are optional: the results are complete without them
+                self._log(f"flower-pfl: {CURVE} not drawn: {err}")
         self._report(summary)
         return summary
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from flower_pfl.engine.extras import require
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.methods import registry
 from flower_pfl.run.results import CONFIG, MEAN, METRICS, SUMMARY
@@ -244,6 +245,7 @@ def seed_band(runs: Sequence[Run]) -> tuple[list[int], np.ndarray, np.ndarray, n
 
 def plot(rows: Sequence[Row], path: Path) -> bool:
     """Overlaid learning curves, one panel per setting; False (nothing written) without any curve."""
+    require("matplotlib", why="the comparison's curves")
     import matplotlib
 
     matplotlib.use("Agg")

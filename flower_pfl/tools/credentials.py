@@ -25,10 +25,14 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from flower_pfl.engine.extras import require
+
+require("cryptography", why="TLS certificates and SuperNode keys")
+
+from cryptography import x509  # noqa: E402  (after the check above)
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec, rsa  # noqa: E402
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
 
 PRIVATE_MODE, PUBLIC_MODE = 0o600, 0o644
 

@@ -67,6 +67,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from flower_pfl.engine.extras import require
 from flower_pfl.experiment.config import ConfigError
 from flower_pfl.run.results import SUMMARY
 from flower_pfl.tools import compare
@@ -124,6 +125,7 @@ class Progress:
     """A progress bar over the whole sweep (cells done / total, ETA)."""
 
     def __init__(self, total: int, done: int, name: str) -> None:
+        require("tqdm", why="the sweep's progress bar")
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, initial=done, desc=name, unit="run", file=sys.stderr, dynamic_ncols=True)

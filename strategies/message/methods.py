@@ -7,10 +7,38 @@ from __future__ import annotations
 from typing import Unpack
 
 from flower_pfl.engine.server_step import ServerStep
-from flower_pfl.methods import apfl, ditto, fedacs, fedamp, fedattn, fedmcsa, fedper, igfl, local, per_fedavg, pfedme, scaffold
+from flower_pfl.methods import (
+    apfl,
+    apple,
+    cfl,
+    ditto,
+    fedacs,
+    fedala,
+    fedamp,
+    fedattn,
+    fedbabu,
+    fedbn,
+    feddyn,
+    fedfomo,
+    fedmcsa,
+    fedper,
+    fedproto,
+    fedrep,
+    fedrod,
+    ifca,
+    igfl,
+    knnper,
+    lgfedavg,
+    local,
+    moon,
+    per_fedavg,
+    pfedhn,
+    pfedme,
+    scaffold,
+)
 from strategies.message.method_strategy import MessageOptions, MethodStrategy
 
-__all__ = ["FedACS", "FedAttn", "FedMCSA", "IGFL", "APFL", "Ditto", "FedAMP", "FedPer", "HeurFedAMP", "Local", "PerFedAvg", "PFedMe", "SCAFFOLD"]
+__all__ = ["FedACS", "FedAttn", "FedMCSA", "IGFL", "APFL", "APPLE", "CFL", "Ditto", "FedALA", "FedAMP", "FedBABU", "FedBN", "FedDyn", "FedFomo", "FedPer", "FedProto", "FedRep", "FedRoD", "HeurFedAMP", "IFCA", "KNNPer", "LGFedAvg", "Local", "MOON", "PerFedAvg", "PFedHN", "PFedMe", "SCAFFOLD"]
 
 
 class FedACS(MethodStrategy):
@@ -58,11 +86,39 @@ class APFL(MethodStrategy):
         super().__init__(apfl.APFL(alpha_init=alpha_init, alpha_lr=alpha_lr), **options)
 
 
+class APPLE(MethodStrategy):
+    method_class = apple.APPLE
+
+    def __init__(self, *, p_lr: float = 0.001, mu: float = 0.1, schedule_rounds: int = 16, schedule: str = 'cosine',
+                          downloads: int = 0, **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        method = apple.APPLE(p_lr=p_lr, mu=mu, schedule_rounds=schedule_rounds, schedule=schedule, downloads=downloads)
+        super().__init__(method, **options)
+
+
+class CFL(MethodStrategy):
+    method_class = cfl.CFL
+
+    def __init__(self, *, eps1: float = 0.2, eps2: float = 0.3, gamma_max: float = 0.0,
+                          **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        super().__init__(cfl.CFL(eps1=eps1, eps2=eps2, gamma_max=gamma_max), **options)
+
+
 class Ditto(MethodStrategy):
     method_class = ditto.Ditto
 
     def __init__(self, *, lam: float = 1.0, **options: Unpack[MessageOptions]) -> None:
         super().__init__(ditto.Ditto(lam=lam), **options)
+
+
+class FedALA(MethodStrategy):
+    method_class = fedala.FedALA
+
+    def __init__(self, *, eta: float = 1.0, rand_percent: float = 80.0, layers: int = 1,
+                          **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        super().__init__(fedala.FedALA(eta=eta, rand_percent=rand_percent, layers=layers), **options)
 
 
 class FedAMP(MethodStrategy):
@@ -75,12 +131,73 @@ class FedAMP(MethodStrategy):
         super().__init__(method, **options)
 
 
+class FedBABU(MethodStrategy):
+    method_class = fedbabu.FedBABU
+
+    def __init__(self, *, head_layers: int = 1, finetune_steps: int = 20, finetune_lr: float = 0.02,
+                          finetune_batch_size: int = 20, finetune_part: str = 'head',
+                          **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        method = fedbabu.FedBABU(head_layers=head_layers, finetune_steps=finetune_steps, finetune_lr=finetune_lr,
+                                 finetune_batch_size=finetune_batch_size, finetune_part=finetune_part)
+        super().__init__(method, **options)
+
+
+class FedBN(MethodStrategy):
+    method_class = fedbn.FedBN
+
+    def __init__(self, *, weighted: bool = False, **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        super().__init__(fedbn.FedBN(weighted=weighted), **options)
+
+
+class FedDyn(MethodStrategy):
+    method_class = feddyn.FedDyn
+
+    def __init__(self, *, alpha: float = 0.01, **options: Unpack[MessageOptions]) -> None:
+        super().__init__(feddyn.FedDyn(alpha=alpha), **options)
+
+
+class FedFomo(MethodStrategy):
+    method_class = fedfomo.FedFomo
+
+    def __init__(self, *, models: int = 5, epsilon: float = 0.3, epsilon_decay: float = 0.05, val_fraction: float = 0.2,
+                          **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        method = fedfomo.FedFomo(models=models, epsilon=epsilon, epsilon_decay=epsilon_decay, val_fraction=val_fraction)
+        super().__init__(method, **options)
+
+
 class FedPer(MethodStrategy):
     method_class = fedper.FedPer
 
     def __init__(self, *, head_layers: int = 1, **options: Unpack[MessageOptions]) -> None:
         options.setdefault("clients_per_round", 10)
         super().__init__(fedper.FedPer(head_layers=head_layers), **options)
+
+
+class FedProto(MethodStrategy):
+    method_class = fedproto.FedProto
+
+    def __init__(self, *, lam: float = 1.0, **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        super().__init__(fedproto.FedProto(lam=lam), **options)
+
+
+class FedRep(MethodStrategy):
+    method_class = fedrep.FedRep
+
+    def __init__(self, *, head_layers: int = 1, body_steps: int = 1, **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        super().__init__(fedrep.FedRep(head_layers=head_layers, body_steps=body_steps), **options)
+
+
+class FedRoD(MethodStrategy):
+    method_class = fedrod.FedRoD
+
+    def __init__(self, *, balanced: bool = True, **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        super().__init__(fedrod.FedRoD(balanced=balanced), **options)
 
 
 class HeurFedAMP(MethodStrategy):
@@ -94,6 +211,30 @@ class HeurFedAMP(MethodStrategy):
         super().__init__(method, **options)
 
 
+class IFCA(MethodStrategy):
+    method_class = ifca.IFCA
+
+    def __init__(self, *, num_clusters: int = 2, weighted: bool = False, **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        super().__init__(ifca.IFCA(num_clusters=num_clusters, weighted=weighted), **options)
+
+
+class KNNPer(MethodStrategy):
+    method_class = knnper.KNNPer
+
+    def __init__(self, *, k: int = 10, lam: float = 0.5, scale: float = 1.0, **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        super().__init__(knnper.KNNPer(k=k, lam=lam, scale=scale), **options)
+
+
+class LGFedAvg(MethodStrategy):
+    method_class = lgfedavg.LGFedAvg
+
+    def __init__(self, *, head_layers: int = 1, **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        super().__init__(lgfedavg.LGFedAvg(head_layers=head_layers), **options)
+
+
 class Local(MethodStrategy):
     method_class = local.Local
 
@@ -102,11 +243,30 @@ class Local(MethodStrategy):
         super().__init__(local.Local(all_clients_train=all_clients_train), **options)
 
 
+class MOON(MethodStrategy):
+    method_class = moon.MOON
+
+    def __init__(self, *, mu: float = 1.0, tau: float = 0.5, **options: Unpack[MessageOptions]) -> None:
+        super().__init__(moon.MOON(mu=mu, tau=tau), **options)
+
+
 class PerFedAvg(MethodStrategy):
     method_class = per_fedavg.PerFedAvg
 
     def __init__(self, *, alpha: float = 0.01, **options: Unpack[MessageOptions]) -> None:
         super().__init__(per_fedavg.PerFedAvg(alpha=alpha), **options)
+
+
+class PFedHN(MethodStrategy):
+    method_class = pfedhn.PFedHN
+
+    def __init__(self, *, embed_dim: int = 16, hidden: int = 100, hidden_layers: int = 3, hn_lr: float = 0.01,
+                          embed_lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.001,
+                          clip: float = 50.0, **options: Unpack[MessageOptions]) -> None:
+        options.setdefault("clients_per_round", 10)
+        method = pfedhn.PFedHN(embed_dim=embed_dim, hidden=hidden, hidden_layers=hidden_layers, hn_lr=hn_lr,
+                               embed_lr=embed_lr, momentum=momentum, weight_decay=weight_decay, clip=clip)
+        super().__init__(method, **options)
 
 
 class PFedMe(MethodStrategy):

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from flower_pfl.engine.extras import require
+
 #: name -> (default hub id, image column, label column)
 HUB: dict[str, tuple[str, str, str]] = {
     "fmnist": ("zalando-datasets/fashion_mnist", "image", "label"),
@@ -26,6 +28,7 @@ WRITER = "writer_id"
 @lru_cache(maxsize=2)
 def federated_dataset(name: str, source: str, scheme: str, num_partitions: int, options: tuple[tuple[str, Any], ...], seed: int) -> Any:
     """A ``FederatedDataset`` whose ``train`` split is partitioned by ``scheme`` (``natural``: by writer)."""
+    require("flwr_datasets", "datasets", why="data-source = 'flwr-datasets'")
     from flwr_datasets import FederatedDataset
     from flwr_datasets.partitioner import NaturalIdPartitioner
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flower_pfl.engine.extras import require
+
 #: name -> (input shape, number of classes); EMNIST's classes depend on its split
 IMAGE_SHAPES: dict[str, tuple[int, int, int]] = {
     "fmnist": (1, 28, 28), "emnist": (1, 28, 28), "cifar10": (3, 32, 32), "femnist": (1, 28, 28),
@@ -42,6 +44,7 @@ def load_image_pool(name: str, root: str | Path, download: bool = False, emnist_
     ``root`` holds torchvision's layout (``FashionMNIST/raw/*-ubyte``, ``EMNIST/raw/emnist-<split>-*-ubyte``,
     ``cifar-10-batches-py/``). Missing files raise ``FileNotFoundError`` saying where they were looked for.
     """
+    require("torchvision", why=f"dataset = {name!r}")
     from torchvision import datasets
 
     def part(train: bool):  # one torchvision data set object

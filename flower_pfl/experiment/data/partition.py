@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from flower_pfl.engine.extras import require
+
 SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological", "shards")
 MIN_DIRICHLET_SIZE = 10
 
@@ -30,6 +32,7 @@ MIN_DIRICHLET_SIZE = 10
 def make_partitioner(scheme: str, num_partitions: int, *, label: str = "label", alpha: float = 0.5,
                      classes_per_client: int = 2, shards_per_client: int = 2, seed: int = 0) -> Any:
     """The Flower Datasets partitioner for ``scheme`` (partitioning by column ``label``)."""
+    require("flwr_datasets", why=f"partition = {scheme!r}")
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner, ShardPartitioner
 
     if num_partitions < 1:
@@ -70,6 +73,7 @@ def partition_indices(labels: np.ndarray, num_partitions: int, scheme: str, *, s
     ``options``: ``alpha``, ``classes_per_client``, ``shards_per_client`` (see ``make_partitioner``);
     ``paired``: clients come in twins that share one partition of the scheme.
     """
+    require("flwr_datasets", "datasets", why=f"partition = {scheme!r}")
     from datasets import Dataset
 
     if paired:

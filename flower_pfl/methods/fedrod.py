@@ -1,0 +1,146 @@
+"""FedRoD (Chen & Chao 2022): a generic model trained with a balanced loss, and a personal head on top."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
+from flower_pfl.engine.client_step import (
+    Batch,
+    ClientState,
+    ClientStep,
+    LossFn,
+    TrainData,
+    keep,
+    sgd_update,
+    stored,
+    trainable,
+)
+from flower_pfl.engine.model_split import forward_with_features, head_module
+from flower_pfl.engine.params import Rule, param
+from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.methods.base import Method
+
+#: config keys: run FedRoD's client step (training and evaluation); train the generic model with the balanced softmax
+FEDROD, BALANCED = "fedrod", "fedrod-balanced"
+#: client-state key of the personal head (weight, bias)
+PERSONAL_HEAD = "fedrod-personal-head"
+
+
+def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Balanced softmax (Ren et al. 2020): cross-entropy of ``logits + log n_c``, ``n_c`` the client's
+    count of class c. A class the client has not seen (``n_c = 0``) leaves the softmax."""
+    return F.cross_entropy(logits + counts.to(logits.dtype).log(), y)
+
+
+def personal_head(model: nn.Module, state: ClientState | None) -> nn.Linear:
+    """The client's personal head: the one kept in ``state``, else zeros (the personalized model
+    then predicts as the generic one), shaped and placed as the model's last ``nn.Linear``."""
+    generic = head_module(model)
+    head = nn.Linear(generic.in_features, generic.out_features, bias=generic.bias is not None)
+    head.to(device=generic.weight.device, dtype=generic.weight.dtype)
+    known = stored(state, PERSONAL_HEAD)
+    with torch.no_grad():
+        for p, value in zip(head.parameters(), known or [torch.zeros_like(p) for p in head.parameters()]):
+            p.copy_(value.to(p.device).view_as(p))
+    return head
+
+
+class Personalized(nn.Module):
+    """FedRoD's personalized predictor: the generic model's logits plus the personal head's on the
+    same representation (the input of the model's last ``nn.Linear``)."""
+
+    def __init__(self, generic: nn.Module, head: nn.Linear) -> None:
+        super().__init__()
+        self.generic, self.head = generic, head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits, features = forward_with_features(self.generic, x)
+        return logits + self.head(features)
+
+
+class FedRoDStep(ClientStep):
+    """FedRoD's client, per minibatch: one SGD step of the generic model (body and generic head) on the
+    balanced softmax (with the class counts of the client's training split, ``begin``) or cross-entropy,
+    and one of the personal head on the cross-entropy of ``generic logits + personal logits``, both
+    logits from the same forward pass and the personal loss reaching neither the body nor the generic
+    head. Keeps the personal head in the client state; evaluates the personalized predictor and
+    reports the generic model's accuracy as ``global-accuracy``."""
+
+    key = evaluation_key = FEDROD
+    needs_state = keeps_state = True
+    hookable = False
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        self.balanced = bool(config.get(BALANCED, True))
+        self.head = personal_head(model, state)
+        self.counts = torch.ones(head_module(model).out_features, dtype=torch.int64)  # until ``begin`` gives the split's
+
+    def begin(self, model: nn.Module, data: TrainData) -> TrainData:
+        self.counts = torch.bincount(data.y, minlength=len(self.counts)).to(data.y.device)
+        return data
+
+    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
+        x, y = next_batch()
+        for p in trainable(model):
+            p.grad = None
+        logits, features = forward_with_features(model, x)
+        loss = balanced_softmax_loss(logits, y, self.counts) if self.balanced else self.loss_fn(logits, y)
+        loss.backward()
+        self.adjust_gradients(model, (x, y))
+        sgd_update(model, lr)
+        personal = self.loss_fn(logits.detach() + self.head(features.detach()), y)
+        grads = torch.autograd.grad(personal, list(self.head.parameters()))
+        with torch.no_grad():
+            for p, g in zip(self.head.parameters(), grads):
+                p.sub_(lr * g)
+        return float(loss.detach())
+
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        keep(self.state, PERSONAL_HEAD, self.head.parameters())
+        return {}
+
+    @classmethod
+    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
+                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
+        return Personalized(model, personal_head(model, state)), {GLOBAL_ACCURACY: test(model).accuracy}
+
+
+@dataclass
+class FedRoD(Method, GlobalModelStep):
+    """FedRoD (Chen & Chao 2022): a generic model (body and generic head) trained by FedAvg on a
+    class-balanced loss, and on every client a personal head whose logits add to the generic ones.
+
+    Generic predictor (the balanced risk): clients minimise the balanced softmax
+    ``−log(n_y e^{g_y} / Σ_c n_c e^{g_c})`` of the generic logits g, n_c the client's class counts;
+    the server averages the models weighted by samples (FedAvg). Personalized predictor: ``g(z) + p_i(z)``
+    on the same representation z, the personal head p_i trained on the client's cross-entropy with
+    z and g held fixed (a lightweight module on top of the generic predictor), kept in the client
+    state, zero before the client first trains (PFLlib and FL-bench start it as a copy of the
+    generic head; FL-bench also predicts with p_i alone and lets its loss train the body). The
+    counts n_c are those of the client's training split, as in the paper.
+    """
+
+    name = "fedrod"
+    strategy = "FedRoD"
+    client = FedRoDStep
+    group = "baseline"
+    default_clients_per_round = 10
+    without_client_step = "runs as FedAvg: no balanced loss and no personal head; clients evaluate the global model"
+
+    balanced: bool = param(True, key="fedrod-balanced", must=Rule(lambda v: isinstance(v, bool), "true or false"),
+                           doc="train the generic model with the balanced softmax (false: plain cross-entropy)")
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {FEDROD: True, BALANCED: self.balanced}
+
+    def evaluation_config(self) -> Settings:
+        return {FEDROD: True}

@@ -1,0 +1,119 @@
+"""MOON (Li, He, Song 2021): model-contrastive federated learning."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, keep, load_stored, setting, trainable
+from flower_pfl.engine.layout import flatten_module
+from flower_pfl.engine.model_split import forward_with_features
+from flower_pfl.engine.params import NON_NEGATIVE, POSITIVE, param
+from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.methods.base import Method
+
+#: config keys: MOON's weight μ (its presence makes the client run MOON's step) and temperature τ
+MU, TAU = "moon-mu", "moon-tau"
+#: client-state key of the client's previous local model w_i^{t−1} (flat, buffers included)
+PREVIOUS_STATE = "moon-previous"
+
+
+def contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.Tensor, tau: float) -> torch.Tensor:
+    """The model-contrastive loss, averaged over the batch:
+    ``−log( e^{sim(z, z_glob)/τ} / (e^{sim(z, z_glob)/τ} + e^{sim(z, z_prev)/τ}) )`` with cosine ``sim``."""
+    logits = torch.stack([F.cosine_similarity(z, z_global, dim=1), F.cosine_similarity(z, z_previous, dim=1)], dim=1) / tau
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+
+
+def representation_gradient(model: nn.Module, x: torch.Tensor, loss_of: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+    """The gradient of ``loss_of(z)`` with respect to the model's trainable parameters, ``z`` the
+    model's representation of ``x`` (``forward_with_features``) in its current mode. The model's
+    buffers (batch-norm running statistics) are left as they were: this forward pass is an extra
+    one beside the loop's own, and must not update them a second time. Gradients are on even inside
+    ``adjust_gradients``' ``torch.no_grad()``."""
+    buffers = [b.detach().clone() for b in model.buffers()]
+    params = trainable(model)
+    with torch.enable_grad():
+        _, z = forward_with_features(model, x)
+        grads = torch.autograd.grad(loss_of(z), params, allow_unused=True)
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+@torch.no_grad()
+def frozen_features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The representation of ``x`` by a model that is not trained (evaluation mode, no gradient)."""
+    model.eval()
+    return forward_with_features(model, x)[1]
+
+
+def needs_batch(batch: Batch | None, who: str) -> Batch:
+    if batch is None:
+        raise ValueError(f"{who}'s client step works on the minibatch: call step.adjust_gradients(model, (x, y))")
+    return batch
+
+
+class MoonStep(ClientStep):
+    """MOON's client: per minibatch, the gradient of ``μ ℓ_con`` is added to the loop's ``ℓ_sup``
+    gradient, ``z`` from the model being trained, ``z_glob`` from the received global model and
+    ``z_prev`` from the client's previous local model (client state; the received model before its
+    first round, where ``ℓ_con = log 2`` has no gradient). ``finish`` keeps the trained model as the
+    next previous one."""
+
+    key = MU
+    needs_state = keeps_state = True
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        self.mu, self.tau = float(setting(config, MU, "MOON")), float(setting(config, TAU, "MOON"))
+        if not (self.mu >= 0 and self.tau > 0):
+            raise ValueError(f"MOON needs mu >= 0 and tau > 0, got mu = {self.mu}, tau = {self.tau}")
+        self.global_model = copy.deepcopy(model)
+        self.previous = copy.deepcopy(model)
+        load_stored(self.previous, state, PREVIOUS_STATE)
+
+    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+        x = needs_batch(batch, "MOON")[0]
+        z_global, z_previous = frozen_features(self.global_model, x), frozen_features(self.previous, x)
+        grads = representation_gradient(model, x, lambda z: contrastive_loss(z, z_global, z_previous, self.tau))
+        return [self.mu * g for g in grads]
+
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        keep(self.state, PREVIOUS_STATE, [flatten_module(model)])
+        return {}
+
+
+@dataclass
+class MOON(Method, GlobalModelStep):
+    """MOON (Li, He, Song 2021): FedAvg whose clients add a model-contrastive loss pulling their
+    representation toward the global model's and away from their previous local model's.
+
+    Client (Sec. 3.3, Algorithm 1): ``ℓ = ℓ_sup(w; (x, y)) + μ ℓ_con(w; w_i^{t−1}; w^t; x)`` with
+    ``ℓ_con = −log( exp(sim(z, z_glob)/τ) / (exp(sim(z, z_glob)/τ) + exp(sim(z, z_prev)/τ)) )``,
+    ``sim`` the cosine similarity, ``z``, ``z_glob``, ``z_prev`` the representations of ``x`` by the
+    local model, the received global model ``w^t`` and the client's previous local model
+    ``w_i^{t−1}``. Server: FedAvg (weighted by sample counts). The representation is the input of
+    the model's last linear layer (the paper adds a projection head, which the package's models
+    lack; PFLlib and FL-bench take the same representation as here); the frozen models run in
+    evaluation mode.
+    """
+
+    name = "moon"
+    strategy = "MOON"
+    client = MoonStep
+    without_client_step = "runs as FedAvg: no contrastive loss"
+
+    mu: float = param(1.0, key="moon-mu", must=NON_NEGATIVE, doc="weight μ of the model-contrastive loss")
+    tau: float = param(0.5, key="moon-tau", must=POSITIVE, doc="temperature τ of the model-contrastive loss")
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {MU: self.mu, TAU: self.tau}
