@@ -22,6 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 from client_apps.flower_internals import in_memory_grid, start_grid
 from client_apps.persisted_state import STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.client_step import RESUMED_AFTER, RUN_KEY
+from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import ReplyBounds
 from flower_pfl.engine.sampling import Sampler
@@ -300,7 +301,10 @@ def _finish(run: _Run, strategy: Any, final: Any) -> Path:
             save_models(out / MODELS, ids, method.models_for_evaluation(ids), method.store.initial)
         if learned := method.server_state():  # e.g. FedAttn's attention module
             save_state(out / SERVER_STATE, learned)
-        extra = save_run_diagnostics(method, server.last_participants, run.info, out, title)
+        try:
+            extra = save_run_diagnostics(method, server.last_participants, run.info, out, title)
+        except MissingExtra as err:  # the diagnostics' figures are optional
+            log(WARNING, "flower-pfl: the diagnostics' figures are not drawn: %s", err)
     summary = run.recorder.finish(title=title, extra=extra)  # logs the closing block
     if cfg.verbose:
         log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})
