@@ -243,6 +243,40 @@ def seed_band(runs: Sequence[Run]) -> tuple[list[int], np.ndarray, np.ndarray, n
     return rounds, values.mean(axis=0), values.min(axis=0), values.max(axis=0)
 
 
+LINE_STYLES = ("-", "--", "-.", ":")
+
+
+def line_style(index: int) -> dict[str, object]:
+    """The ``index``-th method's colour and dash: ten colours, then the same ten dashed (40 distinct)."""
+    import matplotlib.pyplot as plt
+
+    return {"color": plt.get_cmap("tab10")(index % 10), "linestyle": LINE_STYLES[(index // 10) % len(LINE_STYLES)]}
+
+
+def draw_setting(ax: Any, bands: dict[str, tuple], seeds: dict[str, int]) -> None:
+    """One panel: each method's mean curve, its seed band, a legend ordered by final accuracy."""
+    from matplotlib.ticker import MaxNLocator
+
+    for i, (method, (rounds, mean, low, high)) in enumerate(bands.items()):
+        n = seeds[method]
+        label = f"{method} ({n} seed{'s' * (n != 1)})"
+        ax.plot(rounds, mean, marker="o", markersize=2.5, linewidth=1.2, label=label, **line_style(i))
+        if n > 1:
+            ax.fill_between(rounds, np.clip(low, 0, 1), np.clip(high, 0, 1), alpha=0.12, linewidth=0,
+                            color=line_style(i)["color"])
+    ax.set(xlabel="round", ylabel="mean test accuracy over clients", ylim=(0, 1))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda k: -list(bands.values())[k][1][-1])
+    handles, labels = [handles[k] for k in order], [labels[k] for k in order]
+    if len(bands) <= 8:
+        ax.legend(handles, labels, loc="lower right", fontsize=8)
+    else:   # many methods: beside the panel, best final accuracy first
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
+                  ncol=math.ceil(len(bands) / 24), title="final accuracy, best first", title_fontsize=7)
+
+
 def plot(rows: Sequence[Row], path: Path) -> bool:
     """Overlaid learning curves, one panel per setting; False (nothing written) without any curve."""
     require("matplotlib", why="the comparison's curves")
@@ -250,32 +284,26 @@ def plot(rows: Sequence[Row], path: Path) -> bool:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     bands = {(row.setting, row.method): band for row in rows if (band := seed_band(row.runs)) is not None}
+    seeds = {(row.setting, row.method): len(row.runs) for row in rows}
     settings = list(dict.fromkeys(s for s, _ in bands))
     if not settings:
         return False
-    cols = min(len(settings), 3)
+    most = max(sum(s == setting for s, _ in bands) for setting in settings)
+    cols = min(len(settings), 3 if most <= 8 else 2)
     nrows = math.ceil(len(settings) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4 * nrows), dpi=120, squeeze=False)
+    width, height = (5.5, 4.0) if most <= 8 else (9.0, max(4.0, 0.16 * min(most, 24) + 1))
+    fig, axes = plt.subplots(nrows, cols, figsize=(width * cols, height * nrows), dpi=120, squeeze=False)
     for ax, setting in zip(axes.flat, settings):
-        for (s, method), (rounds, mean, low, high) in bands.items():
-            if s != setting:
-                continue
-            n = len([r for r in rows if r.setting == s and r.method == method][0].runs)
-            (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=f"{method} ({n} seed{'s' * (n != 1)})")
-            if n > 1:
-                ax.fill_between(rounds, np.clip(low, 0, 1), np.clip(high, 0, 1), color=line.get_color(), alpha=0.2)
-        ax.set(title=setting, xlabel="round", ylabel="mean test accuracy over clients", ylim=(0, 1))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        draw_setting(ax, {m: b for (s, m), b in bands.items() if s == setting},
+                     {m: n for (s, m), n in seeds.items() if s == setting})
+        ax.set_title(setting)
     for ax in list(axes.flat)[len(settings):]:
         ax.set_visible(False)
     fig.suptitle("mean over seeds; band: min..max over seeds; markers: evaluated rounds", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return True
 

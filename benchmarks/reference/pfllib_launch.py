@@ -1,0 +1,126 @@
+"""Run PFLlib's own ``system/main.py`` unchanged, in PFLlib's environment, and collect its accuracies.
+
+    /tmp/refcheck/venv-pfllib/bin/python benchmarks/reference/pfllib_launch.py --root /tmp/refcheck/pfllib \
+        --out run.json --seed 0 -- -algo FedAvg -data Synthetic_ref -m DNN -gr 100 -jr 0.2 -nc 100 ...
+    /tmp/refcheck/venv-pfllib/bin/python benchmarks/reference/pfllib_launch.py --root ... --verify manifest.json
+
+This file holds none of PFLlib's code: it changes to ``<root>/system`` (PFLlib reads
+``../dataset/<name>`` relative to it), seeds Python's and NumPy's global generators (PFLlib samples
+clients with ``np.random.choice`` and never seeds NumPy; ``main.py`` seeds torch with 0 itself),
+limits torch to one thread, and executes ``main.py`` as ``__main__`` with the given arguments.
+PFLlib evaluates before the training of rounds ``0, eg, 2 eg, ..., gr`` (so the entry for ``i`` is the
+model after ``i`` rounds) and saves that series (``rs_test_acc``: correct / test samples summed over all
+clients, i.e. sample-weighted) to ``../results/<data>_<algo>_<goal>_0.h5``, which is read back here.
+``--dnn-logits`` replaces ``flcore.trainmodel.models.DNN.forward`` by the same network without its
+final ``F.log_softmax``. For whole-model algorithms this changes nothing (cross-entropy of log-softmax
+outputs equals cross-entropy of the logits, and the argmax is the same), but ``main.py`` splits the
+model for FedAvg, FedPer, FedRep, FedRoD, FedProto, MOON, FedBABU, LG-FedAvg, ... into
+``BaseHeadSplit(base=model with fc = Identity, head=fc)``, and then the base's forward ends in a
+log-softmax over the 20 *hidden* features: a different network than DNN 60-20-10 (see README.md).
+``--verify`` reads every client's data through PFLlib's ``read_client_data`` and compares it with the
+exporter's manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import random
+import runpy
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def digest(x_train, y_train, x_test, y_test) -> str:  # as export.py's ``digest``
+    h = hashlib.sha256()
+    for i, a in enumerate((x_train, y_train, x_test, y_test)):
+        a = np.ascontiguousarray(a, dtype=np.float32 if i % 2 == 0 else np.int64)
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def verify(manifest_path: Path) -> dict:
+    import torch
+    from utils.data_utils import read_client_data
+
+    m = json.loads(manifest_path.read_text())
+    ok = []
+    for i, want in enumerate(m["sha256"]):
+        parts = []
+        for train in (True, False):
+            data = read_client_data(m["pfllib_dataset"], i, is_train=train)
+            parts += [torch.stack([x for x, _ in data]).numpy(), torch.stack([y for _, y in data]).numpy()]
+        ok.append(digest(*parts) == want)
+    return {"library": "pfllib", "setting": m["setting"], "clients": len(ok), "identical": sum(ok)}
+
+
+def arg(argv: list[str], flag: str, default: str) -> str:
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", type=Path, required=True, help="the extracted PFLlib tree")
+    p.add_argument("--out", type=Path, help="JSON file for the collected accuracies")
+    p.add_argument("--log", type=Path, help="file for PFLlib's console output (default: next to --out)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verify", type=Path, help="an export manifest: check the data only")
+    p.add_argument("--dnn-logits", action="store_true",
+                   help="DNN.forward without its final log_softmax (see the module docstring)")
+    p.add_argument("pfllib_args", nargs=argparse.REMAINDER)
+    a = p.parse_args()
+    argv = [x for x in a.pfllib_args if x != "--"]
+
+    system = (a.root / "system").resolve()
+    os.chdir(system)
+    sys.path.insert(0, str(system))
+    import torch
+
+    torch.set_num_threads(1)
+    if a.verify:
+        print(json.dumps(verify(a.verify.resolve())))
+        return
+
+    if a.dnn_logits:
+        import torch.nn.functional as F
+        from flcore.trainmodel import models
+
+        def forward(self, x):  # DNN.forward less its last line, x = F.log_softmax(x, dim=1)
+            return self.fc(F.relu(self.fc1(torch.flatten(x, 1))))
+
+        models.DNN.forward = forward
+    random.seed(a.seed)
+    np.random.seed(a.seed)
+    goal = f"ref{os.getpid()}"
+    argv = [*argv, "-go", goal, "-dev", "cpu"]
+    log = a.log or a.out.with_suffix(".log")
+    t0 = time.time()
+    sys.argv = ["main.py", *argv]
+    with open(log, "w") as fh, contextlib.redirect_stdout(fh):
+        runpy.run_path("main.py", run_name="__main__")
+    seconds = time.time() - t0
+
+    import h5py
+
+    data, algo, gap = arg(argv, "-data", "MNIST"), arg(argv, "-algo", "FedAvg"), int(arg(argv, "-eg", "1"))
+    h5 = system.parent / "results" / f"{data}_{algo}_{goal}_0.h5"
+    with h5py.File(h5, "r") as hf:
+        acc = [float(v) for v in hf["rs_test_acc"][:]]
+    h5.unlink()
+    result = {
+        "library": "pfllib", "argv": argv, "seed": a.seed, "dnn_logits": a.dnn_logits, "seconds": round(seconds, 1),
+        "rounds": [i * gap for i in range(len(acc))], "accuracy_weighted": acc,
+        "final_weighted": acc[-1], "best_weighted": max(acc), "log": str(log),
+    }
+    a.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

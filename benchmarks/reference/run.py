@@ -1,0 +1,266 @@
+"""Run one method in this package, in PFLlib and in FL-bench on the same data, and record the accuracies.
+
+    python benchmarks/reference/run.py --setting synthetic --methods fedavg local
+    python benchmarks/reference/run.py --setting images --methods fedavg --libs package flbench
+    python benchmarks/reference/run.py --table          # results/table.md from results/<setting>.json
+
+Run ``export.py`` first (it writes the data the two libraries read). Each library runs in its own
+process, one at a time: this package in-process (``server_apps.inprocess.run_in_process``, the real
+ServerApp/ClientApp code), PFLlib and FL-bench through ``pfllib_launch.py`` / ``flbench_launch.py`` in
+their own virtual environments (see README.md). All three use the setting's rounds, clients per round,
+local work (one epoch of 100 samples in batches of 20 = ``local-steps`` 5), learning rate and model;
+every library draws its own client sample and initial model from its own seed (they cannot be shared).
+
+The figure compared is the **sample-weighted** test accuracy over all clients (correct predictions /
+test samples, pooled), because it is the one PFLlib (``Server.evaluate``) and FL-bench (``Metrics``
+pooled over clients) report; this package's run also records its unweighted mean over clients
+(``accuracy-mean``, the papers' figure). "final" is the last evaluation (after the last round), "best"
+the best evaluation of the run (PFLlib's "Best accuracy", FL-bench's "Max Accuracy"). Evaluations:
+every ``eval-every`` rounds (this package also after round 1, PFLlib also before round 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.reference.settings import (
+    FLBENCH_PYTHON,
+    FLBENCH_ROOT,
+    PFLLIB_PYTHON,
+    PFLLIB_ROOT,
+    SCRATCH,
+    SETTINGS,
+    run_config,
+)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+RESULTS = HERE / "results"
+LIBS = ("package", "pfllib", "flbench")
+
+#: per method: this package's run-config overrides, PFLlib's main.py arguments, FL-bench's Hydra overrides.
+#: None: the library has no such method. Method hyperparameters are set to the same values where both
+#: sides have them (see each entry); the rest stay at each library's defaults.
+METHODS: dict[str, dict[str, Any]] = {
+    "fedavg": {"package": {"method": "fedavg"}, "pfllib": ["-algo", "FedAvg"], "flbench": ["method=fedavg"]},
+    # evidence runs: PFLlib's FedAvg with its DNN as shipped (log_softmax inside the split base), and
+    # PFLlib's FedProx with mu = 0, i.e. FedAvg without main.py's BaseHeadSplit (see README)
+    "fedavg-pfllib-as-shipped": {"package": None, "pfllib": ["-algo", "FedAvg"], "pfllib_flags": [], "flbench": None},
+    "fedavg-pfllib-fedprox-mu0": {"package": None, "pfllib": ["-algo", "FedProx", "-mu", "0"], "flbench": None},
+    # evidence run: FL-bench with its Synthetic loader as shipped (features divided by 255)
+    "fedavg-flbench-as-shipped": {"package": None, "pfllib": None, "flbench": ["method=fedavg"],
+                                  "flbench_flags": ["--native-rescale"]},
+    "local": {"package": {"method": "local"}, "pfllib": ["-algo", "Local"], "flbench": ["method=local"]},
+    # 5 head steps then 5 body steps: PFLlib -pls 1 head epoch + -ls 1 body epoch; FL-bench 2 epochs, the last the body's
+    "fedrep": {"package": {"method": "fedrep", "local-steps": 10, "fedrep-body-steps": 5, "fedrep-head-layers": 1},
+               "pfllib": ["-algo", "FedRep", "-pls", "1"],
+               "flbench": ["method=fedrep", "common.local_epoch=2", "+fedrep.train_body_epoch=1"]},
+    "lgfedavg": {"package": {"method": "lgfedavg", "lgfedavg-global-layers": 1}, "pfllib": ["-algo", "LG-FedAvg"],
+                 "flbench": ["method=lgfedavg", "+lgfedavg.num_global_layers=1"]},
+    "fedrod": {"package": {"method": "fedrod", "fedrod-balanced": True}, "pfllib": ["-algo", "FedROD"],
+               "flbench": ["method=fedrod", "+fedrod.gamma=1", "+fedrod.hyper=0"]},
+    # the head fine-tuned (whole model, 10 epochs = 50 steps) before evaluation: PFLlib once after the last
+    # round (-fte 10), FL-bench at every test (finetune_epoch 10), this package at every evaluation
+    "fedbabu": {"package": {"method": "fedbabu", "fedbabu-finetune-steps": 50, "fedbabu-finetune-part": "full",
+                            "fedbabu-finetune-batch-size": 20, "fedbabu-finetune-lr": "=lr"},
+                "pfllib": ["-algo", "FedBABU", "-fte", "10"],
+                "flbench": ["method=fedbabu", "common.test.client.finetune_epoch=10"]},
+    "fedbn": {"package": {"method": "fedbn", "fedbn-weighted": True}, "pfllib": ["-algo", "FedBN"], "flbench": ["method=fedbn"]},
+    "fedfomo": {"package": {"method": "fedfomo", "fedfomo-models": 5, "fedfomo-val-fraction": 0.2},
+                "pfllib": ["-algo", "FedFomo", "-M", "5"],
+                "flbench": ["method=fedfomo", "+fedfomo.M=5", "+fedfomo.valset_ratio=0.2"]},
+    # PFLlib: -dlr is apple-p-lr (its default 0 never moves p_i), -L the schedule's share of the rounds
+    "apple": {"package": {"method": "apple", "apple-p-lr": 0.001, "apple-mu": 0.1, "apple-schedule-rounds": 16},
+              "pfllib": ["-algo", "APPLE", "-dlr", "0.001", "-mu", "0.1", "-L", "0.16"], "flbench": None},
+    # PFLlib's APPLE trains every client every round whatever -jr says (serverapple.py: `for client in self.clients:
+    # client.train(i)`): this package with all 100 clients per round is the like-for-like run
+    "apple-all-clients": {"package": {"method": "apple", "apple-p-lr": 0.001, "apple-mu": 0.1, "apple-schedule-rounds": 16,
+                                      "clients-per-round": "=all"}, "pfllib": None, "flbench": None},
+    # PFLlib -p 2 / FL-bench layer_idx 2: the last two tensors = the last layer (fedala-layers 1)
+    "fedala": {"package": {"method": "fedala", "fedala-eta": 1.0, "fedala-rand-percent": 80.0, "fedala-layers": 1},
+               "pfllib": ["-algo", "FedALA", "-et", "1.0", "-s", "80", "-p", "2"],
+               "flbench": ["method=fedala", "+fedala.layer_idx=2", "+fedala.eta=1.0", "+fedala.rand_percent=0.8"]},
+    # FL-bench's embedding size default is 1 + n/4 (26 for 100 clients); buffers must not be global there
+    "pfedhn": {"package": {"method": "pfedhn", "pfedhn-embed-dim": "=1+n/4"}, "pfllib": None,
+               "flbench": ["method=pfedhn", "common.buffers=local", "+pfedhn.version=pfedhn"]},
+    # diagnostic: λ = 1 (the kNN classifier alone) in both, to separate the kNN part from the mixing rule
+    "knnper-knn-only": {"package": {"method": "knnper", "knnper-k": 5, "knnper-lambda": 1.0, "knnper-scale": 1.0}, "pfllib": None,
+                        "flbench": ["method=knnper", "+knnper.k=5", "+knnper.weight=1.0", "+knnper.scale=1"]},
+    "ifca": {"package": {"method": "ifca", "ifca-clusters": 2}, "pfllib": None, "flbench": None},
+    "cfl": {"package": {"method": "cfl", "cfl-eps1": 0.4, "cfl-eps2": 1.6}, "pfllib": None,
+            "flbench": ["method=cfl", "+cfl.eps_1=0.4", "+cfl.eps_2=1.6"]},
+    "fedproto": {"package": {"method": "fedproto", "fedproto-lambda": 1.0}, "pfllib": ["-algo", "FedProto", "-lam", "1"],
+                 "flbench": ["method=fedproto", "+fedproto.lamda=1"]},
+    # diagnostic: this package's FedProto with the references' unweighted prototype mean (harness-side patch)
+    "fedproto-pkg-unweighted": {"package": {"method": "fedproto", "fedproto-lambda": 1.0, "_diagnostic": "fedproto-unweighted"},
+                                "pfllib": None, "flbench": None},
+    "feddyn": {"package": {"method": "feddyn", "feddyn-alpha": 0.01}, "pfllib": ["-algo", "FedDyn", "-al", "0.01"],
+               "flbench": ["method=feddyn", "+feddyn.alpha=0.01"]},
+    "moon": {"package": {"method": "moon", "moon-mu": 1.0, "moon-tau": 0.5}, "pfllib": ["-algo", "MOON", "-mu", "1", "-tau", "0.5"],
+             "flbench": ["method=moon", "+moon.mu=1", "+moon.tau=0.5"]},
+    "knnper": {"package": {"method": "knnper", "knnper-k": 5, "knnper-lambda": 0.5, "knnper-scale": 1.0}, "pfllib": None,
+               "flbench": ["method=knnper", "+knnper.k=5", "+knnper.weight=0.5", "+knnper.scale=1"]},
+}
+
+
+def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -> None:
+    """(In a child process) run this package in-process and write the accuracies to ``out``."""
+    import logging
+    from dataclasses import replace
+
+    import torch
+
+    import flower_pfl.experiment.build as build
+    from server_apps.inprocess import run_in_process
+
+    torch.set_num_threads(1)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    # The exported data are those of the setting's seed; a run with another seed (client sample, initial
+    # model, minibatches) keeps them, as PFLlib's and FL-bench's seeds do: pin the seed of the data.
+    data_seed, data_config = run_config(setting)["seed"], build.data_config
+    build.data_config = lambda cfg: data_config(replace(cfg, seed=data_seed))
+    overrides = dict(overrides)
+    if (diagnostic := overrides.pop("_diagnostic", None)) == "fedproto-unweighted":
+        # diagnostic only: FedProto's global prototypes as the unweighted mean over the clients holding a class
+        # (PFLlib's / FL-bench's / the authors' aggregation) instead of this package's sample-weighted mean
+        import flower_pfl.methods.fedproto as fedproto
+
+        weighted = fedproto.aggregate_prototypes
+        fedproto.aggregate_prototypes = lambda w, protos: weighted((w > 0).to(w.dtype), protos)
+    rc = run_config(setting) | {"seed": seed, "output-dir": str(out.parent / "package-results"), "checkpoint-every": 0}
+    n = SETTINGS[setting]["num_nodes"]
+    computed = {"=lr": rc["lr"], "=1+n/4": int(1 + n / 4), "=all": n}  # values that follow the setting
+    rc |= {k: computed.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
+    t0 = time.time()
+    folder = run_in_process(rc, num_nodes=SETTINGS[setting]["num_nodes"])
+    seconds = time.time() - t0
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    ev = [r for r in rows if r.get("phase") == "evaluate" and "accuracy-mean" in r]
+    result = {
+        "library": "package", "run_config": rc, "diagnostic": diagnostic, "seconds": round(seconds, 1), "results_dir": str(folder),
+        "rounds": [r["round"] for r in ev], "accuracy_weighted": [r["accuracy"] for r in ev],
+        "accuracy_mean": [r["accuracy-mean"] for r in ev],
+    }
+    # the method's other figures (global-accuracy, prototype-accuracy, ...), sample-weighted, per evaluation
+    for key in sorted({k for r in ev for k in r if k.endswith("accuracy") and k != "accuracy"}):
+        result[f"{key}_weighted"] = [r.get(key) for r in ev]
+    result |= {"final_weighted": result["accuracy_weighted"][-1], "best_weighted": max(result["accuracy_weighted"]),
+               "final_mean": result["accuracy_mean"][-1], "best_mean": max(result["accuracy_mean"])}
+    out.write_text(json.dumps(result, indent=1))
+
+
+def pfllib_argv(setting: str, method_args: list[str]) -> list[str]:
+    rc, spec = run_config(setting), SETTINGS[setting]
+    n = spec["num_nodes"]
+    common = ["-data", spec["pfllib"]["dataset"], "-m", spec["pfllib"]["model"], "-ncl", "10",
+              "-nc", str(n), "-jr", str(rc["clients-per-round"] / n), "-gr", str(rc["num-rounds"]),
+              "-ls", "1", "-lbs", str(rc["batch-size"]), "-lr", str(rc["lr"]), "-eg", str(rc["eval-every"])]
+    return [*common, *method_args]  # argparse keeps the last value: the method's settings win
+
+
+def flbench_overrides(setting: str, method_args: list[str], seed: int) -> list[str]:
+    rc, spec = run_config(setting), SETTINGS[setting]
+    n = spec["num_nodes"]
+    common = [f"dataset.name={spec['flbench']['dataset']}", f"model.name={spec['flbench']['model']}",
+            "model.use_torchvision_pretrained_weights=false", f"optimizer.lr={rc['lr']}", f"common.seed={seed}",
+            f"common.join_ratio={rc['clients-per-round'] / n}", f"common.global_epoch={rc['num-rounds']}",
+            "common.local_epoch=1", f"common.batch_size={rc['batch-size']}",
+            f"common.test.client.interval={rc['eval-every']}", "common.use_cuda=false",
+            "common.client_side_evaluation=false", "common.save_learning_curve_plot=false",
+            "common.save_metrics=false", "common.verbose_gap=100000"]
+    key = lambda arg: arg.lstrip("+").split("=", 1)[0]
+    mine = {key(x) for x in method_args}
+    return [*method_args, *[x for x in common if key(x) not in mine]]  # Hydra refuses a key given twice
+
+
+def run_one(setting: str, method: str, lib: str, seed: int, timeout: float, extra: list[str]) -> dict | None:
+    spec = METHODS[method][lib]
+    if spec is None:
+        return None
+    folder = SCRATCH / "runs" / setting
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{method}-{lib}-seed{seed}.json"
+    if lib == "package":
+        cmd = [sys.executable, str(Path(__file__)), "--package-job", json.dumps(spec), "--setting", setting,
+               "--out", str(out), "--seed", str(seed)]
+    elif lib == "pfllib":
+        flags = METHODS[method].get("pfllib_flags", SETTINGS[setting]["pfllib"].get("flags", []))
+        cmd = [str(PFLLIB_PYTHON), str(HERE / "pfllib_launch.py"), "--root", str(PFLLIB_ROOT), "--out", str(out),
+               "--seed", str(seed), *flags, "--", *pfllib_argv(setting, spec)]
+    else:
+        flags = METHODS[method].get("flbench_flags", [])
+        cmd = [str(FLBENCH_PYTHON), str(HERE / "flbench_launch.py"), "--root", str(FLBENCH_ROOT), "--out", str(out),
+               *flags, *extra, "--", *flbench_overrides(setting, spec, seed)]
+    out.unlink(missing_ok=True)
+    t0 = time.time()
+    err = folder / f"{method}-{lib}-seed{seed}.stderr"
+    with open(err, "w") as fh:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout,
+                                  env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+        except subprocess.TimeoutExpired:
+            print(f"  {lib}: TIMED OUT after {timeout:.0f} s", flush=True)
+            return {"library": lib, "failed": True, "timeout_s": timeout, "stderr": str(err), "command": cmd}
+    if proc.returncode != 0 or not out.exists():
+        tail = err.read_text()[-1500:]
+        print(f"  {lib}: FAILED (exit {proc.returncode}); see {err}\n{tail}", flush=True)
+        return {"library": lib, "failed": True, "exit": proc.returncode, "stderr": str(err), "tail": tail[-600:]}
+    r = json.loads(out.read_text())
+    r["command"] = cmd
+    print(f"  {lib:8s} final {100 * r['final_weighted']:6.2f}  best {100 * r['best_weighted']:6.2f}  "
+          f"({time.time() - t0:.0f} s)", flush=True)
+    return r
+
+
+def record(setting: str, method: str, lib: str, result: dict, seed: int) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{setting}.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("setting", setting)
+    data["run_config"] = run_config(setting)
+    data["num_nodes"] = SETTINGS[setting]["num_nodes"]
+    keep = {k: v for k, v in result.items() if k not in ("run_config",)}
+    data.setdefault("methods", {}).setdefault(method, {})[f"{lib}" + ("" if seed == 0 else f"-seed{seed}")] = keep
+    path.write_text(json.dumps(data, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--setting", choices=list(SETTINGS), default="synthetic")
+    p.add_argument("--methods", nargs="*", default=[])
+    p.add_argument("--libs", nargs="*", choices=LIBS, default=list(LIBS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--flbench-extra", nargs="*", default=[], help="extra flags for flbench_launch.py (e.g. --native-rescale)")
+    p.add_argument("--record-as", help="record under this method name (default: the method's)")
+    p.add_argument("--table", action="store_true", help="write results/table.md from results/*.json")
+    p.add_argument("--package-job", help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.package_job:
+        package_job(a.setting, json.loads(a.package_job), a.out, a.seed)
+        return
+    if a.table:
+        from benchmarks.reference.table import write_table
+
+        print(write_table())
+        return
+    for method in a.methods:
+        print(f"{a.setting} / {method}", flush=True)
+        for lib in a.libs:
+            r = run_one(a.setting, method, lib, a.seed, a.timeout, [f"--{x.lstrip('-')}" for x in a.flbench_extra])
+            if r is not None:
+                record(a.setting, a.record_as or method, lib, r, a.seed)
+
+
+if __name__ == "__main__":
+    main()

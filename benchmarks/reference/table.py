@@ -1,0 +1,104 @@
+"""``results/table.md`` from ``results/<setting>.json`` and the explanations in ``explanations.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.reference.explanations import EXPLANATIONS, SETTING_NOTES
+
+LIBS = ("package", "pfllib", "flbench")
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+ORDER = ["fedavg", "local", "fedrep", "lgfedavg", "fedrod", "fedbabu", "fedbn", "fedfomo", "apple", "fedala", "pfedhn",
+         "ifca", "cfl", "fedproto", "feddyn", "moon", "knnper"]
+
+
+def pct(r: dict | None, key: str) -> str:
+    if r is None:
+        return "–"
+    if r.get("failed"):
+        return "failed"
+    v = r.get(key)
+    return "–" if v is None else f"{100 * v:.1f}"
+
+
+def cell(r: dict | None) -> str:
+    if r is None:
+        return "–"
+    if r.get("failed"):
+        return "failed"
+    return f"{pct(r, 'final_weighted')} / {pct(r, 'best_weighted')}"
+
+
+#: per method and reference: the package's figure that the reference reports (default: the model's accuracy)
+COMPARE = {"fedproto": {"pfllib": "prototype-accuracy_weighted"}}
+
+
+def package_final(pkg: dict, method: str, lib: str) -> float:
+    key = COMPARE.get(method, {}).get(lib)
+    return pkg[key][-1] if key else pkg["final_weighted"]
+
+
+def gap(runs: dict, method: str) -> float | None:
+    """Largest |difference| of the final accuracies, this package against each reference (points); where
+    a reference reports another figure than the model's accuracy (``COMPARE``), the package's same figure."""
+    pkg = runs.get("package")
+    if not pkg or pkg.get("failed"):
+        return None
+    diffs = [abs(100 * (package_final(pkg, method, lib) - r["final_weighted"]))
+             for lib in ("pfllib", "flbench") if (r := runs.get(lib)) and not r.get("failed")]
+    return max(diffs, default=None)
+
+
+def package_cell(pkg: dict | None) -> str:
+    text = cell(pkg)
+    if pkg and not pkg.get("failed") and (proto := pkg.get("prototype-accuracy_weighted")):
+        text += f" (prototype-accuracy {100 * proto[-1]:.1f} / {100 * max(proto):.1f})"
+    return text
+
+
+def seeds_note(runs: dict) -> str:
+    names = {"package": "this package", "pfllib": "PFLlib", "flbench": "FL-bench"}
+    extra = []
+    for lib in LIBS:
+        finals = [f"{100 * r['final_weighted']:.1f}" for k, r in sorted(runs.items())
+                  if k.startswith(lib + "-seed") and not r.get("failed")]
+        if finals:
+            extra.append(f"{names[lib]} {', '.join(finals)}")
+    return ("final with seeds 1, 2 (same data): " + "; ".join(extra)) if extra else ""
+
+
+def write_table() -> str:
+    lines = ["# This package vs PFLlib vs FL-bench on the same data", "",
+             "Test accuracy in %, **sample-weighted** over all clients (correct / test samples pooled: the figure "
+             "PFLlib and FL-bench report), *final* = last evaluation, *best* = best evaluation of the run; "
+             "`pkg mean` = this package's unweighted mean over clients (the papers' figure), final / best. "
+             "*gap* = largest |final − final| between this package and a reference (points). One seed (0) per "
+             "library unless noted; each library draws its own client sample and initial model. "
+             "How to reproduce: `benchmarks/reference/README.md`.", ""]
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        setting, methods = data["setting"], data.get("methods", {})
+        rc = data["run_config"]
+        lines += [f"## {setting}", "", SETTING_NOTES.get(setting, ""), "",
+                  f"Settings: {data['num_nodes']} clients, {rc['clients-per-round']} per round, {rc['num-rounds']} rounds, "
+                  f"{rc['local-steps']} local steps (= 1 epoch of {rc['train-samples-per-client']} samples, batch "
+                  f"{rc['batch-size']}), lr {rc['lr']}, model {rc['model']}, evaluation every {rc['eval-every']} rounds.", "",
+                  "| method | this package final / best | pkg mean | PFLlib final / best | FL-bench final / best | gap | explanation |",
+                  "|---|---|---|---|---|---|---|"]
+        names = [m for m in ORDER if m in methods] + sorted(m for m in methods if m not in ORDER)
+        for m in names:
+            runs = methods[m]
+            pkg = runs.get("package")
+            mean = f"{pct(pkg, 'final_mean')} / {pct(pkg, 'best_mean')}" if pkg and not pkg.get("failed") else "–"
+            g = gap(runs, m)
+            note = EXPLANATIONS.get((setting, m), "")
+            if (s := seeds_note(runs)):
+                note = f"{note} ({s})" if note else s
+            lines.append(f"| {m} | {package_cell(pkg)} | {mean} | {cell(runs.get('pfllib'))} | {cell(runs.get('flbench'))} | "
+                         f"{'–' if g is None else f'{g:.1f}'} | {note} |")
+        lines.append("")
+    text = "\n".join(lines)
+    (RESULTS / "table.md").write_text(text)
+    return text
