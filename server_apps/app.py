@@ -34,6 +34,7 @@ from flower_pfl.reports.diagnostics import save_run_diagnostics
 from flower_pfl.reports.figures import run_title
 from flower_pfl.run.quiet import silence_runtime_noise
 from flower_pfl.run.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, save_models, save_state
+from flower_pfl.run.trackers import RunTrackers, TrackerSettings, require_trackers
 from server_apps.checkpoints import Checkpointer, Resumption, set_flower_state
 from server_apps.cluster import check_cluster_paths
 from server_apps.console import quiet_round_loop
@@ -167,9 +168,10 @@ def _warn_about_init(cfg: ExperimentConfig, initial: Mapping[str, np.ndarray]) -
 def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
     """Check what can be checked before anything is written, ask every node for its partition, then open
     the results folder (a new one, or the resumed run's) and its recorder."""
-    with _logged(ConfigError):
+    with _logged(ConfigError, MissingExtra):
         check_device(cfg.device)
         check_cluster_paths(cfg)
+        require_trackers(cfg.trackers)
         resumed = Resumption(cfg.resume_from) if cfg.resume_from else None
     initial = initial_arrays(cfg)
     _warn_about_init(cfg, initial)
@@ -184,18 +186,26 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
             _check_client_state(cfg, info)
         out = resumed.folder if resumed is not None else run_dir(cfg)
     say: Callable[[str], None] = lambda msg: log(INFO, "%s", msg)
+    trackers = RunTrackers(TrackerSettings(cfg.trackers, cfg.tracker_experiment, cfg.tracker_uri or _default_uri(cfg),
+                                           cfg.tracker_group), out, out.name, settings,
+                           resumed.round if resumed is not None else None) if cfg.trackers else None
     if resumed is not None:
-        recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=say)
+        recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=say, trackers=trackers)
         log(INFO, "flower-pfl: resuming %s after round %d", out, resumed.round)
         instructions: dict[str, Any] = {RUN_KEY: resumed.meta["run-key"], RESUMED_AFTER: resumed.round}
     else:
-        recorder = RunRecorder(out, settings, cfg.num_rounds, log=say)
+        recorder = RunRecorder(out, settings, cfg.num_rounds, log=say, trackers=trackers)
         instructions = {RUN_KEY: f"{out.name}-{secrets.token_hex(4)}"}  # unique per run
     ranks = {node: i["partition-id"] for node, i in info.items()}
     run = _Run(cfg, RankedGrid(grid, ranks), initial, resumed, info, out, recorder, instructions)  # type: ignore[arg-type]
     log(INFO, "flower-pfl: %s on %s (%s), %d nodes, %d rounds, evaluation every %d; results in %s", cfg.label, cfg.dataset,
         cfg.model, len(ranks), cfg.num_rounds, cfg.eval_every, out)
     return run
+
+
+def _default_uri(cfg: ExperimentConfig) -> str:
+    """MLflow's store when ``tracker-uri`` is empty: ``mlflow.db`` in ``output-dir``."""
+    return f"sqlite:///{Path(cfg.output_dir).expanduser().resolve() / 'mlflow.db'}"
 
 
 def _state_query(resumed: Resumption) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from flower_pfl.run.results import CHECKPOINT, RunRecorder
 from server_apps.guard import ReplyGuard
 
 #: run-config keys that may differ between a run and its resumption
-MAY_DIFFER = ("resume-from", "device", "output-dir", "verbose", "client-state-dir", "allow-empty-client-state")
+MAY_DIFFER = ("resume-from", "device", "output-dir", "verbose", "client-state-dir", "allow-empty-client-state",
+              "tracker", "tracker-experiment", "tracker-uri", "tracker-group")
 #: inner state of Flower's own strategies (both APIs), by attribute name
 FLOWER_STATE = ("current_arrays", "momentum_vector", "m_t", "v_t", "current_weights", "initial_parameters")
 

@@ -54,6 +54,7 @@ from strategies.documented import PerMethodDocs
 from strategies.nodes import NODE_WAIT_TIMEOUT
 from strategies.ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from strategies.replies import receive_round
+from strategies.tracking import TRACKER_DIR_DOC, TRACKER_DOC, StrategyTracking, TrackerArg
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
 MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
@@ -94,6 +95,8 @@ class LegacyOptions(TypedDict, total=False):
     local_steps: int | None
     node_wait_timeout: float
     rank_key: str | None
+    tracker: TrackerArg
+    tracker_dir: str
 
 
 class LegacyMethodStrategy(PerMethodDocs, Strategy):
@@ -148,6 +151,8 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                     "them for sampling and aggregation, as node ids change from run to run; learned from fit and evaluate "
                     "metrics and, before a draw, from one ``get_properties`` call to each client without one. None: clients "
                     "are ordered by node id.",
+        "tracker": TRACKER_DOC,
+        "tracker_dir": TRACKER_DIR_DOC,
     }
     CONTRACT: ClassVar[str] = (
         "Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of "
@@ -186,6 +191,8 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         local_steps: int | None = None,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
         rank_key: str | None = "partition-id",
+        tracker: TrackerArg = None,
+        tracker_dir: str = "runs",
     ) -> None:
         super().__init__()
         if not node_wait_timeout >= 0:
@@ -210,6 +217,8 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         self.personalized = PersonalizedMetrics(accuracy_key, IDENTITIES + ((rank_key,) if rank_key else ()))
         self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn
         self.evaluate_fn = evaluate_fn
+        #: the strategy's own trackers (``strategies.tracking``; closed at the end of the process), None without ``tracker``
+        self.tracking = StrategyTracking.of(tracker, tracker_dir, self, {"clients_per_round": clients_per_round, "seed": seed})
 
     @property
     def method(self) -> ServerStep:
@@ -287,8 +296,12 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         parameters = None if model is None else ndarrays_to_parameters(self.server.to_arrays(model))
         if self.fit_metrics_aggregation_fn is not None and batch.accepted:
             own = self.fit_metrics_aggregation_fn([(r.num_examples, dict(r.metrics)) for r in batch.accepted])
-            return parameters, {**own, **reply_counts(batch)}
-        return parameters, dict(round_replies_metrics(batch))
+            metrics = {**own, **reply_counts(batch)}
+        else:
+            metrics = dict(round_replies_metrics(batch))
+        if self.tracking is not None:
+            self.tracking.train(server_round, metrics)
+        return parameters, metrics
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self.fraction_evaluate <= 0 or not self.server.initialized:
@@ -317,6 +330,9 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         metrics = self.personalized.legacy(pairs)
         if self.evaluate_metrics_aggregation_fn is not None:  # the app's own aggregation wins where names meet
             metrics.update(self.evaluate_metrics_aggregation_fn(pairs))
+        if self.tracking is not None:
+            self.tracking.evaluate(server_round, {**({"loss": loss} if loss is not None else {}), **metrics},
+                                   [row[self.accuracy_key] for _, row in kept_rows])
         return loss, metrics
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:

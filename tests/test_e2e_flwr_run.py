@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from local_runs import ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
+from test_trackers import assert_series_match, expected_series, mlflow_run, mlflow_series, tensorboard_events
 
 from flower_pfl.engine.store import DiskClientModelStore
 from flower_pfl.engine.wire import fingerprint
@@ -94,7 +95,8 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
     state (SCAFFOLD's c_i, restored from the nodes' disks): SIGKILL the ServerApp's process after its
     first checkpoint, resume from the results folder, and compare with the run that was never interrupted."""
     settings = {"method": method, "num-rounds": 8, "clients-per-round": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 4,
-                **({"store": "disk"} if method == "fedmcsa" else {})}
+                **({"store": "disk"} if method == "fedmcsa" else {}),
+                **({"tracker": "tensorboard,mlflow"} if method == "scaffold" else {})}
     killed = tmp_path / "killed"
     proc = simulation.start({**settings, "output-dir": str(killed)}, nodes=6, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -112,6 +114,12 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
         assert resumed.keys() == uninterrupted.keys() and all(torch.equal(resumed[p], uninterrupted[p]) for p in resumed)
     if method == "fedattn":  # the attention module is saved with the results
         assert set(load_state(folder / SERVER_STATE)["attention"]) == {"w_q", "w_k", "w_v"}
+    if method == "scaffold":  # the trackers went on in the same runs: every round once, as metrics.jsonl has it
+        expected = expected_series(folder)
+        assert_series_match(tensorboard_events(folder / "tensorboard")["scalars"], expected, rel=1e-6)
+        client, run = mlflow_run(folder)
+        assert_series_match(mlflow_series(client, run), expected, rel=1e-12)
+        assert run.info.status == "FINISHED" and len(client.search_runs([run.info.experiment_id])) == 1
 
 
 # --- runs that must fail, and say why ------------------------------------------------------------

@@ -17,6 +17,7 @@ EXTRAS: dict[str, str] = {
     "tqdm": "tools", "cryptography": "tools",
     "faiss": "faiss",
     "ray": "simulation",
+    "tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb",
 }
 
 

@@ -28,6 +28,8 @@ DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 STORES: tuple[str, ...] = ("memory", "disk")
+#: the live trackers a run can write to (``flower_pfl.run.trackers``)
+TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "wandb")
 #: the clients' starting models: one PyTorch-default model for all, zeros, or one PyTorch-default model each
 INITS: tuple[str, ...] = ("shared", "zero", "independent")
 #: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
@@ -112,6 +114,14 @@ class ExperimentConfig:
     allow_empty_client_state: bool = False
     #: keep Flower's round-by-round console lines (false: only the run's own progress lines)
     verbose: bool = False
+    #: live trackers, comma-separated: "tensorboard", "mlflow", "wandb" ("": none; ``flower_pfl.run.trackers``)
+    tracker: str = ""
+    #: MLflow's experiment and W&B's project
+    tracker_experiment: str = "flower-pfl"
+    #: MLflow's tracking URI ("": a SQLite store ``mlflow.db`` in ``output-dir``)
+    tracker_uri: str = ""
+    #: a label that groups runs in the trackers (a sweep's setting)
+    tracker_group: str = ""
     #: every method's hyperparameters by run-config key (declared beside each method, see
     #: ``flower_pfl.methods``); missing keys take the declared defaults
     options: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -177,6 +187,10 @@ class ExperimentConfig:
             _fail("max_idle_rounds", self.max_idle_rounds, "a share in [0, 1] (1: never fail)")
         if not self.output_dir:
             _fail("output_dir", self.output_dir, "a non-empty path")
+        if any(name.strip() not in TRACKERS for name in self.tracker.split(",") if name.strip()):
+            _fail("tracker", self.tracker, f"'' or one or more of {', '.join(TRACKERS)}, comma-separated")
+        if not self.tracker_experiment:
+            _fail("tracker_experiment", self.tracker_experiment, "a non-empty name")
 
     def _check_init(self) -> None:
         if not (math.isfinite(self.init_scale) and self.init_scale > 0):
@@ -191,6 +205,11 @@ class ExperimentConfig:
     def entry(self) -> registry.Entry:
         """The registry entry of this run's ``(method, aggregation)``."""
         return registry.entry(self.method, self.aggregation)
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The names in ``tracker``, in order, each once."""
+        return tuple(dict.fromkeys(n.strip() for n in self.tracker.split(",") if n.strip()))
 
     @property
     def label(self) -> str:

@@ -14,6 +14,7 @@ from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.reports.figures import client_accuracies, plot_learning_curve
 from flower_pfl.run.progress import no_accuracy_line, progress_line, summary_lines
 from flower_pfl.run.summary import summarize_run
+from flower_pfl.run.trackers import RunTrackers
 
 logger = logging.getLogger("flower_pfl")
 
@@ -24,6 +25,8 @@ MODELS, SERVER_STATE = "personalized_models.safetensors", "server_state.safetens
 CHECKPOINT = "checkpoint.safetensors"
 #: one JSON object per client evaluation: ``{"round", "node-id", "partition-id", "accuracy", ...}``
 CLIENTS = "clients.jsonl"
+#: a client's accuracy in its evaluation row
+ACCURACY = "accuracy"
 #: an evaluated round's mean client accuracy (``flower_pfl.engine.client_metrics.round_metrics``)
 MEAN = "accuracy-mean"
 
@@ -35,8 +38,11 @@ class RunRecorder:
     with ``phase`` ``"train"`` or ``"evaluate"``.
     """
 
-    def __init__(self, out_dir: str | Path, config: Mapping[str, Any], num_rounds: int, log: Any = None) -> None:
+    def __init__(self, out_dir: str | Path, config: Mapping[str, Any], num_rounds: int, log: Any = None,
+                 trackers: RunTrackers | None = None) -> None:
         self.out_dir = Path(out_dir)
+        self.trackers = trackers
+        self._last_elapsed = 0.0
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.num_rounds = num_rounds
         self.evaluations: list[dict[str, Any]] = []
@@ -48,12 +54,13 @@ class RunRecorder:
         (self.out_dir / METRICS).write_text("")
 
     @classmethod
-    def resume(cls, out_dir: str | Path, num_rounds: int, last_round: int, elapsed: float, log: Any = None) -> RunRecorder:
+    def resume(cls, out_dir: str | Path, num_rounds: int, last_round: int, elapsed: float, log: Any = None,
+               trackers: RunTrackers | None = None) -> RunRecorder:
         """Continue writing into an existing results folder after round ``last_round``: rows of later
         rounds (written before a crash) are dropped, so none is duplicated or half-written, and the
         clock continues from ``elapsed``."""
         self = cls.__new__(cls)
-        self.out_dir, self.num_rounds = Path(out_dir), num_rounds
+        self.out_dir, self.num_rounds, self.trackers = Path(out_dir), num_rounds, trackers
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter() - elapsed
         for name in (METRICS, CLIENTS):
@@ -67,6 +74,7 @@ class RunRecorder:
         self.evaluations = [{k: v for k, v in row.items() if k not in ("phase", "elapsed_s")} for row in rows
                             if row["phase"] == "evaluate" and MEAN in row]
         self.idle_rounds = sum(1 for row in rows if row["phase"] == "train" and _idle(row))
+        self._last_elapsed = max((row["elapsed_s"] for row in rows if row["phase"] == "train"), default=0.0)
         return self
 
     def _append(self, row: Mapping[str, Any], name: str = METRICS) -> None:
@@ -77,18 +85,25 @@ class RunRecorder:
         """Every client's own evaluation (``clients.jsonl``): the distribution behind the round's means."""
         with (self.out_dir / CLIENTS).open("a") as fh:
             fh.writelines(json.dumps({"round": server_round, **row}) + "\n" for row in sorted(rows, key=lambda r: str(r.get("node-id"))))
+        if self.trackers is not None:
+            self.trackers.on_client_accuracies(server_round, [row[ACCURACY] for row in rows if ACCURACY in row])
 
     def on_train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         """A training round's metrics; with ``clients-accepted`` = 0 it counts as idle."""
         self.idle_rounds += _idle(metrics)
-        self._append({"round": server_round, "phase": "train", "elapsed_s": self.elapsed,
-                      **{k: float(v) for k, v in metrics.items()}})
+        elapsed = self.elapsed
+        self._append({"round": server_round, "phase": "train", "elapsed_s": elapsed, **{k: float(v) for k, v in metrics.items()}})
+        if self.trackers is not None:
+            self.trackers.on_train(server_round, metrics, elapsed - self._last_elapsed)
+        self._last_elapsed = elapsed
 
     def on_evaluate(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         """An evaluated round's metrics (``flower_pfl.engine.client_metrics.round_metrics``); it enters the summary
         when it has ``accuracy-mean``."""
         row = {"round": server_round, **{k: v if isinstance(v, list) else float(v) for k, v in metrics.items()}}
         self._append({"round": server_round, "phase": "evaluate", "elapsed_s": self.elapsed, **row})
+        if self.trackers is not None:
+            self.trackers.on_evaluate(server_round, metrics)
         if MEAN not in row:
             self._log(no_accuracy_line(server_round, self.num_rounds, self.elapsed))
             return
@@ -122,6 +137,8 @@ class RunRecorder:
                 plot_learning_curve(self.evaluations, self.out_dir / CURVE, title, per_client)
             except MissingExtra as err:  # the figures are optional: the results are complete without them
                 self._log(f"flower-pfl: {CURVE} not drawn: {err}")
+        if self.trackers is not None:  # the summary, and the curve and heatmaps as images
+            self.trackers.finish(summary, sorted(self.out_dir.glob("*.png")), self.num_rounds, failed=not self.evaluations)
         self._report(summary)
         return summary
 

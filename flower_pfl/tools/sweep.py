@@ -70,6 +70,7 @@ from typing import Any
 from flower_pfl.engine.extras import require
 from flower_pfl.experiment.config import ConfigError
 from flower_pfl.run.results import SUMMARY
+from flower_pfl.run.trackers import prepare_trackers
 from flower_pfl.tools import compare
 from flower_pfl.tools.sweep_flwr import FlwrRunEngine
 from flower_pfl.tools.sweep_grid import (
@@ -160,6 +161,7 @@ def run(sweep: Sweep, out: str | Path, engine: str = "inprocess", workers: int =
     for cell in cells:  # what the cell is, beside its results (compare reads it)
         cell.folder.mkdir(parents=True, exist_ok=True)
         (cell.folder / compare.CELL).write_text(json.dumps(cell.describe(), indent=2))
+    prepare_trackers([cells[i].run_config for i in todo])
     bar = Progress(len(cells), len(cells) - len(todo), sweep.name) if progress else None
     try:
         with _executor(engine, workers, out, app) as (pool, task):

@@ -132,13 +132,22 @@ class Sweep:
                     if folder in folders:
                         raise SweepError(f"two cells would share the folder {folder}: rename a method or setting")
                     folders.add(folder)
-                    run_config = {**merged, "seed": seed, "output-dir": str(folder)}
+                    run_config = {**merged, "seed": seed, "output-dir": str(folder), **self.tracker_keys(merged, setting, out)}
                     try:
                         cfg = ExperimentConfig.from_mapping({**defaults, **run_config})
                     except ConfigError as err:
                         raise ConfigError(f"{err} (method {method!r}, setting {setting!r})") from None
                     cells.append(Cell(method, setting, seed, cfg.to_run_config(), num_nodes, folder))
         return cells
+
+    def tracker_keys(self, merged: Mapping[str, Any], setting: str, out: Path) -> dict[str, Any]:
+        """A tracked sweep groups its cells: one MLflow store (``<sweep>/mlflow.db``) and experiment (the sweep's
+        name), the setting as the runs' group; keys the sweep file sets win. TensorBoard: the cells' folders."""
+        if not merged.get("tracker"):
+            return {}
+        return {"tracker-experiment": merged.get("tracker-experiment") or self.name,
+                "tracker-uri": merged.get("tracker-uri") or f"sqlite:///{out / 'mlflow.db'}",
+                "tracker-group": merged.get("tracker-group") or setting}
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "methods": self.methods, "seeds": self.seeds, "references": self.references,
@@ -198,14 +207,18 @@ def parse_value(text: str) -> Any:
         return text
 
 
+#: keys whose value is itself a comma-separated list (never a grid axis)
+LIST_KEYS = ("tracker",)
+
+
 def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """``--set key=value`` (base) and ``--set key=v1,v2`` (grid)."""
+    """``--set key=value`` (base) and ``--set key=v1,v2`` (grid; ``LIST_KEYS`` take the list as one value)."""
     base, grid = {}, {}
     for item in items:
         key, sep, values = item.partition("=")
         if not sep or not key.strip() or not values.strip():
             raise SweepError(f"--set {item!r}: expected key=value or key=v1,v2,...")
-        parsed = [parse_value(v.strip()) for v in values.split(",")]
+        parsed = [values.strip()] if key.strip() in LIST_KEYS else [parse_value(v.strip()) for v in values.split(",")]
         if len(parsed) == 1:
             base[key.strip()] = parsed[0]
         else:

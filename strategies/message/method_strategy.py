@@ -40,6 +40,7 @@ from strategies.documented import PerMethodDocs
 from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
 from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from strategies.replies import receive_round
+from strategies.tracking import TRACKER_DIR_DOC, TRACKER_DOC, StrategyTracking, TrackerArg
 
 MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
 
@@ -70,6 +71,8 @@ class MessageOptions(TypedDict, total=False):
     local_steps: int | None
     node_wait_timeout: float
     rank_key: str | None
+    tracker: TrackerArg
+    tracker_dir: str
 
 
 class MethodStrategy(PerMethodDocs, Strategy):
@@ -116,6 +119,8 @@ class MethodStrategy(PerMethodDocs, Strategy):
         "rank_key": "The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them "
                     "for sampling and aggregation, as node ids change from run to run; learned from replies and, before a "
                     "draw, from one QUERY message to each node without one. None: nodes are ordered by node id.",
+        "tracker": TRACKER_DOC,
+        "tracker_dir": TRACKER_DIR_DOC,
     }
     CONTRACT: ClassVar[str] = (
         "Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the "
@@ -151,6 +156,8 @@ class MethodStrategy(PerMethodDocs, Strategy):
         local_steps: int | None = None,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
         rank_key: str | None = "partition-id",
+        tracker: TrackerArg = None,
+        tracker_dir: str = "runs",
     ) -> None:
         #: settings sent with every training instruction unless the user's config has them
         self.client_defaults = {k: v for k, v in ((LR, lr), (LOCAL_STEPS, local_steps)) if v is not None}
@@ -169,6 +176,16 @@ class MethodStrategy(PerMethodDocs, Strategy):
         #: the personalized summary of ``accuracy_key``, added to what ``evaluate_metrics_aggr_fn`` returns
         self.personalized = PersonalizedMetrics(accuracy_key, IDENTITIES + ((rank_key,) if rank_key else ()))
         self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
+        #: the strategy's own trackers (``strategies.tracking``), None without ``tracker``
+        self.tracking = StrategyTracking.of(tracker, tracker_dir, self, {"clients_per_round": clients_per_round, "seed": seed})
+
+    def start(self, *args: Any, **kwargs: Any) -> Any:
+        """Flower's ``Strategy.start``; then the trackers get the run's summary and are closed."""
+        try:
+            return super().start(*args, **kwargs)
+        finally:
+            if self.tracking is not None:
+                self.tracking.finish()
 
     @property
     def method(self) -> ServerStep:
@@ -229,8 +246,12 @@ class MethodStrategy(PerMethodDocs, Strategy):
         if self.train_metrics_aggr_fn is not None and batch.accepted:
             records = [RecordDict({"metrics": MetricRecord({**_plain(r.metrics), self.weighted_by_key: r.num_examples})})
                        for r in batch.accepted]
-            return arrays, MetricRecord({**dict(self.train_metrics_aggr_fn(records, self.weighted_by_key)), **reply_counts(batch)})
-        return arrays, MetricRecord(round_replies_metrics(batch, self.weighted_by_key))
+            metrics = MetricRecord({**dict(self.train_metrics_aggr_fn(records, self.weighted_by_key)), **reply_counts(batch)})
+        else:
+            metrics = MetricRecord(round_replies_metrics(batch, self.weighted_by_key))
+        if self.tracking is not None:
+            self.tracking.train(server_round, dict(metrics))
+        return arrays, metrics
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if self.fraction_evaluate <= 0:
@@ -257,6 +278,8 @@ class MethodStrategy(PerMethodDocs, Strategy):
         out = self.personalized(records, self.weighted_by_key)
         if self.evaluate_metrics_aggr_fn is not None:  # the app's own aggregation wins where names meet
             out = MetricRecord({**out, **self.evaluate_metrics_aggr_fn(records, self.weighted_by_key)})
+        if self.tracking is not None:
+            self.tracking.evaluate(server_round, dict(out), [row[self.accuracy_key] for _, row in kept])
         return out
 
 
