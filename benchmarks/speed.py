@@ -41,7 +41,7 @@ from flower_pfl.tools.sweep_flwr import PROJECT, RESOURCES, FlwrRunEngine
 from . import speed_probe
 from .common import save
 
-#: the setting of every measurement (the README's default experiment, 26 rounds)
+#: the setting of every measurement (the quick start's default experiment, 26 rounds)
 SETTING = {"dataset": "synthetic", "model": "mlr", "clients-per-round": 20, "local-steps": 20, "batch-size": 20,
            "eval-every": 5, "num-rounds": 26, "checkpoint-every": 10}
 NUM_NODES = 100
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", nargs="+", default=["fedavg", "ditto", "fedmcsa", "local"])
     parser.add_argument("--federation", nargs="*", default=[f"{k}={v}" for k, v in RESOURCES.items()],
-                        help="--federation-config entries of the flwr runs (default: the README's, %(default)s)")
+                        help="--federation-config entries of the flwr runs (default: the quick start's, %(default)s)")
     parser.add_argument("--flower-default", action="store_true",
                         help="also run the first method under Flower's default resources (2 CPUs per virtual client)")
     parser.add_argument("--skip-aggregation", action="store_true", help="leave out the aggregation table")

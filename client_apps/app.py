@@ -38,7 +38,7 @@ from flower_pfl.run.quiet import silence_runtime_noise
 silence_runtime_noise()  # loaded before Ray starts in a simulation, and in every Ray actor (flower_pfl.run.quiet)
 app = ClientApp()
 
-#: evaluation metric: ``fingerprint`` of the model the node received (see the trust model in README)
+#: evaluation metric: ``fingerprint`` of the model the node received (see the trust model in ``docs/deployment.md``)
 MODEL_FINGERPRINT = "model-fingerprint"
 
 

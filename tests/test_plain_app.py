@@ -1,6 +1,6 @@
 """Every strategy dropped into an app that was not written for it (``examples/plain_app``): a plain-SGD
 client reporting ``eval-acc`` / ``eval-loss``, a ServerApp that builds its strategy from an import path,
-and a legacy twin. The run goes exactly as the README's client-contract table says: it trains and reports
+and a legacy twin. The run goes exactly as the client-contract table of docs/client-contract.md says: it trains and reports
 the app's own metric names, warns once where the method asks the client for more than plain training,
 and fails with the reason where the method cannot work without it. The server and client code are what
 ``flwr run`` executes (``server_apps.inprocess`` leaves out only the transport)."""
@@ -26,7 +26,7 @@ from plain_app.client_app import app as client_app
 
 NODES, ROUNDS = 6, 6
 CONFIG = {"num-rounds": ROUNDS, "fraction-train": 0.5, "lr": 0.1, "local-steps": 10}
-#: the README's table, column "if the client ignores it": nothing to ignore, a warning, or a failure
+#: docs/client-contract.md's table, column "if the client ignores it": nothing to ignore, a warning, or a failure
 PLAIN = ["FedACS", "Local", "FedPer", "LGFedAvg", "FedBN", "PFedHN", "CFL"]
 WARNS = ["FedMCSA", "FedAMP", "HeurFedAMP", "IGFL", "PFedMe", "Ditto", "APFL", "PerFedAvg", "FedRep", "FedBABU", "FedRoD",
          "FedDyn", "MOON", "APPLE", "FedALA", "KNNPer"]

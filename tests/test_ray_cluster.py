@@ -1,4 +1,4 @@
-"""A simulation on an existing Ray cluster (README, "Running on a Ray cluster"): a head and a worker
+"""A simulation on an existing Ray cluster (docs/ray-cluster.md): a head and a worker
 node on loopback, each with one CPU, and the local SuperLink started with ``RAY_ADDRESS`` naming
 the head. The virtual clients run on both nodes and the run gives the numbers of the in-process run
 of the same seed; a worker node SIGKILLed mid-run leaves a run that goes on without it and ends."""

@@ -13,7 +13,7 @@ from flower_pfl.engine.client_step import CLIENT_STEP, LOCAL_STEPS, LR, PROXIMAL
 from flower_pfl.engine.server_step import ServerStep
 
 #: where users read how to run a method's client step in their own app
-_README = "see the README's 'Using a strategy in your own Flower app'"
+_DOCS = "see 'Using a strategy in your own Flower app' in the documentation (docs/strategies.md, docs/client-contract.md)"
 #: how a user's own loop runs the client step a training instruction asks for
 _USER_LOOP = "client_apps.rules.step_for(config, model, context.state)"
 
@@ -53,7 +53,7 @@ def missing_step_message(method: ServerStep, step: str, count: int) -> str:
     """``count`` replies lacked what ``method``'s client step ``step`` returns (their clients do not run it)."""
     name = type(method).__name__
     return (f"{count} clients' replies lack what {name}'s client step {step} returns: their ClientApp does not run it. "
-            f"{name} cannot work without it; train with {_USER_LOOP} (or the package's ClientApp), {_README}")
+            f"{name} cannot work without it; train with {_USER_LOOP} (or the package's ClientApp), {_DOCS}")
 
 
 def ignored_step_message(method: ServerStep, step: type[ClientStep], ignored: int, accepted: int) -> str:
@@ -64,4 +64,4 @@ def ignored_step_message(method: ServerStep, step: type[ClientStep], ignored: in
            if step.hookable else f"use the package's ClientApp (client_apps.app): {step.__name__} is not a hook on a user's loop")
     return (f"{ignored} of {accepted} clients' replies lack the receipt '{CLIENT_STEP}' = '{key}': their "
             f"ClientApp ignored the training config's '{key}', which asks for {name}'s client step {step.__name__}. "
-            f"{name} then {method.ignored_step_consequence(step)}. To run it, {fix}; {_README}")
+            f"{name} then {method.ignored_step_consequence(step)}. To run it, {fix}; {_DOCS}")

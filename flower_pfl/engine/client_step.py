@@ -134,7 +134,7 @@ class ClientStep:
     evaluation_key: ClassVar[str | None] = None
     needs_state: ClassVar[bool] = False
     #: the step keeps something in the client state from round to round (a resumed run's clients
-    #: start without it, see the README's "Checkpoints and resume")
+    #: start without it, see docs/checkpoints.md)
     keeps_state: ClassVar[bool] = False
     needs_plain_sgd: ClassVar[bool] = False
     hookable: ClassVar[bool] = True

@@ -5,7 +5,8 @@ A method declares each hyperparameter as a dataclass field made by ``param``::
     sigma: float = param(50.0, key="fedmcsa-sigma", doc="attention scale σ", must=POSITIVE, old_keys=("sigma",))
 
 The run config (``flower_pfl.experiment.config``), the strategies' constructor signatures and
-docstrings (``strategies``, ``strategies.message``) and the README's method table all
+docstrings (``strategies``, ``strategies.message``), the README's method table and the method pages of the
+documentation (``docs/hooks.py``) all
 read these declarations; ``check_params`` validates an instance against them.
 """
 

@@ -18,7 +18,7 @@ The registry (``flower_pfl.methods.registry``) finds the class: the run config g
 ``fedfoo-tau``, both Flower APIs gain ``FedFoo`` with a typed, documented constructor, and the
 package's ClientApp runs its client step. What is derived as text (``pyproject.toml``'s defaults,
 the editors' stubs, the README's table) is checked by tests that say how to regenerate it (see
-the README's "Adding a method").
+``docs/adding-a-method.md``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from flower_pfl.tools.sweep_grid import Cell, SweepError, finished
 
 #: this project's Flower app (``pyproject.toml`` with ``[tool.flwr.app]``)
 PROJECT = Path(__file__).resolve().parents[2]
-#: one CPU per virtual client, as the README's commands give them: one client per core trains at a time
+#: one CPU per virtual client, as the documentation's commands give them: one client per core trains at a time
 #: (Flower's default of 2 lets half as many train; ``benchmarks/speed.py`` measures both)
 RESOURCES = {"client-resources-num-cpus": 1}
 

@@ -1,0 +1,538 @@
+"""The pages of this documentation that come from the code and the recorded results, made when the
+site is built (an mkdocs hook, named in ``mkdocs.yml``); nothing here is written twice by hand.
+
+- ``methods/<name>.md``: one page per method, from the registry (``flower_pfl.methods.registry``):
+  the method's module and class docstrings (the paper's equations), its hyperparameters with their
+  run-config keys, types, defaults and allowed values (``flower_pfl.engine.params.param_specs``),
+  its client step (``flower_pfl.engine.client_step``: what a client must do, and what the method
+  becomes when a client does not), and its rows of the recorded benchmark tables
+  (``benchmarks/results/all_methods/table.md``, ``benchmarks/reference/results/table.md``) with
+  links to the benchmark pages whose front matter names it (``methods: [...]``). The pages are
+  added to the nav's "Methods" section, grouped as the registry groups them, and the method table
+  (``registry.method_table``) is appended to ``methods/index.md``.
+- ``api/*.md``: the API reference (mkdocstrings) of ``strategies``, ``strategies.message``, every
+  module of ``flower_pfl.methods`` and the modules a strategy or method author uses, added to the
+  nav's "API reference" section.
+- ``benchmarks/reference.md``: ``benchmarks/reference/README.md`` followed by its results table.
+- Links from a page to a file of the repository outside ``docs/`` (the benchmark figures) are
+  written as on GitHub (``../../benchmarks/results/all_methods/curves.png``); the file is copied
+  into the site under ``repo/`` and the link pointed at the copy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import posixpath
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: the copies of repository files outside docs/ live under this folder of the site
+COPIES = "repo"
+#: Markdown files outside docs/ that a page of the site stands for
+MARKDOWN_PAGES = {
+    "README.md": "index.md",
+    "benchmarks/reference/README.md": "benchmarks/reference.md",
+    "benchmarks/reference/results/table.md": "benchmarks/reference.md#results",
+    "benchmarks/results/all_methods/table.md": "benchmarks/all-methods.md",
+}
+ALL_METHODS_TABLE = "benchmarks/results/all_methods/table.md"
+REFERENCE_TABLE = "benchmarks/reference/results/table.md"
+REFERENCE_README = "benchmarks/reference/README.md"
+GROUP_TITLES = {"paper": "Papers", "baseline": "Baselines", "flower": "Flower's strategies"}
+
+#: the generated pages: src_uri -> Markdown (made in on_config)
+_pages: dict[str, str] = {}
+#: Markdown appended to hand-written pages: src_uri -> Markdown
+_appended: dict[str, str] = {}
+
+_LINK = re.compile(r"(\]\()([^)\s]+)(\))")
+_FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
+
+
+# --- Markdown from docstrings and tables ---------------------------------------------------------
+
+def docstring_md(doc: str) -> str:
+    """A docstring as Markdown: ``code`` as `code`, a blank line before a list."""
+    text = re.sub(r"``(.+?)``", r"`\1`", inspect.cleandoc(doc), flags=re.S)
+    out: list[str] = []
+    for line in text.split("\n"):
+        if line.startswith("- ") and out and out[-1].strip() and not out[-1].startswith(("- ", "  ")):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
+def cell(text: Any) -> str:
+    """``text`` on one line for a table cell: pipes escaped, except in code spans, where they are text."""
+    parts = re.split(r"(`[^`]*`)", " ".join(str(text).split()))
+    return "".join(part if part.startswith("`") else part.replace("|", "\\|") for part in parts)
+
+
+def value_text(value: Any) -> str:
+    """A default as it is written in the run config (TOML)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def first_paragraph(doc: str | None) -> str:
+    return " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
+
+
+def read_tables(path: Path) -> list[dict[str, Any]]:
+    """The Markdown tables of a results file: each with the section heading above it, the lines of
+    text between that heading and the table, its header row and its rows (cells split)."""
+    tables: list[dict[str, Any]] = []
+    section, text, current = "", [], None
+    for line in path.read_text().splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if current is None:
+                current = {"section": section, "text": list(text), "header": line, "cells": cells, "rows": []}
+                tables.append(current)
+            elif not set(line.replace("|", "").strip()) <= set("-: "):
+                current["rows"].append((line, cells))
+            continue
+        current = None
+        if line.startswith("#"):
+            section, text = line.lstrip("#").strip(), []
+        elif line.strip():
+            text.append(line.strip())
+    return tables
+
+
+def rows_for(tables: list[dict[str, Any]], column: str, labels: Iterable[str], prefix: bool = False) -> list[tuple[dict[str, Any], list[str]]]:
+    """Per table, the rows whose ``column`` names one of ``labels`` (or, with ``prefix``, a variant
+    of one: ``knnper-knn-only`` for ``knnper``)."""
+    labels = tuple(labels)
+    out = []
+    for table in tables:
+        lowered = [c.lower() for c in table["cells"]]
+        if column not in lowered:
+            continue
+        i = lowered.index(column)
+        rows = [line for line, cells in table["rows"] if len(cells) > i and
+                (cells[i] in labels or (prefix and cells[i].startswith(tuple(f"{label}-" for label in labels))))]
+        if rows:
+            out.append((table, rows))
+    return out
+
+
+def table_md(table: dict[str, Any], rows: list[str]) -> str:
+    width = len(table["cells"])
+    return "\n".join([table["header"], "|" + "---|" * width, *rows])
+
+
+# --- the method pages ------------------------------------------------------------------------------
+
+def _method_modules() -> list[Any]:
+    package = importlib.import_module("flower_pfl.methods")
+    return [importlib.import_module(f"flower_pfl.methods.{info.name}") for info in pkgutil.iter_modules(package.__path__)]
+
+
+def method_pages() -> list[dict[str, Any]]:
+    """The method pages in the registry's order: path, title, nav title, group, module, entries."""
+    from flower_pfl.methods import registry
+
+    declared_in = {id(e): module for module in _method_modules() for e in getattr(module, "ENTRIES", ())}
+    pages: dict[str, dict[str, Any]] = {}
+    for e in registry.entries():
+        decl = e.declaration
+        module = declared_in.get(id(e)) or sys.modules[decl.__module__]
+        if e.aggregation == "default":
+            path = f"methods/{decl.name}.md"
+            title = decl.summary().split(":")[0]
+        else:  # an entry that gives another method's strategy another aggregation: its module's page
+            short = module.__name__.rsplit(".", 1)[1]
+            path = f"methods/{short.replace('_', '-')}.md"
+            title = first_paragraph(module.__doc__).split(":")[0]
+        page = pages.setdefault(path, {"path": path, "title": title, "group": decl.group, "module": module,
+                                       "declaration": decl if e.aggregation == "default" else None, "entries": []})
+        page["entries"].append(e)
+    for page in pages.values():
+        page["nav"] = page["title"].split(" (")[0]
+    return list(pages.values())
+
+
+def params_table(specs: list[Any], annotation: Any = None) -> str:
+    rows = ["| run-config key | argument | type | default | allowed | what it sets |", "|---|---|---|---|---|---|"]
+    for s in specs:
+        kind = annotation(s.name) if annotation is not None else s.type.__name__
+        doc = s.doc + "".join(f" (earlier name `{old}`, still read with a warning)" for old in s.old_keys)
+        key = f"`{s.key}`" if s.key else "none (constructor only)"
+        allowed = s.must.text if s.must is not None else "any"
+        rows.append(f"| {key} | `{s.name}` | {cell(f'`{kind}`')} | {cell(f'`{value_text(s.default)}`')} | {cell(allowed)} | {cell(doc)} |")
+    return "\n".join(rows)
+
+
+def entries_table(entries: list[Any]) -> str:
+    rows = ["| run config | strategy classes | fixes | run-config keys it reads |", "|---|---|---|---|"]
+    for e in entries:
+        config = f'`method = "{e.method}"`' + (f', `aggregation = "{e.aggregation}"`' if e.aggregation != "default" else "")
+        classes = f"`strategies.{e.strategy}`, `strategies.message.{e.strategy}`"
+        fixed = ", ".join(f"`{k} = {v!r}`" for k, v in e.fixed.items()) or "nothing"
+        keys = ", ".join(f"`{k}`" for k in e.run_config_keys()) or "none"
+        rows.append(f"| {config} | {classes} | {cell(fixed)} | {keys} |")
+    return "\n".join(rows)
+
+
+def contract_md(decl: Any) -> str:
+    """What a client of ``decl`` (a ``Method`` class) must do, from its client step's declaration."""
+    from flower_pfl.engine.client_step import ClientStep
+
+    step = decl.client
+    lines = ["## Client contract", ""]
+    if step is ClientStep:
+        lines += ["Plain local SGD on the received model: a client owes it what it owes Flower's FedAvg (the trained "
+                  "model and `num-examples`), and any ClientApp that trains the received model runs it; nothing to ignore."]
+    else:
+        where = f"`{step.__module__}`"
+        lines += [f"- **Client step**: `{step.__name__}` ({where}): {docstring_md(first_paragraph(step.__doc__))}"]
+        if step.receipt() is not None:
+            lines += [f"- **Asked for** by the training-config entry `{step.receipt()}`; the client's reply carries the "
+                      f"receipt `client-step` = `{step.receipt()}` (what `step.finish(...)` returns)."]
+        if step.evaluation_key is not None:
+            lines += [f"- **Evaluation**: the evaluation config's `{step.evaluation_key}` asks the client to evaluate the "
+                      "method's own model (`evaluation_model`) rather than the received one."]
+        if step.reply_keys:
+            lines += [f"- **Sent back** besides the model: {', '.join(f'`{k}`' for k in step.reply_keys)}."]
+        if step.hookable:
+            lines += ["- **In your own training loop**: `client_apps.rules.step_for(config, model, context.state)` hands "
+                      "out the step; call `step.adjust_gradients(model, (x, y))` before each `optimizer.step()` and "
+                      "send what `step.finish(model, x_train)` returns with the reply."]
+        else:
+            lines += ["- **Only the package's ClientApp** (`client_apps.app`) runs it: it trains a second model or takes a "
+                      "second minibatch per step, which is not a hook on one loop."]
+        if step.needs_plain_sgd:
+            lines += ["- Its arithmetic assumes **plain SGD steps** of the instruction's `lr` (no momentum, weight decay, "
+                      "schedule or clipping); `step_for` checks the optimizer you pass."]
+        if step.needs_state or step.keeps_state:
+            lines += ["- It keeps **state between rounds** in `context.state` (written to the node's disk for resumed "
+                      "runs, see [Checkpoints and resume](../checkpoints.md))."]
+        if step.reply_keys:
+            keys = ", ".join(f"`{k}`" for k in step.reply_keys)
+            ignored = f"its replies lack {keys}, so every update is refused and the run ends with `ClientStepNotRun` saying why"
+        else:
+            try:
+                consequence = decl().ignored_step_consequence(step)
+            except (TypeError, ValueError):
+                consequence = decl.without_client_step
+            ignored = f"{decl.__name__} {consequence}; the strategy warns once, naming the step and the fix"
+        lines += [f"- **If a plain client ignores it**: {ignored}."]
+    lines += ["", "The whole contract, for every method: [the client contract, method by method](../client-contract.md)."]
+    return "\n".join(lines)
+
+
+def benchmarks_md(labels: list[str], benchmark_pages: dict[str, dict[str, Any]]) -> str:
+    lines = ["## Benchmarks", ""]
+    every = rows_for(read_tables(ROOT / ALL_METHODS_TABLE), "method", labels)
+    if every:
+        lines += [f"[Every method](../benchmarks/all-methods.md) on one setting (Synthetic(0.5, 0.5), DNN, 100 rounds, "
+                  f"3 seeds; `{ALL_METHODS_TABLE}`), in %:", ""]
+        lines += [table_md(t, rows) + "\n" for t, rows in every]
+    reference = rows_for(read_tables(ROOT / REFERENCE_TABLE), "method", labels, prefix=True)
+    if reference:
+        lines += [f"The [reference check](../benchmarks/reference.md) against PFLlib and FL-bench on the same client "
+                  f"splits (`{REFERENCE_TABLE}`), sample-weighted accuracy in %:", ""]
+        for t, rows in reference:
+            settings = " ".join(line for line in t["text"] if line.startswith("Settings:"))
+            lines += [f"Setting `{t['section']}`. {settings}", "", table_md(t, rows), ""]
+    papers = [(path, page) for path, page in benchmark_pages.items() if set(page["methods"]) & set(labels)]
+    if papers:
+        links = ", ".join(f"[{page['title']}](../{path})" for path, page in papers)
+        lines += [f"Also in: {links}.", ""]
+    if len(lines) == 2:
+        lines += ["No recorded benchmark runs it yet.", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, Any]]) -> str:
+    from flower_pfl.engine.params import annotation_text, param_specs
+    from flower_pfl.engine.server_step import PersonalizedStep
+    from flower_pfl.methods import registry
+    from flower_pfl.methods.base import FlowerMethod
+
+    module, decl, entries = page["module"], page["declaration"], page["entries"]
+    source = "/".join(module.__name__.split(".")) + ".py"
+    out = [f"# {page['title']}", ""]
+    if decl is None:  # a module of entries that run other methods' strategies
+        out += [docstring_md(module.__doc__ or ""), "", f"Source: `{source}`.", ""]
+        for e in entries:
+            target = e.declaration
+            out += [f"## {e.summary().split(':')[0]}", "", docstring_md(e.summary()), "",
+                    entries_table([e]), "",
+                    f"It runs the strategy class of [{target.strategy}]({target.name}.md); its client contract is that page's.", ""]
+            specs = registry.option_specs()
+            out += [params_table([specs[k] for k in e.run_config_keys()]), ""]
+        out += [benchmarks_md([e.label for e in entries], benchmark_pages)]
+        return "\n".join(out)
+    if isinstance(decl, FlowerMethod):
+        out += [docstring_md(decl.summary()), "",
+                f"Flower's own class, re-exported: `strategies.{decl.strategy}` is `flwr.server.strategy.{decl.strategy}` "
+                f"and `strategies.message.{decl.strategy}` is `flwr.serverapp.strategy.{decl.strategy}`. The run config maps "
+                f"to its constructor in `{source}`.", ""]
+        out += ["## Run-config values", "", entries_table(entries), ""]
+        out += ["## Hyperparameters", "", params_table(list(decl.params)) if decl.params else "None besides Flower's own.", ""]
+        out += ["## Client contract", "", "Flower's: see [the client contract, method by method](../client-contract.md) "
+                "(FedProx's client applies `proximal-mu` itself; the package's ClientApp does).", ""]
+        out += [benchmarks_md([e.label for e in entries], benchmark_pages)]
+        return "\n".join(out)
+    server = ("one model per client, kept on the server (`PersonalizedStep`)" if issubclass(decl, PersonalizedStep)
+              else "one global model (`GlobalModelStep`)")
+    per_round = (f"{decl.default_clients_per_round} when a strategy is built without `clients_per_round`"
+                 if decl.default_clients_per_round else "Flower's `fraction_train` (all nodes) when a strategy is built without `clients_per_round`")
+    out += ["| | |", "|---|---|",
+            f"| strategy classes | `strategies.{decl.strategy}` (legacy API), `strategies.message.{decl.strategy}` (Message API) |",
+            f"| server | {server} |",
+            f"| participants per round | {per_round} |",
+            f"| source | `{source}`, class `{decl.__name__}` |", ""]
+    out += ["## What it does", ""]
+    module_doc = docstring_md(module.__doc__ or "")
+    class_doc = docstring_md(inspect.getdoc(decl) or "")
+    if module_doc and module_doc.split("\n\n")[0] not in class_doc:
+        out += [module_doc, ""]
+    out += [class_doc, ""]
+    out += ["## Run-config values", "", entries_table(entries), ""]
+    out += ["## Hyperparameters", "", "Each is a keyword argument of both strategy classes and, where it has one, a run-config key "
+            "([Configuring a run](../configuration.md)).", "",
+            params_table(param_specs(decl), lambda name: annotation_text(decl, name)), ""]
+    out += [contract_md(decl), ""]
+    out += [benchmarks_md([e.label for e in entries], benchmark_pages)]
+    return "\n".join(out)
+
+
+def methods_index_md(pages: list[dict[str, Any]]) -> str:
+    """Appended to methods/index.md (under its last heading): the registry's method table, each row
+    linked to its page."""
+    from flower_pfl.methods import registry
+
+    page_of = {id(e): p["path"] for p in pages for e in p["entries"]}
+    table = registry.method_table().split("\n")
+    rows = [f"| page {table[0]}", f"|---{table[1]}"]
+    for e, row in zip(registry.entries(), table[2:], strict=True):
+        path = page_of[id(e)]
+        rows.append(f"| [{e.label}]({posixpath.basename(path)}) {row}")
+    return "\n".join(["", *rows, ""])
+
+
+# --- the reference check's page ---------------------------------------------------------------------
+
+def _demote(text: str, levels: int) -> str:
+    return re.sub(r"^(#+) ", lambda m: "#" * (len(m.group(1)) + levels) + " ", text, flags=re.M)
+
+
+def _relink(text: str, source: str, page: str) -> str:
+    """Relative links of ``source`` (a repository path) rewritten for ``page`` (a path in docs/)."""
+    def fix(m: re.Match[str]) -> str:
+        target = m.group(2)
+        if re.match(r"^[a-z]+:|^#|^/", target):
+            return m.group(0)
+        path, _, anchor = target.partition("#")
+        repo_path = posixpath.normpath(posixpath.join(posixpath.dirname(source), path))
+        new = posixpath.relpath(repo_path, posixpath.dirname("docs/" + page))
+        return m.group(1) + new + ("#" + anchor if anchor else "") + m.group(3)
+    return _LINK.sub(fix, text)
+
+
+def reference_md() -> str:
+    readme = (ROOT / REFERENCE_README).read_text()
+    table = (ROOT / REFERENCE_TABLE).read_text()
+    title, _, readme_body = readme.partition("\n")
+    table_title, _, table_body = table.partition("\n")
+    page = "benchmarks/reference.md"
+    return "\n".join([
+        title, "",
+        f"This page is `{REFERENCE_README}` followed by its results, `{REFERENCE_TABLE}` (written by "
+        "`python benchmarks/reference/run.py --table`), both read when the site is built. The every-method "
+        "benchmark these runs were measured beside is [Every method](all-methods.md).", "",
+        _relink(readme_body.strip(), REFERENCE_README, page), "",
+        "## Results", "", f"### {table_title.lstrip('# ').strip()}", "",
+        _demote(_relink(table_body.strip(), REFERENCE_TABLE, page), 1), ""])
+
+
+# --- the API reference ---------------------------------------------------------------------------------
+
+def api_pages() -> list[tuple[str, str, str, str]]:
+    """``(src_uri, nav title, Markdown, one line on the module)`` of every API page."""
+    pages = [
+        ("api/strategies.md", "strategies", "strategies", "The legacy-API strategies (`flwr.server.strategy.Strategy`)."),
+        ("api/strategies-message.md", "strategies.message", "strategies.message",
+         "The Message-API strategies (`flwr.serverapp.strategy.Strategy`)."),
+        ("api/client-rules.md", "client_apps.rules", "client_apps.rules",
+         "A method's client step in your own training loop (`step_for`)."),
+    ]
+    for module in sorted(_method_modules(), key=lambda m: m.__name__):
+        name = module.__name__
+        pages.append((f"api/methods/{name.rsplit('.', 1)[1]}.md", name.rsplit(".", 1)[1], name, first_paragraph(module.__doc__)))
+    for name in ("flower_pfl.engine.params", "flower_pfl.engine.server_step", "flower_pfl.engine.client_step",
+                 "flower_pfl.engine.store", "flower_pfl.engine.wire", "flower_pfl.experiment.config", "flower_pfl.run.results"):
+        module = importlib.import_module(name)
+        pages.append((f"api/{name.split('.', 1)[1].replace('.', '-')}.md", name, name, first_paragraph(module.__doc__)))
+    out = []
+    for path, nav, module_name, summary in pages:
+        options = "\n    options:\n      show_root_heading: false"
+        if module_name.startswith("strategies"):
+            # the per-method classes get their docstrings (numpy style) and signatures when they are made:
+            # read them at run time
+            options += "\n      force_inspection: true\n      show_bases: false\n      docstring_style: numpy"
+        out.append((path, nav, f"# `{module_name}`\n\n::: {module_name}{options}\n", f"`{module_name}`: {docstring_md(summary)}"))
+    return out
+
+
+def api_index_md(api: list[tuple[str, str, str, str]]) -> str:
+    lines = ["# API reference", "",
+             "The public modules, from their docstrings. Every strategy class of `strategies` and `strategies.message` "
+             "takes its method's hyperparameters (see [Methods](../methods/index.md)) and the options of the generic "
+             "strategy (`LegacyMethodStrategy`, `MethodStrategy`).", ""]
+    for path, _, _, summary in api:
+        name, _, text = summary.partition(": ")
+        lines.append(f"- [{name}]({posixpath.relpath(path, 'api')}): {text}")
+    return "\n".join(lines) + "\n"
+
+
+# --- links to repository files outside docs/ ---------------------------------------------------------------
+
+def _outside_docs(page: str, target: str) -> str | None:
+    """The repository path a relative link of ``page`` points at when it lies outside docs/."""
+    if re.match(r"^[a-z][a-z0-9+.-]*:|^#|^/", target):
+        return None
+    path = target.split("#", 1)[0]
+    repo_path = posixpath.normpath(posixpath.join("docs", posixpath.dirname(page), path))
+    if repo_path.startswith(("docs/", "../")) or repo_path == "docs":
+        return None
+    return repo_path
+
+
+def _links(markdown: str) -> Iterable[re.Match[str]]:
+    fences = [m.span() for m in _FENCE.finditer(markdown)]
+    for m in _LINK.finditer(markdown):
+        if not any(a <= m.start() < b for a, b in fences):
+            yield m
+
+
+def _rewrite(page: str, markdown: str) -> str:
+    def fix(m: re.Match[str]) -> str:
+        repo_path = _outside_docs(page, m.group(2))
+        if repo_path is None or not (ROOT / repo_path).exists():
+            return m.group(0)
+        anchor = m.group(2).partition("#")[2]
+        if repo_path.endswith(".md"):
+            if repo_path not in MARKDOWN_PAGES:
+                return m.group(0)  # left for mkdocs to report
+            target, _, own = MARKDOWN_PAGES[repo_path].partition("#")
+            anchor = anchor or own
+        else:
+            target = f"{COPIES}/{repo_path}"
+        new = posixpath.relpath(target, posixpath.dirname(page) or ".")
+        return m.group(1) + new + ("#" + anchor if anchor else "") + m.group(3)
+
+    fences = [m.span() for m in _FENCE.finditer(markdown)]
+    return _LINK.sub(lambda m: m.group(0) if any(a <= m.start() < b for a, b in fences) else fix(m), markdown)
+
+
+def generated_paths() -> set[str]:
+    """The pages this hook makes (paths in docs/): relative links to them are valid on the site."""
+    return ({page["path"] for page in method_pages()} | {path for path, *_ in api_pages()}
+            | {"api/index.md", "benchmarks/reference.md"})
+
+
+# --- the hooks ---------------------------------------------------------------------------------------------
+
+def _benchmark_pages(docs_dir: Path) -> dict[str, dict[str, Any]]:
+    """Benchmark pages whose front matter names methods (``methods: [...]``, registry labels)."""
+    from mkdocs.exceptions import PluginError
+    from mkdocs.utils.meta import get_data
+
+    from flower_pfl.methods import registry
+
+    labels = {e.label for e in registry.entries()}
+    out = {}
+    for path in sorted((docs_dir / "benchmarks").glob("*.md")):
+        body, meta = get_data(path.read_text())
+        methods = meta.get("methods") or []
+        unknown = sorted(set(methods) - labels)
+        if unknown:
+            raise PluginError(f"{path.relative_to(ROOT)}: front matter names methods the registry lacks: {unknown}")
+        title = next((line[2:].strip() for line in body.splitlines() if line.startswith("# ")), path.stem)
+        title = title.removeprefix("Benchmark: ")
+        out[f"benchmarks/{path.name}"] = {"title": title[:1].upper() + title[1:], "methods": methods}
+    return out
+
+
+def _nav_section(nav: list[Any], title: str) -> list[Any]:
+    from mkdocs.exceptions import PluginError
+
+    for item in nav:
+        if isinstance(item, dict) and title in item:
+            return item[title]
+    raise PluginError(f"mkdocs.yml's nav has no section {title!r}")
+
+
+def on_config(config: Any) -> Any:
+    _pages.clear()
+    _appended.clear()
+    docs_dir = Path(config.docs_dir)
+    benchmarks = _benchmark_pages(docs_dir)
+    pages = method_pages()
+    section = _nav_section(config.nav, "Methods")
+    for group, title in GROUP_TITLES.items():
+        items = [{page["nav"]: page["path"]} for page in pages if page["group"] == group]
+        if items:
+            section.append({title: items})
+    for page in pages:
+        _pages[page["path"]] = method_page_md(page, benchmarks)
+    _appended["methods/index.md"] = methods_index_md(pages)
+    api = api_pages()
+    api_section = _nav_section(config.nav, "API reference")
+    methods_api: list[dict[str, str]] = []  # one nav group, where the first method module comes
+    for path, nav, text, _ in api:
+        _pages[path] = text
+        if not path.startswith("api/methods/"):
+            api_section.append({nav: path})
+        elif not methods_api:
+            api_section.append({"flower_pfl.methods": methods_api})
+        if path.startswith("api/methods/"):
+            methods_api.append({nav: path})
+    _pages["api/index.md"] = api_index_md(api)
+    _pages["benchmarks/reference.md"] = reference_md()
+    return config
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.exceptions import PluginError
+    from mkdocs.structure.files import File
+
+    for path, text in _pages.items():
+        if files.get_file_from_path(path) is not None:
+            raise PluginError(f"docs/{path} is made by docs/hooks.py: remove the file")
+        files.append(File.generated(config, path, content=text))
+    texts = dict(_pages)
+    for f in files.documentation_pages():
+        if f.src_uri not in texts and f.abs_src_path is not None:
+            texts[f.src_uri] = Path(f.abs_src_path).read_text()
+    copied = set()
+    for page, text in texts.items():
+        for m in _links(text):
+            repo_path = _outside_docs(page, m.group(2))
+            if repo_path and not repo_path.endswith(".md") and (ROOT / repo_path).is_file() and repo_path not in copied:
+                copied.add(repo_path)
+                files.append(File.generated(config, f"{COPIES}/{repo_path}", abs_src_path=str(ROOT / repo_path)))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    src = page.file.src_uri
+    if src in _appended:
+        markdown = markdown.rstrip("\n") + "\n" + _appended[src]
+    return _rewrite(src, markdown)
