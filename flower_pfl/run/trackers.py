@@ -235,12 +235,12 @@ class WandbTracker(Tracker):
         import wandb
 
         logged_in = bool(os.environ.get("WANDB_API_KEY")) or "api.wandb.ai" in _netrc()
-        mode = os.environ.get("WANDB_MODE") or ("online" if logged_in else "offline")
+        mode: Any = os.environ.get("WANDB_MODE") or ("online" if logged_in else "offline")
         self.run_id = previous.get("run_id") or secrets.token_hex(4)
         self.last_step = self.resumed_through = int(previous.get("last_step", -1))
         self.wandb = wandb
         self.run = wandb.init(project=settings.experiment, name=run_name, group=settings.group or None, id=self.run_id,
-                              resume="allow", dir=str(folder), mode=mode)  # type: ignore[arg-type]
+                              resume="allow", dir=str(folder), mode=mode)
 
     def state(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "last_step": self.last_step}
