@@ -105,7 +105,7 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
     simulation.runs()  # the killed run is known: the next new run is the resumed one
 
     _completed(simulation.run({**settings, "resume-from": str(folder), "output-dir": str(killed)}, nodes=6))
-    whole = run_in_process({**settings, "output-dir": str(tmp_path / "whole")}, num_nodes=6)
+    whole = run_in_process({**settings, "tracker": "", "output-dir": str(tmp_path / "whole")}, num_nodes=6)
     assert numbers(folder) == numbers(whole)
     check_results(folder, method, rounds=8, nodes=6, per_round=3, evaluated=[1, 2, 4, 6, 8])
     if method == "fedmcsa":
