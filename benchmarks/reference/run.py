@@ -89,6 +89,14 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedala": {"package": {"method": "fedala", "fedala-eta": 1.0, "fedala-rand-percent": 80.0, "fedala-layers": 1},
                "pfllib": ["-algo", "FedALA", "-et", "1.0", "-s", "80", "-p", "2"],
                "flbench": ["method=fedala", "+fedala.layer_idx=2", "+fedala.eta=1.0", "+fedala.rand_percent=0.8"]},
+    # diagnostic: every client trains every round in both (PFLlib -jr 1), so every client also runs ALA every round,
+    # as PFLlib's send_models does for all clients whoever trains (serverala.py)
+    "fedala-all-clients": {"package": {"method": "fedala", "fedala-eta": 1.0, "fedala-rand-percent": 80.0, "fedala-layers": 1,
+                                       "clients-per-round": "=all"},
+                           "pfllib": ["-algo", "FedALA", "-et", "1.0", "-s", "80", "-p", "2", "-jr", "1.0"], "flbench": None},
+    # diagnostic: this package's FedALA evaluating the ALA output of the current global model, as PFLlib does
+    "fedala-pkg-eval-ala": {"package": {"method": "fedala", "fedala-eta": 1.0, "fedala-rand-percent": 80.0, "fedala-layers": 1,
+                                        "_diagnostic": "fedala-eval-ala"}, "pfllib": None, "flbench": None},
     # FL-bench's embedding size default is 1 + n/4 (26 for 100 clients); buffers must not be global there
     "pfedhn": {"package": {"method": "pfedhn", "pfedhn-embed-dim": "=1+n/4"}, "pfllib": None,
                "flbench": ["method=pfedhn", "common.buffers=local", "+pfedhn.version=pfedhn"]},
@@ -110,6 +118,33 @@ METHODS: dict[str, dict[str, Any]] = {
     "knnper": {"package": {"method": "knnper", "knnper-k": 5, "knnper-lambda": 0.5, "knnper-scale": 1.0}, "pfllib": None,
                "flbench": ["method=knnper", "+knnper.k=5", "+knnper.weight=0.5", "+knnper.scale=1"]},
 }
+
+
+def _evaluate_ala_output() -> None:
+    """Diagnostic only: a FedALA client evaluates what PFLlib evaluates (``serverala.py``: ``send_models`` runs ALA
+    for every client, then ``evaluate``): the current global model with its top layer mixed with the client's
+    local one by its stored weights W_i (``θ_i + (Θ − θ_i) ⊙ W_i``), instead of its model after local training."""
+    import copy
+
+    import torch
+
+    import flower_pfl.methods.fedala as fedala
+
+    def evaluation_model(cls: Any, model: Any, config: Any, state: Any, train: Any, test: Any) -> tuple[Any, dict]:
+        local = copy.deepcopy(model)
+        kept = fedala.stored(state, fedala.WEIGHTS_STATE)
+        if not fedala.load_stored(local, state, fedala.LOCAL_STATE) or kept is None:
+            return model, {}
+        names = fedala.higher_layers(model, 1)
+        received, own = dict(model.named_parameters()), dict(local.named_parameters())
+        flat = kept[0].split([received[n].numel() for n in names])
+        weights = {n: w.view_as(received[n]) for n, w in zip(names, flat)}
+        with torch.no_grad():
+            for n, t in fedala.ala_init({n: own[n] for n in names}, {n: received[n].detach().clone() for n in names}, weights).items():
+                received[n].copy_(t)
+        return model, {}
+
+    fedala.FedALAStep.evaluation_model = classmethod(evaluation_model)  # type: ignore[method-assign,assignment]
 
 
 def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -> None:
@@ -136,6 +171,8 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
 
         weighted = fedproto.aggregate_prototypes
         fedproto.aggregate_prototypes = lambda w, protos: weighted((w > 0).to(w.dtype), protos)
+    if diagnostic == "fedala-eval-ala":
+        _evaluate_ala_output()
     rc = run_config(setting) | {"seed": seed, "output-dir": str(out.parent / "package-results"), "checkpoint-every": 0}
     n = SETTINGS[setting]["num_nodes"]
     computed = {"=lr": rc["lr"], "=1+n/4": int(1 + n / 4), "=all": n}  # values that follow the setting
