@@ -18,8 +18,9 @@ from typing import Any
 
 from flower_pfl.engine.params import iter_values
 from flower_pfl.engine.server_step import ServerStep
+from flower_pfl.experiment.config import parse_trackers
 from flower_pfl.run.summary import summarize_run
-from flower_pfl.run.trackers import RunTrackers, TrackerSettings, parse_trackers, require_trackers
+from flower_pfl.run.trackers import RunTrackers, TrackerSettings, require_trackers
 
 #: what the ``tracker`` argument of a strategy takes
 TrackerArg = str | Sequence[str] | TrackerSettings | None

@@ -132,6 +132,9 @@ class ClientStep:
 
     key: ClassVar[str | None] = None
     evaluation_key: ClassVar[str | None] = None
+    #: the client-state key of the model the client evaluates instead of the received one (its personal
+    #: model); the received one until the state holds it
+    evaluated_state: ClassVar[str | None] = None
     needs_state: ClassVar[bool] = False
     #: the step keeps something in the client state from round to round (a resumed run's clients
     #: start without it, see docs/checkpoints.md)
@@ -213,7 +216,10 @@ class ClientStep:
     @classmethod
     def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
                          test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
-        """The model the client evaluates (``model`` holds the received one) and extra metrics."""
+        """The model the client evaluates (``model`` holds the received one, replaced by the model kept under
+        ``evaluated_state`` when the state holds one) and extra metrics."""
+        if cls.evaluated_state is not None:
+            load_stored(model, state, cls.evaluated_state)
         return model, {}
 
     # --- checks ----------------------------------------------------------------------------------

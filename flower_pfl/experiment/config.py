@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -40,6 +40,19 @@ DATA_FIELDS: tuple[str, ...] = (
     "classes_per_client", "shards_per_client", "paired_clients", "train_samples_per_client", "seed",
     "data_dir", "download", "emnist_split", "data_source", "hub_dataset",
 )
+
+
+def parse_trackers(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"tensorboard,mlflow"`` (or a sequence of names, or ``None``/``""``) as a tuple of tracker
+    names; an unknown name raises ``ValueError`` naming the allowed ones."""
+    if value is None:
+        return ()
+    names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value)]
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ValueError(f"unknown tracker {unknown[0]!r}: use one or more of {', '.join(TRACKERS)}, comma-separated")
+    return tuple(dict.fromkeys(names))
 
 
 class ConfigError(ValueError):
@@ -187,7 +200,9 @@ class ExperimentConfig:
             _fail("max_idle_rounds", self.max_idle_rounds, "a share in [0, 1] (1: never fail)")
         if not self.output_dir:
             _fail("output_dir", self.output_dir, "a non-empty path")
-        if any(name.strip() not in TRACKERS for name in self.tracker.split(",") if name.strip()):
+        try:
+            parse_trackers(self.tracker)
+        except ValueError:
             _fail("tracker", self.tracker, f"'' or one or more of {', '.join(TRACKERS)}, comma-separated")
         if not self.tracker_experiment:
             _fail("tracker_experiment", self.tracker_experiment, "a non-empty name")
@@ -209,7 +224,7 @@ class ExperimentConfig:
     @property
     def trackers(self) -> tuple[str, ...]:
         """The names in ``tracker``, in order, each once."""
-        return tuple(dict.fromkeys(n.strip() for n in self.tracker.split(",") if n.strip()))
+        return parse_trackers(self.tracker)
 
     @property
     def label(self) -> str:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, load_stored, setting, stored
+from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, keep, setting, stored
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.params import NON_NEGATIVE, NON_NEGATIVE_INT, one_of, param
 from flower_pfl.engine.server_step import ClientId, Instruction, PersonalizedStep
@@ -55,6 +55,7 @@ class APPLEStep(ClientStep):
 
     key = P_LR
     evaluation_key = EVALUATE_PERSONAL
+    evaluated_state = PERSONAL_STATE  # θ̂_i of the client's last round
     keeps_state = needs_state = True
     hookable = False
 
@@ -108,13 +109,6 @@ class APPLEStep(ClientStep):
         keep(self.state, CORES_STATE, [slots[1:], self.others.flatten()])
         keep(self.state, PERSONAL_STATE, [self.personal(flatten_module(model))])
         return {}
-
-    @classmethod
-    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
-                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
-        """``θ̂_i`` of the client's last round (its received core model before its first round)."""
-        load_stored(model, state, PERSONAL_STATE)
-        return model, {}
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import PROXIMAL_MU, Batch, ClientState, ClientStep, LossFn, Proximal, TrainData, keep, load_stored
+from flower_pfl.engine.client_step import PROXIMAL_MU, Batch, ClientState, ClientStep, LossFn, Proximal, keep, load_stored
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.params import NON_NEGATIVE, param
 from flower_pfl.engine.server_step import GlobalModelStep, Settings
@@ -30,6 +30,7 @@ class DittoStep(ClientStep):
 
     keeps_state = True
     key = evaluation_key = LAMBDA
+    evaluated_state = PERSONAL_STATE  # the personal model
     needs_state = True
     hookable = False
 
@@ -53,13 +54,6 @@ class DittoStep(ClientStep):
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, PERSONAL_STATE, [flatten_module(self.personal)])
         return {}
-
-    @classmethod
-    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
-                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
-        """The personal model (the received global one before the client's first round)."""
-        load_stored(model, state, PERSONAL_STATE)
-        return model, {}
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +96,7 @@ class FedALAStep(ClientStep):
 
     key = LAYERS
     evaluation_key = EVALUATE_LOCAL
+    evaluated_state = LOCAL_STATE  # the local model of the client's last round
     keeps_state = needs_state = True
     hookable = False
 
@@ -139,13 +140,6 @@ class FedALAStep(ClientStep):
         if self.weights is not None:
             keep(self.state, WEIGHTS_STATE, [torch.cat([self.weights[n].flatten() for n in self.names])])
         return {}
-
-    @classmethod
-    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
-                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
-        """The local model of the client's last round (the received global one before its first)."""
-        load_stored(model, state, LOCAL_STATE)
-        return model, {}
 
 
 @dataclass

@@ -26,7 +26,6 @@ from flower_pfl.engine.client_step import (
     LossFn,
     TrainData,
     keep,
-    load_stored,
     setting,
     sgd_update,
     trainable,
@@ -75,6 +74,7 @@ class PFedMeStep(ClientStep):
     keeps_state = True
     key = LAMBDA
     evaluation_key = EVALUATE_BOTH
+    evaluated_state = THETA_STATE  # θ_i, the personalized model
     needs_plain_sgd = True
 
 
@@ -115,9 +115,8 @@ class PFedMeStep(ClientStep):
     @classmethod
     def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
                          test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
-        extra = {GLOBAL_ACCURACY: test(model).accuracy}
-        load_stored(model, state, THETA_STATE)
-        return model, extra
+        extra = {GLOBAL_ACCURACY: test(model).accuracy}  # the received global model's, before θ_i replaces it
+        return super().evaluation_model(model, config, state, train, test)[0], extra
 
 
 @dataclass

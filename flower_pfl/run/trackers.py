@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from flower_pfl.engine.extras import require
-from flower_pfl.experiment.config import TRACKERS
+from flower_pfl.experiment.config import parse_trackers
 
 #: in a results folder: the trackers' run ids and steps, for a resumed run
 STATE = "trackers.json"
@@ -45,23 +45,10 @@ QUANTILES: tuple[int, ...] = (10, 25, 50, 75, 90)
 HISTOGRAM_BINS = np.linspace(0.0, 1.0, 21)
 
 
-def parse_trackers(value: str | Sequence[str] | None) -> tuple[str, ...]:
-    """``"tensorboard,mlflow"`` (or a sequence of names, or ``None``/``""``) as a tuple of tracker
-    names; an unknown name raises ``ValueError`` naming the allowed ones."""
-    if value is None:
-        return ()
-    names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value)]
-    names = [n for n in names if n]
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown:
-        raise ValueError(f"unknown tracker {unknown[0]!r}: use one or more of {', '.join(TRACKERS)}, comma-separated")
-    return tuple(dict.fromkeys(names))
-
-
 def require_trackers(names: Iterable[str]) -> None:
-    """Stop at start-up, naming the extra to install, when a tracker's package is missing."""
+    """Stop at start-up, naming the extra to install, when a tracker's package (named as the tracker) is missing."""
     for name in names:
-        require({"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}[name], why=f"tracker '{name}'")
+        require(name, why=f"tracker '{name}'")
 
 
 @dataclass(frozen=True)
@@ -338,10 +325,6 @@ class RunTrackers:
                 tracker.images(step, list(figures))
             tracker.close(failed)
         self._save_state()
-
-    def close(self, failed: bool = False) -> None:
-        for tracker in self.trackers.values():
-            tracker.close(failed)
 
 
 def _number(value: Any) -> bool:
