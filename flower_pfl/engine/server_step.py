@@ -218,8 +218,8 @@ class PersonalizedStep(ServerStep):
         self.store.put([r.client_id for r in replies], [r.model for r in replies])
 
 
-def weighted_mean(models: torch.Tensor, num_examples: Sequence[int]) -> torch.Tensor:
-    """FedAvg: the ``(m, d)`` models' mean weighted by their clients' sample counts."""
+def weighted_mean(models: torch.Tensor, num_examples: Sequence[float]) -> torch.Tensor:
+    """FedAvg: the ``(m, d)`` models' mean weighted by their clients' sample counts (or other weights)."""
     weights = torch.tensor([float(n) for n in num_examples], device=models.device, dtype=models.dtype)
     return (weights / weights.sum()) @ models
 

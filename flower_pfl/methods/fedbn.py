@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -13,8 +12,8 @@ from flower_pfl.engine.client_step import ClientStep
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_step import ClientId, PersonalizedStep, weighted_mean
 from flower_pfl.methods.base import Method
+from flower_pfl.methods.fedper import SharedPart
 
 #: the buffers a batch-norm layer keeps besides its affine weight and bias: its running statistics
 STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
@@ -43,7 +42,7 @@ def norm_mask(layout: ParamLayout) -> torch.Tensor:
 
 
 @dataclass
-class FedBN(Method, PersonalizedStep):
+class FedBN(Method, SharedPart):
     """FedBN (Li et al. 2021): FedAvg of every layer but the batch-normalization ones, whose affine
     weights and running statistics stay each client's own.
 
@@ -60,34 +59,14 @@ class FedBN(Method, PersonalizedStep):
     strategy = "FedBN"
     client = ClientStep
     default_clients_per_round = 10
-    state_attributes = ("shared",)
 
     weighted: bool = param(False, key="fedbn-weighted",
                            doc="weight the shared layers' mean by sample counts (PFLlib, FL-bench) instead of uniformly (the paper)")
 
-    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
-        super().setup(layout, initial, device, seed)
-        #: the columns of the shared (not batch-norm) tensors
-        self.shared_index = (~norm_mask(layout)).nonzero().flatten().to(self.store.device)
-        self.shared = initial.to(device=self.store.device, dtype=torch.float32).index_select(0, self.shared_index)
+    def shared_columns(self, layout: ParamLayout) -> torch.Tensor:
+        """The columns of every tensor that is not batch normalization."""
+        return (~norm_mask(layout)).nonzero().flatten()
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        self.shared = self.shared.to(self.store.device)
-
-    def _with_shared(self, models: torch.Tensor) -> torch.Tensor:
-        models[:, self.shared_index] = self.shared
-        return models
-
-    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
-        return self._with_shared(models), None
-
-    def models_for_evaluation(self, ids: Sequence[ClientId]) -> torch.Tensor:
-        """The shared layers with each client's own batch-norm layers."""
-        return self._with_shared(self.store.get(ids))
-
-    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
-        super().aggregate(server_round, replies)
-        shared = torch.stack([r.model.to(self.shared.device).index_select(0, self.shared_index) for r in replies])
-        counts = [r.num_examples if self.weighted else 1 for r in replies]
-        self.shared = weighted_mean(shared, counts)
+    def share_weights(self, replies: Sequence[Reply]) -> list[float]:
+        """Uniform (Algorithm 1), or by sample count with ``fedbn-weighted``."""
+        return [r.num_examples if self.weighted else 1.0 for r in replies]

@@ -17,36 +17,28 @@ from flower_pfl.engine.server_step import ClientId, PersonalizedStep, weighted_m
 from flower_pfl.methods.base import Method
 
 
-@dataclass
-class FedPer(Method, PersonalizedStep):
-    """FedPer (Arivazhagan et al. 2019): the base layers are trained by FedAvg, the last
-    ``head_layers`` layers (the personalization layers) stay each client's own.
+class SharedPart(PersonalizedStep):
+    """A personalized step whose model has one federated part, the columns ``shared_columns`` names (the
+    ``share_weights``-weighted mean of the participants'), while every other column stays each client's own
+    (FedPer's head, LG-FedAvg's lower layers, FedBN's batch-norm layers). A participant gets the current
+    shared part with its own other columns, and evaluates the same."""
 
-    Server: a participant gets the current global base with its own head; the base is then the
-    sample-weighted mean of the participants' bases, each head is kept for its client. Client:
-    plain local SGD on the whole model. A client evaluates the global base with its own head.
-    """
-
-    name = "fedper"
-    strategy = "FedPer"
-    client = ClientStep
-    default_clients_per_round = 10
     state_attributes = ("base",)
 
-    head_layers: int = param(1, key="fedper-head-layers", must=AT_LEAST_ONE,
-                             doc="trailing layers (modules, e.g. fc2) each client keeps as its own head")
+    def shared_columns(self, layout: ParamLayout) -> slice | torch.Tensor:
+        """The shared part's columns of the flat model vector: a slice, or an index tensor."""
+        raise NotImplementedError
+
+    def share_weights(self, replies: Sequence[Reply]) -> list[float]:
+        """The participants' weights in the shared part's mean (default: their sample counts)."""
+        return [r.num_examples for r in replies]
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
-        #: the base layers' columns: the modules before the head, a leading slice of the flat vector
-        self.base_slice = body_slice(layout, self.head_layers)
-        self.base = initial[self.base_slice].to(device=self.store.device, dtype=torch.float32)
-
-    @classmethod
-    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        if options["model"] == "mlr":
-            return "model", "a model with a layer to share besides the head (mlr has one layer: FedPer would be Local)"
-        return None
+        columns = self.shared_columns(layout)
+        #: the shared part's columns (an index tensor lives on the store's device)
+        self.base_slice = columns.to(self.store.device) if isinstance(columns, torch.Tensor) else columns
+        self.base = initial.to(device=self.store.device, dtype=torch.float32)[self.base_slice]
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
@@ -60,10 +52,39 @@ class FedPer(Method, PersonalizedStep):
         return self._with_base(models), None
 
     def models_for_evaluation(self, ids: Sequence[ClientId]) -> torch.Tensor:
-        """The global base with each client's own head."""
+        """The shared part with each client's own other columns."""
         return self._with_base(self.store.get(ids))
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         super().aggregate(server_round, replies)
-        bases = torch.stack([r.model[self.base_slice] for r in replies])
-        self.base = weighted_mean(bases, [r.num_examples for r in replies]).to(self.store.device)
+        bases = torch.stack([r.model.to(self.store.device)[self.base_slice] for r in replies])
+        self.base = weighted_mean(bases, self.share_weights(replies)).to(self.store.device)
+
+
+@dataclass
+class FedPer(Method, SharedPart):
+    """FedPer (Arivazhagan et al. 2019): the base layers are trained by FedAvg, the last
+    ``head_layers`` layers (the personalization layers) stay each client's own.
+
+    Server: a participant gets the current global base with its own head; the base is then the
+    sample-weighted mean of the participants' bases, each head is kept for its client. Client:
+    plain local SGD on the whole model. A client evaluates the global base with its own head.
+    """
+
+    name = "fedper"
+    strategy = "FedPer"
+    client = ClientStep
+    default_clients_per_round = 10
+
+    head_layers: int = param(1, key="fedper-head-layers", must=AT_LEAST_ONE,
+                             doc="trailing layers (modules, e.g. fc2) each client keeps as its own head")
+
+    def shared_columns(self, layout: ParamLayout) -> slice:
+        """The base layers: the modules before the head, a leading slice of the flat vector."""
+        return body_slice(layout, self.head_layers)
+
+    @classmethod
+    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        if options["model"] == "mlr":
+            return "model", "a model with a layer to share besides the head (mlr has one layer: FedPer would be Local)"
+        return None

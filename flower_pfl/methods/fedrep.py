@@ -6,7 +6,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -14,7 +13,7 @@ from flower_pfl.engine.client_step import LOCAL_STEPS, Batch, ClientState, Clien
 from flower_pfl.engine.model_split import drop_gradients, head_flags
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_step import PersonalizedStep, Settings
+from flower_pfl.engine.server_step import Settings
 from flower_pfl.methods.fedper import FedPer
 
 #: config keys: the head's size in modules, and how many of the round's last local steps train the body
@@ -85,7 +84,6 @@ class FedRep(FedPer):
     def train_config(self, num_participants: int) -> Settings:
         return {HEAD_LAYERS: self.head_layers, BODY_STEPS: self.body_steps}
 
-    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
-        """Each client's model (its head) is kept; the body is the participants' uniform mean."""
-        PersonalizedStep.aggregate(self, server_round, replies)
-        self.base = torch.stack([r.model[self.base_slice] for r in replies]).mean(0).to(self.store.device)
+    def share_weights(self, replies: Sequence[Reply]) -> list[float]:
+        """The body is the participants' uniform mean (each client's head is kept)."""
+        return [1.0] * len(replies)

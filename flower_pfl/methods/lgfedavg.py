@@ -6,8 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from flower_pfl.engine.client_step import ClientStep
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import head_slice
@@ -38,11 +36,9 @@ class LGFedAvg(FedPer):
     head_layers: int = param(1, key="lgfedavg-global-layers", must=AT_LEAST_ONE,
                              doc="top layers (modules) averaged by all clients; the layers below stay each client's own")
 
-    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
-        """FedPer's, with the shared part (``base``) the top layers: a trailing slice."""
-        super().setup(layout, initial, device, seed)
-        self.base_slice = head_slice(layout, self.head_layers)
-        self.base = initial[self.base_slice].to(device=self.store.device, dtype=torch.float32)
+    def shared_columns(self, layout: ParamLayout) -> slice:
+        """The global part: the top layers, a trailing slice of the flat vector."""
+        return head_slice(layout, self.head_layers)
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
