@@ -29,7 +29,6 @@ which this package reads with ``dataset = "fmnist"``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import pickle
 import struct
@@ -40,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for a plain ``python`` call
 
+from benchmarks.reference.digest import digest
 from benchmarks.reference.settings import FLBENCH_ROOT, PFLLIB_ROOT, SCRATCH, SETTINGS, run_config
 
 # --- (b)'s images -------------------------------------------------------------------------------
@@ -107,14 +107,9 @@ def client_arrays(setting: str) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def digest(arrays: dict[str, np.ndarray]) -> str:
-    """SHA-256 over a client's train/test arrays (float32 features, int64 labels, in that order)."""
-    h = hashlib.sha256()
-    for k in ("x_train", "y_train", "x_test", "y_test"):
-        a = np.ascontiguousarray(arrays[k], dtype=np.float32 if k.startswith("x") else np.int64)
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+def client_digest(arrays: dict[str, np.ndarray]) -> str:
+    """``digest`` of a client's arrays by name."""
+    return digest(*(arrays[k] for k in ("x_train", "y_train", "x_test", "y_test")))
 
 
 def write_pfllib(clients: list[dict[str, np.ndarray]], folder: Path) -> None:
@@ -167,7 +162,7 @@ def export(setting: str, pfllib_root: Path = PFLLIB_ROOT, flbench_root: Path = F
     manifest = {
         "setting": setting, "run_config": run_config(setting), "num_clients": len(clients),
         "train_sizes": [len(c["y_train"]) for c in clients], "test_sizes": [len(c["y_test"]) for c in clients],
-        "sha256": [digest(c) for c in clients],
+        "sha256": [client_digest(c) for c in clients],
         "pfllib_dataset": spec["pfllib"]["dataset"], "flbench_dataset": spec["flbench"]["dataset"],
     }
     out = SCRATCH / "export" / f"{setting}.json"
