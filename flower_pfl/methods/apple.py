@@ -125,7 +125,10 @@ class APPLE(Method, PersonalizedStep):
     are uniform, where the authors' code uses the clients' sample shares, which the server does not
     know; with ``M`` the authors choose by ``p_i``, which stays on the client, so ours are random.
     The regularizer has no ½ (the authors' code). Only the round's sampled clients train (the paper
-    trains every client every round: ``clients-per-round`` = all nodes).
+    trains every client every round: ``clients-per-round`` = all nodes); with a fraction of N clients
+    per round, a client's mixture starts with weight 1/N on its own core, which also scales that
+    core's gradient step, and holds the initial cores of clients that have not trained yet, so it
+    learns slowly until ``p_i`` moves (the reference check's ``apple`` and ``apple-all-clients`` rows).
     """
 
     name = "apple"

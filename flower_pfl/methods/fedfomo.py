@@ -113,7 +113,7 @@ class FedFomoStep(ClientStep):
         own = flatten_module(model)
         scratch = copy.deepcopy(model)
         own_loss = mean_loss(scratch, own, batches, self.loss_fn)
-        losses = torch.tensor([mean_loss(scratch, row, batches, self.loss_fn) for row in self.others])
+        losses = torch.tensor([mean_loss(scratch, row, batches, self.loss_fn) for row in self.others], device=own.device)
         w = first_order_weights(own_loss, losses, own, self.others)
         self.weights[: len(w)] = w.cpu()
         load_flat_(model, fomo_update(own, self.others, w))

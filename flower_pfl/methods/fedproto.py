@@ -140,7 +140,8 @@ class FedProto(Method, PersonalizedStep):
     own model (``f_i``: the input of the last linear layer, of size ``d``; no pull before there are
     global prototypes); its prototypes ``C_i^(j)`` are the means of ``f_i(x)`` per class. Server:
     ``C̄^(j) = Σ_i |D_i,j| C_i^(j) / Σ_i |D_i,j|`` over the round's participants holding class ``j``
-    (clients report class shares, multiplied by their checked ``num-examples``). Clients evaluate
+    (clients report class shares, multiplied by their checked ``num-examples``); a class that no
+    participant held keeps its last global prototype (the paper has every client take part). Clients evaluate
     their model's output and report ``prototype-accuracy``, the nearest global prototype's.
 
     Against the paper: its aggregation carries an extra ``1/|N_j|`` that would shrink prototypes
@@ -202,4 +203,7 @@ class FedProto(Method, PersonalizedStep):
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         super().aggregate(server_round, replies)
         weights = torch.stack([r.extras[0] * r.num_examples for r in replies])
-        self.prototypes, self.known = aggregate_prototypes(weights, torch.stack([r.extras[1] for r in replies]))
+        prototypes, known = aggregate_prototypes(weights, torch.stack([r.extras[1] for r in replies]))
+        # a class no participant held this round keeps its last global prototype
+        self.prototypes = torch.where(known[:, None], prototypes, self.prototypes)
+        self.known = self.known | known

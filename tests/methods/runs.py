@@ -28,9 +28,11 @@ SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-ever
 NUM_NODES = 12
 #: the summary's figures compared (accuracy as a fraction), to ``ABS_TOL``
 FIGURES = ("bmta", "bmta_weighted", "last10_mean_accuracy", "final_accuracy")
-#: the continuous figures compared, to ``REL_TOL`` (float noise across machines and thread counts is ~1e-9)
+#: the continuous figures compared, to ``REL_TOL``: float noise across processors (PyTorch's AVX2 and
+#: AVX-512 kernels) moves them by ~1e-7, and FedMCSA's σ = 50 amplifies that to ~1e-6; a change to what
+#: a method computes moves them by orders of magnitude more
 CURVES = ("train_loss", "client_loss")
-ABS_TOL, REL_TOL = 1e-6, 1e-6
+ABS_TOL, REL_TOL = 1e-6, 1e-5
 
 
 def short_run(label: str, out_dir: str | Path, **overrides: Any) -> dict[str, Any]:

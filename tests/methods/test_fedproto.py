@@ -175,6 +175,18 @@ def test_server_keeps_models_per_client_and_aggregates_prototypes_by_samples():
     assert torch.equal(server.method.get_state()["prototypes"], protos)
 
 
+def test_a_class_no_participant_holds_keeps_its_last_global_prototype():
+    server = MethodServer(FedProto(), clients_per_round=1)
+    server.initialize(_arrays(0.0))
+    server.plan_training(1, [1])
+    server.aggregate(1, [server.check(_reply(1, 1.0, 10, [0.5, 0.5, 0.0], [[1.0, 1.0], [2.0, 0.0], [0.0, 0.0]]))])
+    server.plan_training(2, [2])  # client 2 holds classes 1 and 2 only
+    server.aggregate(2, [server.check(_reply(2, 1.0, 10, [0.0, 0.5, 0.5], [[9.0, 9.0], [4.0, 0.0], [0.0, 3.0]]))])
+    weights, protos = decode_prototypes(server.plan_training(3, [1])[0].config[PROTOTYPES], C, D)
+    assert weights.tolist() == [1.0, 1.0, 1.0]  # class 0 still known, from round 1
+    assert torch.equal(protos, torch.tensor([[1.0, 1.0], [4.0, 0.0], [0.0, 3.0]]))  # class 0's round-1 prototype, not client 2's
+
+
 @pytest.mark.parametrize("extras, reason", [({}, "lacks"), ({LOCAL_PROTOTYPES: b"\x00" * 8}, "expected 9"),
                                             ({LOCAL_PROTOTYPES: encode_vector(torch.full((9,), float("nan")))}, "NaN"),
                                             ({LOCAL_PROTOTYPES: encode_vector(torch.tensor([0.5, 0.2, 0.0, *[0.0] * 6]))}, "sum to 1"),
