@@ -10,6 +10,9 @@ ServerApp/ClientApp code), PFLlib and FL-bench through ``pfllib_launch.py`` / ``
 their own virtual environments (see README.md). All three use the setting's rounds, clients per round,
 local work (one epoch of 100 samples in batches of 20 = ``local-steps`` 5), learning rate and model;
 every library draws its own client sample and initial model from its own seed (they cannot be shared).
+IFCA, which neither library has, is compared with its authors' own code (``ifca_launch.py``, lib
+``ifca-authors``, in this package's venv), which trains every client every round with full-batch
+gradient steps: the like-for-like package run is method ``ifca-full-batch``.
 
 The figure compared is the **sample-weighted** test accuracy over all clients (correct predictions /
 test samples, pooled), because it is the one PFLlib (``Server.evaluate``) and FL-bench (``Metrics``
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.reference.settings import (
     FLBENCH_PYTHON,
     FLBENCH_ROOT,
+    IFCA_ROOT,
     PFLLIB_PYTHON,
     PFLLIB_ROOT,
     SCRATCH,
@@ -45,10 +49,11 @@ from benchmarks.reference.settings import (
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RESULTS = HERE / "results"
-LIBS = ("package", "pfllib", "flbench")
+LIBS = ("package", "pfllib", "flbench", "ifca-authors")
 
-#: per method: this package's run-config overrides, PFLlib's main.py arguments, FL-bench's Hydra overrides.
-#: None: the library has no such method. Method hyperparameters are set to the same values where both
+#: per method: this package's run-config overrides, PFLlib's main.py arguments, FL-bench's Hydra overrides and,
+#: for IFCA only, the IFCA authors' config keys (``ifca-authors``, see ``ifca_config``).
+#: None or absent: the library has no such method. Method hyperparameters are set to the same values where both
 #: sides have them (see each entry); the rest stay at each library's defaults.
 METHODS: dict[str, dict[str, Any]] = {
     "fedavg": {"package": {"method": "fedavg"}, "pfllib": ["-algo", "FedAvg"], "flbench": ["method=fedavg"]},
@@ -104,6 +109,13 @@ METHODS: dict[str, dict[str, Any]] = {
     "knnper-knn-only": {"package": {"method": "knnper", "knnper-k": 5, "knnper-lambda": 1.0, "knnper-scale": 1.0}, "pfllib": None,
                         "flbench": ["method=knnper", "+knnper.k=5", "+knnper.weight=1.0", "+knnper.scale=1"]},
     "ifca": {"package": {"method": "ifca", "ifca-clusters": 2}, "pfllib": None, "flbench": None},
+    # IFCA like the authors' code runs it (mnist/train_cluster_mnist.py): every client every round, tau = 5
+    # full-batch gradient steps on its whole training set (batch = its 100 samples), p = 2 clusters
+    "ifca-full-batch": {"package": {"method": "ifca", "ifca-clusters": 2, "clients-per-round": "=all",
+                                    "batch-size": "=train-samples", "local-steps": 5},
+                        "pfllib": None, "flbench": None, "ifca-authors": {"p": 2, "tau": 5}},
+    # diagnostic: the authors' code started from this package's initial cluster models (ifca_launch.py --package-init)
+    "ifca-full-batch-authors-pkg-init": {"package": None, "ifca-authors": {"p": 2, "tau": 5}, "ifca_flags": ["--package-init"]},
     "cfl": {"package": {"method": "cfl", "cfl-eps1": 0.4, "cfl-eps2": 1.6}, "pfllib": None,
             "flbench": ["method=cfl", "+cfl.eps_1=0.4", "+cfl.eps_2=1.6"]},
     "fedproto": {"package": {"method": "fedproto", "fedproto-lambda": 1.0}, "pfllib": ["-algo", "FedProto", "-lam", "1"],
@@ -175,7 +187,8 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
         _evaluate_ala_output()
     rc = run_config(setting) | {"seed": seed, "output-dir": str(out.parent / "package-results"), "checkpoint-every": 0}
     n = SETTINGS[setting]["num_nodes"]
-    computed = {"=lr": rc["lr"], "=1+n/4": int(1 + n / 4), "=all": n}  # values that follow the setting
+    computed = {"=lr": rc["lr"], "=1+n/4": int(1 + n / 4), "=all": n,  # values that follow the setting
+                "=train-samples": rc["train-samples-per-client"]}
     rc |= {k: computed.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
     t0 = time.time()
     folder = run_in_process(rc, num_nodes=SETTINGS[setting]["num_nodes"])
@@ -219,8 +232,16 @@ def flbench_overrides(setting: str, method_args: list[str], seed: int) -> list[s
     return [*method_args, *[x for x in common if key(x) not in mine]]  # Hydra refuses a key given twice
 
 
+def ifca_config(setting: str, method_config: dict[str, Any]) -> dict[str, Any]:
+    """The IFCA authors' config keys (their ``config.json``, overridden by ``--config-override``): m = m_test =
+    the clients, the setting's rounds and lr; the method's entry sets p (clusters) and tau (local steps)."""
+    rc, n = run_config(setting), SETTINGS[setting]["num_nodes"]
+    return {"m": n, "m_test": n, "n": rc["train-samples-per-client"], "h1": rc.get("hidden-units", 20),
+            "num_epochs": rc["num-rounds"], "lr": rc["lr"], "batch_size": rc["train-samples-per-client"], **method_config}
+
+
 def run_one(setting: str, method: str, lib: str, seed: int, timeout: float, extra: list[str]) -> dict | None:
-    spec = METHODS[method][lib]
+    spec = METHODS[method].get(lib)
     if spec is None:
         return None
     folder = SCRATCH / "runs" / setting
@@ -233,6 +254,12 @@ def run_one(setting: str, method: str, lib: str, seed: int, timeout: float, extr
         flags = METHODS[method].get("pfllib_flags", SETTINGS[setting]["pfllib"].get("flags", []))
         cmd = [str(PFLLIB_PYTHON), str(HERE / "pfllib_launch.py"), "--root", str(PFLLIB_ROOT), "--out", str(out),
                "--seed", str(seed), *flags, "--", *pfllib_argv(setting, spec)]
+    elif lib == "ifca-authors":
+        cmd = [sys.executable, str(HERE / "ifca_launch.py"), "--root", str(IFCA_ROOT),
+               "--data", str(PFLLIB_ROOT / "dataset" / SETTINGS[setting]["pfllib"]["dataset"]),
+               "--manifest", str(SCRATCH / "export" / f"{setting}.json"), "--out", str(out), "--seed", str(seed),
+               "--eval-every", str(run_config(setting)["eval-every"]), *METHODS[method].get("ifca_flags", []), "--",
+               "--config-override", json.dumps(ifca_config(setting, spec))]
     else:
         flags = METHODS[method].get("flbench_flags", [])
         cmd = [str(FLBENCH_PYTHON), str(HERE / "flbench_launch.py"), "--root", str(FLBENCH_ROOT), "--out", str(out),

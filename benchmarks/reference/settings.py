@@ -1,4 +1,4 @@
-"""The two shared settings of the reference check (this package vs PFLlib vs FL-bench).
+"""The two shared settings of the reference check (this package vs PFLlib vs FL-bench, and IFCA's authors' code).
 
 Imported by ``export.py`` and ``run.py`` (this package's environment) only; the launchers that run
 inside the reference libraries' environments get everything they need on their command line.
@@ -21,6 +21,7 @@ PFLLIB_ROOT = SCRATCH / "pfllib"
 FLBENCH_ROOT = SCRATCH / "flbench"
 PFLLIB_PYTHON = SCRATCH / "venv-pfllib" / "bin" / "python"
 FLBENCH_PYTHON = SCRATCH / "venv-flbench" / "bin" / "python"
+IFCA_ROOT = SCRATCH / "ifca"  # the IFCA authors' code (jichan3751/ifca); runs in this package's venv
 IMAGE_DIR = SCRATCH / "data" / "images"  # the generated FashionMNIST-format files (data-dir of setting "images")
 
 SETTINGS: dict[str, dict[str, Any]] = {

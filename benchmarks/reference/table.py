@@ -7,11 +7,12 @@ from pathlib import Path
 
 from benchmarks.reference.explanations import EXPLANATIONS, SETTING_NOTES
 
-LIBS = ("package", "pfllib", "flbench")
+LIBS = ("package", "pfllib", "flbench", "ifca-authors")
+REFERENCES = LIBS[1:]
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ORDER = ["fedavg", "local", "fedrep", "lgfedavg", "fedrod", "fedbabu", "fedbn", "fedfomo", "apple", "fedala", "pfedhn",
-         "ifca", "cfl", "fedproto", "feddyn", "moon", "knnper"]
+         "ifca", "ifca-full-batch", "cfl", "fedproto", "feddyn", "moon", "knnper"]
 
 
 def pct(r: dict | None, key: str) -> str:
@@ -47,7 +48,7 @@ def gap(runs: dict, method: str) -> float | None:
     if not pkg or pkg.get("failed"):
         return None
     diffs = [abs(100 * (package_final(pkg, method, lib) - r["final_weighted"]))
-             for lib in ("pfllib", "flbench") if (r := runs.get(lib)) and not r.get("failed")]
+             for lib in REFERENCES if (r := runs.get(lib)) and not r.get("failed")]
     return max(diffs, default=None)
 
 
@@ -58,8 +59,17 @@ def package_cell(pkg: dict | None) -> str:
     return text
 
 
+def authors_cell(r: dict | None) -> str:
+    """The IFCA authors' code: the paper's protocol (each client's cluster chosen on its training data), and in
+    brackets the authors' own printed test figure (cluster chosen on the test data)."""
+    text = cell(r)
+    if r and not r.get("failed") and "authors_test_chosen_final" in r:
+        text += f" (authors' figure {pct(r, 'authors_test_chosen_final')} / {pct(r, 'authors_test_chosen_best')})"
+    return text
+
+
 def seeds_note(runs: dict) -> str:
-    names = {"package": "this package", "pfllib": "PFLlib", "flbench": "FL-bench"}
+    names = {"package": "this package", "pfllib": "PFLlib", "flbench": "FL-bench", "ifca-authors": "the authors' code"}
     extra = []
     for lib in LIBS:
         finals = [f"{100 * r['final_weighted']:.1f}" for k, r in sorted(runs.items())
@@ -76,6 +86,9 @@ def write_table() -> str:
              "`pkg mean` = this package's unweighted mean over clients (the papers' figure), final / best. "
              "*gap* = largest |final − final| between this package and a reference (points). One seed (0) per "
              "library unless noted; each library draws its own client sample and initial model. "
+             "*IFCA authors' code*: Ghosh et al.'s `mnist/train_cluster_mnist.py` (neither PFLlib nor FL-bench has IFCA), "
+             "every client's test split with the cluster its training data chose (the paper's protocol, as this package); "
+             "in brackets the authors' printed figure (cluster chosen by the loss on the test data). "
              "How to reproduce: `benchmarks/reference/README.md`.", ""]
     for path in sorted(RESULTS.glob("*.json")):
         data = json.loads(path.read_text())
@@ -85,8 +98,9 @@ def write_table() -> str:
                   f"Settings: {data['num_nodes']} clients, {rc['clients-per-round']} per round, {rc['num-rounds']} rounds, "
                   f"{rc['local-steps']} local steps (= 1 epoch of {rc['train-samples-per-client']} samples, batch "
                   f"{rc['batch-size']}), lr {rc['lr']}, model {rc['model']}, evaluation every {rc['eval-every']} rounds.", "",
-                  "| method | this package final / best | pkg mean | PFLlib final / best | FL-bench final / best | gap | explanation |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| method | this package final / best | pkg mean | PFLlib final / best | FL-bench final / best | "
+                  "IFCA authors' code final / best | gap | explanation |",
+                  "|---|---|---|---|---|---|---|---|"]
         names = [m for m in ORDER if m in methods] + sorted(m for m in methods if m not in ORDER)
         for m in names:
             runs = methods[m]
@@ -97,7 +111,8 @@ def write_table() -> str:
             if (s := seeds_note(runs)):
                 note = f"{note} ({s})" if note else s
             lines.append(f"| {m} | {package_cell(pkg)} | {mean} | {cell(runs.get('pfllib'))} | {cell(runs.get('flbench'))} | "
-                         f"{'–' if g is None else f'{g:.1f}'} | {note} |")
+                          f"{authors_cell(runs.get('ifca-authors'))} | "
+                          f"{'–' if g is None else f'{g:.1f}'} | {note} |")
         lines.append("")
     text = "\n".join(lines)
     (RESULTS / "table.md").write_text(text)
