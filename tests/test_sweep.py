@@ -86,6 +86,15 @@ def test_command_line_replaces_the_files_lists(tmp_path):
     assert s.grid == {} and s.base == {"dirichlet-alpha": 1.0}  # a single value takes the axis out of the grid
 
 
+def test_narrowing_the_methods_keeps_only_their_own_method_tables(tmp_path):
+    path = tmp_path / "all.toml"
+    path.write_text('methods = ["fedbn", "fedproto"]\nseeds = [0]\nreferences = []\n[method.fedbn]\nmodel = "dnn-bn"\n'
+                    '[method.fedproto]\nfedproto-lambda = 0.5\n')
+    s = sweep._sweep_from_args(sweep.parser().parse_args([str(path), "--methods", "fedproto"]))
+    assert s.methods == ["fedproto"] and s.method_tables == {"fedproto": {"fedproto-lambda": 0.5}}
+    assert [c.run_config["fedproto-lambda"] for c in s.cells(tmp_path / "out")] == [0.5]
+
+
 @pytest.mark.parametrize("text,error,message", [
     ('methods = ["fedmcsa"]\nseeds = [0', sweep_grid.SweepError, "not valid TOML"),
     ('methods = ["fedmcsa"]\nseeds = [0]\nrounds = 3', sweep_grid.SweepError, "unknown sweep-file key"),

@@ -288,6 +288,9 @@ def _sweep_from_args(args: argparse.Namespace) -> Sweep:
         changes["references"] = names(args.references)
     if sweep is None:
         return Sweep(**changes, name=args.out.name if args.out else "sweep")
+    # the file's [method.X] tables were checked against its own lists; those of methods left out here are dropped
+    kept = {*changes.get("methods", sweep.methods), *changes.get("references", sweep.references)}
+    changes["method_tables"] = {k: v for k, v in sweep.method_tables.items() if k in kept}
     return replace(sweep, **changes)
 
 
