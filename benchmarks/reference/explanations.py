@@ -203,7 +203,7 @@ EXPLANATIONS: dict[tuple[str, str], str] = {
         "PFLlib is the prototype aggregation: this package weights each client's prototype by its class count (the paper's "
         "|D_i,j|), PFLlib (`serverproto.py::proto_aggregation`) takes the unweighted mean. The diagnostic row "
         "`fedproto-pkg-unweighted` (this package with the unweighted mean, patched in the harness) ends at prototype "
-        "accuracy 55.1 (mean of the last 5 evaluations 53.6) against PFLlib's 58.3 (57.9); weighted: 65.0 (68.2). "
+        "accuracy 55.2 (mean of the last 5 evaluations 53.7) against PFLlib's 58.3 (57.9); weighted: 65.1 (68.2). "
         "Prototype accuracy swings ±8 points between evaluations in both libraries."
     ),
     ("synthetic", "fedproto-pkg-unweighted"): "diagnostic, not a method: see fedproto.",
