@@ -128,3 +128,11 @@ class Entry:
 
     def summary(self) -> str:
         return self.summary_text or self.declaration.summary()
+
+
+def one_layer_refusal(options: Mapping[str, Any], needs: str, otherwise: str) -> tuple[str, str] | None:
+    """``check_run``'s refusal of a one-layer model (``mlr``) by a method that splits the model in parts:
+    ``("model", "<needs> (mlr has one layer: <otherwise>)")``, else ``None``."""
+    if options["model"] == "mlr":
+        return "model", f"{needs} (mlr has one layer: {otherwise})"
+    return None

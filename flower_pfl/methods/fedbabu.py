@@ -18,7 +18,7 @@ from flower_pfl.engine.model_split import drop_gradients, head_flags, head_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE_INT, POSITIVE, one_of, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_step import GlobalModelStep, Settings, weighted_mean
-from flower_pfl.methods.base import Method
+from flower_pfl.methods.base import Method, one_layer_refusal
 
 #: config keys: the frozen head's size in modules (training and evaluation); the fine-tuning at evaluation
 HEAD_LAYERS = "fedbabu-head-layers"
@@ -113,8 +113,8 @@ class FedBABU(Method, GlobalModelStep):
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        if options["model"] == "mlr":
-            return "model", "a model with a body besides the head (mlr has one layer: FedBABU would train nothing)"
+        if refusal := one_layer_refusal(options, "a model with a body besides the head", "FedBABU would train nothing"):
+            return refusal
         if options["init"] == "zero" or options["init-scale"] == 0:
             return "init", "a random starting model (a frozen head of zeros gives the body no gradient)"
         return None

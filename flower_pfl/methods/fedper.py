@@ -14,7 +14,7 @@ from flower_pfl.engine.model_split import body_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_step import ClientId, PersonalizedStep, weighted_mean
-from flower_pfl.methods.base import Method
+from flower_pfl.methods.base import Method, one_layer_refusal
 
 
 class SharedPart(PersonalizedStep):
@@ -58,7 +58,7 @@ class SharedPart(PersonalizedStep):
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         super().aggregate(server_round, replies)
         bases = torch.stack([r.model.to(self.store.device)[self.base_slice] for r in replies])
-        self.base = weighted_mean(bases, self.share_weights(replies)).to(self.store.device)
+        self.base = weighted_mean(bases, self.share_weights(replies))
 
 
 @dataclass
@@ -85,6 +85,4 @@ class FedPer(Method, SharedPart):
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        if options["model"] == "mlr":
-            return "model", "a model with a layer to share besides the head (mlr has one layer: FedPer would be Local)"
-        return None
+        return one_layer_refusal(options, "a model with a layer to share besides the head", f"{cls.strategy} would be Local")

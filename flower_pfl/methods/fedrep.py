@@ -75,8 +75,8 @@ class FedRep(FedPer):
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        if options["model"] == "mlr":
-            return "model", "a model with a layer to share besides the head (mlr has one layer: FedRep would be Local)"
+        if refusal := super().check_run(options):
+            return refusal
         if options["fedrep-body-steps"] >= options["local-steps"]:
             return "fedrep-body-steps", f"below local-steps ({options['local-steps']}), so that the head trains too"
         return None

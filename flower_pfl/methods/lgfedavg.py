@@ -10,6 +10,7 @@ from flower_pfl.engine.client_step import ClientStep
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import head_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, param
+from flower_pfl.methods.base import one_layer_refusal
 from flower_pfl.methods.fedper import FedPer
 
 
@@ -42,6 +43,4 @@ class LGFedAvg(FedPer):
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        if options["model"] == "mlr":
-            return "model", "a model with a layer to keep local below the global ones (mlr has one layer: LG-FedAvg would be FedAvg)"
-        return None
+        return one_layer_refusal(options, "a model with a layer to keep local below the global ones", "LG-FedAvg would be FedAvg")
