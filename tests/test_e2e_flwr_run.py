@@ -116,9 +116,9 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
         assert set(load_state(folder / SERVER_STATE)["attention"]) == {"w_q", "w_k", "w_v"}
     if method == "scaffold":  # the trackers went on in the same runs: every round once, as metrics.jsonl has it
         expected = expected_series(folder)
-        assert_series_match(tensorboard_events(folder / "tensorboard")["scalars"], expected, rel=1e-6)
+        assert_series_match(tensorboard_events(folder / "tensorboard")["scalars"], expected, float32=True)
         client, run = mlflow_run(folder)
-        assert_series_match(mlflow_series(client, run), expected, rel=1e-12)
+        assert_series_match(mlflow_series(client, run), expected)
         assert run.info.status == "FINISHED" and len(client.search_runs([run.info.experiment_id])) == 1
 
 
