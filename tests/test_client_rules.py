@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from floats import assert_same_math
 from flwr.app import RecordDict
 
 from client_apps.rules import ClientRule, RecordState, step_for
@@ -115,7 +116,7 @@ def test_proximal_rule_matches_the_package_loop_and_remembers_its_anchor():
     package_state: dict = {}
     assert _package_loop(package, config, package_state, x, y) == {CLIENT_STEP: PROXIMAL_MU}
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
-    assert torch.allclose(_flat(package.parameters()), _flat(mine.parameters()), atol=1e-6)
+    assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     assert torch.equal(_flat(package_state[ANCHOR_STATE]), _flat(received))
 
 
@@ -136,7 +137,7 @@ def test_proximal_rule_keeps_the_remembered_anchor_next_round():
     _package_loop(package, config, package_state, x, y)
     _proximal_reference(reference, anchor, 3.0, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
-    assert torch.allclose(_flat(package.parameters()), _flat(mine.parameters()), atol=1e-6)
+    assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     assert torch.equal(_kept(state, ANCHOR_STATE), _flat(anchor))  # keep: the remembered anchor is unchanged
     # without an anchor mode (Flower's own strategies) the anchor is the received model
     received = [p.detach().clone() for p in mine.parameters()]
@@ -231,10 +232,10 @@ def test_igfl_rule_matches_algorithm_2_and_keeps_the_delta_for_the_next_round():
     assert rule.finish(mine) == {CLIENT_STEP: CORRECTION}
     assert _package_loop(package, config, package_state, x, y) == {CLIENT_STEP: CORRECTION}
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-5)
-    assert torch.allclose(_flat(package.parameters()), _flat(mine.parameters()), atol=1e-6)
+    assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     kept = _kept(state, DELTA_STATE)
     assert torch.allclose(kept, _flat(mine.parameters()) - start, atol=1e-6)
-    assert torch.allclose(_flat(package_state[DELTA_STATE]), kept, atol=1e-6)
+    assert_same_math(_flat(package_state[DELTA_STATE]), kept)
 
     # next round: the delta kept in the state is Δw_i^r
     previous = [t.clone() for t in RecordState(state)[DELTA_STATE]]
@@ -248,7 +249,7 @@ def test_igfl_rule_matches_algorithm_2_and_keeps_the_delta_for_the_next_round():
     rule.finish(mine)
     _package_loop(second, config, package_state, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-5)
-    assert torch.allclose(_flat(second.parameters()), _flat(mine.parameters()), atol=1e-6)
+    assert_same_math(_flat(second.parameters()), _flat(mine.parameters()))
     assert torch.allclose(_kept(state, DELTA_STATE), _flat(mine.parameters()) - start, atol=1e-6)
 
 
@@ -305,7 +306,7 @@ def test_scaffold_rule_matches_option_ii_and_reports_the_control_delta():
     package_extras = _package_loop(package, config, package_state, x, y)
     size = len(_flat(c))
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
-    assert torch.allclose(_flat(package.parameters()), _flat(mine.parameters()), atol=1e-6)
+    assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     assert torch.allclose(decode_flat(extras[CONTROL_DELTA], size), _flat(delta), atol=1e-4)
     assert torch.allclose(decode_flat(package_extras[CONTROL_DELTA], size), decode_flat(extras[CONTROL_DELTA], size), atol=1e-5)
     assert torch.allclose(_kept(state, CONTROL_STATE), _flat(new_ci), atol=1e-4)
@@ -318,7 +319,7 @@ def test_scaffold_rule_matches_option_ii_and_reports_the_control_delta():
     extras = rule.finish(mine)
     package_extras = _package_loop(second, config, package_state, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-5)
-    assert torch.allclose(_flat(second.parameters()), _flat(mine.parameters()), atol=1e-6)
+    assert_same_math(_flat(second.parameters()), _flat(mine.parameters()))
     assert torch.allclose(decode_flat(extras[CONTROL_DELTA], size), _flat(second_delta), atol=1e-3)
     assert torch.allclose(decode_flat(package_extras[CONTROL_DELTA], size), decode_flat(extras[CONTROL_DELTA], size), atol=1e-4)
     assert torch.allclose(_kept(state, CONTROL_STATE), _flat(second_ci), atol=1e-3)
@@ -356,9 +357,9 @@ def test_pfedme_rule_matches_algorithm_1_and_keeps_theta():
     assert rule.finish(mine) == {CLIENT_STEP: LAMBDA}
     _package_loop(package, config, package_state, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
-    assert torch.allclose(_flat(package.parameters()), _flat(mine.parameters()), atol=1e-6)
+    assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     assert torch.allclose(_kept(state, THETA_STATE), _flat(theta), atol=1e-6)  # DNN: parameters only, state_dict order
-    assert torch.allclose(_flat(package_state[THETA_STATE]), _kept(state, THETA_STATE), atol=1e-6)
+    assert_same_math(_flat(package_state[THETA_STATE]), _kept(state, THETA_STATE))
     with pytest.raises(ValueError, match="minibatch"):
         step_for(config, mine).adjust_gradients(mine)
 
@@ -396,7 +397,7 @@ def test_fedattn_rule_matches_the_package_loop_and_reports_z_and_gradient():
     extras = rule.finish(mine, [(x[:15], y[:15]), (x[15:], y[15:])])  # a loader's batches work as inputs
     package_extras = _package_loop(package, config, None, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
-    assert torch.allclose(_flat(package.parameters()), _flat(mine.parameters()), atol=1e-6)
+    assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
 
     with torch.no_grad():  # Z_i: the mean input of the last layer (DNN: the hidden ReLU output), after training
         z = torch.relu(reference.fc1(x)).mean(0)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from floats import assert_same_math
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import parameters_to_ndarrays
 from torch import nn
@@ -222,8 +223,8 @@ def test_users_loop_matches_train_locally_with_the_users_loss():
         rule.adjust_gradients(theirs, (x[idx], y[idx]))
         optimizer.step()
     assert rule.finish(theirs, x) == {CLIENT_STEP: LAMBDA}
-    assert torch.allclose(_flat(ours.parameters()), _flat(theirs.parameters()), atol=1e-6)
-    assert torch.allclose(ours_state[THETA_STATE][0], RecordState(their_state)[THETA_STATE][0], atol=1e-6)
+    assert_same_math(_flat(ours.parameters()), _flat(theirs.parameters()))
+    assert_same_math(ours_state[THETA_STATE][0], RecordState(their_state)[THETA_STATE][0])
     plain = MLR(3, 2)
     plain.load_state_dict(theirs.state_dict())
     other = PFedMeStep(plain, config, {})
