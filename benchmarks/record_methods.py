@@ -15,19 +15,21 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flower_pfl.methods.registry import entries
 from server_apps.inprocess import run_in_process
 
-#: (method, aggregation) of every method the package runs
-RUNS = [(m, "default") for m in ("fedavg", "fedprox", "fedavgm", "fedadam", "scaffold", "local", "fedmcsa", "fedacs", "igfl",
-                                 "igfl-c", "igfl-s", "fedattn", "fedamp", "heurfedamp", "ditto", "per-fedavg", "pfedme", "apfl")]
-RUNS += [("fedavg", "mcsa"), ("pfedme", "mcsa"), ("fedmcsa", "mean")]
+#: (method, aggregation) of every registry entry
+RUNS = [(e.method, e.aggregation) for e in entries()]
 SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0, "model": "dnn"}
 NUM_NODES = 12
 
 
 def record(runs: list[tuple[str, str]], apis: list[str], overrides: dict) -> dict[str, list[dict]]:
+    torch.set_num_threads(1)  # as the tests run: one thread's sums, the same on every machine with the same kernels
     out: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for api in apis:
