@@ -6,7 +6,7 @@ laid out as a two-layer MLP (weights and biases, so that FedMCSA's per-layer att
 biases and FedPer's head are exercised): ``MethodServer.aggregate`` of the round's replies, then
 ``MethodServer.plan_training`` of the next round for the same participants, where personalized
 methods compute what they send (FedMCSA's attention, FedAMP's weights ξ, FedAttn's biases). The
-replies carry what each method's client step returns (SCAFFOLD's Δc_i, FedAttn's Z_i and bias
+replies carry what each method's client algorithm returns (SCAFFOLD's Δc_i, FedAttn's Z_i and bias
 gradient) and pass the method's own ``check_extras``; a warm-up round first fills the method's
 state (IGFL's previous deltas, FedAttn's representations and attention module), so the one-off
 first-round cost is left out of the time (``results.json`` keeps it apart).
@@ -133,7 +133,7 @@ def configurations(m: int) -> list[tuple[str, type, dict[str, Any]]]:
 
 def fabricated_replies(server: MethodServer, ids: Sequence[int], u: torch.Tensor, seed: int = 0) -> list[Reply]:
     """One accepted reply per participant: row ``i`` of ``u`` as its model, a sample count, and what
-    the method's client step returns (random, checked by the method's ``check_extras``)."""
+    the method's client algorithm returns (random, checked by the method's ``check_extras``)."""
     method = server.method
     g = torch.Generator().manual_seed(seed)
     counts = torch.randint(10, 100, (len(ids),), generator=g).tolist()

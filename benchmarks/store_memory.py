@@ -2,7 +2,7 @@
 
 The disk store (``DiskClientModelStore``) with N clients x D parameters (default 10,000 x
 1,000,000: 40 GB of float32 rows on disk), each client's row written once, in chunks; then R
-rounds of FedMCSA's server step on P sampled participants: their rows fetched (``get``), the
+rounds of FedMCSA's server algorithm on P sampled participants: their rows fetched (``get``), the
 layer-wise attention of ``flower_pfl.methods.attention`` over them, with one component per tenth of
 the columns, and the personalized rows written back (``put``). Then the same for the in-memory
 store (``ClientModelStore``) at a size that fits in memory (default 1,000 x 1,000,000: 4 GB).
@@ -104,7 +104,7 @@ def run_store(kind: str, clients: int, dim: int, rounds: int, participants: int,
     rss_created = _rss()
     peak_reset = _reset_peak()
 
-    # rounds: FedMCSA's server step on the sampled participants
+    # rounds: FedMCSA's server algorithm on the sampled participants
     width = dim // components
     slices = [slice(l * width, dim if l == components - 1 else (l + 1) * width) for l in range(components)]
     rng = np.random.default_rng(seed)

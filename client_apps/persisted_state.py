@@ -32,8 +32,8 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.common.logger import log
 
-from client_apps.rules import RecordState
-from flower_pfl.engine.client_step import RESUMED_AFTER, RUN_KEY
+from client_apps.own_loop import RecordState
+from flower_pfl.engine.client_algorithm import RESUMED_AFTER, RUN_KEY
 from flower_pfl.run import tensor_files
 
 _RESTORED = "flower-pfl-restored"

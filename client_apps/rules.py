@@ -1,117 +1,31 @@
-"""Client-side rules for your own training loop.
-
-A method whose client is plain local training (FedACS, FedAvg+MCSA, Local, FedAvg, FedAvgM,
-FedAdam) works with any ClientApp that trains the received model and sends it back. For the
-others, ``step_for`` reads from the training instruction which client step the
-strategy asks for and hands you that step: the very object this package's own ClientApp runs
-(``flower_pfl.engine.client_step``), with two hooks for an ordinary PyTorch loop::
-
-    step = step_for(config, model, context.state)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
-    for x, y in loader:
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        step.adjust_gradients(model, (x, y))
-        optimizer.step()
-    extras = step.finish(model, train_inputs)  # what the strategy needs back, with the step's receipt
-
-Send ``extras`` back as a ``ConfigRecord`` in the reply (Message API) or inside the fit
-metrics (legacy API): besides the bytes some steps return, they hold the step's receipt
-(``client-step``: the config key that asked for it), without which the strategy warns once that
-its clients ignored the step (the method then runs as another one, e.g. FedMCSA without λ).
-The IGFL-C, SCAFFOLD, FedAttn and pFedMe steps assume plain SGD steps of the instruction's
-``lr`` (no momentum, weight decay, schedule or clipping); pass the optimizer to ``step_for``
-to have that checked, and send ``lr`` and ``local-steps`` in the strategy's train config. The steps:
-
-- proximal term ``μ/2 ||w − a||²`` (FedMCSA, FedProx, FedAMP, HeurFedAMP; the anchor ``a`` is the
-  received model, or the one the client remembered for FedMCSA's clients that were not sampled);
-- IGFL-C's individual and group correction (IGFL, Huang, Shang et al., Algorithm 2): exactly
-  ``local-steps`` steps;
-- SCAFFOLD's control variates (option II), which returns ``Δc_i``;
-- FedAttn's optional bias stabiliser; returns ``Z_i`` and the bias gradient (``finish`` needs
-  the client's training inputs);
-- pFedMe's personalized model θ_i (``adjust_gradients`` needs the minibatch): the inner
-  problem is solved on the batch and the gradient replaced by ``λ (w − θ_i)``.
-
-Ditto, APFL and Per-FedAvg train a second model or take a second minibatch per step; they
-are not hooks on one loop: use this package's ClientApp (``client_apps.app``) for them.
-Client state lives in ``context.state`` (one ``ArrayRecord`` per entry), so it survives
-between rounds on a SuperNode and in simulation alike.
-"""
+"""Renamed: ``client_apps.own_loop`` (``step_for`` is ``algorithm_for``); the old names import for
+one release, with a warning."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import RecordDict
 from torch import nn
 
-from flower_pfl.engine.client_step import ClientStep
-from flower_pfl.methods.registry import client_step_for
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
+from flower_pfl.engine.deprecated import renamed
 
-__all__ = ["ClientRule", "RecordState", "client_state", "step_for"]
-
-
-class RecordState(MutableMapping[str, list[torch.Tensor]]):
-    """``context.state`` (a ``RecordDict``) seen as the client state the steps use: one
-    ``ArrayRecord`` per entry, read and written as lists of tensors."""
-
-    def __init__(self, records: RecordDict) -> None:
-        self.records = records
-
-    def __getitem__(self, key: str) -> list[torch.Tensor]:
-        return [torch.as_tensor(a) for a in self.records.array_records[key].to_numpy_ndarrays()]
-
-    def __setitem__(self, key: str, tensors: list[torch.Tensor]) -> None:
-        self.records[key] = ArrayRecord([t.detach().cpu().numpy() for t in tensors])
-
-    def __delitem__(self, key: str) -> None:
-        del self.records[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self.records.array_records.keys()))
-
-    def __len__(self) -> int:
-        return len(self.records.array_records)
-
-
-def client_state(state: RecordDict | MutableMapping[str, list[torch.Tensor]] | None) -> MutableMapping[str, list[torch.Tensor]] | None:
-    """``context.state`` as a client state (a plain mapping of tensor lists passes through)."""
-    return RecordState(state) if isinstance(state, RecordDict) else state
-
-
-def step_for(config: Mapping[str, Any], model: nn.Module, state: RecordDict | None = None,
-             optimizer: torch.optim.Optimizer | None = None,
-             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> ClientStep:
-    """The client step the training instruction ``config`` asks for, ready for your loop; call it
-    after loading the received model into ``model`` (see the module docstring).
-
-    ``state``: the node's ``context.state``; ``optimizer``: checked to be what the step assumes
-    (plain SGD, no momentum or weight decay, ``lr`` as sent) when given; ``loss_fn(logits, y)``:
-    your loss, for steps that evaluate it themselves (pFedMe's inner problem). The step classes
-    live beside their methods (``flower_pfl.methods``; e.g. ``ScaffoldCorrection`` in ``scaffold``).
-    """
-    step = client_step_for(config)
-    if not step.hookable:
-        raise ValueError(f"{step.__name__} trains a second model or takes a second minibatch per step; "
-                         "use client_apps.app's ClientApp for it")
-    made = step(model, config, client_state(state), loss_fn)
-    if optimizer is not None and made.needs_plain_sgd:
-        made.check_optimizer(optimizer)
-    return made
+__getattr__ = renamed(__name__, {"step_for": ("client_apps.own_loop", "algorithm_for")}, moved_to="client_apps.own_loop")
 
 
 class ClientRule:
-    """Deprecated: ``ClientRule.from_config(...)`` is ``step_for(...)``."""
+    """Deprecated: ``ClientRule.from_config(...)`` is ``client_apps.own_loop.algorithm_for(...)``."""
 
     @staticmethod
     def from_config(config: Mapping[str, Any], model: nn.Module, state: RecordDict | None = None,
                     optimizer: torch.optim.Optimizer | None = None,
-                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> ClientStep:
-        """Deprecated name of ``step_for``."""
-        warnings.warn("client_apps.rules.ClientRule.from_config is now client_apps.rules.step_for", FutureWarning, stacklevel=2)
-        return step_for(config, model, state, optimizer, loss_fn)
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> ClientAlgorithm:
+        """Deprecated name of ``algorithm_for``."""
+        warnings.warn("client_apps.rules.ClientRule.from_config is now client_apps.own_loop.algorithm_for", FutureWarning, stacklevel=2)
+        return algorithm_for(config, model, state, optimizer, loss_fn)

@@ -4,7 +4,7 @@ site is built (an mkdocs hook, named in ``mkdocs.yml``); nothing here is written
 - ``methods/<name>.md``: one page per method, from the registry (``flower_pfl.methods.registry``):
   the method's module and class docstrings (the paper's equations), its hyperparameters with their
   run-config keys, types, defaults and allowed values (``flower_pfl.engine.params.param_specs``),
-  its client step (``flower_pfl.engine.client_step``: what a client must do, and what the method
+  its client algorithm (``flower_pfl.engine.client_algorithm``: what a client must do, and what the method
   becomes when a client does not), and its rows of the recorded benchmark tables
   (``benchmarks/results/all_methods/table.md``, ``benchmarks/reference/results/table.md``) with
   links to the benchmark pages whose front matter names it (``methods: [...]``). The pages are
@@ -188,27 +188,27 @@ def entries_table(entries: list[Any]) -> str:
 
 
 def contract_md(decl: Any) -> str:
-    """What a client of ``decl`` (a ``Method`` class) must do, from its client step's declaration."""
-    from flower_pfl.engine.client_step import ClientStep
+    """What a client of ``decl`` (a ``Method`` class) must do, from its client algorithm's declaration."""
+    from flower_pfl.engine.client_algorithm import ClientAlgorithm
 
     step = decl.client
     lines = ["## Client contract", ""]
-    if step is ClientStep:
+    if step is ClientAlgorithm:
         lines += ["Plain local SGD on the received model: a client owes it what it owes Flower's FedAvg (the trained "
                   "model and `num-examples`), and any ClientApp that trains the received model runs it; nothing to ignore."]
     else:
         where = f"`{step.__module__}`"
-        lines += [f"- **Client step**: `{step.__name__}` ({where}): {docstring_md(first_paragraph(step.__doc__))}"]
+        lines += [f"- **Client algorithm**: `{step.__name__}` ({where}): {docstring_md(first_paragraph(step.__doc__))}"]
         if step.receipt() is not None:
             lines += [f"- **Asked for** by the training-config entry `{step.receipt()}`; the client's reply carries the "
-                      f"receipt `client-step` = `{step.receipt()}` (what `step.finish(...)` returns)."]
+                      f"receipt `client-algorithm` = `{step.receipt()}` (what `step.finish(...)` returns)."]
         if step.evaluation_key is not None:
             lines += [f"- **Evaluation**: the evaluation config's `{step.evaluation_key}` asks the client to evaluate the "
                       "method's own model (`evaluation_model`) rather than the received one."]
         if step.reply_keys:
             lines += [f"- **Sent back** besides the model: {', '.join(f'`{k}`' for k in step.reply_keys)}."]
         if step.hookable:
-            lines += ["- **In your own training loop**: `client_apps.rules.step_for(config, model, context.state)` hands "
+            lines += ["- **In your own training loop**: `client_apps.own_loop.algorithm_for(config, model, context.state)` hands "
                       "out the step; call `step.adjust_gradients(model, (x, y))` before each `optimizer.step()` and "
                       "send what `step.finish(model, x_train)` returns with the reply."]
         else:
@@ -216,13 +216,13 @@ def contract_md(decl: Any) -> str:
                       "second minibatch per step, which is not a hook on one loop."]
         if step.needs_plain_sgd:
             lines += ["- Its arithmetic assumes **plain SGD steps** of the instruction's `lr` (no momentum, weight decay, "
-                      "schedule or clipping); `step_for` checks the optimizer you pass."]
+                      "schedule or clipping); `algorithm_for` checks the optimizer you pass."]
         if step.needs_state or step.keeps_state:
             lines += ["- It keeps **state between rounds** in `context.state` (written to the node's disk for resumed "
                       "runs, see [Checkpoints and resume](../checkpoints.md))."]
         if step.reply_keys:
             keys = ", ".join(f"`{k}`" for k in step.reply_keys)
-            ignored = f"its replies lack {keys}, so every update is refused and the run ends with `ClientStepNotRun` saying why"
+            ignored = f"its replies lack {keys}, so every update is refused and the run ends with `ClientAlgorithmNotRun` saying why"
         else:
             try:
                 consequence = decl().ignored_step_consequence(step)
@@ -259,7 +259,7 @@ def benchmarks_md(labels: list[str], benchmark_pages: dict[str, dict[str, Any]])
 
 def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, Any]]) -> str:
     from flower_pfl.engine.params import annotation_text, param_specs
-    from flower_pfl.engine.server_step import PersonalizedStep
+    from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
     from flower_pfl.methods import registry
     from flower_pfl.methods.base import FlowerMethod
 
@@ -288,8 +288,8 @@ def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, An
                 "(FedProx's client applies `proximal-mu` itself; the package's ClientApp does).", ""]
         out += [benchmarks_md([e.label for e in entries], benchmark_pages)]
         return "\n".join(out)
-    server = ("one model per client, kept on the server (`PersonalizedStep`)" if issubclass(decl, PersonalizedStep)
-              else "one global model (`GlobalModelStep`)")
+    server = ("one model per client, kept on the server (`PersonalizedAlgorithm`)" if issubclass(decl, PersonalizedAlgorithm)
+              else "one global model (`GlobalModelAlgorithm`)")
     per_round = (f"{decl.default_clients_per_round} when a strategy is built without `clients_per_round`"
                  if decl.default_clients_per_round else "Flower's `fraction_train` (all nodes) when a strategy is built without `clients_per_round`")
     out += ["| | |", "|---|---|",
@@ -369,13 +369,13 @@ def api_pages() -> list[tuple[str, str, str, str]]:
         ("api/strategies.md", "strategies", "strategies", "The legacy-API strategies (`flwr.server.strategy.Strategy`)."),
         ("api/strategies-message.md", "strategies.message", "strategies.message",
          "The Message-API strategies (`flwr.serverapp.strategy.Strategy`)."),
-        ("api/client-rules.md", "client_apps.rules", "client_apps.rules",
-         "A method's client step in your own training loop (`step_for`)."),
+        ("api/own-loop.md", "client_apps.own_loop", "client_apps.own_loop",
+         "A method's client algorithm in your own training loop (`algorithm_for`)."),
     ]
     for module in sorted(_method_modules(), key=lambda m: m.__name__):
         name = module.__name__
         pages.append((f"api/methods/{name.rsplit('.', 1)[1]}.md", name.rsplit(".", 1)[1], name, first_paragraph(module.__doc__)))
-    for name in ("flower_pfl.engine.params", "flower_pfl.engine.server_step", "flower_pfl.engine.client_step",
+    for name in ("flower_pfl.engine.params", "flower_pfl.engine.server_algorithm", "flower_pfl.engine.client_algorithm",
                  "flower_pfl.engine.store", "flower_pfl.engine.wire", "flower_pfl.experiment.config", "flower_pfl.run.results"):
         module = importlib.import_module(name)
         pages.append((f"api/{name.split('.', 1)[1].replace('.', '-')}.md", name, name, first_paragraph(module.__doc__)))

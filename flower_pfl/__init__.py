@@ -3,8 +3,8 @@
 This package holds everything that does not need Flower, in layers that import only downward:
 
 - ``engine``: flat models and their layout, the per-client model store, sampling, reply checks,
-  the server step a method builds on and the client step its clients run;
-- ``methods``: one module per method (its hyperparameters, server and client steps) and the
+  the server algorithm a method builds on and the client algorithm its clients run;
+- ``methods``: one module per method (its hyperparameters, server and client algorithms) and the
   aggregation kernels, found by ``methods.registry``;
 - ``experiment``: an experiment's run config, data sets, partitions and models;
 - ``reports``: figures and diagnostics of a run;

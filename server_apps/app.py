@@ -21,14 +21,14 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_apps.flower_internals import in_memory_grid, start_grid
 from client_apps.persisted_state import STATE_PARTITIONS, STATE_ROUNDS
-from flower_pfl.engine.client_step import RESUMED_AFTER, RUN_KEY
+from flower_pfl.engine.client_algorithm import RESUMED_AFTER, RUN_KEY
 from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import ReplyBounds
 from flower_pfl.engine.sampling import Sampler
-from flower_pfl.engine.server_step import PersonalizedStep
+from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
 from flower_pfl.engine.store import DiskClientModelStore
-from flower_pfl.experiment.build import check_device, has_hidden_layers, initial_arrays, solver_config
+from flower_pfl.experiment.build import check_device, has_hidden_layers, initial_arrays, training_config
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.reports.diagnostics import save_run_diagnostics
 from flower_pfl.reports.figures import run_title
@@ -281,7 +281,7 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
                                         guard=guard, max_idle_rounds=cfg.max_idle_rounds, nodes=NodeWatch(cfg.node_wait_timeout))
         if remaining > 0:
             wrapper.start(grid=run.grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
-                          num_rounds=remaining, train_config=ConfigRecord({**solver_config(cfg), **run.instructions}),
+                          num_rounds=remaining, train_config=ConfigRecord({**training_config(cfg), **run.instructions}),
                           evaluate_config=ConfigRecord(run.instructions))
         final = wrapper.arrays
     else:
@@ -304,9 +304,9 @@ def _finish(run: _Run, strategy: Any, final: Any) -> Path:
     extra: dict[str, Any] = {}
     if server is not None:
         method = server.method
-        if isinstance(method, PersonalizedStep) and isinstance(method.store, DiskClientModelStore):
+        if isinstance(method, PersonalizedAlgorithm) and isinstance(method.store, DiskClientModelStore):
             method.store.flush()  # the models stay in <results>/store (loading them all could exceed memory)
-        elif isinstance(method, PersonalizedStep):  # what each client would use
+        elif isinstance(method, PersonalizedAlgorithm):  # what each client would use
             ids = method.store.ids()
             save_models(out / MODELS, ids, method.models_for_evaluation(ids), method.store.initial)
         if learned := method.server_state():  # e.g. FedAttn's attention module

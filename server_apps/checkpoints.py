@@ -130,7 +130,7 @@ class Resumption:
 
     def state_rounds(self) -> dict[int, int]:
         """Partition id -> the round of the last client state its client kept up to the checkpoint (clients
-        of methods whose client step keeps none, and clients that never trained, are not listed)."""
+        of methods whose client algorithm keeps none, and clients that never trained, are not listed)."""
         packed = self.meta["server"]
         rounds = tensor_files.unpack(packed, self.tensors).get("state_rounds", {}) if packed is not None else {}
         partition = {node: part for node, part in self.meta["ranks"]}

@@ -14,8 +14,8 @@ from flwr.serverapp.strategy import Strategy as MessageStrategy
 
 import strategies
 import strategies.message
-from flower_pfl.engine.client_step import SERVER_ROUND
-from flower_pfl.experiment.build import resolve_device, solver_config
+from flower_pfl.engine.client_algorithm import SERVER_ROUND
+from flower_pfl.experiment.build import resolve_device, training_config
 from flower_pfl.experiment.config import ExperimentConfig
 from strategies.aggregated_metrics import PersonalizedMetrics, weighted_train_metrics
 
@@ -51,7 +51,7 @@ def build_legacy_strategy(
     ``instructions``: entries for every training and evaluation instruction."""
     k = participants(cfg, num_nodes)
     extra = dict(instructions or {})
-    fit_config: Callable[[int], dict[str, Any]] = lambda rnd: {**solver_config(cfg), **extra, SERVER_ROUND: rnd}
+    fit_config: Callable[[int], dict[str, Any]] = lambda rnd: {**training_config(cfg), **extra, SERVER_ROUND: rnd}
     evaluate_config: Callable[[int], dict[str, Any]] = lambda rnd: dict(extra)
     cls = getattr(strategies, cfg.entry.strategy)
     if cfg.entry.builtin:

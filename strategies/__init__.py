@@ -15,13 +15,14 @@ from flwr.server.strategy import FedAvg as FedAvg
 from flwr.server.strategy import FedAvgM as FedAvgM
 from flwr.server.strategy import FedProx as FedProx
 
+from flower_pfl.engine.deprecated import renamed
 from flower_pfl.engine.reply_checks import UpdateRejected as UpdateRejected
 from strategies import methods
 from strategies.legacy import LegacyMethodStrategy as LegacyMethodStrategy
 from strategies.methods import *  # noqa: F403  (one class per method, listed in its __all__)
 
-#: the generic strategy, for a method instance of your own (``LegacyMethodStrategy(MyMethod(), ...)``)
-PersonalizedStrategy = GlobalModelStrategy = LegacyMethodStrategy
+__getattr__ = renamed(__name__, {"PersonalizedStrategy": ("strategies.legacy", "LegacyMethodStrategy"),
+                                 "GlobalModelStrategy": ("strategies.legacy", "LegacyMethodStrategy")})
 
-__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "GlobalModelStrategy", "LegacyMethodStrategy", "PersonalizedStrategy",
+__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "LegacyMethodStrategy", "PersonalizedStrategy",
                   "UpdateRejected", *methods.__all__])

@@ -64,8 +64,8 @@ def source(api: str, generic_module: str, generic: str, options: str) -> str:
              "from the method declarations (do not edit). Each class hands its hyperparameters to its method and its",
              f'other arguments to ``{generic}``; ``help()`` shows them all."""', "", "from __future__ import annotations", ""]
     lines += ["from typing import Unpack", ""]
-    if "ServerStep" in annotations:
-        lines += ["from flower_pfl.engine.server_step import ServerStep"]
+    if "ServerAlgorithm" in annotations:
+        lines += ["from flower_pfl.engine.server_algorithm import ServerAlgorithm"]
     methods = f"from flower_pfl.methods import {', '.join(modules)}"
     if len(methods) > 140:  # as ruff's import sorting wraps a long import
         methods = "from flower_pfl.methods import (\n" + "".join(f"    {m},\n" for m in modules) + ")"

@@ -26,7 +26,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from flower_pfl.engine.client_step import LOCAL_STEPS, LR, SERVER_ROUND
+from flower_pfl.engine.client_algorithm import LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import (
     MAX_MEDIAN_RATIO,
@@ -39,7 +39,7 @@ from flower_pfl.engine.reply_checks import (
     decoded,
     is_finite_number,
 )
-from flower_pfl.engine.server_step import Instruction, ServerStep
+from flower_pfl.engine.server_algorithm import Instruction, ServerAlgorithm
 from strategies.aggregated_metrics import (
     ACCURACY,
     IDENTITIES,
@@ -100,7 +100,7 @@ class LegacyOptions(TypedDict, total=False):
 
 
 class LegacyMethodStrategy(PerMethodDocs, Strategy):
-    """A method's server step (``flower_pfl.engine.server_step``) as a legacy strategy
+    """A method's server algorithm (``flower_pfl.engine.server_algorithm``) as a legacy strategy
     (``configure_fit`` / ``aggregate_fit``).
 
     ``initial_parameters`` is every client's starting model; give it as a ``state_dict`` (or any
@@ -144,7 +144,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                             "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num_examples`` at most this multiple of the lower median of the clients' first claims, and never more than its own client's first count (``flower_pfl.engine.reply_checks.WeightBook``); ``math.inf``: off.",
         "lr": "The clients' learning rate, sent as ``lr`` with every training instruction unless the training config "
-              "has it (client steps that correct gradients or report per-step quantities need it).",
+              "has it (client algorithms that correct gradients or report per-step quantities need it).",
         "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.",
         "rank_key": "The metric (or property) under which clients report a stable rank (e.g. their partition id) that orders "
@@ -164,7 +164,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
 
     def __init__(
         self,
-        method: ServerStep,
+        method: ServerAlgorithm,
         *,
         initial_parameters: Parameters | Mapping[str, Any] | None = None,
         clients_per_round: int | None = None,
@@ -221,7 +221,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         self.tracking = StrategyTracking.of(tracker, tracker_dir, self, {"clients_per_round": clients_per_round, "seed": seed})
 
     @property
-    def method(self) -> ServerStep:
+    def method(self) -> ServerAlgorithm:
         return self.server.method
 
     def __repr__(self) -> str:

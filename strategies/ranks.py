@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from flwr.common.logger import log
 
 from flower_pfl.engine.method_server import MethodServer
-from flower_pfl.engine.server_step import ClientId
+from flower_pfl.engine.server_algorithm import ClientId
 
 Row = TypeVar("Row", bound=tuple)
 #: asks the given nodes for their rank; ``(node, what it reported)`` for those that answered

@@ -9,7 +9,7 @@ from typing import Any
 from flwr.common.logger import log
 
 from flower_pfl.engine.method_server import MethodServer
-from flower_pfl.engine.reply_checks import ClientStepNotRun, RawReply, RoundReplies
+from flower_pfl.engine.reply_checks import ClientAlgorithmNotRun, RawReply, RoundReplies
 
 
 def log_rejected(client_id: Any, server_round: int, reason: str) -> None:
@@ -18,7 +18,7 @@ def log_rejected(client_id: Any, server_round: int, reason: str) -> None:
 
 def receive_round(server: MethodServer, server_round: int, raws: Sequence[RawReply], batch: RoundReplies, strategy: str) -> None:
     """Check a round's training replies (``MethodServer.receive``), log each refusal, and say once
-    when the clients do not run the method's client step (``ClientStepNotRun`` when none does and
+    when the clients do not run the method's client algorithm (``ClientAlgorithmNotRun`` when none does and
     the method cannot work without it; a warning when it still runs, as another method)."""
     server.receive(raws, batch)
     for client_id, reason in batch.rejections:
@@ -26,6 +26,6 @@ def receive_round(server: MethodServer, server_round: int, raws: Sequence[RawRep
     if (problem := server.missing_step_problem(batch)) is not None:
         log(WARNING, "%s: %s", strategy, problem[0])
         if problem[1]:
-            raise ClientStepNotRun(f"round {server_round}: {problem[0]}")
+            raise ClientAlgorithmNotRun(f"round {server_round}: {problem[0]}")
     if (ignored := server.ignored_step_problem(batch)) is not None:
         log(WARNING, "%s: round %s: %s", strategy, server_round, ignored)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flower_pfl.engine.params import iter_values
-from flower_pfl.engine.server_step import ServerStep
+from flower_pfl.engine.server_algorithm import ServerAlgorithm
 from flower_pfl.experiment.config import parse_trackers
 from flower_pfl.run.summary import summarize_run
 from flower_pfl.run.trackers import RunTrackers, TrackerSettings, require_trackers
@@ -42,7 +42,7 @@ def tracker_settings(tracker: TrackerArg) -> TrackerSettings:
 class StrategyTracking:
     """Opened on the first round, fed by the strategy, closed by ``finish`` (see the module docstring)."""
 
-    def __init__(self, settings: TrackerSettings, folder: str | Path, strategy: str, method: ServerStep,
+    def __init__(self, settings: TrackerSettings, folder: str | Path, strategy: str, method: ServerAlgorithm,
                  options: Mapping[str, Any], accuracy_key: str) -> None:
         self.settings, self.parent, self.strategy, self.accuracy_key = settings, Path(folder), strategy, accuracy_key
         self.config = {"strategy": strategy, **{spec.key or spec.name: value for spec, value in iter_values(method)

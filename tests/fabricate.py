@@ -37,7 +37,7 @@ def sent(msg):
 
 
 def user_loop(model, step, x, y, *, lr: float, batch_size: int, steps: int, seed: int, loss_fn=None) -> dict:
-    """What a user's own ClientApp does with a client step's hooks (``client_apps.rules``' docstring):
+    """What a user's own ClientApp does with a client algorithm's hooks (``client_apps.own_loop``' docstring):
     their SGD optimizer and loss on fresh minibatches, ``adjust_gradients`` between ``backward`` and
     ``step``, then ``finish``; returns the bytes for the server."""
     import torch

@@ -16,7 +16,7 @@ from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.store import DiskClientModelStore
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.models import DNN
-from flower_pfl.methods.registry import client_step_for, entries
+from flower_pfl.methods.registry import client_algorithm_for, entries
 from flower_pfl.run import tensor_files
 from flower_pfl.run.results import CHECKPOINT
 from server_apps.inprocess import run_in_process
@@ -61,7 +61,7 @@ def _client_keeps_state(entry) -> bool:
     server = MethodServer(entry.declaration(**cfg.method_arguments()), 2)
     server.initialize({k: v.numpy() for k, v in DNN(3, 2, hidden=2).state_dict().items()})
     config = server.plan_training(1, [1, 2, 3])[0].config
-    return client_step_for(config).keeps_state
+    return client_algorithm_for(config).keeps_state
 
 
 STATEFUL = [e for e in entries() if _client_keeps_state(e)]

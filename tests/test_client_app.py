@@ -5,9 +5,9 @@ import torch
 from flwr.app import Context, RecordDict
 
 from client_apps.app import Node
-from client_apps.rules import RecordState
+from client_apps.own_loop import RecordState
 from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_STATE, AnchoredProximal
-from flower_pfl.engine.client_step import PROXIMAL_MU, Proximal
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, Proximal
 from flower_pfl.experiment.config import ExperimentConfig
 
 
@@ -63,7 +63,7 @@ def test_fit_with_kept_anchor_is_pulled_toward_it():
         node.load([np.full(a.shape, 2.0, np.float32) for a in node.arrays()])
         metrics, extras = node.fit({"lr": 0.05, "local-steps": 3, "batch-size": 20, "proximal-mu": 5.0, "anchor": mode,
                                     "server-round": 2})
-        assert extras == {"client-step": "proximal-mu"} and metrics["num-examples"] == node.data.num_train and np.isfinite(metrics["train-loss"])
+        assert extras == {"client-algorithm": "proximal-mu"} and metrics["num-examples"] == node.data.num_train and np.isfinite(metrics["train-loss"])
         ends[mode] = np.concatenate([p.ravel() for p in _params(node)])
     assert np.linalg.norm(ends["keep"]) < np.linalg.norm(ends[None]) - 1.0
 

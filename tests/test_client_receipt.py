@@ -1,7 +1,7 @@
-"""A client step's receipt: every step a training instruction asks for says in ``finish``'s extras
-that it ran (``client-step``), and a strategy whose clients ignored the step (a plain-SGD ClientApp)
+"""A client algorithm's receipt: every step a training instruction asks for says in ``finish``'s extras
+that it ran (``client-algorithm``), and a strategy whose clients ignored the step (a plain-SGD ClientApp)
 says so once per run, naming the step, its config key, what the method becomes and the fix. Replies
-of the real steps (a user's loop with ``step_for``, or the package's loop) raise nothing."""
+of the real steps (a user's loop with ``algorithm_for``, or the package's loop) raise nothing."""
 
 from __future__ import annotations
 
@@ -15,23 +15,23 @@ from test_twins import NODES, Clients, _data, _model
 
 import strategies
 import strategies.message
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, PROXIMAL_MU, ClientStep, Proximal
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, PROXIMAL_MU, ClientAlgorithm, Proximal
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.methods.igfl import CORRECTION, IGFLCorrection
 from flower_pfl.methods.pfedme import LAMBDA as PFEDME_LAMBDA
-from flower_pfl.methods.registry import client_step_for, method_classes
+from flower_pfl.methods.registry import client_algorithm_for, method_classes
 
-SOLVER = {LR: 0.01, LOCAL_STEPS: 3, BATCH_SIZE: 4}
-#: methods whose client step asks for more than plain SGD, by their step
-ASKING = [cls for cls in method_classes() if cls.client is not ClientStep]
+TRAINING = {LR: 0.01, LOCAL_STEPS: 3, BATCH_SIZE: 4}
+#: methods whose client algorithm asks for more than plain SGD, by their step
+ASKING = [cls for cls in method_classes() if cls.client is not ClientAlgorithm]
 
 
 def _instruction_config(method_cls) -> dict:
-    """A real training instruction of the method (its first round), with the solver settings."""
+    """A real training instruction of the method (its first round), with the training settings."""
     server = MethodServer(method_cls(), 1)
     server.initialize({k: v.numpy() for k, v in _model().state_dict().items()})
-    return {**SOLVER, **server.plan_training(1, [NODES[0]])[0].config}
+    return {**TRAINING, **server.plan_training(1, [NODES[0]])[0].config}
 
 
 def _load(arrays: list[np.ndarray]) -> torch.nn.Module:
@@ -54,25 +54,25 @@ def _user_loop(model, step, node: int, config: dict) -> dict:
 def test_a_users_loop_returns_the_receipt_of_the_step_the_instruction_asked_for(method_cls):
     config = _instruction_config(method_cls)
     model = _model()
-    rule = step_for(config, model, {})
-    assert issubclass(method_cls.client, type(rule))  # the step, or the base of it the instruction asks for (FedMCSA: Proximal)
-    extras = _user_loop(model, rule, NODES[0], config)
-    assert extras[CLIENT_STEP] == method_cls.client.receipt() and extras[CLIENT_STEP] in config  # the key that asked
-    assert set(extras) == {CLIENT_STEP, *method_cls.client.reply_keys}  # the step's own bytes beside it, nothing else
+    algorithm = algorithm_for(config, model, {})
+    assert issubclass(method_cls.client, type(algorithm))  # the step, or the base of it the instruction asks for (FedMCSA: Proximal)
+    extras = _user_loop(model, algorithm, NODES[0], config)
+    assert extras[CLIENT_ALGORITHM] == method_cls.client.receipt() and extras[CLIENT_ALGORITHM] in config  # the key that asked
+    assert set(extras) == {CLIENT_ALGORITHM, *method_cls.client.reply_keys}  # the step's own bytes beside it, nothing else
 
 
 @pytest.mark.parametrize("method_cls", [c for c in ASKING if not c.client.hookable], ids=lambda c: c.__name__)
 def test_the_package_loop_returns_the_receipt_of_steps_that_are_not_hooks(method_cls):
     config = _instruction_config(method_cls)
     _, _, extras = Clients().train(NODES[0], [a.numpy() for a in _model().state_dict().values()], config)
-    assert extras[CLIENT_STEP] == method_cls.client.receipt() and set(extras) == {CLIENT_STEP, *method_cls.client.reply_keys}
+    assert extras[CLIENT_ALGORITHM] == method_cls.client.receipt() and set(extras) == {CLIENT_ALGORITHM, *method_cls.client.reply_keys}
 
 
 def test_plain_sgd_returns_no_receipt_and_the_proximal_step_names_proximal_mu():
     model = _model()
-    assert ClientStep.receipt() is None and _user_loop(model, step_for(SOLVER, model), NODES[0], SOLVER) == {}
-    config = {**SOLVER, PROXIMAL_MU: 0.5}
-    assert _user_loop(model, step_for(config, model), NODES[0], config) == {CLIENT_STEP: PROXIMAL_MU}
+    assert ClientAlgorithm.receipt() is None and _user_loop(model, algorithm_for(TRAINING, model), NODES[0], TRAINING) == {}
+    config = {**TRAINING, PROXIMAL_MU: 0.5}
+    assert _user_loop(model, algorithm_for(config, model), NODES[0], config) == {CLIENT_ALGORITHM: PROXIMAL_MU}
     assert Proximal.receipt() == PROXIMAL_MU and IGFLCorrection.receipt() == CORRECTION
 
 
@@ -80,7 +80,7 @@ def test_plain_sgd_returns_no_receipt_and_the_proximal_step_names_proximal_mu():
 
 class Users:
     """Each node's own ClientApp: ``plain`` trains with plain SGD and ignores the config (nodes in
-    ``plain``; all of them by default), the others run ``step_for`` in the same loop, or
+    ``plain``; all of them by default), the others run ``algorithm_for`` in the same loop, or
     the package's loop where the step is not a hook."""
 
     def __init__(self, plain: set[int] | None = None) -> None:
@@ -91,9 +91,9 @@ class Users:
     def train(self, node: int, arrays: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         model = _load(arrays)
         if node in self.plain:
-            step: ClientStep = ClientStep(model, config)
-        elif client_step_for(config).hookable:
-            step = step_for(config, model, self.states[node])
+            step: ClientAlgorithm = ClientAlgorithm(model, config)
+        elif client_algorithm_for(config).hookable:
+            step = algorithm_for(config, model, self.states[node])
         else:
             return self.package.train(node, arrays, config)
         extras = _user_loop(model, step, node, config)
@@ -105,7 +105,7 @@ def _strategy(api: str, name: str, **args):
     if api == "message":
         return getattr(strategies.message, name)(clients_per_round=3, min_available_nodes=1, seed=3, **args), initial
     return getattr(strategies, name)(initial_parameters=initial, clients_per_round=3, min_available_clients=1, seed=3,
-                                     on_fit_config_fn=lambda _: dict(SOLVER), **args), initial
+                                     on_fit_config_fn=lambda _: dict(TRAINING), **args), initial
 
 
 def _rounds(api: str, strategy, initial: dict, users: Users, rounds: int = 3) -> None:
@@ -115,7 +115,7 @@ def _rounds(api: str, strategy, initial: dict, users: Users, rounds: int = 3) ->
     arrays, params = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()}), getattr(strategy, "initial_parameters", None)
     for rnd in range(1, rounds + 1):
         if api == "message":
-            msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord(dict(SOLVER)), fb.FakeGrid(NODES)))
+            msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord(dict(TRAINING)), fb.FakeGrid(NODES)))
             replies = []
             for m in msgs:
                 trained, n, extras = users.train(m.metadata.dst_node_id, [a.numpy() for a in m.content["arrays"].values()],
@@ -133,17 +133,17 @@ def _rounds(api: str, strategy, initial: dict, users: Users, rounds: int = 3) ->
 
 
 def _receipt_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if f"'{CLIENT_STEP}'" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if f"'{CLIENT_ALGORITHM}'" in r.getMessage()]
 
 
 CASES = [  # strategy, constructor arguments, step, its config key, what the method becomes, the fix
-    ("FedMCSA", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA", "step_for"),
+    ("FedMCSA", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA", "algorithm_for"),
     ("FedAMP", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term toward the cloud model u_i",
-     "step_for"),
-    ("IGFL", {}, "IGFLCorrection", CORRECTION, "runs as IGFL-S (server attention only", "step_for"),
-    ("IGFL", {"attention": None}, "IGFLCorrection", CORRECTION, "runs as FedAvg (no IGFL-C client correction", "step_for"),
-    ("PFedMe", {}, "PFedMeStep", PFEDME_LAMBDA, "runs as FedAvg with server mixing β", "step_for"),
-    ("Ditto", {}, "DittoStep", "ditto-lambda", "runs as FedAvg: no personal model", "package's ClientApp (client_apps.app)"),
+     "algorithm_for"),
+    ("IGFL", {}, "IGFLCorrection", CORRECTION, "runs as IGFL-S (server attention only", "algorithm_for"),
+    ("IGFL", {"attention": None}, "IGFLCorrection", CORRECTION, "runs as FedAvg (no IGFL-C client correction", "algorithm_for"),
+    ("PFedMe", {}, "PFedMeClient", PFEDME_LAMBDA, "runs as FedAvg with server mixing β", "algorithm_for"),
+    ("Ditto", {}, "DittoClient", "ditto-lambda", "runs as FedAvg: no personal model", "package's ClientApp (client_apps.app)"),
 ]
 
 
@@ -155,7 +155,7 @@ def test_clients_that_ignore_the_step_are_warned_about_once_and_real_steps_not_a
     _rounds(api, strategy, initial, Users())
     (warning,) = _receipt_warnings(caplog)  # three rounds of plain clients: one warning
     assert f"{name}: round 1: 3 of 3 clients" in warning
-    for text in (f"client step {step}", f"'{key}'", f"{name} then {consequence}", fix, "Using a strategy in your own Flower app"):
+    for text in (f"client algorithm {step}", f"'{key}'", f"{name} then {consequence}", fix, "Using a strategy in your own Flower app"):
         assert text in warning, text
     caplog.clear()
     strategy, initial = _strategy(api, name, **args)
@@ -183,13 +183,13 @@ def test_instructions_that_ask_for_no_step_expect_no_receipt(api, name, args, ca
 @pytest.mark.parametrize("api", ["message", "legacy"])
 @pytest.mark.parametrize("name", ["SCAFFOLD", "FedAttn"])
 def test_steps_whose_replies_show_they_ran_need_no_receipt(api, name, caplog):
-    """SCAFFOLD's Δc_i and FedAttn's Z_i already show the step ran (their absence is StepOutputMissing's
+    """SCAFFOLD's Δc_i and FedAttn's Z_i already show the step ran (their absence is AlgorithmOutputMissing's
     warning): a hand-written client that returns them without the receipt is not warned about."""
 
     class WithoutReceipt(Users):
         def train(self, node, arrays, config):
             trained, n, extras = super().train(node, arrays, config)
-            assert extras.pop(CLIENT_STEP) == client_step_for(config).receipt()
+            assert extras.pop(CLIENT_ALGORITHM) == client_algorithm_for(config).receipt()
             return trained, n, extras
 
     strategy, initial = _strategy(api, name)
@@ -203,7 +203,7 @@ def test_a_receipt_of_another_step_or_not_a_str_counts_as_ignoring_the_one_asked
     class Confused(Users):
         def train(self, node, arrays, config):
             trained, n, extras = super().train(node, arrays, config)
-            return trained, n, {**extras, CLIENT_STEP: receipt}  # e.g. it ran the proximal step instead of IGFL-C
+            return trained, n, {**extras, CLIENT_ALGORITHM: receipt}  # e.g. it ran the proximal step instead of IGFL-C
 
     strategy, initial = _strategy(api, "IGFL")
     _rounds(api, strategy, initial, Confused(plain=set()), rounds=2)

@@ -114,11 +114,11 @@ def test_the_package_app_refuses_a_fedamp_run_that_cannot_train(method):
 
 
 @pytest.mark.parametrize("api", ["message", "legacy"])
-@pytest.mark.parametrize("name,rule", [("SCAFFOLD", "ScaffoldCorrection"), ("FedAttn", "FedAttnStep")])
-def test_a_method_whose_clients_lack_its_client_step_says_so_once_and_fails_when_none_has_it(api, name, rule, caplog):
+@pytest.mark.parametrize("name,algorithm", [("SCAFFOLD", "ScaffoldCorrection"), ("FedAttn", "FedAttnClient")])
+def test_a_method_whose_clients_lack_its_client_algorithm_says_so_once_and_fails_when_none_has_it(api, name, algorithm, caplog):
     from test_twins import Clients
 
-    from flower_pfl.engine.reply_checks import ClientStepNotRun
+    from flower_pfl.engine.reply_checks import ClientAlgorithmNotRun
 
     fb.set_task_identity()
     initial = {k: v.numpy() for k, v in _model().state_dict().items()}
@@ -156,13 +156,13 @@ def test_a_method_whose_clients_lack_its_client_step_says_so_once_and_fails_when
     _, metrics = replies(1, strategy, plain={NODES[0]})  # one plain client: warned, refused, the round goes on
     replies(2, strategy, plain={NODES[0]})
     warnings = [r.getMessage() for r in caplog.records if "does not run it" in r.getMessage()]
-    assert metrics["clients-rejected"] == 1 and len(warnings) == 1 and rule in warnings[0] and "step_for" in warnings[0]
-    with pytest.raises(ClientStepNotRun, match=f"{rule}.*cannot work"):
+    assert metrics["clients-rejected"] == 1 and len(warnings) == 1 and algorithm in warnings[0] and "algorithm_for" in warnings[0]
+    with pytest.raises(ClientAlgorithmNotRun, match=f"{algorithm}.*cannot work"):
         replies(1, make(), plain=set(NODES))  # nobody runs it: the run ends and says why
 
 
 @pytest.mark.parametrize("name", ["SCAFFOLD", "IGFL", "FedAttn"])
-def test_settings_a_client_rule_needs_are_sent_from_the_strategys_arguments_or_asked_for(name, caplog):
+def test_settings_a_client_algorithm_needs_are_sent_from_the_strategys_arguments_or_asked_for(name, caplog):
     fb.set_task_identity()
     initial = {k: v.numpy() for k, v in _model().state_dict().items()}
     arrays = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()})

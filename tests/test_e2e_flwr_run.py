@@ -183,12 +183,12 @@ def test_plain_app_names_its_strategy_and_metric(simulation):
     accuracies = _accuracies(run["log"], r"plain-app: round \d+ eval-acc ([0-9.]+)")
     assert len(accuracies) == 3 and all(0 <= a <= 1 for a in accuracies), run["log"][-3000:]
     assert "'eval-acc-mean'" in run["log"] and "'eval-acc-bmta'" in run["log"], run["log"][-3000:]
-    assert run["log"].count("receipt 'client-step' = 'proximal-mu'") == 1, run["log"][-3000:]
+    assert run["log"].count("receipt 'client-algorithm' = 'proximal-mu'") == 1, run["log"][-3000:]
 
 
 @pytest.mark.xdist_group("flwr-run-f")
-def test_own_message_app_with_scaffolds_client_side_rule(simulation):
-    """examples/message_app: the user's own loop with SCAFFOLD's ``step_for`` hooks, whose Δc_i travels
+def test_own_message_app_with_scaffolds_client_algorithm(simulation):
+    """examples/message_app: the user's own loop with SCAFFOLD's ``algorithm_for`` hooks, whose Δc_i travels
     back in the reply through Ray (every method of the app runs in-process in test_example_apps.py)."""
     run = simulation.run({"method": "scaffold", "num-rounds": 3, "clients-per-round": 6}, nodes=6,
                          app=ROOT / "examples" / "message_app")

@@ -27,8 +27,8 @@ def message_app(monkeypatch):
 
 
 @pytest.mark.parametrize("method", ["fedmcsa", "fedacs", "scaffold", "igfl"])
-def test_own_message_app_with_each_methods_client_side_rule(message_app, caplog, method):
-    """The user's loop with ``step_for`` hooks (FedMCSA's proximal term; SCAFFOLD's correction, whose
+def test_own_message_app_with_each_methods_client_algorithm(message_app, caplog, method):
+    """The user's loop with ``algorithm_for`` hooks (FedMCSA's proximal term; SCAFFOLD's correction, whose
     Δc_i travels back in the reply; IGFL-C's Δw_i, kept in the node's state): every round trains all
     six clients, every update and every extra is accepted, and the app logs its accuracy each round."""
     client_app, server_app = message_app

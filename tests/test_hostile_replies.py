@@ -1,6 +1,6 @@
 """No single client can crash a run or change what the server stores by sending something malformed.
 
-Every method is driven through both APIs with real client steps (``test_twins.Clients``): one
+Every method is driven through both APIs with real client algorithms (``test_twins.Clients``): one
 honest round, then a round in which one client's reply is hostile. The round must go on, the
 hostile reply must be refused with a logged reason naming the client and the field, and the
 server must end exactly where it ends when that client simply fails.
@@ -19,7 +19,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from test_twins import NODES, OURS, SOLVER, Clients, _assert_same_state, _twins
+from test_twins import NODES, OURS, TRAINING, Clients, _assert_same_state, _twins
 
 #: stands in a ``Case.field`` for the name of the extra the hostile change touched (SCAFFOLD's
 #: ``delta-c``, FedAttn's representation or bias gradient): the refusal must name one of them
@@ -125,7 +125,7 @@ def _round(strategy: Any, api: str, rnd: int, state: dict, clients: Clients, hos
     """One training round of ``strategy``; the first participant's reply is changed by ``hostile`` (or it fails)."""
     names = state["names"]
     if api == "message":
-        msgs = list(strategy.configure_train(rnd, state["arrays"], ConfigRecord(dict(SOLVER)), fb.FakeGrid(NODES)))
+        msgs = list(strategy.configure_train(rnd, state["arrays"], ConfigRecord(dict(TRAINING)), fb.FakeGrid(NODES)))
         replies = []
         state["hostile"] = msgs[0].metadata.dst_node_id  # the round's first participant
         for msg in msgs:

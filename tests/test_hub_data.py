@@ -52,7 +52,7 @@ def test_femnist_natural_partition_is_one_writer_per_client(tmp_path):
         load_client_data(cfg, 6, 7)
 
 
-def test_source_rules_are_checked_at_start():
+def test_source_algorithms_are_checked_at_start():
     with pytest.raises(ConfigError, match="'data-source'.*flwr-datasets"):
         ExperimentConfig.from_mapping({"dataset": "femnist", "partition": "natural"})
     with pytest.raises(ConfigError, match="'dataset'.*with data-source"):

@@ -22,13 +22,13 @@ from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.params import param_specs
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected, check_update
-from flower_pfl.engine.server_step import GlobalModelStep, PersonalizedStep, weighted_mean
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, PersonalizedAlgorithm, weighted_mean
 from flower_pfl.methods.local import Local
 from flower_pfl.methods.registry import method_classes
 
 NAMES, SHAPES = fb.NAMES, fb.SHAPES
 #: the personalized methods that offer FedMCSA's Algorithm 1 (every client trains every round)
-ALL_CLIENTS_TRAIN = sorted((c for c in method_classes() if issubclass(c, PersonalizedStep)
+ALL_CLIENTS_TRAIN = sorted((c for c in method_classes() if issubclass(c, PersonalizedAlgorithm)
                             and "all_clients_train" in {s.name for s in param_specs(c)}), key=lambda c: c.name)
 
 _arrays, _flat, _sent = fb.model_arrays, fb.flat, fb.sent
@@ -365,12 +365,12 @@ def test_both_apis_compute_the_same_rounds(cls):
 # ---------------------------------------------------------------- a global-model method
 
 @dataclass
-class Average(GlobalModelStep):
+class Average(GlobalModelAlgorithm):
     """The default global-model step: FedAvg."""
 
 
 def test_global_model_methods_return_the_new_model_from_accepted_replies_only():
-    strat = strategies.message.GlobalModelStrategy(Average(), clients_per_round=3, min_available_nodes=1)
+    strat = strategies.message.MethodStrategy(Average(), clients_per_round=3, min_available_nodes=1)
     grid = fb.FakeGrid(range(3))
 
     def reply(m):
@@ -391,7 +391,7 @@ def test_global_model_methods_return_the_new_model_from_accepted_replies_only():
     assert all(torch.allclose(_sent(m), want) for m in msgs)  # everyone starts from the new global model
     assert all(torch.allclose(_sent(m), want) for m in strat.configure_evaluate(2, ArrayRecord(), ConfigRecord(), grid))
 
-    legacy = strategies.GlobalModelStrategy(Average(), initial_parameters=_arrays(0.0), clients_per_round=2,
+    legacy = strategies.LegacyMethodStrategy(Average(), initial_parameters=_arrays(0.0), clients_per_round=2,
                                             min_available_clients=1)
     cm = fb.client_manager(["0", "1"])
     ins = legacy.configure_fit(1, legacy.initial_parameters, cm)

@@ -19,7 +19,7 @@ from flwr.common import Code, EvaluateRes, Status
 import strategies
 import strategies.message
 from flower_pfl.engine.method_server import MethodServer
-from flower_pfl.engine.server_step import GlobalModelStep
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm
 
 PARTITIONS = [0, 1, 2, 3, 4, 5]
 #: two runs' node ids for the same partitions: ordered by node id, the partitions come in other orders
@@ -33,7 +33,7 @@ def _identity():
 
 
 @dataclass
-class Recorded(GlobalModelStep):
+class Recorded(GlobalModelAlgorithm):
     """FedAvg that records the order in which each round's replies reach it."""
 
     orders: list[list[Any]] = field(default_factory=list)
@@ -60,7 +60,7 @@ def _warnings(caplog, text: str) -> list[str]:
 # ---------------------------------------------------------------- Message API
 
 def _message(**options) -> strategies.message.MethodStrategy:
-    return strategies.message.GlobalModelStrategy(Recorded(), clients_per_round=3, min_available_nodes=1, seed=7,
+    return strategies.message.MethodStrategy(Recorded(), clients_per_round=3, min_available_nodes=1, seed=7,
                                                   fraction_evaluate=0.5, **options)
 
 
@@ -111,7 +111,7 @@ def test_ranks_learned_from_replies_order_aggregation_with_full_participation_wi
     nodes = RUNS[1]
     pid = dict(zip(nodes, PARTITIONS))
     grid = fb.FakeGrid(nodes)
-    strategy = strategies.message.GlobalModelStrategy(Recorded(), clients_per_round=len(nodes), min_available_nodes=1)
+    strategy = strategies.message.MethodStrategy(Recorded(), clients_per_round=len(nodes), min_available_nodes=1)
     _message_round(strategy, grid, 1, pid)
     assert grid.queried == [] and not _warnings(caplog, WARNS_UNRANKED)  # no draw: nothing to ask, nothing to say
     assert [pid[n] for n in strategy.method.orders[0]] == PARTITIONS  # learned before the round was aggregated
@@ -170,7 +170,7 @@ def test_nodes_sharing_a_rank_are_warned_about_once_and_ordered_by_node_id(caplo
 # ---------------------------------------------------------------- legacy API
 
 def _legacy(**options) -> strategies.LegacyMethodStrategy:
-    return strategies.GlobalModelStrategy(Recorded(), initial_parameters=fb.model_arrays(0.0), clients_per_round=3,
+    return strategies.LegacyMethodStrategy(Recorded(), initial_parameters=fb.model_arrays(0.0), clients_per_round=3,
                                           min_available_clients=1, seed=7, fraction_evaluate=0.5, **options)
 
 
@@ -256,7 +256,7 @@ def test_evaluation_metrics_reach_the_aggregation_function_in_rank_order():
         return MetricRecord({"accuracy": 0.5})
 
     nodes = RUNS[1]
-    strategy = strategies.message.GlobalModelStrategy(Recorded(), clients_per_round=6, min_available_nodes=1,
+    strategy = strategies.message.MethodStrategy(Recorded(), clients_per_round=6, min_available_nodes=1,
                                                       evaluate_metrics_aggr_fn=aggregate)
     msgs = list(strategy.configure_evaluate(1, _arrays(), ConfigRecord({}), fb.FakeGrid(nodes)))
     replies = []

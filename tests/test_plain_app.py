@@ -17,7 +17,7 @@ from conftest import ROOT
 from flwr.server import ServerConfig
 
 from client_apps.flower_internals import start_grid
-from flower_pfl.engine.reply_checks import ClientStepNotRun
+from flower_pfl.engine.reply_checks import ClientAlgorithmNotRun
 from server_apps.inprocess import InProcessGrid
 
 sys.path.insert(0, str(ROOT / "examples" / "plain_app"))
@@ -84,14 +84,14 @@ def test_a_strategy_runs_in_a_plain_app_under_the_apps_metric_names(api, name, f
                 if r.levelno >= logging.WARNING and "Using a strategy in your own Flower app" in r.getMessage()]
     assert len(warnings) == (1 if name in WARNS else 0), warnings
     if name in WARNS:
-        assert "client_apps.app" in warnings[0] or "step_for" in warnings[0], warnings
+        assert "client_apps.app" in warnings[0] or "algorithm_for" in warnings[0], warnings
     assert not [r.getMessage() for r in caplog.records if "no client reports" in r.getMessage()]
 
 
 @pytest.mark.parametrize("api", ["message", "legacy"])
 @pytest.mark.parametrize("name", FAILS)
-def test_a_method_that_cannot_work_without_its_client_rule_ends_the_run_saying_so(api, name):
-    with pytest.raises(ClientStepNotRun, match="step_for"):
+def test_a_method_that_cannot_work_without_its_client_algorithm_ends_the_run_saying_so(api, name):
+    with pytest.raises(ClientAlgorithmNotRun, match="algorithm_for"):
         _run(api, _ours(api, name), {"accuracy_key": "eval-acc"})
 
 

@@ -13,11 +13,11 @@ import torch
 
 import strategies
 import strategies.message
-from flower_pfl.engine.client_step import ClientStep, Proximal
+from flower_pfl.engine.client_algorithm import ClientAlgorithm, Proximal
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.params import param_specs
 from flower_pfl.experiment.models import DNN
-from flower_pfl.methods.registry import client_step_for, client_steps, entries, method_classes, method_table, methods
+from flower_pfl.methods.registry import client_algorithm_for, client_algorithms, entries, method_classes, method_table, methods
 from strategies.codegen import sources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,18 +64,18 @@ def test_a_bad_value_names_the_argument():
 
 
 def test_client_dispatch_reads_each_step_s_own_key():
-    for step in client_steps():  # a proximal step's own key asks for it when a proximal weight is sent too
-        assert client_step_for({step.key: True, **({"proximal-mu": 1.0} if issubclass(step, Proximal) else {})}) is step
-    assert client_step_for({"proximal-mu": 0.5}) is Proximal and client_step_for({}) is ClientStep
-    first, second = client_steps()[-2:]
-    with pytest.raises(ValueError, match="several client steps"):
-        client_step_for({first.key: True, second.key: True})
+    for step in client_algorithms():  # a proximal step's own key asks for it when a proximal weight is sent too
+        assert client_algorithm_for({step.key: True, **({"proximal-mu": 1.0} if issubclass(step, Proximal) else {})}) is step
+    assert client_algorithm_for({"proximal-mu": 0.5}) is Proximal and client_algorithm_for({}) is ClientAlgorithm
+    first, second = client_algorithms()[-2:]
+    with pytest.raises(ValueError, match="several client algorithms"):
+        client_algorithm_for({first.key: True, second.key: True})
 
 
 def test_no_module_outside_the_methods_lists_method_names():
     names = set(methods())
     for path in ["flower_pfl/experiment/config.py", "server_apps/factory.py", "server_apps/app.py", "client_apps/app.py",
-                 "client_apps/rules.py", "strategies/__init__.py", "strategies/message/__init__.py"]:
+                 "client_apps/own_loop.py", "strategies/__init__.py", "strategies/message/__init__.py"]:
         tree = ast.parse((ROOT / path).read_text())
         listed = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names}
         assert listed <= {"fedmcsa"}, (path, listed)  # the run config's default method may be named
@@ -89,7 +89,7 @@ def test_per_method_strategy_classes_are_current():
 
 @pytest.mark.parametrize("method", [m for m in method_classes() if m.client.reply_keys], ids=lambda m: m.name)
 def test_a_methods_example_extras_are_what_its_client_returns_and_pass_its_checks(method):
-    """``example_extras`` (what benchmarks fabricate replies with) holds the client step's reply keys, valid for ``check_extras``."""
+    """``example_extras`` (what benchmarks fabricate replies with) holds the client algorithm's reply keys, valid for ``check_extras``."""
     server = MethodServer(method(), clients_per_round=2)
     server.initialize({k: v.numpy() for k, v in DNN(6, 3, hidden=4).state_dict().items()})
     example = server.method.example_extras(torch.Generator().manual_seed(0))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Code, EvaluateRes, Status
-from test_twins import NODES, OURS, SOLVER, Clients, _twins
+from test_twins import NODES, OURS, TRAINING, Clients, _twins
 from test_twins import _model as twins_model
 
 import strategies.message
@@ -341,9 +341,9 @@ def test_training_metrics_average_only_finite_numbers():
 def test_a_client_claiming_a_trillion_examples_weighs_as_a_thousand_median_clients():
     from flower_pfl.engine.method_server import MethodServer
     from flower_pfl.engine.reply_checks import RawReply
-    from flower_pfl.engine.server_step import GlobalModelStep
+    from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm
 
-    server = MethodServer(GlobalModelStep(), clients_per_round=3, seed=0)
+    server = MethodServer(GlobalModelAlgorithm(), clients_per_round=3, seed=0)
     initial = {"w": np.ones(4, np.float32)}
     server.initialize(initial)
     plan = server.plan_training(1, [1, 2, 3])
@@ -405,7 +405,7 @@ def test_a_client_that_joined_honestly_cannot_outweigh_a_round_later_with_a_huge
     for server_round, claim in ((1, 500), (2, 10**12)):
         raws = []
         for ins in server.plan_training(server_round, NODES):
-            trained, _, extras = clients.train(ins.client_id, server.to_arrays(ins.model), {**ins.config, **SOLVER})
+            trained, _, extras = clients.train(ins.client_id, server.to_arrays(ins.model), {**ins.config, **TRAINING})
             n = claim if ins.client_id == NODES[-1] else sizes[ins.client_id]
             raws.append(RawReply(ins.client_id, trained, names, n, {}, extras))
         batch = server.receive(raws)

@@ -16,14 +16,14 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from flower_pfl.engine.client_step import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import DNN
-from flower_pfl.methods.registry import client_step_for, entries
+from flower_pfl.methods.registry import client_algorithm_for, entries
 
 NODES = [11, 12, 13, 14, 15]
-SOLVER = {LR: 0.05, LOCAL_STEPS: 3, BATCH_SIZE: 4}
+TRAINING = {LR: 0.05, LOCAL_STEPS: 3, BATCH_SIZE: 4}
 OURS = [e for e in entries() if not e.builtin]
 
 
@@ -39,7 +39,7 @@ def _data(node: int) -> TrainData:
 
 
 class Clients:
-    """Real client steps on tiny data, one state per node: the same replies for both twins."""
+    """Real client algorithms on tiny data, one state per node: the same replies for both twins."""
 
     def __init__(self) -> None:
         self.states: dict[int, dict] = {n: {} for n in NODES}
@@ -49,7 +49,7 @@ class Clients:
         with torch.no_grad():
             for p, a in zip(model.state_dict().values(), arrays):
                 p.copy_(torch.as_tensor(a))
-        step = client_step_for(config)(model, config, self.states[node])
+        step = client_algorithm_for(config)(model, config, self.states[node])
         _, extras = train_locally(step, model, _data(node), steps=int(config[LOCAL_STEPS]), lr=float(config[LR]),
                                   batch_size=int(config[BATCH_SIZE]), generator=torch.Generator().manual_seed(node))
         return [t.detach().numpy().copy() for t in model.state_dict().values()], 10 + node, extras
@@ -60,7 +60,7 @@ def _twins(entry, **options):
     args = cfg.method_arguments()
     initial = {k: v.numpy() for k, v in _model().state_dict().items()}
     legacy = getattr(strategies, entry.strategy)(**args, initial_parameters=initial, clients_per_round=3, min_available_clients=1,
-                                                  on_fit_config_fn=lambda _: dict(SOLVER), seed=7)
+                                                  on_fit_config_fn=lambda _: dict(TRAINING), seed=7)
     message = getattr(strategies.message, entry.strategy)(**args, clients_per_round=3, min_available_nodes=1, seed=7)
     return legacy, message, initial
 
@@ -82,7 +82,7 @@ def _run_rounds(legacy, message, initial, rounds: int = 3):
     names = list(initial)
     for rnd in range(1, rounds + 1):
         fit = legacy.configure_fit(rnd, params, cm)
-        msgs = list(message.configure_train(rnd, arrays, ConfigRecord(dict(SOLVER)), grid))
+        msgs = list(message.configure_train(rnd, arrays, ConfigRecord(dict(TRAINING)), grid))
         assert [int(p.cid) for p, _ in fit] == [m.metadata.dst_node_id for m in msgs]
         results, replies = [], []
         for (proxy, ins), msg in zip(fit, msgs):

@@ -27,7 +27,7 @@ replaces, from the outside, exactly three things:
 * an extra figure: ``TrainMNISTCluster.test`` is wrapped. The authors' ``test(train=False)``
   (``get_inference_stats``) chooses each machine's cluster by the loss on its *test* data; the wrapper
   also counts the test predictions of the cluster that the machine's *training* data chose in the
-  ``test(train=True)`` call just before (the paper's protocol, and this package's ``IFCAStep.evaluation_model``).
+  ``test(train=True)`` call just before (the paper's protocol, and this package's ``IFCAClient.evaluation_model``).
 
 Everything else is the authors' code: ``main()``'s config (``config.json``, then ``--config-override``
 JSON; ``train_seed`` = ``data_seed`` = ``--seed``), ``setup_models``, ``run`` (an evaluation of train

@@ -156,7 +156,7 @@ def _evaluate_ala_output() -> None:
                 received[n].copy_(t)
         return model, {}
 
-    fedala.FedALAStep.evaluation_model = classmethod(evaluation_model)  # type: ignore[method-assign,assignment]
+    fedala.FedALAClient.evaluation_model = classmethod(evaluation_model)  # type: ignore[method-assign,assignment]
 
 
 def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -> None:

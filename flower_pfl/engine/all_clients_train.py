@@ -3,7 +3,7 @@ model per client: the server side (``AllClientsTrain``) and the anchor its proxi
 (``AnchoredProximal``).
 
 Each round the sampled clients train on the model ``personalize`` made for them and the other
-connected clients on their own stored model. A proximal client step pulls toward an anchor: a
+connected clients on their own stored model. A proximal client algorithm pulls toward an anchor: a
 sampled client's anchor is the model it received, which it remembers (``ANCHOR_SET``); a client
 that was not sampled keeps the anchor it remembered when it was last sampled (``ANCHOR_KEEP``,
 Algorithm 1's W_local), and falls back to the model it received when it has none yet.
@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from flower_pfl.engine.client_step import Proximal, keep, like_params, proximal_mu, stored
+from flower_pfl.engine.client_algorithm import Proximal, keep, like_params, proximal_mu, stored
 from flower_pfl.engine.params import param
-from flower_pfl.engine.server_step import ClientId, Instruction, PersonalizedStep
+from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm
 
 #: instruction entry: which model the proximal term pulls toward (absent: the received model)
 ANCHOR = "anchor"
@@ -30,8 +30,8 @@ ANCHOR_STATE = "proximal-anchor"
 
 
 @dataclass
-class AllClientsTrain(PersonalizedStep):
-    """A ``PersonalizedStep`` whose unsampled clients may train too (``all_clients_train``)."""
+class AllClientsTrain(PersonalizedAlgorithm):
+    """A ``PersonalizedAlgorithm`` whose unsampled clients may train too (``all_clients_train``)."""
 
     all_clients_train: bool = param(False, key="all-clients-train",
                                     doc="every client trains every round; the unsampled ones continue from their own model (FedMCSA's Algorithm 1)")

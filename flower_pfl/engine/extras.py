@@ -1,6 +1,6 @@
 """The package's optional parts and the extras that install them.
 
-The core (strategies, client steps, the engine, the ServerApp and ClientApp on Synthetic data)
+The core (strategies, client algorithms, the engine, the ServerApp and ClientApp on Synthetic data)
 needs Flower, PyTorch, NumPy and safetensors. Image data sets, plots and the command-line tools
 need more, installed as extras: ``pip install 'flower-pfl[data]'`` (``.[data]`` in a clone).
 ``require`` is called before such an import, so that a missing one stops with the extra to install.

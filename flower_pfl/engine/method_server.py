@@ -1,4 +1,4 @@
-"""A method's server step with what every method shares, independent of the Flower API: the
+"""A method's server algorithm with what every method shares, independent of the Flower API: the
 model's layout, reproducible sampling of a round's participants (ordered by a stable rank per
 node), the checks every reply passes before it reaches the method, and the client-contract
 messages, each said once. ``strategies`` and ``strategies.message`` wrap it for Flower."""
@@ -13,15 +13,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm
 from flower_pfl.engine.client_contract import (
+    algorithm_asked,
     ignored_step_message,
     missing_step_message,
     receipt_expected,
     settings_problem,
-    step_asked,
 )
 from flower_pfl.engine.client_metrics import is_finite_number
-from flower_pfl.engine.client_step import CLIENT_STEP, ClientStep
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.reply_checks import (
     RawReply,
@@ -35,12 +35,12 @@ from flower_pfl.engine.reply_checks import (
     screen,
 )
 from flower_pfl.engine.sampling import Sampler
-from flower_pfl.engine.server_step import ClientId, Instruction, PersonalizedStep, ServerStep
+from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm, ServerAlgorithm
 from flower_pfl.engine.store import make_store
 
 
 class MethodServer:
-    """A method's ``ServerStep`` with the plumbing every method shares, independent of the Flower API.
+    """A method's ``ServerAlgorithm`` with the plumbing every method shares, independent of the Flower API.
 
     ``clients_per_round`` clients train each round (``None``: ``ceil(fraction_train · n)`` of the
     ``n`` connected, at least ``min_train_clients``), drawn by a ``Sampler`` seeded with ``seed``
@@ -50,7 +50,7 @@ class MethodServer:
     (``learn_rank``); a client keeps the first rank it reports.
     """
 
-    def __init__(self, method: ServerStep, clients_per_round: int | None = None, *, fraction_train: float = 1.0,
+    def __init__(self, method: ServerAlgorithm, clients_per_round: int | None = None, *, fraction_train: float = 1.0,
                  min_train_clients: int = 1, seed: int = 0, device: str | torch.device = "cpu",
                  store_dir: str | Path | None = None, bounds: ReplyBounds | None = None,
                  rank_key: str | None = None) -> None:
@@ -83,8 +83,8 @@ class MethodServer:
         #: (a resumed run asks its node for the state of that round; ``client_apps.persisted_state``)
         self.state_rounds: dict[ClientId, int] = {}
         self._keeps_state: set[ClientId] = set()
-        #: the client step each of the round's trainers was asked for, where only its receipt shows it ran
-        self._step_asked: dict[ClientId, type[ClientStep]] = {}
+        #: the client algorithm each of the round's trainers was asked for, where only its receipt shows it ran
+        self._step_asked: dict[ClientId, type[ClientAlgorithm]] = {}
         self._settings_seen = False
         self._missing_step_reported = self._receipt_reported = False
         #: each client's own starting model by its rank, as named arrays (``None``: all start from the
@@ -149,10 +149,10 @@ class MethodServer:
             self.layout = ParamLayout.from_arrays(arrays)
             initial = self.layout.flatten(arrays.values())
             self.method.setup(self.layout, initial, self.device, self.seed)
-            if self.store_dir is not None and isinstance(self.method, PersonalizedStep):  # rows on disk, not in memory
+            if self.store_dir is not None and isinstance(self.method, PersonalizedAlgorithm):  # rows on disk, not in memory
                 self.method.store = make_store(initial, self.device, self.store_dir)
             if self.initial_by_rank is not None:
-                if not isinstance(self.method, PersonalizedStep):
+                if not isinstance(self.method, PersonalizedAlgorithm):
                     raise ValueError(f"{type(self.method).__name__} starts every client from one model: "
                                      "per-client starting models need a method that keeps a model per client")
                 self.method.store.initial_rows = self._initial_rows
@@ -204,9 +204,9 @@ class MethodServer:
         plan = self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
         self._sampled = chosen
         self._sent = {ins.client_id: ins.model for ins in plan}
-        client = self.method.client_step()
+        client = self.method.client_algorithm()
         self._step_asked = {ins.client_id: step for ins in plan if (step := receipt_expected(client, ins.config)) is not None}
-        self._keeps_state = {ins.client_id for ins in plan if (step := step_asked(client, ins.config)) is not None and step.keeps_state}
+        self._keeps_state = {ins.client_id for ins in plan if (step := algorithm_asked(client, ins.config)) is not None and step.keeps_state}
         return plan
 
     def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float, minimum: int = 1) -> list[Instruction]:
@@ -225,11 +225,11 @@ class MethodServer:
         n = check_num_examples(raw.num_examples)
         try:
             extras = self.method.check_extras(raw.extras)
-        except UpdateRejected:  # StepOutputMissing included
+        except UpdateRejected:  # AlgorithmOutputMissing included
             raise
         except (ValueError, TypeError) as err:
             raise UpdateRejected(str(err)) from err
-        receipt = raw.extras.get(CLIENT_STEP)
+        receipt = raw.extras.get(CLIENT_ALGORITHM)
         return Reply(raw.client_id, vector, n, raw.metrics, extras, receipt if isinstance(receipt, str) else None)
 
     def receive(self, raws: Sequence[RawReply], batch: RoundReplies | None = None) -> RoundReplies:
@@ -242,7 +242,7 @@ class MethodServer:
 
     def missing_step_problem(self, batch: RoundReplies) -> tuple[str, bool] | None:
         """``(message, fatal)`` the first time replies show that clients do not run the method's
-        client step; fatal when no reply of the round had it (the method cannot work without it)."""
+        client algorithm; fatal when no reply of the round had it (the method cannot work without it)."""
         if batch.missing_step is None or self._missing_step_reported:
             return None
         self._missing_step_reported = True
@@ -250,9 +250,9 @@ class MethodServer:
         return missing_step_message(self.method, batch.missing_step, batch.missing_step_count), fatal
 
     def ignored_step_problem(self, batch: RoundReplies) -> str | None:
-        """A warning the first time accepted replies lack the receipt of the client step their
+        """A warning the first time accepted replies lack the receipt of the client algorithm their
         instruction asked for: their clients trained without it. Not fatal: the method still runs,
-        as another method (``ServerStep.ignored_step_consequence`` says which)."""
+        as another method (``ServerAlgorithm.ignored_step_consequence`` says which)."""
         if self._receipt_reported:
             return None
         ignored = [r for r in batch.accepted if r.client_id in self._step_asked and r.client_step != self._step_asked[r.client_id].receipt()]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from flower_pfl.engine.client_step import trainable
+from flower_pfl.engine.client_algorithm import trainable
 from flower_pfl.engine.layout import ParamLayout
 
 

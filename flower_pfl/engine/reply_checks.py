@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from flower_pfl.engine.client_metrics import is_finite_number, is_number, numbers
+from flower_pfl.engine.deprecated import renamed
 from flower_pfl.engine.layout import ParamLayout
 
 ClientId = Hashable
@@ -39,8 +40,8 @@ class UpdateRejected(ValueError):
     """A client reply that cannot be used; the message says why (naming the field)."""
 
 
-class StepOutputMissing(UpdateRejected):
-    """One reply refused because it lacks what the method's client step returns (``step``, e.g.
+class AlgorithmOutputMissing(UpdateRejected):
+    """One reply refused because it lacks what the method's client algorithm returns (``step``, e.g.
     ``ScaffoldCorrection``): its client does not run that step."""
 
     def __init__(self, message: str, step: str) -> None:
@@ -48,9 +49,13 @@ class StepOutputMissing(UpdateRejected):
         self.step = step
 
 
-class ClientStepNotRun(RuntimeError):
-    """Fatal: no client of a round runs the method's client step, without which the method cannot
+class ClientAlgorithmNotRun(RuntimeError):
+    """Fatal: no client of a round runs the method's client algorithm, without which the method cannot
     work (the message says how to fix it)."""
+
+
+__getattr__ = renamed(__name__, {"ClientStepNotRun": (__name__, "ClientAlgorithmNotRun"),
+                                 "StepOutputMissing": (__name__, "AlgorithmOutputMissing")})
 
 
 @dataclass
@@ -68,7 +73,7 @@ class RawReply:
 @dataclass(frozen=True)
 class Reply:
     """One client's accepted training reply: its flat model, sample count, metrics, checked extras
-    and the receipt of the client step it ran (``ClientStep.finish``; ``None``: none)."""
+    and the receipt of the client algorithm it ran (``ClientAlgorithm.finish``; ``None``: none)."""
 
     client_id: ClientId
     model: torch.Tensor
@@ -86,7 +91,7 @@ class RoundReplies:
     failed: int = 0
     #: ``(client, reason)`` of every refused reply, in the order they were refused
     rejections: list[tuple[ClientId, str]] = field(default_factory=list)
-    #: the client rule replies showed missing (``StepOutputMissing``), and how many
+    #: the client algorithm replies showed missing (``AlgorithmOutputMissing``), and how many
     missing_step: str | None = None
     missing_step_count: int = 0
     #: the largest accepted change as a fraction of its bound (``ReplyBounds``; 1: at the bound); 0 if none
@@ -167,7 +172,7 @@ class ReplyBounds:
     """Sanity bounds on a round's replies (on by default; ``math.inf`` turns one off).
 
     ``max_update_ratio``: reply i is refused when its model's change ``‖x_i − x_sent,i‖₂``
-    (``ServerStep.update_norms``) exceeds this multiple of ``‖x_sent,i‖₂``, the norm of the model it
+    (``ServerAlgorithm.update_norms``) exceeds this multiple of ``‖x_sent,i‖₂``, the norm of the model it
     was sent. Honest local training changes a model by a fraction of its norm (at most 0.43 on the
     Synthetic benchmark, ``benchmarks/update_ratios.py``).
 
@@ -292,7 +297,7 @@ def screen(raws: Sequence[RawReply], sent: Mapping[ClientId, torch.Tensor], chec
                 raise UpdateRejected("a second reply in one round")
             seen.add(raw.client_id)
             checked.append(check(raw))
-        except StepOutputMissing as err:
+        except AlgorithmOutputMissing as err:
             batch.missing_step, batch.missing_step_count = err.step, batch.missing_step_count + 1
             batch.reject(raw.client_id, str(err))
         except UpdateRejected as err:

@@ -1,4 +1,4 @@
-"""What a client and the server need from an ``ExperimentConfig``: data, model, solver settings."""
+"""What a client and the server need from an ``ExperimentConfig``: data, model, training settings."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_pfl.engine.client_step import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.experiment.config import DATA_FIELDS, ConfigError, ExperimentConfig
 from flower_pfl.experiment.data import ClientData, generate_synthetic, train_test_split
 from flower_pfl.experiment.data.hub import load_hub_partition
@@ -22,8 +22,8 @@ from flower_pfl.experiment.data.synthetic import DIM, NUM_CLASSES
 from flower_pfl.experiment.models import build_model
 
 
-def solver_config(cfg: ExperimentConfig) -> dict[str, float | int]:
-    """The local-solver part of the run config, as sent to clients."""
+def training_config(cfg: ExperimentConfig) -> dict[str, float | int]:
+    """The local-training part of the run config, as sent to clients."""
     return {LR: cfg.lr, LOCAL_STEPS: cfg.local_steps, BATCH_SIZE: cfg.batch_size}
 
 
@@ -166,7 +166,7 @@ def client_generator(seed: int, partition_id: int, server_round: int) -> torch.G
     return torch.Generator().manual_seed(int(state))
 
 
-def solver_settings(config: Mapping[str, Any], seed: int, partition_id: int) -> dict[str, Any]:
+def training_settings(config: Mapping[str, Any], seed: int, partition_id: int) -> dict[str, Any]:
     """Steps, learning rate, batch size and minibatch generator from a training config."""
     missing = [k for k in (LR, LOCAL_STEPS, BATCH_SIZE) if k not in config]
     if missing:

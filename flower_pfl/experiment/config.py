@@ -1,6 +1,6 @@
 """Experiment configuration: every run-config key, its default and what it allows.
 
-The keys every experiment has (data, model, rounds, solver settings) are fields here; each
+The keys every experiment has (data, model, rounds, training settings) are fields here; each
 method's own hyperparameters are declared beside the method (``flower_pfl.methods``) and read
 from the registry, as are the ``method`` and ``aggregation`` values. ``ExperimentConfig.from_mapping``
 turns a Flower run config (kebab-case keys) into a validated, typed object, and fails with a
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from flower_pfl.engine.server_step import PersonalizedStep
+from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
 from flower_pfl.experiment.data.hub import HUB
 from flower_pfl.experiment.data.images import EMNIST_CLASSES
 from flower_pfl.experiment.data.partition import SCHEMES
@@ -302,7 +302,7 @@ def current_names(run_config: Mapping[str, Any]) -> dict[str, Any]:
 def per_client_methods() -> tuple[str, ...]:
     """The methods (labels) whose server keeps one model per client, so each client can start from its own."""
     return tuple(e.label for e in registry.entries()
-                 if isinstance(e.declaration, type) and issubclass(e.declaration, PersonalizedStep))
+                 if isinstance(e.declaration, type) and issubclass(e.declaration, PersonalizedAlgorithm))
 
 
 def _key(field_name: str) -> str:

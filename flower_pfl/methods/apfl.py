@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, TrainData, keep, load_stored, stored, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, load_stored, stored, trainable
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
 #: config keys: run APFL with this α step (training); evaluate the mixture (evaluation); α's start value
@@ -45,7 +45,7 @@ def _personal(model: nn.Module, state: ClientState | None) -> tuple[nn.Module, f
     return personal, float(stored(state, PERSONAL_STATE)[1][0])  # type: ignore[index]
 
 
-class APFLStep(ClientStep):
+class APFLClient(ClientAlgorithm):
     """APFL's client (Algorithm 1), per minibatch: ``w ← w − η ∇f(w)``; with the mixture's loss
     ``f(α v(x) + (1 − α) w(x))`` at the same minibatch and the step's starting ``w`` (held fixed),
     ``v ← v − η ∇_v`` and ``α ← clip(α − η_α ∂/∂α, 0, 1)``. The personal model starts as the first
@@ -101,13 +101,13 @@ class APFLStep(ClientStep):
 
 
 @dataclass
-class APFL(Method, GlobalModelStep):
+class APFL(Method, GlobalModelAlgorithm):
     """APFL (Deng et al. 2020): FedAvg plus, on every client, a personal model and a mixing weight α
     (stepped by its gradient and clipped to [0, 1]); clients evaluate ``α v(x) + (1 − α) w(x)``."""
 
     name = "apfl"
     strategy = "APFL"
-    client = APFLStep
+    client = APFLClient
     without_client_step = "runs as FedAvg: no personal model v_i or mixing weight α is trained"
 
     alpha_init: float = param(0.5, key="apfl-alpha-init", must=UNIT_INTERVAL, doc="the mixing weight α a client starts with")

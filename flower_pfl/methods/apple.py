@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, keep, setting, stored
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, setting, stored
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.params import NON_NEGATIVE, NON_NEGATIVE_INT, one_of, param
-from flower_pfl.engine.server_step import ClientId, Instruction, PersonalizedStep
+from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 
-#: config keys: the step size of p_i (its presence asks for APPLE's client step), the regularizer's
+#: config keys: the step size of p_i (its presence asks for APPLE's client algorithm), the regularizer's
 #: weight λ(r)·μ this round, the slots of the client and of the core models sent, those core models (bytes)
 P_LR, REG, SLOTS, CORES = "apple-p-lr", "apple-reg", "apple-slots", "apple-cores"
 #: evaluation-config key: evaluate the personalized model kept in the client state
@@ -46,7 +46,7 @@ def mixture_gradients(cores: torch.Tensor, p: torch.Tensor, p0: torch.Tensor, gr
     return p[0] * grad, cores @ grad + 2 * reg * (p - p0)
 
 
-class APPLEStep(ClientStep):
+class APPLEClient(ClientAlgorithm):
     """APPLE's client: per minibatch, the loss of ``θ̂_i = Σ_j p_ij θ_j`` over its own core model (the
     received model, the only one it trains) and the others' (``apple-cores``, cached in the client
     state between rounds) steps the own core with the round's ``lr`` and ``p_i`` with ``apple-p-lr``
@@ -112,7 +112,7 @@ class APPLEStep(ClientStep):
 
 
 @dataclass
-class APPLE(Method, PersonalizedStep):
+class APPLE(Method, PersonalizedAlgorithm):
     """APPLE (Luo & Wu 2022): each client trains its core model through a personalized mixture of
     every client's core model, with mixing weights (directed relationships) it learns itself.
 
@@ -133,7 +133,7 @@ class APPLE(Method, PersonalizedStep):
 
     name = "apple"
     strategy = "APPLE"
-    client = APPLEStep
+    client = APPLEClient
     default_clients_per_round = 10
     state_attributes = ("slots",)
     without_client_step = "runs as Local: each client trains and evaluates its own core model"

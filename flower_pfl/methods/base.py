@@ -1,22 +1,22 @@
 """What a method module declares, and the registry entries built from it.
 
 A method is one class in one module of this package: a dataclass whose fields are its
-hyperparameters (``flower_pfl.engine.params.param``), whose base is its server step
-(``PersonalizedStep`` or ``GlobalModelStep``) and whose class attributes name it::
+hyperparameters (``flower_pfl.engine.params.param``), whose base is its server algorithm
+(``PersonalizedAlgorithm`` or ``GlobalModelAlgorithm``) and whose class attributes name it::
 
     @dataclass
-    class FedFoo(Method, PersonalizedStep):
+    class FedFoo(Method, PersonalizedAlgorithm):
         '''FedFoo (Someone et al.): one line on what it does.'''
         name = "fedfoo"                 # run-config ``method``
         strategy = "FedFoo"             # class in ``strategies`` and ``strategies.message``
-        client = Proximal               # its client step (``flower_pfl.engine.client_step``)
+        client = Proximal               # its client algorithm (``flower_pfl.engine.client_algorithm``)
         tau: float = param(1.0, key="fedfoo-tau", doc="...", must=POSITIVE)
 
         def personalize(self, models, layout): ...
 
 The registry (``flower_pfl.methods.registry``) finds the class: the run config gains
 ``fedfoo-tau``, both Flower APIs gain ``FedFoo`` with a typed, documented constructor, and the
-package's ClientApp runs its client step. What is derived as text (``pyproject.toml``'s defaults,
+package's ClientApp runs its client algorithm. What is derived as text (``pyproject.toml``'s defaults,
 the editors' stubs, the README's table) is checked by tests that say how to regenerate it (see
 ``docs/adding-a-method.md``).
 """
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from flower_pfl.engine.params import ParamSpec, check_params, param_specs
-from flower_pfl.engine.server_step import ServerStep
+from flower_pfl.engine.server_algorithm import ServerAlgorithm
 
 
-class Method(ServerStep):
-    """Class-level facts of a method, first among its server step's bases (``class FedFoo(Method, PersonalizedStep)``)."""
+class Method(ServerAlgorithm):
+    """Class-level facts of a method, first among its server algorithm's bases (``class FedFoo(Method, PersonalizedAlgorithm)``)."""
 
     #: run-config ``method`` value
     name: ClassVar[str]

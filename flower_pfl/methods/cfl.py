@@ -10,11 +10,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import HALF_OPEN_UNIT, NON_NEGATIVE, param
 from flower_pfl.engine.reply_checks import Reply, norm
-from flower_pfl.engine.server_step import ClientId, GlobalModelStep, weighted_mean
+from flower_pfl.engine.server_algorithm import ClientId, GlobalModelAlgorithm, weighted_mean
 from flower_pfl.methods.base import Method
 
 
@@ -52,7 +52,7 @@ def bipartition(similarity: torch.Tensor) -> tuple[list[int], list[int], float]:
 
 
 @dataclass
-class CFL(Method, GlobalModelStep):
+class CFL(Method, GlobalModelAlgorithm):
     """CFL (Sattler et al. 2020): FedAvg within clusters; a cluster near a stationary point whose
     members still move apart is split in two by the cosine similarity of their updates.
 
@@ -71,7 +71,7 @@ class CFL(Method, GlobalModelStep):
 
     name = "cfl"
     strategy = "CFL"
-    client = ClientStep
+    client = ClientAlgorithm
     default_clients_per_round = 10
     state_attributes = ("models", "assignment", "updates")
 

@@ -11,10 +11,10 @@ from typing import Any
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import PROXIMAL_MU, Batch, ClientState, ClientStep, LossFn, Proximal, keep, load_stored
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, Batch, ClientAlgorithm, ClientState, LossFn, Proximal, keep, load_stored
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.params import NON_NEGATIVE, param
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
 #: config key: Ditto's λ (its presence makes the client run Ditto, and evaluate its personal model)
@@ -23,7 +23,7 @@ LAMBDA = "ditto-lambda"
 PERSONAL_STATE = "ditto-personal"
 
 
-class DittoStep(ClientStep):
+class DittoClient(ClientAlgorithm):
     """Ditto's client (Algorithm 1): per minibatch, a plain SGD step of the global model and a
     proximal step of the personal model ``v`` toward the received global model; ``v`` starts as the
     first global model the client receives and lives in the client state."""
@@ -49,7 +49,7 @@ class DittoStep(ClientStep):
     def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
         batch = next_batch()
         self.personal_step.train_step(self.personal, lambda: batch, lr)
-        return ClientStep.train_step(self, model, lambda: batch, lr)
+        return ClientAlgorithm.train_step(self, model, lambda: batch, lr)
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, PERSONAL_STATE, [flatten_module(self.personal)])
@@ -57,13 +57,13 @@ class DittoStep(ClientStep):
 
 
 @dataclass
-class Ditto(Method, GlobalModelStep):
+class Ditto(Method, GlobalModelAlgorithm):
     """Ditto (Li et al. 2021): FedAvg plus a personal model on every client, trained toward the global
     model with weight λ, kept in the client's state and evaluated."""
 
     name = "ditto"
     strategy = "Ditto"
-    client = DittoStep
+    client = DittoClient
     without_client_step = "runs as FedAvg: no personal model v_i is trained"
 
     lam: float = param(1.0, key="ditto-lambda", must=NON_NEGATIVE, doc="weight λ of the personal model's pull toward the global model")

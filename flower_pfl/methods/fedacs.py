@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 import torch
 
 from flower_pfl.engine.all_clients_train import AllClientsTrain
-from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import HALF_OPEN_UNIT, param
-from flower_pfl.engine.server_step import Settings, SimilaritySnapshot
+from flower_pfl.engine.server_algorithm import Settings, SimilaritySnapshot
 from flower_pfl.methods.attention import cosine_similarity_matrix, quantile_threshold_weights
 from flower_pfl.methods.base import Method
 
@@ -28,7 +28,7 @@ class FedACS(Method, AllClientsTrain):
 
     name = "fedacs"
     strategy = "FedACS"
-    client = ClientStep
+    client = ClientAlgorithm
     group = "paper"
     default_clients_per_round = 10
     state_attributes = ("last_similarity", "last_delta", "last_mask")

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from flower_pfl.engine.client_step import (
+from flower_pfl.engine.client_algorithm import (
     BATCH_SIZE,
     SERVER_ROUND,
     Batch,
+    ClientAlgorithm,
     ClientState,
-    ClientStep,
     LossFn,
     TrainData,
     keep,
@@ -28,10 +28,10 @@ from flower_pfl.engine.client_step import (
 )
 from flower_pfl.engine.layout import ParamLayout, flatten_module
 from flower_pfl.engine.params import AT_LEAST_ONE, POSITIVE, Rule, param
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: the higher layers p (its presence asks for FedALA's client step), the weights' step η,
+#: config keys: the higher layers p (its presence asks for FedALA's client algorithm), the weights' step η,
 #: the share s (in %) of the local data the weights are learned on, the seed of its sample (the run's);
 #: evaluation: evaluate the local model
 LAYERS, ETA, RAND_PERCENT, SEED, EVALUATE_LOCAL = "fedala-layers", "fedala-eta", "fedala-rand-percent", "fedala-seed", "fedala-local"
@@ -85,7 +85,7 @@ def sample_indices(n: int, percent: float, seed: int, server_round: int) -> torc
     return torch.randperm(n, generator=torch.Generator().manual_seed(int(state)))[:count]
 
 
-class FedALAStep(ClientStep):
+class FedALAClient(ClientAlgorithm):
     """FedALA's client (Algorithm 1): from its second round on, in ``begin`` (before the round's steps),
     the received global model ``Θ`` and the client's local model ``θ_i`` (kept in its state) make
     ``θ̂_i``: the global lower layers, and ``θ_i + (Θ − θ_i) ⊙ W_i`` in the top ``p`` layers, with
@@ -143,7 +143,7 @@ class FedALAStep(ClientStep):
 
 
 @dataclass
-class FedALA(Method, GlobalModelStep):
+class FedALA(Method, GlobalModelAlgorithm):
     """FedALA (Zhang et al. 2023): FedAvg, with each client initializing its local model by an
     element-wise, learned aggregation of the global model into its previous local model.
 
@@ -159,7 +159,7 @@ class FedALA(Method, GlobalModelStep):
 
     name = "fedala"
     strategy = "FedALA"
-    client = FedALAStep
+    client = FedALAClient
     default_clients_per_round = 10
     without_client_step = "runs as FedAvg: clients train the global model without adaptive local aggregation"
 

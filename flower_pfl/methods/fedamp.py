@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from flower_pfl.engine.all_clients_train import AllClientsTrain
-from flower_pfl.engine.client_step import PROXIMAL_MU, Proximal
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, Proximal
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import POSITIVE, UNIT_INTERVAL, param
-from flower_pfl.engine.server_step import Settings
+from flower_pfl.engine.server_algorithm import Settings
 from flower_pfl.methods.attention import fedamp_weights, heuristic_fedamp_weights
 from flower_pfl.methods.base import Method
 

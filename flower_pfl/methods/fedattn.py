@@ -23,16 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, setting, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, setting, trainable
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import mean_features
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
-from flower_pfl.engine.reply_checks import Reply, StepOutputMissing, norm
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.engine.wire import decode_flat, decode_vector, encode_vector
 from flower_pfl.methods.base import Method
 
-#: config keys: run FedAttn's client step, the bias regularization weight, the global biases (bytes)
+#: config keys: run FedAttn's client algorithm, the bias regularization weight, the global biases (bytes)
 FEDATTN, BIAS_REG, GLOBAL_BIASES = "fedattn", "fedattn-bias-reg", "fedattn-global-biases"
 #: reply keys: the representation Z_i and the gradient with respect to the received biases (bytes)
 REPRESENTATION, BIAS_GRADIENT = "fedattn-representation", "fedattn-bias-gradient"
@@ -100,7 +100,7 @@ def attention_step(module: BiasAttention, optimizer: torch.optim.Optimizer, quer
     optimizer.step()
 
 
-class FedAttnStep(ClientStep):
+class FedAttnClient(ClientAlgorithm):
     """FedAttn's client (Algorithm 1, localSolver): local SGD on ``(G, M̃_i)`` with the optional
     stabiliser ``ρ/2 ||b − b_G||²`` toward the global biases (gradient ``ρ (b − b_G)``). ``finish``
     returns ``Z_i`` (after training) and the gradient with respect to the received biases as the
@@ -151,7 +151,7 @@ class _Sent:
 
 
 @dataclass
-class FedAttn(Method, GlobalModelStep):
+class FedAttn(Method, GlobalModelAlgorithm):
     """FedAttn (Luo, Panchal, Guan): a global model by FedAvg, each client's biases personalized by
     attention over its k nearest clients (Algorithm 1). Clients return ``fedattn-representation``
     and ``fedattn-bias-gradient`` (float32 bytes) with their model; a client without a
@@ -159,7 +159,7 @@ class FedAttn(Method, GlobalModelStep):
 
     name = "fedattn"
     strategy = "FedAttn"
-    client = FedAttnStep
+    client = FedAttnClient
     group = "paper"
     state_attributes = ("round", "d_z", "biases", "representations")
 
@@ -252,7 +252,7 @@ class FedAttn(Method, GlobalModelStep):
         """``Z_i`` (the size of the first client's) and ``∂L_i/∂M̃_i`` (one value per bias), all finite."""
         for key in (REPRESENTATION, BIAS_GRADIENT):
             if key not in extras:
-                raise StepOutputMissing(f"the reply lacks '{key}' (FedAttn)", FedAttnStep.__name__)
+                raise AlgorithmOutputMissing(f"the reply lacks '{key}' (FedAttn)", FedAttnClient.__name__)
         data = extras[REPRESENTATION]
         size = self.d_z or (len(data) // 4 if isinstance(data, bytes) else 0)
         z = decode_flat(data, size, REPRESENTATION)

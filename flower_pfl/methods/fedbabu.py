@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting, trainable
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, TrainData, setting, trainable
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.model_split import drop_gradients, head_flags, head_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE_INT, POSITIVE, one_of, param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_step import GlobalModelStep, Settings, weighted_mean
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings, weighted_mean
 from flower_pfl.methods.base import Method, one_layer_refusal
 
 #: config keys: the frozen head's size in modules (training and evaluation); the fine-tuning at evaluation
@@ -45,7 +45,7 @@ def fine_tune(model: nn.Module, train: TrainData, *, steps: int, lr: float, batc
                     p.sub_(lr * g)
 
 
-class FedBABUStep(ClientStep):
+class FedBABUClient(ClientAlgorithm):
     """FedBABU's client: local SGD with the head frozen (its gradients dropped in ``adjust_gradients``,
     so a hook on any loop). Evaluation: the received model's accuracy as ``global-accuracy``, then the
     head (or the whole model) fine-tuned on the training split, whose accuracy is the client's."""
@@ -74,7 +74,7 @@ class FedBABUStep(ClientStep):
 
 
 @dataclass
-class FedBABU(Method, GlobalModelStep):
+class FedBABU(Method, GlobalModelAlgorithm):
     """FedBABU (Oh et al. 2022): the head keeps its random initialisation and is never trained in
     federated training; the body is trained by FedAvg, and each client fine-tunes the head at evaluation.
 
@@ -91,7 +91,7 @@ class FedBABU(Method, GlobalModelStep):
 
     name = "fedbabu"
     strategy = "FedBABU"
-    client = FedBABUStep
+    client = FedBABUClient
     group = "baseline"
     default_clients_per_round = 10
     without_client_step = "runs with the head trained on the clients and then discarded by the server: its body fits a moving head"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import param
 from flower_pfl.engine.reply_checks import Reply
@@ -57,7 +57,7 @@ class FedBN(Method, SharedPart):
 
     name = "fedbn"
     strategy = "FedBN"
-    client = ClientStep
+    client = ClientAlgorithm
     default_clients_per_round = 10
 
     weighted: bool = param(False, key="fedbn-weighted",

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, keep, like_params, setting, stored, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, like_params, setting, stored, trainable
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import POSITIVE, param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 from flower_pfl.methods.fedbn import is_statistic, name_mask
 
@@ -38,7 +38,7 @@ def dynamic_server_update(theta: torch.Tensor, h: torch.Tensor, models: torch.Te
     return models.mean(0) - new_h / alpha, new_h
 
 
-class FedDynStep(ClientStep):
+class FedDynClient(ClientAlgorithm):
     """FedDyn's client (Algorithm 1): local SGD on ``L_k(θ) − ⟨∇L_k(θ_k^{t−1}), θ⟩ + α/2 ||θ − θ^{t−1}||²``
     (gradient ``g − ∇L_k(θ_k^{t−1}) + α (θ − θ^{t−1})``) from the received ``θ^{t−1}``; ``finish``
     updates the gradient state ``∇L_k`` (client state, zero before the first participation)."""
@@ -64,7 +64,7 @@ class FedDynStep(ClientStep):
 
 
 @dataclass
-class FedDyn(Method, GlobalModelStep):
+class FedDyn(Method, GlobalModelAlgorithm):
     """FedDyn (Acar et al. 2021): each client minimizes its loss plus a dynamic regularizer (a linear
     term with its own gradient state and α/2 ||θ − θ_server||²); the server corrects the mean of the
     returned models by its state h.
@@ -80,7 +80,7 @@ class FedDyn(Method, GlobalModelStep):
 
     name = "feddyn"
     strategy = "FedDyn"
-    client = FedDynStep
+    client = FedDynClient
     state_attributes = ("h",)
     without_client_step = "runs without the dynamic regularizer: the mean of plain local models shifted by h"
 

@@ -12,15 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, TrainData, setting
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE, UNIT_INTERVAL, Rule, param
-from flower_pfl.engine.reply_checks import Reply, StepOutputMissing, norm
-from flower_pfl.engine.server_step import ClientId, Instruction, PersonalizedStep
+from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 
-#: config keys: how many weights the reply holds (M; its presence asks for FedFomo's client step),
+#: config keys: how many weights the reply holds (M; its presence asks for FedFomo's client algorithm),
 #: the other clients' models (float32 bytes, up to M rows), the share of a client's training split held
 #: out for validation, and the seed of that split (the run's)
 SLOTS, DOWNLOADS, VAL_FRACTION, VAL_SEED = "fedfomo-m", "fedfomo-downloads", "fedfomo-val-fraction", "fedfomo-val-seed"
@@ -70,7 +70,7 @@ def chunks(data: TrainData, size: int = 4096) -> list[Batch]:
     return [(data.x[s:s + size], data.y[s:s + size]) for s in range(0, len(data.y), size)]
 
 
-class FedFomoStep(ClientStep):
+class FedFomoClient(ClientAlgorithm):
     """FedFomo's client (Algorithm 1, lines 9-12). In ``begin``, before the round's steps, it holds out
     a fixed validation part of its training split (``fedfomo-val-fraction`` of it, a permutation seeded
     by ``fedfomo-val-seed`` and the split's size: the same every round), and the losses on it of its own
@@ -124,7 +124,7 @@ class FedFomoStep(ClientStep):
 
 
 @dataclass
-class FedFomo(Method, PersonalizedStep):
+class FedFomo(Method, PersonalizedAlgorithm):
     """FedFomo (Zhang et al. 2021): each client combines the models of M other clients with
     first-order weights measured on its own validation data; the server picks them by affinity.
 
@@ -143,7 +143,7 @@ class FedFomo(Method, PersonalizedStep):
 
     name = "fedfomo"
     strategy = "FedFomo"
-    client = FedFomoStep
+    client = FedFomoClient
     default_clients_per_round = 10
     state_attributes = ("affinity", "trained")
     without_client_step = "cannot run: every reply lacks the weights w_n"
@@ -193,7 +193,7 @@ class FedFomo(Method, PersonalizedStep):
     def check_extras(self, extras: Mapping[str, Any]) -> torch.Tensor:
         """The weights ``w_n``: ``M`` finite float32 values."""
         if WEIGHTS not in extras:
-            raise StepOutputMissing(f"the reply lacks '{WEIGHTS}' (FedFomo's weights w_n)", FedFomoStep.__name__)
+            raise AlgorithmOutputMissing(f"the reply lacks '{WEIGHTS}' (FedFomo's weights w_n)", FedFomoClient.__name__)
         weights = decode_flat(extras[WEIGHTS], self.models, WEIGHTS)
         if not torch.isfinite(weights).all():
             raise ValueError(f"'{WEIGHTS}' holds NaN or Inf")

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from flower_pfl.engine.all_clients_train import AllClientsTrain, AnchoredProximal
-from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm
 from flower_pfl.engine.layout import GROUPINGS, ParamLayout
 from flower_pfl.engine.params import NON_NEGATIVE, POSITIVE, one_of, param
-from flower_pfl.engine.server_step import ServerStep, Settings
+from flower_pfl.engine.server_algorithm import ServerAlgorithm, Settings
 from flower_pfl.methods.attention import layerwise_attention
 from flower_pfl.methods.base import Method
 
@@ -18,7 +18,7 @@ from flower_pfl.methods.base import Method
 @dataclass
 class FedMCSA(Method, AllClientsTrain):
     """FedMCSA (Guo et al.): layer-wise self-attention over the participants' personalized models,
-    and a proximal client step toward the model it receives.
+    and a proximal client algorithm toward the model it receives.
 
     Server (eqs. 6-8, Algorithm 1 lines 2-5): for every component ``l``,
     ``w_{i,l} = Σ_k softmax_k(σ cos(θ_{i,l}, θ_{k,l})) θ_{k,l}`` over the round's participants.
@@ -39,9 +39,9 @@ class FedMCSA(Method, AllClientsTrain):
                        doc="proximal weight λ toward the received model (eq. 9)")
     grouping: str = param("tensor", key="fedmcsa-layer-grouping", must=one_of(*GROUPINGS), old_keys=("layer-grouping",),
                           doc="components: 'tensor' (weight and bias apart, as the authors' code) or 'module' (one per layer)")
-    #: mechanism transfer (the paper's Table 2, e.g. pFedMe+MCSA): another method whose client step,
+    #: mechanism transfer (the paper's Table 2, e.g. pFedMe+MCSA): another method whose client algorithm,
     #: client settings and evaluation the clients use in place of the proximal step
-    client_method: ServerStep | None = param(None, doc="another method whose client step, settings and evaluation the "
+    client_method: ServerAlgorithm | None = param(None, doc="another method whose client algorithm, settings and evaluation the "
                                                        "clients use in place of the proximal step (Table 2's transfers)")
 
     proximal_mu_text = "lam (run config fedmcsa-lambda)"
@@ -59,8 +59,8 @@ class FedMCSA(Method, AllClientsTrain):
         out, weights = layerwise_attention(models, [sl for _, sl in components], self.sigma)
         return out, {name: weights[l] for l, (name, _) in enumerate(components)}
 
-    def client_step(self) -> type[ClientStep]:
-        return self.client if self.client_method is None else self.client_method.client_step()
+    def client_algorithm(self) -> type[ClientAlgorithm]:
+        return self.client if self.client_method is None else self.client_method.client_algorithm()
 
     def train_config(self, num_participants: int) -> Settings:
         if self.client_method is not None:

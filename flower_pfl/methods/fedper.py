@@ -8,16 +8,16 @@ from typing import Any
 
 import torch
 
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import body_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_step import ClientId, PersonalizedStep, weighted_mean
+from flower_pfl.engine.server_algorithm import ClientId, PersonalizedAlgorithm, weighted_mean
 from flower_pfl.methods.base import Method, one_layer_refusal
 
 
-class SharedPart(PersonalizedStep):
+class SharedPart(PersonalizedAlgorithm):
     """A personalized step whose model has one federated part, the columns ``shared_columns`` names (the
     ``share_weights``-weighted mean of the participants'), while every other column stays each client's own
     (FedPer's head, LG-FedAvg's lower layers, FedBN's batch-norm layers). A participant gets the current
@@ -73,7 +73,7 @@ class FedPer(Method, SharedPart):
 
     name = "fedper"
     strategy = "FedPer"
-    client = ClientStep
+    client = ClientAlgorithm
     default_clients_per_round = 10
 
     head_layers: int = param(1, key="fedper-head-layers", must=AT_LEAST_ONE,

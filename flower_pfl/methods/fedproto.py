@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, TrainData, setting
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import forward_with_features, head_module
 from flower_pfl.engine.params import NON_NEGATIVE, param
-from flower_pfl.engine.reply_checks import Reply, StepOutputMissing, norm
-from flower_pfl.engine.server_step import PersonalizedStep, Settings
+from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm, Settings
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 from flower_pfl.methods.moon import needs_batch, representation_gradient
@@ -71,7 +71,7 @@ class PrototypeClassifier(nn.Module):
         return torch.where(self.known.to(z.device), -distances, torch.finfo(z.dtype).min / 2)
 
 
-class FedProtoStep(ClientStep):
+class FedProtoClient(ClientAlgorithm):
     """FedProto's client: per minibatch, the gradient of ``λ mean_n ||f(x_n) − C̄^(y_n)||² / d`` is added to
     the loop's supervised gradient (``f``: the input of the model's last linear layer), and each
     sample's ``f(x_n)`` is added to its class's prototype; ``finish`` returns the class prototypes
@@ -132,7 +132,7 @@ def received_prototypes(model: nn.Module, config: Mapping[str, Any]) -> tuple[to
 
 
 @dataclass
-class FedProto(Method, PersonalizedStep):
+class FedProto(Method, PersonalizedAlgorithm):
     """FedProto (Tan et al. 2022): every client keeps its own model and shares class prototypes (mean
     representations), pulled toward the server's global prototype of each class.
 
@@ -147,14 +147,14 @@ class FedProto(Method, PersonalizedStep):
     Against the paper: its aggregation carries an extra ``1/|N_j|`` that would shrink prototypes
     with the number of clients (the authors' code, PFLlib and FL-bench: unweighted means); it leaves
     the distance open (this is its authors' mean squared error, so their λ carries over); it defines
-    prototypes over the whole training set after training, but the client step sees labels only in
+    prototypes over the whole training set after training, but the client algorithm sees labels only in
     its minibatches, so they are the means over the round's minibatches, as in the authors' code,
     PFLlib and FL-bench. PFLlib reports only the prototype accuracy, FL-bench only the model's.
     """
 
     name = "fedproto"
     strategy = "FedProto"
-    client = FedProtoStep
+    client = FedProtoClient
     default_clients_per_round = 10
     state_attributes = ("prototypes", "known")
 
@@ -183,7 +183,7 @@ class FedProto(Method, PersonalizedStep):
     def check_extras(self, extras: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The client's class shares (in [0, 1], summing to 1) and ``(C, d)`` prototypes, all finite."""
         if LOCAL_PROTOTYPES not in extras:
-            raise StepOutputMissing(f"the reply lacks '{LOCAL_PROTOTYPES}' (FedProto's prototypes)", FedProtoStep.__name__)
+            raise AlgorithmOutputMissing(f"the reply lacks '{LOCAL_PROTOTYPES}' (FedProto's prototypes)", FedProtoClient.__name__)
         shares, prototypes = decode_prototypes(extras[LOCAL_PROTOTYPES], self.classes, self.dim, LOCAL_PROTOTYPES)
         if not (torch.isfinite(shares).all() and torch.isfinite(prototypes).all()):
             raise ValueError(f"'{LOCAL_PROTOTYPES}' holds NaN or Inf")

@@ -9,18 +9,18 @@ from typing import Any
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import LOCAL_STEPS, Batch, ClientState, ClientStep, LossFn, setting
+from flower_pfl.engine.client_algorithm import LOCAL_STEPS, Batch, ClientAlgorithm, ClientState, LossFn, setting
 from flower_pfl.engine.model_split import drop_gradients, head_flags
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_step import Settings
+from flower_pfl.engine.server_algorithm import Settings
 from flower_pfl.methods.fedper import FedPer
 
 #: config keys: the head's size in modules, and how many of the round's last local steps train the body
 HEAD_LAYERS, BODY_STEPS = "fedrep-head-layers", "fedrep-body-steps"
 
 
-class FedRepStep(ClientStep):
+class FedRepClient(ClientAlgorithm):
     """FedRep's client (Algorithm 1): of the round's ``local-steps`` SGD steps, the first
     ``local-steps − fedrep-body-steps`` train the head with the body frozen, the last
     ``fedrep-body-steps`` the body with the head frozen. A hook on any loop: the frozen part's
@@ -63,7 +63,7 @@ class FedRep(FedPer):
 
     name = "fedrep"
     strategy = "FedRep"
-    client = FedRepStep
+    client = FedRepClient
     group = "baseline"
     default_clients_per_round = 10
     without_client_step = "runs as FedPer with a uniform mean: head and body are trained together"

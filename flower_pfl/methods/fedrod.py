@@ -10,11 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
-from flower_pfl.engine.client_step import (
+from flower_pfl.engine.client_algorithm import (
     Batch,
+    ClientAlgorithm,
     ClientState,
-    ClientStep,
     LossFn,
     TrainData,
     keep,
@@ -22,12 +21,13 @@ from flower_pfl.engine.client_step import (
     stored,
     trainable,
 )
+from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
 from flower_pfl.engine.model_split import forward_with_features, head_module
 from flower_pfl.engine.params import Rule, param
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: run FedRoD's client step (training and evaluation); train the generic model with the balanced softmax
+#: config keys: run FedRoD's client algorithm (training and evaluation); train the generic model with the balanced softmax
 FEDROD, BALANCED = "fedrod", "fedrod-balanced"
 #: client-state key of the personal head (weight, bias)
 PERSONAL_HEAD = "fedrod-personal-head"
@@ -65,7 +65,7 @@ class Personalized(nn.Module):
         return logits + self.head(features)
 
 
-class FedRoDStep(ClientStep):
+class FedRoDClient(ClientAlgorithm):
     """FedRoD's client, per minibatch: one SGD step of the generic model (body and generic head) on the
     balanced softmax (with the class counts of the client's training split, ``begin``) or cross-entropy,
     and one of the personal head on the cross-entropy of ``generic logits + personal logits``, both
@@ -115,7 +115,7 @@ class FedRoDStep(ClientStep):
 
 
 @dataclass
-class FedRoD(Method, GlobalModelStep):
+class FedRoD(Method, GlobalModelAlgorithm):
     """FedRoD (Chen & Chao 2022): a generic model (body and generic head) trained by FedAvg on a
     class-balanced loss, and on every client a personal head whose logits add to the generic ones.
 
@@ -131,7 +131,7 @@ class FedRoD(Method, GlobalModelStep):
 
     name = "fedrod"
     strategy = "FedRoD"
-    client = FedRoDStep
+    client = FedRoDClient
     group = "baseline"
     default_clients_per_round = 10
     without_client_step = "runs as FedAvg: no balanced loss and no personal head; clients evaluate the global model"

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, TrainData, setting
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.params import AT_LEAST_ONE, param
-from flower_pfl.engine.reply_checks import Reply, StepOutputMissing, norm
-from flower_pfl.engine.server_step import ClientId, GlobalModelStep, Settings, weighted_mean
+from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.server_algorithm import ClientId, GlobalModelAlgorithm, Settings, weighted_mean
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 
@@ -57,7 +57,7 @@ def choose_cluster(models: torch.Tensor, model: nn.Module, batches: Sequence[Bat
     return j
 
 
-class IFCAStep(ClientStep):
+class IFCAClient(ClientAlgorithm):
     """IFCA's client (Algorithm 1, option II): in ``begin``, before the round's steps, estimate its
     cluster ``ĵ = argmin_j F_i(θ_j)`` among the k models of ``ifca-models``, ``F_i`` the mean loss on
     its whole training split (the paper's local data), and load ``θ_ĵ`` into the model; then train
@@ -109,7 +109,7 @@ def initial_clusters(initial: torch.Tensor, layout: ParamLayout, k: int, seed: i
 
 
 @dataclass
-class IFCA(Method, GlobalModelStep):
+class IFCA(Method, GlobalModelAlgorithm):
     """IFCA (Ghosh et al. 2020): k cluster models; each participant trains the one with the lowest
     loss on its data and the server averages each cluster's returned models.
 
@@ -119,12 +119,12 @@ class IFCA(Method, GlobalModelStep):
     keeps its model). Clusters start from the initial model and ``k − 1`` seeded shuffles of it (the
     paper draws random initialisations). The paper's mean is unweighted; ``weighted`` weights it by
     sample counts (FedAvg's). Clients estimate ``F_i`` on their whole training split (the paper: their
-    local data), in training (``IFCAStep.begin``) and in evaluation. No weight sharing.
+    local data), in training (``IFCAClient.begin``) and in evaluation. No weight sharing.
     """
 
     name = "ifca"
     strategy = "IFCA"
-    client = IFCAStep
+    client = IFCAClient
     default_clients_per_round = 10
     state_attributes = ("models", "assignment")
     without_client_step = "cannot work: every reply lacks the cluster identity"
@@ -151,7 +151,7 @@ class IFCA(Method, GlobalModelStep):
     def check_extras(self, extras: Mapping[str, Any]) -> int:
         """The cluster a client chose: ``s_i`` must be one-hot over the k clusters."""
         if CLUSTER not in extras:
-            raise StepOutputMissing(f"the reply lacks '{CLUSTER}' (IFCA's cluster identity)", IFCAStep.__name__)
+            raise AlgorithmOutputMissing(f"the reply lacks '{CLUSTER}' (IFCA's cluster identity)", IFCAClient.__name__)
         s = decode_flat(extras[CLUSTER], self.num_clusters, CLUSTER)
         if not torch.isfinite(s).all():
             raise ValueError(f"'{CLUSTER}' holds NaN or Inf")

@@ -14,10 +14,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import LOCAL_STEPS, Batch, ClientState, ClientStep, LossFn, keep, like_params, setting, stored, trainable
+from flower_pfl.engine.client_algorithm import (
+    LOCAL_STEPS,
+    Batch,
+    ClientAlgorithm,
+    ClientState,
+    LossFn,
+    keep,
+    like_params,
+    setting,
+    stored,
+    trainable,
+)
 from flower_pfl.engine.params import Rule, param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.engine.wire import decode_vector, encode_vector
 from flower_pfl.methods.base import Method
 
@@ -71,7 +82,7 @@ def corrected_step(grad: torch.Tensor, previous_delta: torch.Tensor, global_delt
     return delta_i + (delta_i - previous_delta / steps) / num_participants + global_delta / steps
 
 
-class IGFLCorrection(ClientStep):
+class IGFLCorrection(ClientAlgorithm):
     """IGFL-C (Algorithm 2, lines 3-7): exactly ``local-steps`` steps, each ``w ← w + Δ_I + Δ_G``,
     realised as the gradient whose plain SGD step of size ``lr`` is ``Δ_I + Δ_G``. ``Δw_i^r`` is the
     client's own last delta (client state; zero on its first participation), ``Δw_ps`` the server's
@@ -110,7 +121,7 @@ class IGFLCorrection(ClientStep):
 
 
 @dataclass
-class IGFL(Method, GlobalModelStep):
+class IGFL(Method, GlobalModelAlgorithm):
     """IGFL (Huang, Shang et al.): one global model; clients run IGFL-C (Algorithm 2) and the server
     aggregates their deltas with attention (AFL, Algorithm 3).
 
@@ -136,7 +147,7 @@ class IGFL(Method, GlobalModelStep):
         self.global_delta = torch.zeros(layout.dim)
         self.previous: dict[Hashable, torch.Tensor] = {}
 
-    def ignored_step_consequence(self, step: type[ClientStep]) -> str:
+    def ignored_step_consequence(self, step: type[ClientAlgorithm]) -> str:
         """Without IGFL-C, IGFL is IGFL-S; IGFL-C (no attention) is FedAvg."""
         if self.attention is None:
             return "runs as FedAvg (no IGFL-C client correction, no attention)"

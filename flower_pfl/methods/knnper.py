@@ -9,13 +9,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from flower_pfl.engine.client_step import ClientState, ClientStep, TrainData
+from flower_pfl.engine.client_algorithm import ClientAlgorithm, ClientState, TrainData
 from flower_pfl.engine.model_split import forward_with_features
 from flower_pfl.engine.params import AT_LEAST_ONE, POSITIVE, UNIT_INTERVAL, param
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: the number of neighbours k (its presence asks for kNN-Per's client step: plain SGD in
+#: config keys: the number of neighbours k (its presence asks for kNN-Per's client algorithm: plain SGD in
 #: training, with its receipt, and the interpolated model in evaluation), the weight λ and the kernel's scale
 K, LAMBDA, SCALE = "knnper-k", "knnper-lambda", "knnper-scale"
 #: test queries compared with the datastore at once (a (chunk, n_train) distance matrix)
@@ -61,7 +61,7 @@ class KNNMixture(nn.Module):
         return torch.cat(parts).clamp_min(1e-12).log()
 
 
-class KNNPerStep(ClientStep):
+class KNNPerClient(ClientAlgorithm):
     """kNN-Per's client: plain local SGD of the global model (FedAvg), with the receipt ``knnper-k``
     (a client without it does not run this step, so neither would it evaluate the interpolation);
     its evaluation interpolates the received model with a kNN model over its own training data."""
@@ -83,7 +83,7 @@ class KNNPerStep(ClientStep):
 
 
 @dataclass
-class KNNPer(Method, GlobalModelStep):
+class KNNPer(Method, GlobalModelAlgorithm):
     """kNN-Per (Marfoq et al. 2022): FedAvg's global model, interpolated at evaluation with a kNN
     classifier over each client's own training data in the model's representation space.
 
@@ -98,7 +98,7 @@ class KNNPer(Method, GlobalModelStep):
 
     name = "knnper"
     strategy = "KNNPer"
-    client = KNNPerStep
+    client = KNNPerClient
     default_clients_per_round = 10
     without_client_step = "evaluates the global model alone (FedAvg)"
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import head_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, param
@@ -30,7 +30,7 @@ class LGFedAvg(FedPer):
 
     name = "lgfedavg"
     strategy = "LGFedAvg"
-    client = ClientStep
+    client = ClientAlgorithm
     group = "baseline"
     default_clients_per_round = 10
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from flower_pfl.engine.all_clients_train import AllClientsTrain
-from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
-from flower_pfl.engine.server_step import Settings
+from flower_pfl.engine.server_algorithm import Settings
 from flower_pfl.methods.base import Method
 
 
@@ -19,7 +19,7 @@ class Local(Method, AllClientsTrain):
 
     name = "local"
     strategy = "Local"
-    client = ClientStep
+    client = ClientAlgorithm
     default_clients_per_round = 10
 
 

@@ -2,7 +2,7 @@
 
 - ``fedavg`` + ``aggregation = mcsa``: FedMCSA's layer-wise attention over per-client models with
   FedAvg's plain local SGD (FedMCSA with λ = 0);
-- ``pfedme`` + ``mcsa``: the same attention with pFedMe's client step and evaluation (PM and GM);
+- ``pfedme`` + ``mcsa``: the same attention with pFedMe's client algorithm and evaluation (PM and GM);
 - ``fedmcsa`` + ``mean`` (FedMCSA^-MCSA): FedMCSA's proximal client toward the plain average,
   i.e. Flower's FedProx with μ = λ.
 """
@@ -32,7 +32,7 @@ ENTRIES = [
     Entry("pfedme", "mcsa", FedMCSA, custom=_pfedme_mcsa,
           reads=("fedmcsa-sigma", "fedmcsa-layer-grouping", "all-clients-train", "pfedme-lambda", "pfedme-personal-lr",
                  "pfedme-inner-steps"),
-          summary_text="pFedMe+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with pFedMe's client step and evaluation."),
+          summary_text="pFedMe+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with pFedMe's client algorithm and evaluation."),
     Entry("fedmcsa", "mean", FEDPROX, custom=lambda o: {"proximal_mu": o["fedmcsa-lambda"]}, reads=("fedmcsa-lambda",),
           summary_text="FedMCSA−MCSA (FedMCSA's Table 2): the plain average instead of the attention, i.e. FedProx with μ = λ (fedmcsa-lambda)."),
 ]

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, keep, load_stored, setting, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, load_stored, setting, trainable
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.model_split import forward_with_features
 from flower_pfl.engine.params import NON_NEGATIVE, POSITIVE, param
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
 #: config keys: MOON's weight μ (its presence makes the client run MOON's step) and temperature τ
@@ -57,11 +57,11 @@ def frozen_features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def needs_batch(batch: Batch | None, who: str) -> Batch:
     if batch is None:
-        raise ValueError(f"{who}'s client step works on the minibatch: call step.adjust_gradients(model, (x, y))")
+        raise ValueError(f"{who}'s client algorithm works on the minibatch: call step.adjust_gradients(model, (x, y))")
     return batch
 
 
-class MoonStep(ClientStep):
+class MoonClient(ClientAlgorithm):
     """MOON's client: per minibatch, the gradient of ``μ ℓ_con`` is added to the loop's ``ℓ_sup``
     gradient, ``z`` from the model being trained, ``z_glob`` from the received global model and
     ``z_prev`` from the client's previous local model (client state; the received model before its
@@ -93,7 +93,7 @@ class MoonStep(ClientStep):
 
 
 @dataclass
-class MOON(Method, GlobalModelStep):
+class MOON(Method, GlobalModelAlgorithm):
     """MOON (Li, He, Song 2021): FedAvg whose clients add a model-contrastive loss pulling their
     representation toward the global model's and away from their previous local model's.
 
@@ -109,7 +109,7 @@ class MOON(Method, GlobalModelStep):
 
     name = "moon"
     strategy = "MOON"
-    client = MoonStep
+    client = MoonClient
     without_client_step = "runs as FedAvg: no contrastive loss"
 
     mu: float = param(1.0, key="moon-mu", must=NON_NEGATIVE, doc="weight μ of the model-contrastive loss")

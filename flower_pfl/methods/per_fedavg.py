@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, TrainData, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, trainable
 from flower_pfl.engine.params import POSITIVE, param
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: Per-FedAvg's client step (its α, the adaptation step size); evaluate after one step
+#: config keys: Per-FedAvg's client algorithm (its α, the adaptation step size); evaluate after one step
 ALPHA, ADAPT = "per-fedavg-alpha", "per-fedavg-adapt"
 
 
@@ -37,7 +37,7 @@ def adapt_one_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, alpha: fl
             p.sub_(alpha * g)
 
 
-class PerFedAvgStep(ClientStep):
+class PerFedAvgClient(ClientAlgorithm):
     """First-order MAML step on two fresh minibatches ``D``, ``D'``: ``w_tmp = w − α ∇f(w; D)``, then
     ``w ← w − β ∇f(w_tmp; D')`` with ``β`` the instruction's ``lr``. Evaluation: one step of size α
     on the training split."""
@@ -69,13 +69,13 @@ class PerFedAvgStep(ClientStep):
 
 
 @dataclass
-class PerFedAvg(Method, GlobalModelStep):
+class PerFedAvg(Method, GlobalModelAlgorithm):
     """Per-FedAvg (Fallah et al. 2020), first order: FedAvg of MAML-trained models; each client's
     personalized model is one step of size α on its training split (``lr`` is the outer step β)."""
 
     name = "per-fedavg"
     strategy = "PerFedAvg"
-    client = PerFedAvgStep
+    client = PerFedAvgClient
     without_client_step = "runs as FedAvg: its clients take plain SGD steps, not the MAML step"
 
     alpha: float = param(0.01, key="per-fedavg-alpha", must=POSITIVE, doc="inner (adaptation) step α; lr is the outer step β")

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import AT_LEAST_ONE, HALF_OPEN_UNIT, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_step import ClientId, GlobalModelStep
+from flower_pfl.engine.server_algorithm import ClientId, GlobalModelAlgorithm
 from flower_pfl.methods.base import Method
 
 
@@ -47,7 +47,7 @@ def hypernetwork_gradients(hnet: HyperNetwork, embeddings: torch.Tensor, trained
 
 
 @dataclass
-class PFedHN(Method, GlobalModelStep):
+class PFedHN(Method, GlobalModelAlgorithm):
     """pFedHN (Shamsian et al. 2021): a hypernetwork on the server generates each client's model from
     a learned client embedding; it learns from how the clients' local training changed those models.
 
@@ -65,7 +65,7 @@ class PFedHN(Method, GlobalModelStep):
 
     name = "pfedhn"
     strategy = "PFedHN"
-    client = ClientStep
+    client = ClientAlgorithm
     default_clients_per_round = 10
     state_attributes = ("embeddings",)
 

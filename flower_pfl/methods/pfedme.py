@@ -18,11 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
-from flower_pfl.engine.client_step import (
+from flower_pfl.engine.client_algorithm import (
     Batch,
+    ClientAlgorithm,
     ClientState,
-    ClientStep,
     LossFn,
     TrainData,
     keep,
@@ -30,10 +29,11 @@ from flower_pfl.engine.client_step import (
     sgd_update,
     trainable,
 )
+from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import AT_LEAST_ONE, POSITIVE, Rule, param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
 #: config keys: λ, the personalized step and K (training); evaluate θ_i and the global model (evaluation)
@@ -65,7 +65,7 @@ def personalized_vector(model: nn.Module, theta: Sequence[torch.Tensor]) -> torc
     return ParamLayout.from_arrays(state).flatten(state.values())
 
 
-class PFedMeStep(ClientStep):
+class PFedMeClient(ClientAlgorithm):
     """pFedMe's client (Algorithm 1): per step, θ_i from ``K`` steps on the minibatch's
     ``f(θ) + λ/2 ||θ − w||²``, then the gradient of ``w`` is ``λ (w − θ_i)`` (the model's own
     gradient is discarded). ``finish`` keeps θ_i; evaluation reports θ_i's accuracy (PM) and the
@@ -120,14 +120,14 @@ class PFedMeStep(ClientStep):
 
 
 @dataclass
-class PFedMe(Method, GlobalModelStep):
+class PFedMe(Method, GlobalModelAlgorithm):
     """pFedMe (Dinh et al. 2020): a global model ``w ← (1 − β) w + β · mean w_i`` (sample-weighted);
     every client keeps its personalized θ_i (Moreau envelope) and reports the accuracy of θ_i (PM,
     ``accuracy``) and of the global model (GM, ``global-accuracy``)."""
 
     name = "pfedme"
     strategy = "PFedMe"
-    client = PFedMeStep
+    client = PFedMeClient
     without_client_step = "runs as FedAvg with server mixing β: no personalized model θ_i is trained"
 
     beta: float = param(1.0, key="pfedme-beta", must=Rule(lambda v: 0 < v <= 2, "a number in (0, 2]"),

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from flower_pfl.engine.client_step import ClientStep, Proximal
+from flower_pfl.engine.client_algorithm import ClientAlgorithm, Proximal
 from flower_pfl.engine.params import ParamSpec
 from flower_pfl.methods.base import Entry, Method
 
@@ -91,30 +91,30 @@ def renamed_keys() -> dict[str, str]:
 
 
 @lru_cache(maxsize=1)
-def client_steps() -> tuple[type[ClientStep], ...]:
-    """The client steps a training instruction can ask for by its config key."""
+def client_algorithms() -> tuple[type[ClientAlgorithm], ...]:
+    """The client algorithms a training instruction can ask for by its config key."""
     steps = {cls.client for cls in method_classes()}
     return tuple(sorted((s for s in steps if s.key is not None), key=lambda s: str(s.key)))
 
 
-def client_step_for(config: Mapping[str, Any]) -> type[ClientStep]:
-    """The client step a training instruction asks for: the one whose key it carries, else the
+def client_algorithm_for(config: Mapping[str, Any]) -> type[ClientAlgorithm]:
+    """The client algorithm a training instruction asks for: the one whose key it carries, else the
     proximal step when it sets a proximal weight, else plain local SGD."""
-    wanted = [s for s in client_steps() if s.wanted(config)]
+    wanted = [s for s in client_algorithms() if s.wanted(config)]
     if len(wanted) > 1:
-        raise ValueError(f"the training config asks for several client steps: {[s.__name__ for s in wanted]}")
+        raise ValueError(f"the training config asks for several client algorithms: {[s.__name__ for s in wanted]}")
     if wanted:
         return wanted[0]
-    return Proximal if Proximal.wanted(config) else ClientStep
+    return Proximal if Proximal.wanted(config) else ClientAlgorithm
 
 
-def evaluation_step_for(config: Mapping[str, Any]) -> type[ClientStep]:
-    """The client step whose ``evaluation_model`` an evaluation instruction asks for (plain: the received model)."""
+def evaluation_algorithm_for(config: Mapping[str, Any]) -> type[ClientAlgorithm]:
+    """The client algorithm whose ``evaluation_model`` an evaluation instruction asks for (plain: the received model)."""
     steps = {cls.client for cls in method_classes()}
     wanted = [s for s in steps if s.evaluation_key is not None and s.evaluation_key in config]
     if len(wanted) > 1:
-        raise ValueError(f"the evaluation config asks for several client steps: {[s.__name__ for s in wanted]}")
-    return wanted[0] if wanted else ClientStep
+        raise ValueError(f"the evaluation config asks for several client algorithms: {[s.__name__ for s in wanted]}")
+    return wanted[0] if wanted else ClientAlgorithm
 
 
 

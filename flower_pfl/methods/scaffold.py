@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import Batch, ClientState, ClientStep, LossFn, keep, like_params, setting, stored, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, like_params, setting, stored, trainable
 from flower_pfl.engine.params import POSITIVE, param
-from flower_pfl.engine.reply_checks import Reply, StepOutputMissing, norm
-from flower_pfl.engine.server_step import GlobalModelStep, Settings
+from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.engine.wire import decode_flat, decode_vector, encode_vector
 from flower_pfl.methods.base import Method
 
@@ -37,7 +37,7 @@ def scaffold_server_update(
     return x + lr_global * delta_y.mean(0), c + (m / num_clients) * delta_c.mean(0)
 
 
-class ScaffoldCorrection(ClientStep):
+class ScaffoldCorrection(ClientAlgorithm):
     """SCAFFOLD's client, option II: ``K`` steps with gradient ``g + c − c_i`` from the received ``x``;
     ``finish`` sets ``c_i ← c_i − c + (x − y) / (K η)`` (client state; zero before the first
     participation) and returns ``Δc_i`` as ``scaffold-control-delta``."""
@@ -67,7 +67,7 @@ class ScaffoldCorrection(ClientStep):
 
 
 @dataclass
-class SCAFFOLD(Method, GlobalModelStep):
+class SCAFFOLD(Method, GlobalModelAlgorithm):
     """SCAFFOLD (Karimireddy et al. 2020), option II: the server sends its control variate ``c``
     (``scaffold-control``, float32 bytes); each client keeps its ``c_i``, steps with ``g + c − c_i``
     and returns ``Δc_i``. Server: ``x += η_g mean Δy_i``, ``c += (|S|/N) mean Δc_i`` with ``N`` the
@@ -91,7 +91,7 @@ class SCAFFOLD(Method, GlobalModelStep):
     def check_extras(self, extras: Mapping[str, Any]) -> torch.Tensor:
         """The client's ``Δc_i``: float32 bytes of the model's size, all finite."""
         if CONTROL_DELTA not in extras:
-            raise StepOutputMissing(f"the reply lacks '{CONTROL_DELTA}' (SCAFFOLD's Δc_i)", ScaffoldCorrection.__name__)
+            raise AlgorithmOutputMissing(f"the reply lacks '{CONTROL_DELTA}' (SCAFFOLD's Δc_i)", ScaffoldCorrection.__name__)
         delta = decode_flat(extras[CONTROL_DELTA], self.layout.dim, CONTROL_DELTA)
         if not torch.isfinite(delta).all():
             raise ValueError(f"'{CONTROL_DELTA}' holds NaN or Inf")

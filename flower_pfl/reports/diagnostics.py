@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from flower_pfl.engine.attention_log import AttentionAccumulator
-from flower_pfl.engine.server_step import ServerStep
+from flower_pfl.engine.server_algorithm import ServerAlgorithm
 from flower_pfl.reports.figures import (
     draw_client_matrix,
     draw_selection_mask,
@@ -127,12 +127,12 @@ def save_similarity_snapshot(path: Path, ids: Sequence[Hashable], similarity: np
     return stats
 
 
-def save_run_diagnostics(method: ServerStep, participants: Sequence[Hashable], info: Mapping[int, Mapping[str, Any]],
+def save_run_diagnostics(method: ServerAlgorithm, participants: Sequence[Hashable], info: Mapping[int, Mapping[str, Any]],
                          out: Path, title: str) -> dict[str, Any]:
     """A finished run's diagnostics in its results folder ``out``: the attention heatmaps averaged
     over rounds (clients ordered by their label set, then partition id) with how often each client's
     strongest attention falls on a client with the same labels, and a method's last-round
-    similarity and selection (``ServerStep.similarity_snapshot``) among ``participants``. ``info``:
+    similarity and selection (``ServerAlgorithm.similarity_snapshot``) among ``participants``. ``info``:
     what each node reported at start (``label-counts``, ``partition-id``, ``dominant-label``).
     Returns figures for the summary."""
     def about(key: Any) -> Mapping[str, Any]:

@@ -8,12 +8,13 @@ from flwr.serverapp.strategy import FedAvg as FedAvg
 from flwr.serverapp.strategy import FedAvgM as FedAvgM
 from flwr.serverapp.strategy import FedProx as FedProx
 
+from flower_pfl.engine.deprecated import renamed
 from strategies.message import methods
 from strategies.message.method_strategy import MethodStrategy as MethodStrategy
 from strategies.message.methods import *  # noqa: F403  (one class per method, listed in its __all__)
 
-#: the generic strategy, for a method instance of your own (``MethodStrategy(MyMethod(), ...)``)
-PersonalizedStrategy = GlobalModelStrategy = MethodStrategy
+__getattr__ = renamed(__name__, {"PersonalizedStrategy": ("strategies.message.method_strategy", "MethodStrategy"),
+                                 "GlobalModelStrategy": ("strategies.message.method_strategy", "MethodStrategy")})
 
-__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "GlobalModelStrategy", "MethodStrategy", "PersonalizedStrategy",
+__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "MethodStrategy", "PersonalizedStrategy",
                   *methods.__all__])

@@ -12,7 +12,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from flower_pfl.engine.client_step import LOCAL_STEPS, LR, SERVER_ROUND
+from flower_pfl.engine.client_algorithm import LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import (
     MAX_MEDIAN_RATIO,
@@ -25,7 +25,7 @@ from flower_pfl.engine.reply_checks import (
     decoded,
     is_number,
 )
-from flower_pfl.engine.server_step import Instruction, ServerStep
+from flower_pfl.engine.server_algorithm import Instruction, ServerAlgorithm
 from strategies.aggregated_metrics import (
     ACCURACY,
     IDENTITIES,
@@ -76,7 +76,7 @@ class MessageOptions(TypedDict, total=False):
 
 
 class MethodStrategy(PerMethodDocs, Strategy):
-    """A method's server step (``flower_pfl.engine.server_step``) as a Message-API strategy.
+    """A method's server algorithm (``flower_pfl.engine.server_algorithm``) as a Message-API strategy.
 
     ``start(grid=..., initial_arrays=..., num_rounds=..., train_config=...)`` works as for Flower's
     own strategies: ``initial_arrays`` is every client's starting model (its names key the
@@ -113,7 +113,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
                             "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num-examples`` at most this multiple of the lower median of the clients' first claims, and never more than its own client's first count (``flower_pfl.engine.reply_checks.WeightBook``); ``math.inf``: off.",
         "lr": "The clients' learning rate, sent as ``lr`` with every training instruction unless the training config "
-              "has it (client steps that correct gradients or report per-step quantities need it).",
+              "has it (client algorithms that correct gradients or report per-step quantities need it).",
         "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.",
         "rank_key": "The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them "
@@ -132,7 +132,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
 
     def __init__(
         self,
-        method: ServerStep,
+        method: ServerAlgorithm,
         *,
         clients_per_round: int | None = None,
         fraction_train: float = 1.0,
@@ -188,7 +188,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
                 self.tracking.finish()
 
     @property
-    def method(self) -> ServerStep:
+    def method(self) -> ServerAlgorithm:
         return self.server.method
 
     def summary(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Unpack
 
-from flower_pfl.engine.server_step import ServerStep
+from flower_pfl.engine.server_algorithm import ServerAlgorithm
 from flower_pfl.methods import (
     apfl,
     apple,
@@ -63,7 +63,7 @@ class FedMCSA(MethodStrategy):
     method_class = fedmcsa.FedMCSA
 
     def __init__(self, *, all_clients_train: bool = False, sigma: float = 50.0, lam: float = 5.0,
-                          grouping: str = 'tensor', client_method: ServerStep | None = None,
+                          grouping: str = 'tensor', client_method: ServerAlgorithm | None = None,
                           **options: Unpack[MessageOptions]) -> None:
         options.setdefault("clients_per_round", 10)
         method = fedmcsa.FedMCSA(all_clients_train=all_clients_train, sigma=sigma, lam=lam, grouping=grouping,

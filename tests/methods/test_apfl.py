@@ -11,8 +11,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import RecordState, step_for
-from flower_pfl.engine.client_step import CLIENT_STEP, LR, TrainData, train_locally
+from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
@@ -20,7 +20,7 @@ from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import MLR
-from flower_pfl.methods.apfl import ALPHA_INIT, ALPHA_LR, APFL, EVALUATE_MIXED, PERSONAL_STATE, APFLStep, Mixture
+from flower_pfl.methods.apfl import ALPHA_INIT, ALPHA_LR, APFL, EVALUATE_MIXED, PERSONAL_STATE, APFLClient, Mixture
 
 from .runs import assert_as_recorded
 
@@ -61,7 +61,7 @@ def _config(alpha_lr=0.5, alpha_init=0.4):
 
 def _train(model, state, config, steps, seed):
     x, y = _data()
-    return train_locally(APFLStep(model, config, state), model, TrainData(x, y), steps=steps, lr=config[LR], batch_size=8,
+    return train_locally(APFLClient(model, config, state), model, TrainData(x, y), steps=steps, lr=config[LR], batch_size=8,
                          generator=torch.Generator().manual_seed(seed))
 
 
@@ -80,7 +80,7 @@ def test_one_step_by_hand():
     idx = MinibatchStream(24, 8, torch.Generator().manual_seed(1)).next()
     alpha = _by_hand(ref_w, ref_v, 0.4, x, y, [idx], lr=0.1, alpha_lr=0.5)
     personal, kept_alpha = _personal(state, v)
-    assert extras == {CLIENT_STEP: ALPHA_LR}  # the receipt only
+    assert extras == {CLIENT_ALGORITHM: ALPHA_LR}  # the receipt only
     for p, r in zip(w.parameters(), ref_w.parameters()):
         assert torch.allclose(p, r, atol=1e-6)
     for p, r, start in zip(personal.parameters(), ref_v.parameters(), v.parameters()):
@@ -126,14 +126,14 @@ def test_alpha_stays_in_the_unit_interval():
     assert abs(_personal(state, w)[1] - 0.7) < 1e-7  # alpha_lr = 0 keeps α fixed
 
 
-def test_the_client_step_needs_state_and_is_no_hook_on_a_users_loop():
+def test_the_client_algorithm_needs_state_and_is_no_hook_on_a_users_loop():
     w, _ = _models()
     with pytest.raises(ValueError, match="state"):
-        APFLStep(w, _config())
+        APFLClient(w, _config())
     with pytest.raises(ValueError, match="ClientApp"):
-        step_for(_config(), w, RecordDict())
+        algorithm_for(_config(), w, RecordDict())
     with pytest.raises(ValueError, match="alpha"):
-        APFLStep(w, _config(alpha_init=1.5), {})
+        APFLClient(w, _config(alpha_init=1.5), {})
 
 
 # --- the server ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""APPLE: the loss scheduler and the mixture's gradients by hand, the client step over two rounds
+"""APPLE: the loss scheduler and the mixture's gradients by hand, the client algorithm over two rounds
 (p_i and the cores kept in the state, a core met later), the evaluated personalized model, the
 server's slots, downloads and regularizer weight, and a short whole run."""
 
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
 
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import LR, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import LR, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -27,7 +27,7 @@ from flower_pfl.methods.apple import (
     PERSONAL_STATE,
     REG,
     SLOTS,
-    APPLEStep,
+    APPLEClient,
     mixture_gradients,
     schedule,
 )
@@ -59,7 +59,7 @@ def test_mixture_gradients_are_the_objectives_gradients():
     torch.testing.assert_close(dp, p.grad)
 
 
-# --- 2. the client step ----------------------------------------------------------------------------
+# --- 2. the client algorithm ----------------------------------------------------------------------------
 
 def _data():
     x = torch.randn(32, 3, generator=torch.Generator().manual_seed(0))
@@ -93,7 +93,7 @@ def test_two_rounds_by_hand_with_a_core_met_later():
     own = flatten_module(model)
     others = torch.stack([own + 0.3, own - 0.2])
     state: dict = {}
-    train_locally(APPLEStep(model, _config([4, 0, 7], others), state), model, TrainData(x, y), steps=3, lr=0.1,
+    train_locally(APPLEClient(model, _config([4, 0, 7], others), state), model, TrainData(x, y), steps=3, lr=0.1,
                   batch_size=8, generator=torch.Generator().manual_seed(2))
     stream = MinibatchStream(32, 8, torch.Generator().manual_seed(2))
     want_own, want_p = _by_hand(own, others, torch.full((3,), 1 / 3), torch.full((3,), 1 / 3),
@@ -107,7 +107,7 @@ def test_two_rounds_by_hand_with_a_core_met_later():
     # round 2: only slot 7 is sent again (changed) and slot 9 is new: slot 0's core comes from the cache,
     # p of slot 9 starts at 0, p0 is uniform over the four cores
     new7, new9 = others[1] + 0.1, own * 0.5
-    train_locally(APPLEStep(model, _config([4, 7, 9], torch.stack([new7, new9]), reg=0.0), state), model, TrainData(x, y),
+    train_locally(APPLEClient(model, _config([4, 7, 9], torch.stack([new7, new9]), reg=0.0), state), model, TrainData(x, y),
                   steps=2, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(3))
     stream = MinibatchStream(32, 8, torch.Generator().manual_seed(3))
     cached = torch.stack([others[0], new7, new9])
@@ -123,7 +123,7 @@ def test_the_relationships_move_only_with_their_own_step():
     model = MLR(3, 2)
     state: dict = {}
     own = flatten_module(model)
-    train_locally(APPLEStep(model, _config([0, 1], own[None] + 1.0, p_lr=0.0), state), model, TrainData(x, y), steps=4,
+    train_locally(APPLEClient(model, _config([0, 1], own[None] + 1.0, p_lr=0.0), state), model, TrainData(x, y), steps=4,
                   lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(0))
     assert torch.equal(state[P_STATE][1], torch.full((2,), 0.5))  # PFLlib's default dr_learning_rate = 0: p never moves
 
@@ -131,18 +131,18 @@ def test_the_relationships_move_only_with_their_own_step():
 def test_the_client_evaluates_its_personalized_model_and_needs_state():
     model = MLR(3, 2)
     personal = torch.arange(D, dtype=torch.float32)
-    evaluated, _ = APPLEStep.evaluation_model(model, {EVALUATE_PERSONAL: True}, {PERSONAL_STATE: [personal]}, None, None)
+    evaluated, _ = APPLEClient.evaluation_model(model, {EVALUATE_PERSONAL: True}, {PERSONAL_STATE: [personal]}, None, None)
     assert torch.equal(flatten_module(evaluated), personal)
     fresh = MLR(3, 2)
     before = flatten_module(fresh)
-    assert torch.equal(flatten_module(APPLEStep.evaluation_model(fresh, {}, {}, None, None)[0]), before)  # before any round
+    assert torch.equal(flatten_module(APPLEClient.evaluation_model(fresh, {}, {}, None, None)[0]), before)  # before any round
     with pytest.raises(ValueError, match="state"):
-        APPLEStep(model, _config([0], torch.zeros(0)))
+        APPLEClient(model, _config([0], torch.zeros(0)))
 
 
 def test_not_a_hook_on_a_users_loop():
     with pytest.raises(ValueError, match="client_apps.app"):
-        step_for(_config([0], torch.zeros(0)), MLR(3, 2), RecordDict())
+        algorithm_for(_config([0], torch.zeros(0)), MLR(3, 2), RecordDict())
 
 
 # --- 3. the server ---------------------------------------------------------------------------------

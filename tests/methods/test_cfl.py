@@ -8,11 +8,11 @@ import pytest
 import torch
 from floats import same_math
 
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.methods.cfl import CFL, bipartition, cosine_matrix
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded, short_run
 
@@ -54,7 +54,7 @@ def _server(**kwargs) -> MethodServer:
 def _round(server, rnd, updates: dict[int, list[float]], n: dict[int, int] | None = None):
     """Every client in ``updates`` trains and returns its received model plus its update."""
     plan = server.plan_training(rnd, sorted(updates))
-    assert all(client_step_for(ins.config) is ClientStep for ins in plan)  # plain local SGD
+    assert all(client_algorithm_for(ins.config) is ClientAlgorithm for ins in plan)  # plain local SGD
     replies = [server.check(RawReply(ins.client_id, list(_arrays(ins.model.numpy() + np.asarray(updates[ins.client_id])).values()),
                                      None, (n or {}).get(ins.client_id, 1), {})) for ins in plan]
     server.aggregate(rnd, replies)

@@ -1,4 +1,4 @@
-"""Ditto: the client step by hand (two rounds from the kept personal model), λ's pull toward the
+"""Ditto: the client algorithm by hand (two rounds from the kept personal model), λ's pull toward the
 global model, the server's instructions and FedAvg, the node's evaluation of its personal
 model, one whole run."""
 
@@ -14,8 +14,8 @@ from flwr.common import parameters_to_ndarrays
 import strategies
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import RecordState, step_for
-from flower_pfl.engine.client_step import CLIENT_STEP, LR, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, PROXIMAL_MU, ClientAlgorithm, Proximal, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
@@ -24,7 +24,7 @@ from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.build import client_generator
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import MLR
-from flower_pfl.methods.ditto import LAMBDA, PERSONAL_STATE, Ditto, DittoStep
+from flower_pfl.methods.ditto import LAMBDA, PERSONAL_STATE, Ditto, DittoClient
 
 from .runs import assert_as_recorded
 
@@ -43,7 +43,7 @@ def _model(seed=1) -> MLR:
 
 def _train(model, state, lam, steps, seed, lr=0.05):
     x, y = _data()
-    return train_locally(DittoStep(model, {LR: lr, LAMBDA: lam}, state), model, TrainData(x, y), steps=steps, lr=lr,
+    return train_locally(DittoClient(model, {LR: lr, LAMBDA: lam}, state), model, TrainData(x, y), steps=steps, lr=lr,
                          batch_size=8, generator=torch.Generator().manual_seed(seed))
 
 
@@ -72,7 +72,7 @@ def test_two_rounds_by_hand_from_the_kept_personal_model():
     _, extras = _train(w, state, lam=2.0, steps=3, seed=3)
     stream = MinibatchStream(48, 8, torch.Generator().manual_seed(3))
     _by_hand(ref_w, ref_v, x, y, [stream.next() for _ in range(3)], lam=2.0, lr=0.05)
-    assert extras == {CLIENT_STEP: LAMBDA}  # the receipt only
+    assert extras == {CLIENT_ALGORITHM: LAMBDA}  # the receipt only
     assert torch.allclose(_flat(w), _flat(ref_w), atol=1e-6)
     assert torch.allclose(state[PERSONAL_STATE][0], _flat(ref_v), atol=1e-6)
     assert not torch.allclose(_flat(ref_v), _flat(ref_w), atol=1e-4)
@@ -87,14 +87,14 @@ def test_two_rounds_by_hand_from_the_kept_personal_model():
 
 
 def test_the_global_update_is_plain_local_sgd_and_the_personal_one_proximal_sgd():
-    """The same as the package's other steps: ``ClientStep`` for w, ``Proximal`` toward the received w for v."""
+    """The same as the package's other steps: ``ClientAlgorithm`` for w, ``Proximal`` toward the received w for v."""
     x, y = _data()
     w = _model()
     received = copy.deepcopy(w)
     state: dict = {}
     _train(w, state, lam=0.5, steps=6, seed=8)
     plain = copy.deepcopy(received)
-    train_locally(ClientStep(plain, {}), plain, TrainData(x, y), steps=6, lr=0.05, batch_size=8,
+    train_locally(ClientAlgorithm(plain, {}), plain, TrainData(x, y), steps=6, lr=0.05, batch_size=8,
                   generator=torch.Generator().manual_seed(8))
     prox = copy.deepcopy(received)
     train_locally(Proximal(prox, {PROXIMAL_MU: 0.5}), prox, TrainData(x, y), steps=6, lr=0.05, batch_size=8,
@@ -116,14 +116,14 @@ def test_dittos_regularizer_pulls_the_personal_model_toward_the_global_one():
     assert distance(5.0) < 0.5 * distance(0.0)
 
 
-def test_the_client_step_needs_state_and_is_no_hook_on_a_users_loop():
+def test_the_client_algorithm_needs_state_and_is_no_hook_on_a_users_loop():
     w = _model()
     with pytest.raises(ValueError, match="state"):
-        DittoStep(w, {LR: 0.1, LAMBDA: 1.0})
+        DittoClient(w, {LR: 0.1, LAMBDA: 1.0})
     with pytest.raises(ValueError, match="ClientApp"):
-        step_for({LR: 0.1, LAMBDA: 1.0}, w, RecordDict())
+        algorithm_for({LR: 0.1, LAMBDA: 1.0}, w, RecordDict())
     with pytest.raises(ValueError, match="lambda"):
-        DittoStep(w, {LR: 0.1, LAMBDA: -1.0}, {})
+        DittoClient(w, {LR: 0.1, LAMBDA: -1.0}, {})
 
 
 # --- the server ----------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def test_node_keeps_a_personal_model_returns_plain_sgd_on_the_global_one_and_eva
     ref = copy.deepcopy(node.model)
     ref.load_state_dict(received)
     data = TrainData(node.data.x_train, node.data.y_train)
-    train_locally(ClientStep(ref, config), ref, data, steps=4, lr=0.05, batch_size=10, generator=client_generator(0, 0, 1))
+    train_locally(ClientAlgorithm(ref, config), ref, data, steps=4, lr=0.05, batch_size=10, generator=client_generator(0, 0, 1))
     assert torch.allclose(returned, flatten_module(ref), atol=1e-6)  # the global update is plain local SGD
     ref.load_state_dict(received)
     train_locally(Proximal(ref, {PROXIMAL_MU: 2.0}), ref, data, steps=4, lr=0.05, batch_size=10, generator=client_generator(0, 0, 1))

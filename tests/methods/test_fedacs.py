@@ -1,5 +1,5 @@
 """FedACS (Chen, Li, Shen): thresholded cosine-similarity weights (eq. 4) by hand, the
-server step through both strategies, its plain local-SGD client (eq. 5), and a short whole run."""
+server algorithm through both strategies, its plain local-SGD client (eq. 5), and a short whole run."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.experiment.models import build_model
 from flower_pfl.methods.attention import cosine_similarity_matrix, quantile_threshold_weights
 from flower_pfl.methods.fedacs import FedACS
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -56,7 +56,7 @@ def test_p_near_one_leaves_each_client_alone_and_rows_sum_to_one():
     assert torch.equal(mask, torch.eye(9, dtype=torch.bool)) and torch.allclose(w, torch.eye(9))
 
 
-def test_server_step_is_eq_4():
+def test_server_algorithm_is_eq_4():
     models = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.2, 0.0], [0.0, 0.0, 1.0]])
     method = FedACS(p=0.5)
     out, weights = method.personalize(models, layout=None)
@@ -77,7 +77,7 @@ def test_server_step_is_eq_4():
     assert FedACS().train_config(1) == {PROXIMAL_MU: 0.0}  # eq. 5: plain local steps from u_i
 
 
-# ---------------------------------------------------------------- 2. the server step
+# ---------------------------------------------------------------- 2. the server algorithm
 
 @pytest.fixture(autouse=True)
 def _identity():
@@ -138,9 +138,9 @@ def test_client_is_plain_sgd_from_u_i_in_a_users_loop_and_the_package_loop():
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(30, 6, generator=g), torch.randint(0, 3, (30,), generator=g)
     users, package, reference = (build_model("dnn", (6,), 3, hidden=5, seed=1) for _ in range(3))
-    assert client_step_for(config) is ClientStep
+    assert client_algorithm_for(config) is ClientAlgorithm
 
-    step = step_for(config, users, optimizer=torch.optim.SGD(users.parameters(), lr=lr))
+    step = algorithm_for(config, users, optimizer=torch.optim.SGD(users.parameters(), lr=lr))
     optimizer = torch.optim.SGD(users.parameters(), lr=lr)
     stream = MinibatchStream(30, batch, torch.Generator().manual_seed(3))
     for _ in range(steps):
@@ -151,7 +151,7 @@ def test_client_is_plain_sgd_from_u_i_in_a_users_loop_and_the_package_loop():
         optimizer.step()
     assert step.finish(users, x) == {}
 
-    result, extras = train_locally(client_step_for(config)(package, config), package, TrainData(x, y), steps=steps, lr=lr,
+    result, extras = train_locally(client_algorithm_for(config)(package, config), package, TrainData(x, y), steps=steps, lr=lr,
                                    batch_size=batch, generator=torch.Generator().manual_seed(3))
     assert extras == {} and result.steps == steps
 

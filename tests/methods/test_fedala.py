@@ -1,5 +1,5 @@
 """FedALA: the higher layers, the element-wise weight learning by hand, its exact s% sample, the
-client step over three rounds (plain first round, weights learned until the loss settles, then one epoch), the evaluated
+client algorithm over three rounds (plain first round, weights learned until the loss settles, then one epoch), the evaluated
 local model, the server's FedAvg and settings, and a short whole run."""
 
 import copy
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
 
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import BATCH_SIZE, LR, SERVER_ROUND, ClientStep, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, LR, SERVER_ROUND, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -26,7 +26,7 @@ from flower_pfl.methods.fedala import (
     SEED,
     WEIGHTS_STATE,
     FedALA,
-    FedALAStep,
+    FedALAClient,
     ala_init,
     higher_layers,
     learn_weights,
@@ -81,7 +81,7 @@ def _config(percent: float = 50.0, server_round: int = 1) -> dict:
 
 def _round(model, state, seed):
     x, y = _data()
-    return train_locally(FedALAStep(model, _config(server_round=seed), state), model, TrainData(x, y), steps=3, lr=0.1,
+    return train_locally(FedALAClient(model, _config(server_round=seed), state), model, TrainData(x, y), steps=3, lr=0.1,
                          batch_size=8, generator=torch.Generator().manual_seed(seed))
 
 
@@ -100,7 +100,7 @@ def test_the_weights_sample_has_exactly_s_percent_of_the_split_and_is_seeded():
     assert torch.equal(sample_indices(40, 50.0, 5, 2), sample_indices(40, 50.0, 5, 2))  # reproducible (resumes too)
     assert not torch.equal(sample_indices(40, 50.0, 5, 3), sample_indices(40, 50.0, 5, 2))  # another round, another sample
     assert not torch.equal(sample_indices(40, 50.0, 6, 2), sample_indices(40, 50.0, 5, 2))  # another run seed
-    batches = FedALAStep(_model(), _config(server_round=2), {}).sample(TrainData(x, y))
+    batches = FedALAClient(_model(), _config(server_round=2), {}).sample(TrainData(x, y))
     assert [len(b) for _, b in batches] == [8, 8, 4]  # the 20 examples in minibatches of batch-size
     idx = _sample_by_hand(40, 50.0, 5, 2)
     assert torch.equal(torch.cat([bx for bx, _ in batches]), x[idx]) and torch.equal(torch.cat([by for _, by in batches]), y[idx])
@@ -120,7 +120,7 @@ def test_three_rounds_plain_then_learned_until_settled_then_one_epoch():
     model = _model()
     plain = copy.deepcopy(model)
     _round(model, state, seed=1)  # round 1: no local model yet, plain local SGD on the global model
-    train_locally(ClientStep(plain, {}), plain, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
+    train_locally(ClientAlgorithm(plain, {}), plain, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
                   generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(state[LOCAL_STATE][0], flatten_module(plain))
     assert set(state) == {LOCAL_STATE}
@@ -151,17 +151,17 @@ def test_three_rounds_plain_then_learned_until_settled_then_one_epoch():
 def test_the_client_evaluates_its_local_model_and_needs_state():
     model = _model()
     local = torch.arange(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
-    evaluated, _ = FedALAStep.evaluation_model(model, {EVALUATE_LOCAL: True}, {LOCAL_STATE: [local]}, None, None)
+    evaluated, _ = FedALAClient.evaluation_model(model, {EVALUATE_LOCAL: True}, {LOCAL_STATE: [local]}, None, None)
     assert torch.equal(flatten_module(evaluated), local)
     with pytest.raises(ValueError, match="state"):
-        FedALAStep(model, _config())
+        FedALAClient(model, _config())
     with pytest.raises(ValueError, match="fedala-rand-percent"):
-        FedALAStep(model, _config(percent=0.0), {})
+        FedALAClient(model, _config(percent=0.0), {})
 
 
 def test_not_a_hook_on_a_users_loop():
     with pytest.raises(ValueError, match="client_apps.app"):
-        step_for(_config(), _model(), RecordDict())
+        algorithm_for(_config(), _model(), RecordDict())
 
 
 # --- the server ------------------------------------------------------------------------------------

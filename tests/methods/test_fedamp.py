@@ -1,5 +1,5 @@
-"""FedAMP and HeurFedAMP (Huang et al. 2021): message-passing weights by hand, the server step
-through both strategies, a proximal client step whose pull toward the cloud model is real, and
+"""FedAMP and HeurFedAMP (Huang et al. 2021): message-passing weights by hand, the server algorithm
+through both strategies, a proximal client algorithm whose pull toward the cloud model is real, and
 short whole runs."""
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import CLIENT_STEP, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, PROXIMAL_MU, ClientAlgorithm, Proximal, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.models import MLR
 from flower_pfl.methods.attention import fedamp_weights, heuristic_fedamp_weights
 from flower_pfl.methods.fedamp import FedAMP, HeurFedAMP
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -82,7 +82,7 @@ def test_run_config_refuses_fedamp_weights_that_could_turn_a_self_weight_negativ
     assert cfg.method_arguments()["alpha_k"] == 0.1
 
 
-# ---------------------------------------------------------------- 2. the server step
+# ---------------------------------------------------------------- 2. the server algorithm
 
 @pytest.fixture(autouse=True)
 def _identity():
@@ -159,9 +159,9 @@ def test_the_regularizer_has_a_gradient_toward_the_cloud_model_and_training_foll
     model, _, _ = _setting()
     config = {**FedAMP(alpha_k=0.05, lam=1.0).train_config(1), "lr": LR, "local-steps": STEPS, "batch-size": BATCH}
     mu = config[PROXIMAL_MU]
-    assert client_step_for(config) is Proximal
+    assert client_algorithm_for(config) is Proximal
     cloud = [p.detach().clone() for p in model.parameters()]  # u_i: the model the client received
-    step = client_step_for(config)(model, config)
+    step = client_algorithm_for(config)(model, config)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
@@ -176,12 +176,12 @@ def test_the_regularizer_has_a_gradient_toward_the_cloud_model_and_training_foll
     def distance_after(settings) -> float:
         model, x, y = _setting()
         start = [p.detach().clone() for p in model.parameters()]
-        step = client_step_for(settings)(model, settings)
+        step = client_algorithm_for(settings)(model, settings)
         train_locally(step, model, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH, generator=torch.Generator().manual_seed(2))
         return _distance(model, start)
 
     plain = {**config, PROXIMAL_MU: 0.0}
-    assert client_step_for(plain) is ClientStep
+    assert client_algorithm_for(plain) is ClientAlgorithm
     assert distance_after(config) < 0.5 * distance_after(plain)
 
 
@@ -192,7 +192,7 @@ def test_users_loop_equals_the_package_loop_and_the_objective_written_out():
     package, reference = _setting()[0], _setting()[0]
     cloud = [p.detach().clone() for p in reference.parameters()]
 
-    step = step_for(config, users, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
+    step = algorithm_for(config, users, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
     optimizer = torch.optim.SGD(users.parameters(), lr=LR)
     stream = MinibatchStream(len(y), BATCH, torch.Generator().manual_seed(2))
     for _ in range(STEPS):
@@ -201,9 +201,9 @@ def test_users_loop_equals_the_package_loop_and_the_objective_written_out():
         F.cross_entropy(users(x[idx]), y[idx]).backward()
         step.adjust_gradients(users, (x[idx], y[idx]))
         optimizer.step()
-    assert step.finish(users, x) == {CLIENT_STEP: PROXIMAL_MU}  # nothing but the receipt
+    assert step.finish(users, x) == {CLIENT_ALGORITHM: PROXIMAL_MU}  # nothing but the receipt
 
-    train_locally(client_step_for(config)(package, config), package, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
+    train_locally(client_algorithm_for(config)(package, config), package, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
                   generator=torch.Generator().manual_seed(2))
 
     stream = MinibatchStream(len(y), BATCH, torch.Generator().manual_seed(2))

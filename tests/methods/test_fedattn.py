@@ -1,4 +1,4 @@
-"""FedAttn (Luo, Panchal, Guan): neighbour search, the attention and its gradient, the client step
+"""FedAttn (Luo, Panchal, Guan): neighbour search, the attention and its gradient, the client algorithm
 (in the package's loop and in a user's own), the server through both Flower APIs, one whole run."""
 
 import copy
@@ -14,8 +14,8 @@ from flwr.common import parameters_to_ndarrays
 import flower_pfl.methods.fedattn as fa
 import strategies
 import strategies.message
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import CLIENT_STEP, LR, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -90,7 +90,7 @@ def test_attention_is_definition_3_1():
     assert torch.allclose(weights.sum(1), torch.ones(2)) and (weights > 0).all()
 
 
-def test_attention_step_follows_the_chain_rule_by_finite_differences():
+def test_attention_step_follows_the_chain_algorithm_by_finite_differences():
     """The client reports ∂f/∂M̃ for f(M̃) = ½||M̃ − t||²; the step must be −lr ∂f(M̃(W))/∂W."""
     torch.set_default_dtype(torch.float64)
     try:
@@ -148,7 +148,7 @@ def test_representation_is_the_mean_input_of_the_last_layer():
     assert torch.allclose(mean_features(MLR(5, 3), x), x.mean(0), atol=1e-6)  # one layer: the input
 
 
-# --- the client step -----------------------------------------------------------------------------
+# --- the client algorithm -----------------------------------------------------------------------------
 
 def _data():
     x = torch.randn(40, 5, generator=torch.Generator().manual_seed(2))
@@ -169,7 +169,7 @@ def _config(bias_reg: float = 0.0, global_biases: torch.Tensor | None = None) ->
 
 def _train(model, config, steps, seed=9):
     x, y = _data()
-    return train_locally(fa.FedAttnStep(model, config), model, TrainData(x, y), steps=steps, lr=0.1, batch_size=8,
+    return train_locally(fa.FedAttnClient(model, config), model, TrainData(x, y), steps=steps, lr=0.1, batch_size=8,
                          generator=torch.Generator().manual_seed(seed))
 
 
@@ -215,8 +215,8 @@ def test_the_step_in_a_users_own_loop_gives_what_train_locally_gives():
 
     model = _dnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=config[LR])
-    step = step_for(config, model, None, optimizer)
-    assert isinstance(step, fa.FedAttnStep)
+    step = algorithm_for(config, model, None, optimizer)
+    assert isinstance(step, fa.FedAttnClient)
     stream = MinibatchStream(40, 8, torch.Generator().manual_seed(3))
     model.train()
     for _ in range(5):
@@ -228,7 +228,7 @@ def test_the_step_in_a_users_own_loop_gives_what_train_locally_gives():
     extras = step.finish(model, x)
     for p, r in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p, r, atol=1e-6)
-    assert extras.keys() == expected.keys() == {fa.REPRESENTATION, fa.BIAS_GRADIENT, CLIENT_STEP}
+    assert extras.keys() == expected.keys() == {fa.REPRESENTATION, fa.BIAS_GRADIENT, CLIENT_ALGORITHM}
     assert torch.allclose(decode_flat(extras[fa.REPRESENTATION], 4), decode_flat(expected[fa.REPRESENTATION], 4), atol=1e-6)
     assert torch.allclose(decode_flat(extras[fa.BIAS_GRADIENT], 7), decode_flat(expected[fa.BIAS_GRADIENT], 7), atol=1e-5)
     # finish also takes the training batches instead of one tensor
@@ -239,12 +239,12 @@ def test_the_step_in_a_users_own_loop_gives_what_train_locally_gives():
 def test_the_step_refuses_what_its_arithmetic_cannot_use():
     model = _dnn()
     with pytest.raises(ValueError, match="momentum"):
-        step_for(_config(), model, None, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        algorithm_for(_config(), model, None, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     with pytest.raises(ValueError, match="step size"):
-        step_for(_config(), model, None, torch.optim.SGD(model.parameters(), lr=0.2))
+        algorithm_for(_config(), model, None, torch.optim.SGD(model.parameters(), lr=0.2))
     with pytest.raises(ValueError, match="fedattn-global-biases"):
-        fa.FedAttnStep(model, _config(0.5))  # a regularizer toward biases it was not sent
-    step = fa.FedAttnStep(model, _config())
+        fa.FedAttnClient(model, _config(0.5))  # a regularizer toward biases it was not sent
+    step = fa.FedAttnClient(model, _config())
     with pytest.raises(ValueError, match="at least one step"):
         step.finish(model, _data()[0])
     step.adjust_gradients(model)

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
 from client_apps.app import Node
-from client_apps.rules import step_for
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
-from flower_pfl.engine.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
@@ -22,7 +22,7 @@ from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.models import DNN
-from flower_pfl.methods.fedbabu import FINETUNE_PART, FINETUNE_SEED, FINETUNE_STEPS, HEAD_LAYERS, FedBABU, FedBABUStep
+from flower_pfl.methods.fedbabu import FINETUNE_PART, FINETUNE_SEED, FINETUNE_STEPS, HEAD_LAYERS, FedBABU, FedBABUClient
 
 from .runs import assert_as_recorded, short_run
 
@@ -45,9 +45,9 @@ CONFIG = {LR: 0.1, LOCAL_STEPS: 3, BATCH_SIZE: 8, HEAD_LAYERS: 1}
 def test_training_moves_the_body_only_in_both_loops():
     x, y = _data()
     ours, mine, ref = _model(), _model(), _model()
-    train_locally(FedBABUStep(ours, CONFIG), ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
+    train_locally(FedBABUClient(ours, CONFIG), ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
                   generator=torch.Generator().manual_seed(2))
-    extras = fb.user_loop(mine, step_for(CONFIG, mine), x, y, lr=0.1, batch_size=8, steps=3, seed=2)
+    extras = fb.user_loop(mine, algorithm_for(CONFIG, mine), x, y, lr=0.1, batch_size=8, steps=3, seed=2)
     stream, body = MinibatchStream(24, 8, torch.Generator().manual_seed(2)), [ref.fc1.weight, ref.fc1.bias]
     for _ in range(3):  # by hand: SGD on the body, the head as initialised
         idx = stream.next()
@@ -55,7 +55,7 @@ def test_training_moves_the_body_only_in_both_loops():
         with torch.no_grad():
             for p, g in zip(body, grads):
                 p -= 0.1 * g
-    assert extras == {CLIENT_STEP: HEAD_LAYERS}
+    assert extras == {CLIENT_ALGORITHM: HEAD_LAYERS}
     for model in (ours, mine):
         torch.testing.assert_close(flatten_module(model), flatten_module(ref))
     assert torch.equal(ours.fc2.weight, _model().fc2.weight) and not torch.equal(ours.fc1.weight, _model().fc1.weight)
@@ -65,7 +65,7 @@ def test_the_head_stays_frozen_under_momentum_and_weight_decay():
     x, y = _data()
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
-    step = step_for(CONFIG, model, None, optimizer)
+    step = algorithm_for(CONFIG, model, None, optimizer)
     for _ in range(3):
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
@@ -84,7 +84,7 @@ def test_evaluation_reports_the_global_model_then_fine_tunes_on_the_training_spl
     x_test, y_test = x[:8] + 0.5, y[:8]
     model, ref = _model(), _model()
     tested = evaluate(_model(), x_test, y_test).accuracy
-    out, extra = FedBABUStep.evaluation_model(model, _evaluation(part), None, TrainData(x, y), lambda m: evaluate(m, x_test, y_test))
+    out, extra = FedBABUClient.evaluation_model(model, _evaluation(part), None, TrainData(x, y), lambda m: evaluate(m, x_test, y_test))
     assert extra == {GLOBAL_ACCURACY: tested}  # the received model's accuracy, before fine-tuning
     stream = MinibatchStream(24, 8, torch.Generator().manual_seed(FINETUNE_SEED))
     params = [ref.fc2.weight, ref.fc2.bias] if part == "head" else list(ref.parameters())
@@ -101,7 +101,7 @@ def test_evaluation_reports_the_global_model_then_fine_tunes_on_the_training_spl
 def test_no_fine_tuning_evaluates_the_frozen_head():
     x, y = _data()
     model = _model()
-    out, _ = FedBABUStep.evaluation_model(model, _evaluation("head", steps=0), None, TrainData(x, y), lambda m: evaluate(m, x, y))
+    out, _ = FedBABUClient.evaluation_model(model, _evaluation("head", steps=0), None, TrainData(x, y), lambda m: evaluate(m, x, y))
     torch.testing.assert_close(flatten_module(out), flatten_module(_model()))
 
 

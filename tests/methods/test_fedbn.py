@@ -10,14 +10,14 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from client_apps.app import train
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected, check_update
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.fedbn import FedBN, norm_layers, norm_mask
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded, short_run
 
@@ -142,7 +142,7 @@ def test_a_model_without_bn_layers_is_averaged_uniformly():
 def test_the_client_is_plain_local_sgd_and_the_hyperparameter_is_checked():
     server = MethodServer(FedBN(), clients_per_round=1)
     server.initialize(_named(0.0))
-    assert client_step_for(server.plan_training(1, [1])[0].config) is ClientStep
+    assert client_algorithm_for(server.plan_training(1, [1])[0].config) is ClientAlgorithm
     with pytest.raises(ValueError, match="weighted"):
         ExperimentConfig(method="fedbn", options={"fedbn-weighted": "yes"})
 

@@ -1,5 +1,5 @@
 """FedDyn (Acar et al. 2021), Algorithm 1: the client's regularized steps and gradient state by hand,
-the fixed point of the regularizer, the server's h and model by hand, the client step in a user's
+the fixed point of the regularizer, the server's h and model by hand, the client algorithm in a user's
 own loop, the running statistics left out of h, a short run."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from floats import assert_same_math
 from flwr.app import RecordDict
 
-from client_apps.rules import RecordState, step_for
-from flower_pfl.engine.client_step import LR, TrainData, train_locally
+from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.client_algorithm import LR, TrainData, train_locally
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.models import MLR, build_model
-from flower_pfl.methods.feddyn import ALPHA, GRADIENT_STATE, FedDyn, FedDynStep, dynamic_server_update
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.feddyn import ALPHA, GRADIENT_STATE, FedDyn, FedDynClient, dynamic_server_update
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -37,7 +37,7 @@ def _params(model) -> list[torch.Tensor]:
 
 def _train(model, state, alpha, steps, seed, lr=0.1):
     x, y = _data()
-    step = FedDynStep(model, {LR: lr, ALPHA: alpha}, state)
+    step = FedDynClient(model, {LR: lr, ALPHA: alpha}, state)
     return train_locally(step, model, TrainData(x, y), steps=steps, lr=lr, batch_size=8, generator=torch.Generator().manual_seed(seed))
 
 
@@ -75,7 +75,7 @@ def test_without_a_data_gradient_the_regularizer_has_its_fixed_point():
     torch.nn.init.constant_(model.weight, 1.0)
     state = {GRADIENT_STATE: [torch.full((2, 3), 0.3)]}
     x, y = torch.zeros(8, 3), torch.zeros(8, dtype=torch.long)
-    step = FedDynStep(model, {LR: 0.5, ALPHA: 1.0}, state)
+    step = FedDynClient(model, {LR: 0.5, ALPHA: 1.0}, state)
     train_locally(step, model, TrainData(x, y), steps=60, lr=0.5, batch_size=4, generator=torch.Generator())
     assert torch.allclose(model.weight, torch.full((2, 3), 1.3), atol=1e-6)  # θ^{t−1} + ∇L_k / α
     assert torch.allclose(state[GRADIENT_STATE][0], torch.zeros(2, 3), atol=1e-6)
@@ -95,12 +95,12 @@ def test_the_regularizer_pulls_toward_the_received_model():
 def test_the_step_needs_state_and_a_positive_alpha():
     model = MLR(3, 2)
     with pytest.raises(ValueError, match="state"):
-        FedDynStep(model, {LR: 0.1, ALPHA: 0.1})
+        FedDynClient(model, {LR: 0.1, ALPHA: 0.1})
     with pytest.raises(ValueError, match="alpha"):
-        FedDynStep(model, {LR: 0.1, ALPHA: 0.0}, {})
+        FedDynClient(model, {LR: 0.1, ALPHA: 0.0}, {})
     with pytest.raises(ValueError, match="alpha"):
         FedDyn(alpha=-1.0)
-    assert client_step_for({ALPHA: 0.1}) is FedDynStep
+    assert client_algorithm_for({ALPHA: 0.1}) is FedDynClient
 
 
 def test_users_loop_matches_train_locally_over_two_rounds():
@@ -111,11 +111,11 @@ def test_users_loop_matches_train_locally_over_two_rounds():
     ours_state, their_state = {}, RecordDict()
     for rnd in (1, 2):
         config = {LR: 0.1, ALPHA: 0.3, "local-steps": 3, "batch-size": 8}
-        train_locally(FedDynStep(ours, config, ours_state), ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
+        train_locally(FedDynClient(ours, config, ours_state), ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
                       generator=torch.Generator().manual_seed(rnd))
-        step = step_for(config, theirs, their_state, torch.optim.SGD(theirs.parameters(), lr=0.1))
+        step = algorithm_for(config, theirs, their_state, torch.optim.SGD(theirs.parameters(), lr=0.1))
         extras = fb.user_loop(theirs, step, x, y, lr=0.1, batch_size=8, steps=3, seed=rnd)
-        assert extras == {"client-step": ALPHA}
+        assert extras == {"client-algorithm": ALPHA}
         for a, b in zip(ours.parameters(), theirs.parameters()):
             assert_same_math(a, b)
         for a, b in zip(ours_state[GRADIENT_STATE], RecordState(their_state)[GRADIENT_STATE]):

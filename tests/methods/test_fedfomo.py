@@ -1,4 +1,4 @@
-"""FedFomo: the first-order weights and the combination by hand, the client step on the package's
+"""FedFomo: the first-order weights and the combination by hand, the client algorithm on the package's
 loop (its fixed validation part held out in ``begin``), the server's ε-greedy choice by affinity and its affinity updates with fabricated replies,
 the reply checks, and a short whole run."""
 
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
 
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND, ClientStep, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -25,7 +25,7 @@ from flower_pfl.methods.fedfomo import (
     VAL_SEED,
     WEIGHTS,
     FedFomo,
-    FedFomoStep,
+    FedFomoClient,
     first_order_weights,
     fomo_update,
     validation_split,
@@ -55,7 +55,7 @@ def test_combination_by_hand():
     torch.testing.assert_close(fomo_update(own, others[:0], torch.zeros(0)), own)
 
 
-# --- 2. the client step ---------------------------------------------------------------------------
+# --- 2. the client algorithm ---------------------------------------------------------------------------
 
 def _data():
     x = torch.randn(40, 3, generator=torch.Generator().manual_seed(0))
@@ -81,7 +81,7 @@ def test_client_combines_on_its_validation_part_then_trains_on_the_rest():
     model = MLR(3, 2)
     own = flatten_module(model)
     others = torch.stack([own + 0.5, own - 0.3 * torch.arange(D, dtype=torch.float32) / D])
-    step = FedFomoStep(model, {**_config(others), VAL_SEED: 7})
+    step = FedFomoClient(model, {**_config(others), VAL_SEED: 7})
     _, extras = train_locally(step, model, TrainData(x, y), steps=5, lr=0.1, batch_size=8,
                               generator=torch.Generator().manual_seed(4))
 
@@ -118,7 +118,7 @@ def test_the_validation_part_is_disjoint_from_training_and_the_same_every_round(
     for rnd in (1, 2, 9):  # another round, another received model and other downloads: the same split
         torch.manual_seed(rnd)
         model = MLR(3, 2)
-        step = FedFomoStep(model, {**_config(torch.randn(2, D)), VAL_SEED: 7, SERVER_ROUND: rnd})
+        step = FedFomoClient(model, {**_config(torch.randn(2, D)), VAL_SEED: 7, SERVER_ROUND: rnd})
         kept = step.begin(model, TrainData(x, y))
         assert torch.equal(kept.x, x[train]) and torch.equal(kept.y, y[train])
         held, _ = step.split(TrainData(x, y))
@@ -132,10 +132,10 @@ def test_without_downloads_the_client_is_plain_local_sgd_on_its_training_part():
     torch.manual_seed(1)
     model = MLR(3, 2)
     plain = copy.deepcopy(model)
-    _, extras = train_locally(FedFomoStep(model, _config(torch.zeros(0))), model, TrainData(x, y), steps=3, lr=0.1,
+    _, extras = train_locally(FedFomoClient(model, _config(torch.zeros(0))), model, TrainData(x, y), steps=3, lr=0.1,
                               batch_size=8, generator=torch.Generator().manual_seed(2))
     _, train = validation_split(40, 0.2, 0)  # no seed sent: 0
-    train_locally(ClientStep(plain, {}), plain, TrainData(x[train], y[train]), steps=3, lr=0.1, batch_size=8,
+    train_locally(ClientAlgorithm(plain, {}), plain, TrainData(x[train], y[train]), steps=3, lr=0.1, batch_size=8,
                   generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(flatten_module(model), flatten_module(plain))
     assert torch.equal(decode_flat(extras[WEIGHTS], 3), torch.zeros(3))
@@ -144,12 +144,12 @@ def test_without_downloads_the_client_is_plain_local_sgd_on_its_training_part():
 def test_the_client_refuses_more_models_than_its_slots():
     model = MLR(3, 2)
     with pytest.raises(ValueError, match="at most 1 models"):
-        FedFomoStep(model, _config(torch.zeros(2, D), slots=1))
+        FedFomoClient(model, _config(torch.zeros(2, D), slots=1))
 
 
 def test_not_a_hook_on_a_users_loop():
     with pytest.raises(ValueError, match="client_apps.app"):
-        step_for(_config(torch.zeros(0)), MLR(3, 2), RecordDict())
+        algorithm_for(_config(torch.zeros(0)), MLR(3, 2), RecordDict())
 
 
 # --- 3. the server, with fabricated replies ---------------------------------------------------------

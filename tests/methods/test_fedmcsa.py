@@ -1,9 +1,9 @@
 """FedMCSA (Guo et al.) and its Table 2 transfers (fedavg+mcsa, fedmcsa+mean).
 
 1. the layer-wise attention (eqs. 6-8) against hand-computed examples;
-2. the server step through both Flower APIs' strategies, driven with fabricated replies
+2. the server algorithm through both Flower APIs' strategies, driven with fabricated replies
    (each participant gets its own personalized model; Algorithm 1 with every client training);
-3. the proximal client step (eq. 9) with Algorithm 1's anchors, in a user's own loop and in
+3. the proximal client algorithm (eq. 9) with Algorithm 1's anchors, in a user's own loop and in
    the package's loop, against the objective's gradient written out here;
 4. short whole runs as recorded, and the Table 2 ablation: the attention beats the plain mean.
 """
@@ -23,17 +23,17 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from client_apps.rules import RecordState, step_for
+from client_apps.own_loop import RecordState, algorithm_for
 from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, AnchoredProximal
-from flower_pfl.engine.client_step import CLIENT_STEP, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, PROXIMAL_MU, ClientAlgorithm, Proximal, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import build_model
 from flower_pfl.methods.attention import layerwise_attention
 from flower_pfl.methods.fedmcsa import FedMCSA
-from flower_pfl.methods.pfedme import PFedMe, PFedMeStep
-from flower_pfl.methods.registry import client_step_for, entry, evaluation_step_for
+from flower_pfl.methods.pfedme import PFedMe, PFedMeClient
+from flower_pfl.methods.registry import client_algorithm_for, entry, evaluation_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -94,13 +94,13 @@ def test_client_settings_and_validation():
     pfedme = PFedMe()
     transfer = FedMCSA(client_method=pfedme)
     assert transfer.train_config(1) == pfedme.train_config(1) and transfer.evaluation_config() == pfedme.evaluation_config()
-    assert transfer.client_step() is PFedMeStep and FedMCSA().client_step() is AnchoredProximal
+    assert transfer.client_algorithm() is PFedMeClient and FedMCSA().client_algorithm() is AnchoredProximal
     for bad, name in (({"sigma": 0.0}, "sigma"), ({"lam": -1.0}, "lam"), ({"grouping": "layer"}, "grouping")):
         with pytest.raises(ValueError, match=name):
             FedMCSA(**bad)
 
 
-# ---------------------------------------------------------------- 2. the server step (Message API)
+# ---------------------------------------------------------------- 2. the server algorithm (Message API)
 
 def _message_strategy(sigma=50.0, lam=5.0, k=3, seed=0, all_clients_train=False):
     return strategies.message.FedMCSA(sigma=sigma, lam=lam, clients_per_round=k, min_available_nodes=1, seed=seed,
@@ -190,7 +190,7 @@ def test_attention_weights_are_recorded_per_component():
     assert np.allclose(mean["fc.bias"][np.ix_(index, index)], (weights[1].numpy() + 0.25) / 2, atol=1e-6)
 
 
-# ---------------------------------------------------------------- 2. the server step (legacy API)
+# ---------------------------------------------------------------- 2. the server algorithm (legacy API)
 
 def _legacy_strategy(sigma=1e6, k=3, **kw):
     return strategies.FedMCSA(sigma=sigma, lam=5.0, initial_parameters=_arrays(0.0), clients_per_round=k,
@@ -242,13 +242,13 @@ def test_strategy_arguments_go_to_the_method_and_bad_ones_are_refused():
 
 def test_table_2_entries():
     """fedavg+mcsa: the attention with λ = 0 (plain local SGD); fedmcsa+mean: Flower's FedProx with
-    μ = λ; pfedme+mcsa: the attention with pFedMe's client step and evaluation."""
+    μ = λ; pfedme+mcsa: the attention with pFedMe's client algorithm and evaluation."""
     run = {"fedmcsa-lambda": 3.0}
     cfg = ExperimentConfig.from_mapping({"method": "fedavg", "aggregation": "mcsa", **run})
     method = FedMCSA(**cfg.method_arguments())
     assert cfg.entry.declaration is FedMCSA and method.lam == 0.0
-    assert client_step_for(method.train_config(1)) is ClientStep
-    assert client_step_for(FedMCSA(lam=3.0).train_config(1)) is Proximal
+    assert client_algorithm_for(method.train_config(1)) is ClientAlgorithm
+    assert client_algorithm_for(FedMCSA(lam=3.0).train_config(1)) is Proximal
 
     cfg = ExperimentConfig.from_mapping({"method": "fedmcsa", "aggregation": "mean", **run})
     assert cfg.entry.strategy == "FedProx" and cfg.method_arguments() == {"proximal_mu": 3.0}
@@ -256,11 +256,11 @@ def test_table_2_entries():
 
     cfg = ExperimentConfig.from_mapping({"method": "pfedme", "aggregation": "mcsa"})
     method = FedMCSA(**cfg.method_arguments())
-    assert client_step_for(method.train_config(1)) is PFedMeStep
-    assert evaluation_step_for(method.evaluation_config()) is PFedMeStep
+    assert client_algorithm_for(method.train_config(1)) is PFedMeClient
+    assert evaluation_algorithm_for(method.evaluation_config()) is PFedMeClient
 
 
-# ---------------------------------------------------------------- 3. the client step (eq. 9, Algorithm 1)
+# ---------------------------------------------------------------- 3. the client algorithm (eq. 9, Algorithm 1)
 
 LR, STEPS, BATCH, LAM = 0.1, 4, 8, 3.0
 
@@ -329,14 +329,14 @@ def test_algorithm_1_clients_in_a_users_loop_and_in_the_package_loop():
 
             users, state = _model(received), states[node]
             package, package_state = _model(received), {k: list(v) for k, v in RecordState(state).items()}
-            step = step_for(config, users, state, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
+            step = algorithm_for(config, users, state, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
             assert isinstance(step, Proximal) and step.mu == LAM
-            assert _user_loop(users, step, x, y, seed=rnd) == {CLIENT_STEP: PROXIMAL_MU}  # the receipt only
+            assert _user_loop(users, step, x, y, seed=rnd) == {CLIENT_ALGORITHM: PROXIMAL_MU}  # the receipt only
 
-            pstep = client_step_for(config)(package, config, package_state)
+            pstep = client_algorithm_for(config)(package, config, package_state)
             _, extras = train_locally(pstep, package, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
                                       generator=torch.Generator().manual_seed(rnd))
-            assert extras == {CLIENT_STEP: PROXIMAL_MU}
+            assert extras == {CLIENT_ALGORITHM: PROXIMAL_MU}
             assert_same_math(_params(users), _params(package))
             assert torch.allclose(_params(users), _params(reference), atol=1e-5)
             # the anchor the client remembers is the last model it received while sampled

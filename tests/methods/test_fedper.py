@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl.engine.client_step import ClientStep, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.models import DNN
@@ -62,7 +62,7 @@ def test_client_is_plain_local_sgd_in_a_user_loop_too():
     mine.load_state_dict(model.state_dict())
     x = torch.randn(8, 3)
     y = (x[:, 0] > 0).long()
-    train_locally(ClientStep(model, {"lr": 0.1}), model, TrainData(x, y), steps=1, lr=0.1, batch_size=8, generator=torch.Generator())
+    train_locally(ClientAlgorithm(model, {"lr": 0.1}), model, TrainData(x, y), steps=1, lr=0.1, batch_size=8, generator=torch.Generator())
     optimizer = torch.optim.SGD(mine.parameters(), lr=0.1)
     optimizer.zero_grad()
     torch.nn.functional.cross_entropy(mine(x), y).backward()

@@ -14,8 +14,8 @@ from floats import assert_same_math, same_math
 from flwr.app import Context, RecordDict
 
 from client_apps.app import Node
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import LR, ClientStep, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
@@ -31,7 +31,7 @@ from flower_pfl.methods.fedproto import (
     PROTOTYPE_ACCURACY,
     PROTOTYPES,
     FedProto,
-    FedProtoStep,
+    FedProtoClient,
     aggregate_prototypes,
     decode_prototypes,
     encode_prototypes,
@@ -55,7 +55,7 @@ def _model(seed: int = 0) -> DNN:
 
 def _train(model, config, steps=4, seed=1):
     x, y = _data()
-    return train_locally(FedProtoStep(model, config), model, TrainData(x, y), steps=steps, lr=config[LR], batch_size=8,
+    return train_locally(FedProtoClient(model, config), model, TrainData(x, y), steps=steps, lr=config[LR], batch_size=8,
                          generator=torch.Generator().manual_seed(seed))
 
 
@@ -95,11 +95,11 @@ def test_first_round_is_plain_sgd_and_returns_the_class_means_of_the_representat
             z = forward_with_features(ref, x[idx])[1]
         sums.index_add_(0, y[idx], z)
         counts += torch.bincount(y[idx], minlength=C).float()
-        train_locally(ClientStep(ref, {}), ref, TrainData(x[idx], y[idx]), steps=1, lr=0.1, batch_size=8, generator=torch.Generator())
+        train_locally(ClientAlgorithm(ref, {}), ref, TrainData(x[idx], y[idx]), steps=1, lr=0.1, batch_size=8, generator=torch.Generator())
     assert torch.allclose(flatten_module(model), flatten_module(ref), atol=1e-6)  # no global prototypes: no pull
     shares, protos = decode_prototypes(extras[LOCAL_PROTOTYPES], C, D)
     assert torch.allclose(shares, counts / counts.sum()) and torch.allclose(protos, sums / counts.clamp_min(1)[:, None], atol=1e-6)
-    assert extras["client-step"] == LAMBDA
+    assert extras["client-algorithm"] == LAMBDA
 
 
 def test_with_global_prototypes_each_step_descends_the_whole_loss():
@@ -128,7 +128,7 @@ def test_users_loop_matches_train_locally():
     config = {LR: 0.1, LAMBDA: 1.0, PROTOTYPES: encode_prototypes(KNOWN.float(), GLOBAL)}
     ours, theirs = _model(), _model()
     _, extras = _train(ours, config, seed=3)
-    step = step_for(config, theirs, RecordDict(), torch.optim.SGD(theirs.parameters(), lr=0.1))
+    step = algorithm_for(config, theirs, RecordDict(), torch.optim.SGD(theirs.parameters(), lr=0.1))
     their_extras = fb.user_loop(theirs, step, x, y, lr=0.1, batch_size=8, steps=4, seed=3)
     assert_same_math(flatten_module(ours), flatten_module(theirs))
     for a, b in zip(decode_prototypes(extras[LOCAL_PROTOTYPES], C, D), decode_prototypes(their_extras[LOCAL_PROTOTYPES], C, D)):
@@ -139,11 +139,11 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="lam"):
         FedProto(lam=-1.0)
     with pytest.raises(ValueError, match="lambda"):
-        FedProtoStep(_model(), {LR: 0.1, LAMBDA: -0.5})
+        FedProtoClient(_model(), {LR: 0.1, LAMBDA: -0.5})
     with pytest.raises(ValueError, match="fedproto-prototypes"):
-        FedProtoStep(_model(), {LR: 0.1, LAMBDA: 1.0, PROTOTYPES: encode_vector(torch.zeros(4))})
+        FedProtoClient(_model(), {LR: 0.1, LAMBDA: 1.0, PROTOTYPES: encode_vector(torch.zeros(4))})
     with pytest.raises(ValueError, match="adjust_gradients"):
-        FedProtoStep(_model(), {LR: 0.1, LAMBDA: 1.0}).adjust_gradients(_model())
+        FedProtoClient(_model(), {LR: 0.1, LAMBDA: 1.0}).adjust_gradients(_model())
 
 
 # --- the server -----------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -18,7 +18,7 @@ from flower_pfl.engine.model_split import head_flags
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.models import DNN
-from flower_pfl.methods.fedrep import BODY_STEPS, HEAD_LAYERS, FedRep, FedRepStep
+from flower_pfl.methods.fedrep import BODY_STEPS, HEAD_LAYERS, FedRep, FedRepClient
 
 from .runs import assert_as_recorded
 
@@ -37,7 +37,7 @@ def _config(steps: int = 4, body: int = 1) -> dict:
     return {LR: 0.1, LOCAL_STEPS: steps, BATCH_SIZE: 8, HEAD_LAYERS: 1, BODY_STEPS: body}
 
 
-# --- the client step, by hand ----------------------------------------------------------------------
+# --- the client algorithm, by hand ----------------------------------------------------------------------
 
 def test_the_head_is_the_last_module():
     assert head_flags(_model(), 1) == [False, False, True, True]  # fc1.weight, fc1.bias | fc2.weight, fc2.bias
@@ -47,7 +47,7 @@ def test_head_steps_then_body_steps_by_hand():
     """Algorithm 1: τ_h = 3 steps h ← h − α∇_h f(h, φ) with φ fixed, then τ_φ = 1 step φ ← φ − α∇_φ f(h, φ)."""
     x, y = _data()
     model, ref = _model(), _model()
-    train_locally(FedRepStep(model, _config()), model, TrainData(x, y), steps=4, lr=0.1, batch_size=8,
+    train_locally(FedRepClient(model, _config()), model, TrainData(x, y), steps=4, lr=0.1, batch_size=8,
                   generator=torch.Generator().manual_seed(5))
     stream = MinibatchStream(24, 8, torch.Generator().manual_seed(5))
     body, head = [ref.fc1.weight, ref.fc1.bias], [ref.fc2.weight, ref.fc2.bias]
@@ -68,11 +68,11 @@ def test_head_steps_then_body_steps_by_hand():
 def test_a_users_loop_gives_the_package_loops_model_and_receipt():
     x, y = _data()
     mine, ours = _model(), _model()
-    extras = fb.user_loop(mine, step_for(_config(), mine, None, torch.optim.SGD(mine.parameters(), lr=0.1)), x, y,
+    extras = fb.user_loop(mine, algorithm_for(_config(), mine, None, torch.optim.SGD(mine.parameters(), lr=0.1)), x, y,
                           lr=0.1, batch_size=8, steps=4, seed=5)
-    train_locally(FedRepStep(ours, _config()), ours, TrainData(x, y), steps=4, lr=0.1, batch_size=8,
+    train_locally(FedRepClient(ours, _config()), ours, TrainData(x, y), steps=4, lr=0.1, batch_size=8,
                   generator=torch.Generator().manual_seed(5))
-    assert extras == {CLIENT_STEP: BODY_STEPS}
+    assert extras == {CLIENT_ALGORITHM: BODY_STEPS}
     torch.testing.assert_close(flatten_module(mine), flatten_module(ours))
 
 
@@ -81,7 +81,7 @@ def test_a_frozen_part_stays_put_even_with_momentum_and_weight_decay():
     model = _model()
     head = [p.detach().clone() for p in model.fc2.parameters()]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
-    step = step_for(_config(steps=3, body=3 - 1), model, None, optimizer)  # 1 head step, then 2 body steps
+    step = algorithm_for(_config(steps=3, body=3 - 1), model, None, optimizer)  # 1 head step, then 2 body steps
     for i in range(3):
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
@@ -94,9 +94,9 @@ def test_a_frozen_part_stays_put_even_with_momentum_and_weight_decay():
 
 def test_the_step_needs_a_head_step_and_a_body_step():
     with pytest.raises(ValueError, match="fedrep-body-steps"):
-        FedRepStep(_model(), _config(steps=2, body=2))
+        FedRepClient(_model(), _config(steps=2, body=2))
     with pytest.raises(ValueError, match="local-steps"):
-        FedRepStep(_model(), {LR: 0.1, HEAD_LAYERS: 1, BODY_STEPS: 1})
+        FedRepClient(_model(), {LR: 0.1, HEAD_LAYERS: 1, BODY_STEPS: 1})
 
 
 # --- the server ------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
 
-from client_apps.rules import step_for
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
-from flower_pfl.engine.client_step import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
@@ -25,7 +25,7 @@ from flower_pfl.methods.fedrod import (
     FEDROD,
     PERSONAL_HEAD,
     FedRoD,
-    FedRoDStep,
+    FedRoDClient,
     Personalized,
     balanced_softmax_loss,
 )
@@ -58,7 +58,7 @@ def test_one_step_by_hand():
     x, y = _data()
     model, ref = _model(), _model()
     state: dict = {}
-    train_locally(FedRoDStep(model, CONFIG, state), model, TrainData(x, y), steps=1, lr=0.1, batch_size=6,
+    train_locally(FedRoDClient(model, CONFIG, state), model, TrainData(x, y), steps=1, lr=0.1, batch_size=6,
                   generator=torch.Generator().manual_seed(0))
     counts = torch.tensor([4, 2, 0])
     z = torch.relu(ref.fc1(x))  # the representation, before the step
@@ -78,7 +78,7 @@ def test_the_balanced_loss_takes_the_counts_of_the_whole_training_split():
     """A minibatch of 2 of the 6 samples still uses the split's counts (4, 2, 0): the step reads them in ``begin``."""
     x, y = _data()
     model = _model()
-    step = FedRoDStep(model, CONFIG, {})
+    step = FedRoDClient(model, CONFIG, {})
     step.begin(model, TrainData(x, y))
     assert step.counts.tolist() == [4, 2, 0]
 
@@ -88,11 +88,11 @@ def test_the_next_round_continues_from_the_kept_head():
     state: dict = {}
     for _ in range(2):
         model = _model()
-        train_locally(FedRoDStep(model, CONFIG, state), model, TrainData(x, y), steps=1, lr=0.1, batch_size=6,
+        train_locally(FedRoDClient(model, CONFIG, state), model, TrainData(x, y), steps=1, lr=0.1, batch_size=6,
                       generator=torch.Generator().manual_seed(0))
     first: dict = {}
     model = _model()
-    train_locally(FedRoDStep(model, CONFIG, first), model, TrainData(x, y), steps=1, lr=0.1, batch_size=6,
+    train_locally(FedRoDClient(model, CONFIG, first), model, TrainData(x, y), steps=1, lr=0.1, batch_size=6,
                   generator=torch.Generator().manual_seed(0))
     assert not torch.allclose(state[PERSONAL_HEAD][0], first[PERSONAL_HEAD][0])  # two steps of the head, not one
 
@@ -100,7 +100,7 @@ def test_the_next_round_continues_from_the_kept_head():
 def test_without_the_balanced_loss_the_generic_step_is_plain_sgd():
     x, y = _data()
     model, ref = _model(), _model()
-    train_locally(FedRoDStep(model, {**CONFIG, BALANCED: False}, {}), model, TrainData(x, y), steps=1, lr=0.1, batch_size=6,
+    train_locally(FedRoDClient(model, {**CONFIG, BALANCED: False}, {}), model, TrainData(x, y), steps=1, lr=0.1, batch_size=6,
                   generator=torch.Generator().manual_seed(0))
     grads = torch.autograd.grad(F.cross_entropy(ref(x), y), list(ref.parameters()))
     with torch.no_grad():
@@ -114,19 +114,19 @@ def test_evaluation_adds_the_personal_logits_and_reports_the_generic_accuracy():
     model = _model()
     test = lambda m: evaluate(m, x, y)
     generic = evaluate(model, x, y)
-    out, extra = FedRoDStep.evaluation_model(model, {FEDROD: True}, {}, TrainData(x, y), test)
+    out, extra = FedRoDClient.evaluation_model(model, {FEDROD: True}, {}, TrainData(x, y), test)
     assert extra == {GLOBAL_ACCURACY: generic.accuracy}
     assert isinstance(out, Personalized) and torch.equal(out(x), model(x))  # no personal head yet: the generic prediction
     head = [torch.randn(3, 4), torch.randn(3)]
-    out, _ = FedRoDStep.evaluation_model(model, {FEDROD: True}, {PERSONAL_HEAD: head}, TrainData(x, y), test)
+    out, _ = FedRoDClient.evaluation_model(model, {FEDROD: True}, {PERSONAL_HEAD: head}, TrainData(x, y), test)
     torch.testing.assert_close(out(x), model(x) + torch.relu(model.fc1(x)) @ head[0].T + head[1])
 
 
 def test_the_step_needs_state_and_the_package_loop():
     with pytest.raises(ValueError, match="state"):
-        FedRoDStep(_model(), CONFIG)
+        FedRoDClient(_model(), CONFIG)
     with pytest.raises(ValueError, match="ClientApp"):
-        step_for(CONFIG, _model(), RecordDict())
+        algorithm_for(CONFIG, _model(), RecordDict())
 
 
 def _named(value: float) -> dict[str, np.ndarray]:

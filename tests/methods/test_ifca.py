@@ -7,16 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import LOCAL_STEPS, LR, ClientStep, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import LOCAL_STEPS, LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
-from flower_pfl.engine.reply_checks import RawReply, StepOutputMissing, UpdateRejected
+from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, RawReply, UpdateRejected
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.experiment.models import MLR
-from flower_pfl.methods.ifca import CLUSTER, IFCA, MODELS, IFCAStep, choose_cluster, cluster_losses, initial_clusters
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.ifca import CLUSTER, IFCA, MODELS, IFCAClient, choose_cluster, cluster_losses, initial_clusters
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -48,16 +48,16 @@ def test_client_trains_the_chosen_cluster_on_the_very_minibatches_plain_sgd_woul
     data, lr = _data(), 0.1
     config = {LR: lr, LOCAL_STEPS: 3, MODELS: encode_vector(_models().flip(0).flatten())}  # the good model is cluster 1
     model = MLR(3, 2)
-    assert client_step_for(config) is IFCAStep
-    _, extras = train_locally(IFCAStep(model, config), model, data, steps=3, lr=lr, batch_size=8,
+    assert client_algorithm_for(config) is IFCAClient
+    _, extras = train_locally(IFCAClient(model, config), model, data, steps=3, lr=lr, batch_size=8,
                               generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(decode_flat(extras[CLUSTER], 2), torch.tensor([0.0, 1.0]))  # s_i, one-hot
     plain = MLR(3, 2)
     load_flat_(plain, _models()[0])
-    train_locally(ClientStep(plain, config), plain, data, steps=3, lr=lr, batch_size=8, generator=torch.Generator().manual_seed(4))
+    train_locally(ClientAlgorithm(plain, config), plain, data, steps=3, lr=lr, batch_size=8, generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(flatten_module(model), flatten_module(plain))  # LocalUpdate(θ_ĵ), same minibatches
     with pytest.raises(ValueError, match="second model or takes a second minibatch"):
-        step_for(config, MLR(3, 2))  # the choice is made in begin, which a user's loop does not call
+        algorithm_for(config, MLR(3, 2))  # the choice is made in begin, which a user's loop does not call
 
 
 def test_cluster_is_chosen_on_the_whole_split_where_the_first_minibatch_would_choose_another():
@@ -77,14 +77,14 @@ def test_cluster_is_chosen_on_the_whole_split_where_the_first_minibatch_would_ch
     on_split = [loss(t, x, y) for t in _models()]
     assert on_batch[1] < on_batch[0] and on_split[0] < on_split[1]  # the two estimates disagree
     config = {LR: lr, LOCAL_STEPS: 1, MODELS: encode_vector(_models().flatten())}
-    step = IFCAStep(model, config)
+    step = IFCAClient(model, config)
     assert step.begin(model, data) is data  # trains on the whole split
     assert step.cluster == 0
     torch.testing.assert_close(flatten_module(model), _models()[0])  # θ_ĵ loaded by begin
     torch.testing.assert_close(cluster_losses(_models(), MLR(3, 2), [(x, y)]), torch.tensor(on_split), rtol=1e-6, atol=1e-6)
 
     model = MLR(3, 2)
-    _, extras = train_locally(IFCAStep(model, config), model, data, steps=1, lr=lr, batch_size=8,
+    _, extras = train_locally(IFCAClient(model, config), model, data, steps=1, lr=lr, batch_size=8,
                               generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(decode_flat(extras[CLUSTER], 2), torch.tensor([1.0, 0.0]))
     load_flat_(probe, _models()[0])  # one SGD step of θ_0 on the first minibatch, by hand
@@ -94,17 +94,17 @@ def test_cluster_is_chosen_on_the_whole_split_where_the_first_minibatch_would_ch
             p -= lr * p.grad
     torch.testing.assert_close(flatten_module(model), flatten_module(probe))
     with pytest.raises(ValueError, match="begin"):
-        IFCAStep(MLR(3, 2), config).finish(MLR(3, 2))  # no cluster without begin
+        IFCAClient(MLR(3, 2), config).finish(MLR(3, 2))  # no cluster without begin
 
 
 def test_evaluation_picks_the_cluster_by_the_whole_training_split():
     data, model = _data(), MLR(3, 2)
     config = {MODELS: encode_vector(_models().flip(0).flatten())}
-    chosen, extra = IFCAStep.evaluation_model(model, config, None, data, lambda m: None)
+    chosen, extra = IFCAClient.evaluation_model(model, config, None, data, lambda m: None)
     torch.testing.assert_close(flatten_module(chosen), _models()[0])
     assert extra == {}
     with pytest.raises(ValueError, match="k models of 8 float32"):
-        IFCAStep.evaluation_model(model, {MODELS: b"\x00" * 12}, None, data, lambda m: None)
+        IFCAClient.evaluation_model(model, {MODELS: b"\x00" * 12}, None, data, lambda m: None)
 
 
 def _arrays(value: float) -> dict[str, np.ndarray]:
@@ -148,7 +148,7 @@ def test_cluster_identity_is_checked_and_the_update_bound_measures_from_the_chos
     server = MethodServer(IFCA(num_clusters=3), clients_per_round=2)
     server.initialize(_arrays(1.0))
     server.plan_training(1, [1, 2])
-    with pytest.raises(StepOutputMissing, match="lacks 'ifca-cluster'"):
+    with pytest.raises(AlgorithmOutputMissing, match="lacks 'ifca-cluster'"):
         server.check(_reply(1, 1.0, 1, None))
     for bad, reason in ((encode_vector(torch.tensor([0.5, 0.5, 0.0])), "not a one-hot"),
                         (encode_vector(torch.tensor([1.0, 1.0, 0.0])), "not a one-hot"),

@@ -1,6 +1,6 @@
-"""IGFL (Huang, Shang et al.): the AFL server aggregation (Algorithm 3) and the IGFL-C client step
-(Algorithm 2) by hand, the server step driven with fabricated replies through both Flower
-APIs and ``MethodServer``, the client step in a user's own loop, and short whole runs of
+"""IGFL (Huang, Shang et al.): the AFL server aggregation (Algorithm 3) and the IGFL-C client algorithm
+(Algorithm 2) by hand, the server algorithm driven with fabricated replies through both Flower
+APIs and ``MethodServer``, the client algorithm in a user's own loop, and short whole runs of
 ``igfl``, ``igfl-c`` and ``igfl-s``."""
 
 import json
@@ -18,8 +18,8 @@ from flwr.common import parameters_to_ndarrays
 import strategies
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import RecordState, step_for
-from flower_pfl.engine.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
+from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
@@ -37,7 +37,7 @@ from flower_pfl.methods.igfl import (
     afl_global_delta,
     corrected_step,
 )
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -159,7 +159,7 @@ def test_corrections_by_hand_without_gradient():
     assert torch.allclose(torch.cat([t.flatten() for t in state[DELTA_STATE]]), torch.full_like(start, -0.6 / 3 - 0.2), atol=1e-6)
 
 
-# --- 2. the server step, with fabricated replies -------------------------------------------------
+# --- 2. the server algorithm, with fabricated replies -------------------------------------------------
 
 def _arrays(value: float, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -206,8 +206,8 @@ def test_igfl_s_sends_plain_sgd_clients_and_bad_attention_is_refused():
         server.initialize(_arrays(0.0))
         (plans[correction],) = server.plan_training(1, [1, 2])
     assert plans[False].config[CORRECTION] is False
-    assert client_step_for({LR: 0.1, **plans[False].config}).__name__ == "ClientStep"  # the ClientApp runs plain local SGD
-    assert client_step_for({LR: 0.1, **plans[True].config}) is IGFLCorrection
+    assert client_algorithm_for({LR: 0.1, **plans[False].config}).__name__ == "ClientAlgorithm"  # the ClientApp runs plain local SGD
+    assert client_algorithm_for({LR: 0.1, **plans[True].config}) is IGFLCorrection
     with pytest.raises(ValueError, match="attention"):
         IGFL(attention="cosine")
 
@@ -269,11 +269,11 @@ def test_legacy_igfl_time_attention_round():
     assert torch.allclose(_vec(parameters_to_ndarrays(params)), first + expected, atol=1e-4)
 
 
-# --- 3. the client step: the user's own loop, the ClientApp's node ----------------------------------
+# --- 3. the client algorithm: the user's own loop, the ClientApp's node ----------------------------------
 
 def _user_loop(model, config, state, x, y, seed):
-    """What a user's ClientApp does with the hooks (client_apps.rules' docstring)."""
-    step = step_for(config, model, state, torch.optim.SGD(model.parameters(), lr=config[LR]))
+    """What a user's ClientApp does with the hooks (client_apps.own_loop' docstring)."""
+    step = algorithm_for(config, model, state, torch.optim.SGD(model.parameters(), lr=config[LR]))
     return fb.user_loop(model, step, x, y, lr=config[LR], batch_size=config[BATCH_SIZE], steps=config[LOCAL_STEPS], seed=seed)
 
 
@@ -286,10 +286,10 @@ def test_users_loop_matches_train_locally_over_two_rounds():
     for rnd, glob in enumerate([None, torch.linspace(-0.1, 0.1, 10)], start=1):
         config = _config(ours, steps=4, participants=3, global_delta=glob)
         before = _flat(ours)
-        step = client_step_for(config)(ours, config, ours_state)
+        step = client_algorithm_for(config)(ours, config, ours_state)
         _, extras = train_locally(step, ours, TrainData(x, y), steps=4, lr=0.1, batch_size=8,
                                   generator=torch.Generator().manual_seed(rnd))
-        assert extras == _user_loop(theirs, config, their_state, x, y, seed=rnd) == {CLIENT_STEP: CORRECTION}
+        assert extras == _user_loop(theirs, config, their_state, x, y, seed=rnd) == {CLIENT_ALGORITHM: CORRECTION}
         assert_same_math(_flat(ours), _flat(theirs))
         kept = torch.cat([t.flatten() for t in ours_state[DELTA_STATE]])
         assert_same_math(kept, torch.cat([t.flatten() for t in their_state[DELTA_STATE]]))
@@ -297,14 +297,14 @@ def test_users_loop_matches_train_locally_over_two_rounds():
         ours.load_state_dict(theirs.state_dict())  # the same received model next round
 
 
-def test_client_step_refuses_what_its_arithmetic_does_not_assume():
+def test_client_algorithm_refuses_what_its_arithmetic_does_not_assume():
     x, y = _data()
     model = MLR(4, 2)
     config = _config(model, steps=3)
     with pytest.raises(ValueError, match="momentum"):
-        step_for(config, model, RecordDict(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        algorithm_for(config, model, RecordDict(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     with pytest.raises(ValueError, match="lr = 0.1"):
-        step_for(config, model, RecordDict(), torch.optim.SGD(model.parameters(), lr=0.2))
+        algorithm_for(config, model, RecordDict(), torch.optim.SGD(model.parameters(), lr=0.2))
     with pytest.raises(ValueError, match="context.state"):
         IGFLCorrection(model, config, None)
     with pytest.raises(ValueError, match="igfl-participants"):

@@ -11,15 +11,15 @@ import torch
 from flwr.app import Context, RecordDict
 
 from client_apps.app import Node
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import CLIENT_STEP, LR, ClientStep, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import DNN, MLR
-from flower_pfl.methods.knnper import LAMBDA, SCALE, K, KNNMixture, KNNPer, KNNPerStep, knn_probabilities
-from flower_pfl.methods.registry import client_step_for, evaluation_step_for
+from flower_pfl.methods.knnper import LAMBDA, SCALE, K, KNNMixture, KNNPer, KNNPerClient, knn_probabilities
+from flower_pfl.methods.registry import client_algorithm_for, evaluation_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -61,14 +61,14 @@ def test_server_is_fedavg_and_evaluation_asks_for_the_mixture():
     server = MethodServer(KNNPer(k=3, lam=0.3, scale=0.5), clients_per_round=2)
     server.initialize(arrays)
     plan = server.plan_training(1, [1, 2, 3])
-    assert all(ins.config == {K: 3} and client_step_for(ins.config) is KNNPerStep for ins in plan)  # plain SGD and its receipt
+    assert all(ins.config == {K: 3} and client_algorithm_for(ins.config) is KNNPerClient for ins in plan)  # plain SGD and its receipt
     replies = [server.check(RawReply(ins.client_id, [np.full((2, 3), v, np.float32), np.full(2, v, np.float32)], None, n, {}))
                for ins, v, n in zip(plan, (1.0, 3.0), (1, 3))]
     new = server.aggregate(1, replies)
     torch.testing.assert_close(new, torch.full((8,), 0.25 * 1.0 + 0.75 * 3.0))  # FedAvg, by hand: 2.5
     evaluation = server.plan_evaluation(1, [1, 2, 3], 1.0)
     assert all(ins.config == {K: 3, LAMBDA: 0.3, SCALE: 0.5} and torch.equal(ins.model, new) for ins in evaluation)
-    assert evaluation_step_for(evaluation[0].config) is KNNPerStep
+    assert evaluation_algorithm_for(evaluation[0].config) is KNNPerClient
 
 
 def test_evaluation_model_reports_the_global_models_accuracy_beside():
@@ -76,13 +76,13 @@ def test_evaluation_model_reports_the_global_models_accuracy_beside():
     torch.manual_seed(0)
     model = MLR(3, 2)  # its representation is the input itself
     test = TrainData(train.x + 0.01, train.y)
-    mixed, extra = KNNPerStep.evaluation_model(model, {K: 1, LAMBDA: 1.0, SCALE: 1.0}, None, train,
+    mixed, extra = KNNPerClient.evaluation_model(model, {K: 1, LAMBDA: 1.0, SCALE: 1.0}, None, train,
                                                lambda m: evaluate(m, test.x, test.y))
     assert isinstance(mixed, KNNMixture)
     assert extra["global-accuracy"] == evaluate(model, test.x, test.y).accuracy < 1.0
     assert evaluate(mixed, test.x, test.y).accuracy == 1.0  # the test points sit next to their training twins
     with pytest.raises(ValueError, match="kNN-Per needs"):
-        KNNPerStep.evaluation_model(model, {K: 0, LAMBDA: 0.5, SCALE: 1.0}, None, train, lambda m: None)
+        KNNPerClient.evaluation_model(model, {K: 0, LAMBDA: 0.5, SCALE: 1.0}, None, train, lambda m: None)
 
 
 def test_a_node_evaluates_the_mixture_and_the_global_model():
@@ -99,12 +99,12 @@ def test_training_is_plain_sgd_with_the_receipt_in_a_users_loop_too():
     model, train = _model_and_data()
     theirs, plain = copy.deepcopy(model), copy.deepcopy(model)
     config = {LR: 0.1, K: 5}
-    _, extras = train_locally(client_step_for(config)(model, config), model, train, steps=2, lr=0.1, batch_size=8,
+    _, extras = train_locally(client_algorithm_for(config)(model, config), model, train, steps=2, lr=0.1, batch_size=8,
                               generator=torch.Generator().manual_seed(3))
-    train_locally(ClientStep(plain, config), plain, train, steps=2, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(3))
-    their_extras = fb.user_loop(theirs, step_for(config, theirs, None, torch.optim.SGD(theirs.parameters(), lr=0.1)),
+    train_locally(ClientAlgorithm(plain, config), plain, train, steps=2, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(3))
+    their_extras = fb.user_loop(theirs, algorithm_for(config, theirs, None, torch.optim.SGD(theirs.parameters(), lr=0.1)),
                                 train.x, train.y, lr=0.1, batch_size=8, steps=2, seed=3)
-    assert extras == their_extras == {CLIENT_STEP: K}
+    assert extras == their_extras == {CLIENT_ALGORITHM: K}
     for a, b, c in zip(model.parameters(), plain.parameters(), theirs.parameters()):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c)

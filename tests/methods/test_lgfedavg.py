@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.methods.lgfedavg import LGFedAvg
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -39,7 +39,7 @@ def test_top_layers_are_the_sample_weighted_mean_and_lower_layers_stay_with_thei
     server = _server()
     assert server.method.base_slice == slice(8, 14)  # the global part is fc2, the trailing columns
     plan = server.plan_training(1, [1, 2])
-    assert all(client_step_for(ins.config) is ClientStep for ins in plan)  # plain local SGD on the whole model
+    assert all(client_algorithm_for(ins.config) is ClientAlgorithm for ins in plan)  # plain local SGD on the whole model
     server.aggregate(1, [server.check(_reply(1, 1.0, 10.0, 1)), server.check(_reply(2, 4.0, 20.0, 3))])
     torch.testing.assert_close(server.method.base, torch.full((6,), 10.0 * 0.25 + 20.0 * 0.75))  # θ^g = Σ |D_m|/|D| θ^g_m
     sent = {ins.client_id: ins.model for ins in server.plan_evaluation(1, [1, 2, 3], 1.0)}

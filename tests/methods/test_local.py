@@ -14,11 +14,11 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.experiment.models import build_model
 from flower_pfl.methods.local import Local
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -32,12 +32,12 @@ def _identity():
     fb.set_task_identity()
 
 
-def test_the_server_step_returns_the_stored_models_unchanged():
+def test_the_server_algorithm_returns_the_stored_models_unchanged():
     models = torch.randn(4, 8)
     out, weights = Local().personalize(models, ParamLayout(names=("w",), shapes=((8,),)))
     assert torch.equal(out, models) and weights is None
     assert Local().train_config(1) == {PROXIMAL_MU: 0.0} and Local().evaluation_config() == {}
-    assert client_step_for(Local().train_config(1)) is ClientStep
+    assert client_algorithm_for(Local().train_config(1)) is ClientAlgorithm
 
 
 def test_each_client_gets_its_own_model_and_no_proximal_term():
@@ -91,7 +91,7 @@ def test_rounds_of_local_training_are_one_long_local_training():
     def train(arrays, config, node, rnd):
         model = build_model("dnn", (6,), 3, hidden=5, seed=1)
         model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in arrays.items()})
-        train_locally(client_step_for(config)(model, config), model, data[node], steps=steps, lr=lr, batch_size=batch,
+        train_locally(client_algorithm_for(config)(model, config), model, data[node], steps=steps, lr=lr, batch_size=batch,
                       generator=torch.Generator().manual_seed(10 * node + rnd))
         return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 

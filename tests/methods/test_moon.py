@@ -16,15 +16,15 @@ import torch.nn.functional as F
 from floats import assert_same_math, same_math
 from flwr.app import RecordDict
 
-from client_apps.rules import RecordState, step_for
-from flower_pfl.engine.client_step import LR, ClientStep, TrainData, train_locally
+from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.client_algorithm import LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.model_split import forward_with_features
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.models import DNN, build_model
-from flower_pfl.methods.moon import MOON, MU, PREVIOUS_STATE, TAU, MoonStep, contrastive_loss, representation_gradient
+from flower_pfl.methods.moon import MOON, MU, PREVIOUS_STATE, TAU, MoonClient, contrastive_loss, representation_gradient
 
 from .runs import assert_as_recorded, short_run
 
@@ -45,7 +45,7 @@ def _config(mu=2.0, tau=0.5, lr=0.1):
 
 def _train(model, state, seed, steps=3, **kw):
     x, y = _data()
-    return train_locally(MoonStep(model, _config(**kw), state), model, TrainData(x, y), steps=steps, lr=_config(**kw)[LR],
+    return train_locally(MoonClient(model, _config(**kw), state), model, TrainData(x, y), steps=steps, lr=_config(**kw)[LR],
                          batch_size=8, generator=torch.Generator().manual_seed(seed))
 
 
@@ -91,7 +91,7 @@ def test_two_rounds_against_the_whole_loss_written_out():
 def _plain(received, seed):
     x, y = _data()
     model = copy.deepcopy(received)
-    train_locally(ClientStep(model, {}), model, TrainData(x, y), steps=3, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(seed))
+    train_locally(ClientAlgorithm(model, {}), model, TrainData(x, y), steps=3, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(seed))
     return model
 
 
@@ -121,10 +121,10 @@ def test_users_loop_matches_train_locally_over_two_rounds():
     ours_state, their_state = {}, RecordDict()
     for rnd in (1, 2):
         config = {**_config(), "local-steps": 3, "batch-size": 8}
-        train_locally(MoonStep(ours, config, ours_state), ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
+        train_locally(MoonClient(ours, config, ours_state), ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
                       generator=torch.Generator().manual_seed(rnd))
-        step = step_for(config, theirs, their_state, torch.optim.SGD(theirs.parameters(), lr=0.1))
-        assert fb.user_loop(theirs, step, x, y, lr=0.1, batch_size=8, steps=3, seed=rnd) == {"client-step": MU}
+        step = algorithm_for(config, theirs, their_state, torch.optim.SGD(theirs.parameters(), lr=0.1))
+        assert fb.user_loop(theirs, step, x, y, lr=0.1, batch_size=8, steps=3, seed=rnd) == {"client-algorithm": MU}
         assert_same_math(flatten_module(ours), flatten_module(theirs))
         assert_same_math(ours_state[PREVIOUS_STATE][0], RecordState(their_state)[PREVIOUS_STATE][0])
         theirs.load_state_dict(ours.state_dict())
@@ -138,9 +138,9 @@ def test_bad_hyperparameters_are_refused():
     with pytest.raises(ValueError, match="mu"):
         MOON(mu=-1.0)
     with pytest.raises(ValueError, match="tau"):
-        MoonStep(_model(0), _config(tau=-1.0), {})
+        MoonClient(_model(0), _config(tau=-1.0), {})
     with pytest.raises(ValueError, match="state"):
-        MoonStep(_model(0), _config())
+        MoonClient(_model(0), _config())
 
 
 def test_server_is_fedavg_and_sends_mu_and_tau():

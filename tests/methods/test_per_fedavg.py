@@ -12,8 +12,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 import flower_pfl.methods.per_fedavg as pf
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import step_for
-from flower_pfl.engine.client_step import CLIENT_STEP, LR, TrainData, train_locally
+from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
@@ -21,7 +21,7 @@ from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import MLR
-from flower_pfl.methods.per_fedavg import ADAPT, ALPHA, PerFedAvg, PerFedAvgStep, adapt_one_step
+from flower_pfl.methods.per_fedavg import ADAPT, ALPHA, PerFedAvg, PerFedAvgClient, adapt_one_step
 
 from .runs import assert_as_recorded
 
@@ -38,7 +38,7 @@ def test_first_order_step_by_hand():
     torch.manual_seed(0)
     model = MLR(4, 2)
     ref = copy.deepcopy(model)
-    result, extras = train_locally(PerFedAvgStep(model, {LR: 0.1, ALPHA: 0.3}), model, TrainData(x, y), steps=2, lr=0.1,
+    result, extras = train_locally(PerFedAvgClient(model, {LR: 0.1, ALPHA: 0.3}), model, TrainData(x, y), steps=2, lr=0.1,
                                    batch_size=8, generator=torch.Generator().manual_seed(4))
     stream = MinibatchStream(48, 8, torch.Generator().manual_seed(4))
     losses = []
@@ -57,7 +57,7 @@ def test_first_order_step_by_hand():
                 p.copy_(s - 0.1 * g)  # w ← w − β ∇f(w_tmp; D')
     for p, r in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(p, r, atol=1e-6)
-    assert extras == {CLIENT_STEP: ALPHA} and result.steps == 2 and result.loss == pytest.approx(sum(losses) / 2, abs=1e-6)
+    assert extras == {CLIENT_ALGORITHM: ALPHA} and result.steps == 2 and result.loss == pytest.approx(sum(losses) / 2, abs=1e-6)
 
 
 def test_adaptation_is_one_full_batch_gradient_step():
@@ -75,14 +75,14 @@ def test_adaptation_is_one_full_batch_gradient_step():
     assert torch.equal(before, flatten_module(model))
 
 
-def test_the_client_step_is_no_hook_on_a_users_loop_and_keeps_no_state():
+def test_the_client_algorithm_is_no_hook_on_a_users_loop_and_keeps_no_state():
     torch.manual_seed(0)
     model = MLR(4, 2)
     with pytest.raises(ValueError, match="ClientApp"):
-        step_for({LR: 0.1, ALPHA: 0.3}, model)
+        algorithm_for({LR: 0.1, ALPHA: 0.3}, model)
     state: dict = {}
     x, y = _data()
-    train_locally(PerFedAvgStep(model, {LR: 0.1, ALPHA: 0.3}, state), model, TrainData(x, y), steps=2, lr=0.1, batch_size=8,
+    train_locally(PerFedAvgClient(model, {LR: 0.1, ALPHA: 0.3}, state), model, TrainData(x, y), steps=2, lr=0.1, batch_size=8,
                   generator=torch.Generator().manual_seed(0))
     assert state == {}
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.methods.pfedhn import HyperNetwork, PFedHN, hypernetwork_gradients
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -48,13 +48,13 @@ def _replies(server, plan, pull: float = 0.5):
     return out
 
 
-def test_server_step_by_hand():
+def test_server_algorithm_by_hand():
     """``φ ← φ − α Σ_i (∇_φ θ_i)ᵀ (θ_i − θ̃_i)`` and ``v_i ← v_i − α_v (∇_{v_i} θ_i)ᵀ (θ_i − θ̃_i)``
     (plain SGD: no momentum, weight decay or clipping)."""
     server = _server(hn_lr=0.1, embed_lr=0.2, momentum=0.0, weight_decay=0.0, clip=1e9)
     method = server.method
     plan = server.plan_training(1, [7, 8])
-    assert all(client_step_for(ins.config) is ClientStep for ins in plan)  # plain local SGD
+    assert all(client_algorithm_for(ins.config) is ClientAlgorithm for ins in plan)  # plain local SGD
     v = torch.stack([method.embeddings[c] for c in (7, 8)])
     with torch.no_grad():
         torch.testing.assert_close(torch.stack([ins.model for ins in plan]), method.hnet(v))  # θ_i = h(v_i; φ)
@@ -80,7 +80,7 @@ def test_a_rounds_gradient_is_clipped():
     assert 0 < float((after - before).norm()) <= 0.01 + 1e-6
 
 
-def test_clients_get_their_own_seeded_models_and_a_resumed_server_steps_exactly_alike():
+def test_clients_get_their_own_seeded_models_and_a_resumed_server_algorithms_exactly_alike():
     a, b = _server(), _server()
     for rnd in (1, 2):
         a.aggregate(rnd, _replies(a, a.plan_training(rnd, [1, 2, 3])))

@@ -1,5 +1,5 @@
 """pFedMe (Dinh et al. 2020): the client's inner and outer steps by hand, β mixing on the
-server through both Flower APIs and ``MethodServer``, the client step in a user's own loop,
+server through both Flower APIs and ``MethodServer``, the client algorithm in a user's own loop,
 the personalized (PM) and global (GM) accuracies a client reports, pFedMe+MCSA (FedMCSA's
 Table 2) as a run-config entry, and short whole runs of ``pfedme`` and ``pfedme+mcsa``."""
 
@@ -16,9 +16,9 @@ from torch import nn
 import strategies
 import strategies.message
 from client_apps.app import Node
-from client_apps.rules import RecordState, step_for
+from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
-from flower_pfl.engine.client_step import BATCH_SIZE, CLIENT_STEP, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.evaluation import EvalResult
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -32,11 +32,11 @@ from flower_pfl.methods.pfedme import (
     PERSONAL_LR,
     THETA_STATE,
     PFedMe,
-    PFedMeStep,
+    PFedMeClient,
     personalize,
     personalized_vector,
 )
-from flower_pfl.methods.registry import client_step_for, evaluation_step_for
+from flower_pfl.methods.registry import client_algorithm_for, evaluation_algorithm_for
 from server_apps.factory import build_message_strategy
 from strategies.aggregated_metrics import PersonalizedMetrics
 
@@ -86,13 +86,13 @@ def test_personalized_vector_replaces_only_the_trainable_parameters():
     assert vector.dtype == torch.float32 and torch.equal(vector, _flat(expected.values()))
 
 
-def test_client_steps_by_hand():
+def test_client_algorithms_by_hand():
     x, y = _data()
     torch.manual_seed(0)
     model, ref = MLR(3, 2), MLR(3, 2)
     ref.load_state_dict(model.state_dict())
     state = {}
-    step = PFedMeStep(model, _config(), state)
+    step = PFedMeClient(model, _config(), state)
     result, extras = train_locally(step, model, TrainData(x, y), steps=2, lr=0.1, batch_size=8,
                                    generator=torch.Generator().manual_seed(3))
     w = [p.detach().clone() for p in ref.parameters()]
@@ -116,11 +116,11 @@ def test_client_steps_by_hand():
         assert torch.allclose(a, b, atol=1e-6)
     for a, b in zip(step.theta, th):
         assert torch.allclose(a, b, atol=1e-6)
-    assert extras == {CLIENT_STEP: LAMBDA} and np.isclose(result.loss, np.mean(losses), atol=1e-6)
+    assert extras == {CLIENT_ALGORITHM: LAMBDA} and np.isclose(result.loss, np.mean(losses), atol=1e-6)
     assert torch.allclose(state[THETA_STATE][0], _flat(th), atol=1e-6)  # θ_i kept (MLR's state_dict is its parameters)
 
 
-# --- 2. the server step, with fabricated replies -------------------------------------------------
+# --- 2. the server algorithm, with fabricated replies -------------------------------------------------
 
 def _arrays(weight: float, bias: float) -> dict[str, np.ndarray]:
     return {"fc.weight": np.full((2, 3), weight, np.float32), "fc.bias": np.full(2, bias, np.float32)}
@@ -177,11 +177,11 @@ def test_pfedme_mcsa_is_fedmcsa_with_pfedmes_client_and_evaluation(_identity):
     strat = build_message_strategy(cfg, 4)
     assert type(strat).__name__ == "FedMCSA" and strat.method.train_config(1) == {
         "pfedme-lambda": 9.0, "pfedme-personal-lr": 0.01, "pfedme-inner-steps": 5}
-    assert client_step_for({LR: 0.1, **strat.method.train_config(1)}) is PFedMeStep
+    assert client_algorithm_for({LR: 0.1, **strat.method.train_config(1)}) is PFedMeClient
     arrays = ArrayRecord({k: fb.Array(v) for k, v in _arrays(0.0, 0.0).items()})
     msgs = list(strat.configure_evaluate(1, arrays, ConfigRecord(), fb.FakeGrid([1, 2, 3, 4])))
     assert all(m.content["config"]["pfedme-pm-gm"] is True for m in msgs)  # the client reports θ_i
-    assert all(evaluation_step_for(m.content["config"]) is PFedMeStep for m in msgs)
+    assert all(evaluation_algorithm_for(m.content["config"]) is PFedMeClient for m in msgs)
 
 
 def test_other_table2_transfers_by_run_config(_identity):
@@ -197,7 +197,7 @@ def test_other_table2_transfers_by_run_config(_identity):
         ExperimentConfig.from_mapping({"method": "fedavg", "aggregation": "mean"})
 
 
-# --- 3. the client step: the user's own loop, evaluation, the ClientApp's node -----------------------
+# --- 3. the client algorithm: the user's own loop, evaluation, the ClientApp's node -----------------------
 
 def _smoothed(logits, y):
     """A user's own loss: pFedMe's inner problem must use it."""
@@ -211,30 +211,30 @@ def test_users_loop_matches_train_locally_with_the_users_loss():
     theirs.load_state_dict(ours.state_dict())
     config = _config(steps=3)
     ours_state, their_state = {}, RecordDict()
-    step = PFedMeStep(ours, config, ours_state, loss_fn=_smoothed)
+    step = PFedMeClient(ours, config, ours_state, loss_fn=_smoothed)
     result, _ = train_locally(step, ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(1))
     optimizer = torch.optim.SGD(theirs.parameters(), lr=0.1)
-    rule = step_for(config, theirs, their_state, optimizer, loss_fn=_smoothed)
+    algorithm = algorithm_for(config, theirs, their_state, optimizer, loss_fn=_smoothed)
     stream = MinibatchStream(len(y), 8, torch.Generator().manual_seed(1))
     for _ in range(3):
         idx = stream.next()
         optimizer.zero_grad()
         _smoothed(theirs(x[idx]), y[idx]).backward()  # discarded: pFedMe's gradient is λ (w − θ)
-        rule.adjust_gradients(theirs, (x[idx], y[idx]))
+        algorithm.adjust_gradients(theirs, (x[idx], y[idx]))
         optimizer.step()
-    assert rule.finish(theirs, x) == {CLIENT_STEP: LAMBDA}
+    assert algorithm.finish(theirs, x) == {CLIENT_ALGORITHM: LAMBDA}
     assert_same_math(_flat(ours.parameters()), _flat(theirs.parameters()))
     assert_same_math(ours_state[THETA_STATE][0], RecordState(their_state)[THETA_STATE][0])
     plain = MLR(3, 2)
     plain.load_state_dict(theirs.state_dict())
-    other = PFedMeStep(plain, config, {})
+    other = PFedMeClient(plain, config, {})
     batch = x[:8], y[:8]
     other.adjust_gradients(plain, batch)
-    step_smoothed = PFedMeStep(plain, config, {}, loss_fn=_smoothed)
+    step_smoothed = PFedMeClient(plain, config, {}, loss_fn=_smoothed)
     step_smoothed.adjust_gradients(plain, batch)
     assert not torch.allclose(_flat(other.theta), _flat(step_smoothed.theta))  # the loss reaches the inner problem
     with pytest.raises(ValueError, match="minibatch"):
-        rule.adjust_gradients(theirs)
+        algorithm.adjust_gradients(theirs)
 
 
 def test_evaluation_model_is_theta_and_reports_the_global_accuracy():
@@ -247,10 +247,10 @@ def test_evaluation_model_is_theta_and_reports_the_global_accuracy():
         return EvalResult(loss=1.0, accuracy=0.25 * len(seen), num_examples=4)
 
     data = TrainData(*_data())
-    same, extra = PFedMeStep.evaluation_model(model, {EVALUATE_BOTH: True}, {}, data, test)
+    same, extra = PFedMeClient.evaluation_model(model, {EVALUATE_BOTH: True}, {}, data, test)
     assert same is model and extra == {GLOBAL_ACCURACY: 0.25} and torch.equal(_flat(model.parameters()), received)
     theta = torch.arange(8, dtype=torch.float32)
-    personal, extra = PFedMeStep.evaluation_model(model, {EVALUATE_BOTH: True}, {THETA_STATE: [theta]}, data, test)
+    personal, extra = PFedMeClient.evaluation_model(model, {EVALUATE_BOTH: True}, {THETA_STATE: [theta]}, data, test)
     assert torch.equal(seen[-1], received) and extra == {GLOBAL_ACCURACY: 0.5}  # GM: the received model
     assert torch.equal(_flat(personal.state_dict().values()), theta)  # PM: θ_i
 
@@ -285,4 +285,4 @@ def test_personalized_models_beat_the_global_ones(short_runs):
     """pFedMe's θ_i (PM) beat its own global model (GM, reported beside) and FedAvg's."""
     pfedme, fedavg = short_runs("pfedme"), short_runs("fedavg")
     assert pfedme["bmta"] > pfedme["bmta_global"] and pfedme["bmta"] > fedavg["bmta"]
-    assert "bmta_global" in short_runs("pfedme+mcsa")  # pFedMe's evaluation travels with its client step
+    assert "bmta_global" in short_runs("pfedme+mcsa")  # pFedMe's evaluation travels with its client algorithm

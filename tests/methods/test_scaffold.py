@@ -1,6 +1,6 @@
 """SCAFFOLD, option II (Karimireddy et al. 2020): the corrected steps, the control-variate update
-and the server update by hand, the server step driven with fabricated replies through both
-Flower APIs and ``MethodServer``, the client step in a user's own loop and on the ClientApp,
+and the server update by hand, the server algorithm driven with fabricated replies through both
+Flower APIs and ``MethodServer``, the client algorithm in a user's own loop and on the ClientApp,
 and a short whole run."""
 
 import fabricate as fb
@@ -15,15 +15,15 @@ from flwr.common import parameters_to_ndarrays
 import strategies
 import strategies.message
 from client_apps.app import Node, train
-from client_apps.rules import RecordState, step_for
-from flower_pfl.engine.client_step import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
+from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import MLR
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.registry import client_algorithm_for
 from flower_pfl.methods.scaffold import (
     CONTROL,
     CONTROL_DELTA,
@@ -107,7 +107,7 @@ def test_server_update_by_hand():
     assert torch.allclose(new_c, torch.tensor([0.0 + 0.2 * 2.0, 0.5 + 0.2 * 0.0]))
 
 
-# --- 2. the server step, with fabricated replies -------------------------------------------------
+# --- 2. the server algorithm, with fabricated replies -------------------------------------------------
 
 def _arrays(value: float) -> dict[str, np.ndarray]:
     return {"fc.weight": np.full((2, 3), value, np.float32), "fc.bias": np.full(2, value, np.float32)}
@@ -190,11 +190,11 @@ def test_legacy_scaffold_round():
     assert "scaffold-control-delta" not in metrics  # bytes never reach the metrics
 
 
-# --- 3. the client step: the user's own loop, the ClientApp ---------------------------------------
+# --- 3. the client algorithm: the user's own loop, the ClientApp ---------------------------------------
 
 def _user_loop(model, config, state, x, y, seed):
-    """What a user's ClientApp does with the hooks (client_apps.rules' docstring)."""
-    step = step_for(config, model, state, torch.optim.SGD(model.parameters(), lr=config[LR]))
+    """What a user's ClientApp does with the hooks (client_apps.own_loop' docstring)."""
+    step = algorithm_for(config, model, state, torch.optim.SGD(model.parameters(), lr=config[LR]))
     return fb.user_loop(model, step, x, y, lr=config[LR], batch_size=config[BATCH_SIZE], steps=config[LOCAL_STEPS], seed=seed)
 
 
@@ -206,7 +206,7 @@ def test_users_loop_matches_train_locally_over_two_rounds():
     ours_state, their_state = {}, RecordDict()  # a plain dict, and context.state as on a SuperNode
     for rnd, c in enumerate([torch.zeros(D), torch.linspace(-0.2, 0.2, D)], start=1):
         config = _config(c, steps=3)
-        step = client_step_for(config)(ours, config, ours_state)
+        step = client_algorithm_for(config)(ours, config, ours_state)
         assert isinstance(step, ScaffoldCorrection)
         before = [t.clone() for t in ours_state.get(CONTROL_STATE, [torch.zeros(2, 3), torch.zeros(2)])]
         _, extras = train_locally(step, ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8,

@@ -1,4 +1,4 @@
-"""The user's ClientApp: load the received arrays, train with the method's rule, reply."""
+"""The user's ClientApp: load the received arrays, train with the method's algorithm, reply."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_apps.rules import step_for
+from client_apps.own_loop import algorithm_for
 from message_app.task import Net, load_data, test, train
 
 app = ClientApp()
@@ -23,9 +23,9 @@ def train_fn(msg: Message, context: Context) -> Message:
     model = _model(msg)
     x, y, _, _ = load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
     config = msg.content["config"]
-    rule = step_for(config, model, context.state)  # e.g. FedMCSA's proximal term, SCAFFOLD's c - c_i
-    loss = train(model, x, y, float(config["lr"]), int(config["local-steps"]), rule)
-    extras = rule.finish(model, x)  # what the strategy needs back: the step's receipt, e.g. SCAFFOLD's delta c_i
+    algorithm = algorithm_for(config, model, context.state)  # e.g. FedMCSA's proximal term, SCAFFOLD's c - c_i
+    loss = train(model, x, y, float(config["lr"]), int(config["local-steps"]), algorithm)
+    extras = algorithm.finish(model, x)  # what the strategy needs back: the step's receipt, e.g. SCAFFOLD's delta c_i
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
                           "metrics": MetricRecord({"train-loss": loss, "num-examples": len(y)})})
     if extras:

@@ -1,5 +1,5 @@
 """The user's own model, data and training loop (as in ``legacy_app``), with one hook in the loop
-for the method's client-side rule."""
+for the method's client-side algorithm."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_step import ClientStep
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 
 DIM, CLASSES = 10, 4
 
@@ -31,8 +31,8 @@ def load_data(partition_id: int, num_partitions: int, n: int = 200) -> tuple[tor
     return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
-def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int, rule: ClientStep) -> float:
-    """Plain minibatch SGD, plus ``rule.adjust_gradients`` between ``backward`` and ``step``."""
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int, algorithm: ClientAlgorithm) -> float:
+    """Plain minibatch SGD, plus ``algorithm.adjust_gradients`` between ``backward`` and ``step``."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True)
     total, batches = 0.0, iter(())
@@ -45,7 +45,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, steps: 
         optimizer.zero_grad()
         loss = F.cross_entropy(model(xb), yb)
         loss.backward()
-        rule.adjust_gradients(model, (xb, yb))  # the one added line (a no-op for plain local training)
+        algorithm.adjust_gradients(model, (xb, yb))  # the one added line (a no-op for plain local training)
         optimizer.step()
         total += float(loss)
     return total / steps

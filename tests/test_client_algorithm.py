@@ -1,6 +1,6 @@
 import torch
 
-from flower_pfl.engine.client_step import PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm, Proximal, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.experiment.models import MLR
@@ -8,7 +8,7 @@ from flower_pfl.experiment.models import MLR
 
 def local_sgd(model, x, y, *, steps, lr, batch_size, prox_mu, generator):
     """The package's loop with the proximal step (plain local SGD for ``prox_mu = 0``)."""
-    step = Proximal(model, {PROXIMAL_MU: prox_mu}) if prox_mu > 0 else ClientStep(model, {})
+    step = Proximal(model, {PROXIMAL_MU: prox_mu}) if prox_mu > 0 else ClientAlgorithm(model, {})
     return train_locally(step, model, TrainData(x, y), steps=steps, lr=lr, batch_size=batch_size, generator=generator)[0]
 
 
@@ -83,18 +83,18 @@ def test_evaluate_counts_correct_predictions():
     assert res.accuracy == 0.75 and res.num_examples == 4 and res.loss > 0
 
 
-def test_solver_settings_name_what_is_missing():
+def test_training_settings_name_what_is_missing():
     import pytest
 
-    from flower_pfl.experiment.build import solver_settings
+    from flower_pfl.experiment.build import training_settings
 
     with pytest.raises(ValueError, match="local-steps"):
-        solver_settings({"lr": 0.1, "batch-size": 4}, seed=0, partition_id=0)
-    settings = solver_settings({"lr": 0.1, "batch-size": 4, "local-steps": 2, "server-round": 3}, seed=0, partition_id=0)
+        training_settings({"lr": 0.1, "batch-size": 4}, seed=0, partition_id=0)
+    settings = training_settings({"lr": 0.1, "batch-size": 4, "local-steps": 2, "server-round": 3}, seed=0, partition_id=0)
     assert settings["steps"] == 2 and settings["lr"] == 0.1 and settings["batch_size"] == 4
 
 
 def test_legacy_fedprox_key_is_understood():
-    from flower_pfl.methods.registry import client_step_for
+    from flower_pfl.methods.registry import client_algorithm_for
 
-    assert client_step_for({"proximal_mu": 0.5}) is Proximal and client_step_for({"proximal-mu": 0.0}) is ClientStep
+    assert client_algorithm_for({"proximal_mu": 0.5}) is Proximal and client_algorithm_for({"proximal-mu": 0.0}) is ClientAlgorithm

@@ -1,5 +1,5 @@
-"""Client steps in a user's own loop (``torch.optim.SGD`` + ``adjust_gradients`` + ``finish``),
-handed out by ``client_apps.rules.step_for``, give the same models, replies and client state as the
+"""Client algorithms in a user's own loop (``torch.optim.SGD`` + ``adjust_gradients`` + ``finish``),
+handed out by ``client_apps.own_loop.algorithm_for``, give the same models, replies and client state as the
 package's loop (``train_locally``) and as each method's update written out here; a second round
 starts from the state the first one kept. Ditto, APFL and Per-FedAvg are refused with a pointer;
 steps that assume plain SGD check the optimizer."""
@@ -14,23 +14,31 @@ import torch.nn.functional as F
 from floats import assert_same_math
 from flwr.app import RecordDict
 
-from client_apps.rules import ClientRule, RecordState, step_for
+from client_apps.own_loop import RecordState, algorithm_for
 from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE
-from flower_pfl.engine.client_step import CLIENT_STEP, LEGACY_PROXIMAL_MU, PROXIMAL_MU, ClientStep, Proximal, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import (
+    CLIENT_ALGORITHM,
+    LEGACY_PROXIMAL_MU,
+    PROXIMAL_MU,
+    ClientAlgorithm,
+    Proximal,
+    TrainData,
+    train_locally,
+)
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.experiment.models import build_model
-from flower_pfl.methods.apfl import APFLStep
-from flower_pfl.methods.ditto import DittoStep
-from flower_pfl.methods.fedattn import BIAS_GRADIENT, BIAS_REG, FEDATTN, GLOBAL_BIASES, REPRESENTATION, FedAttnStep
+from flower_pfl.methods.apfl import APFLClient
+from flower_pfl.methods.ditto import DittoClient
+from flower_pfl.methods.fedattn import BIAS_GRADIENT, BIAS_REG, FEDATTN, GLOBAL_BIASES, REPRESENTATION, FedAttnClient
 from flower_pfl.methods.igfl import CORRECTION, DELTA_STATE, GLOBAL_DELTA, PARTICIPANTS, IGFLCorrection
-from flower_pfl.methods.per_fedavg import PerFedAvgStep
-from flower_pfl.methods.pfedme import INNER_STEPS, LAMBDA, PERSONAL_LR, THETA_STATE, PFedMeStep
-from flower_pfl.methods.registry import client_step_for
+from flower_pfl.methods.per_fedavg import PerFedAvgClient
+from flower_pfl.methods.pfedme import INNER_STEPS, LAMBDA, PERSONAL_LR, THETA_STATE, PFedMeClient
+from flower_pfl.methods.registry import client_algorithm_for
 from flower_pfl.methods.scaffold import CONTROL, CONTROL_DELTA, CONTROL_STATE, ScaffoldCorrection
 
 STEPS, LR, BATCH, SEED = 4, 0.1, 8, 5
-SOLVER = {"lr": LR, "local-steps": STEPS, "batch-size": BATCH}
+TRAINING = {"lr": LR, "local-steps": STEPS, "batch-size": BATCH}
 
 
 def _data():
@@ -52,19 +60,19 @@ def _batches(y, steps: int = STEPS):
     return [stream.next() for _ in range(steps)]
 
 
-def _user_loop(model, rule: ClientStep, x, y, steps: int = STEPS, loss_fn=F.cross_entropy) -> None:
-    """What a user writes: their optimizer and loss, plus the rule's hook."""
+def _user_loop(model, algorithm: ClientAlgorithm, x, y, steps: int = STEPS, loss_fn=F.cross_entropy) -> None:
+    """What a user writes: their optimizer and loss, plus the client algorithm's hook."""
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for idx in _batches(y, steps):
         optimizer.zero_grad()
         loss_fn(model(x[idx]), y[idx]).backward()
-        rule.adjust_gradients(model, (x[idx], y[idx]))
+        algorithm.adjust_gradients(model, (x[idx], y[idx]))
         optimizer.step()
 
 
 def _package_loop(model, config, state, x, y) -> dict[str, bytes]:
     """The package's ClientApp loop on the same batches."""
-    step = client_step_for(config)(model, config, state)
+    step = client_algorithm_for(config)(model, config, state)
     _, extras = train_locally(step, model, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
                               generator=torch.Generator().manual_seed(SEED))
     return extras
@@ -101,39 +109,39 @@ def _proximal_reference(model, anchor, mu, x, y) -> None:
     _written_out(model, x, y, update)
 
 
-def test_proximal_rule_matches_the_package_loop_and_remembers_its_anchor():
+def test_proximal_algorithm_matches_the_package_loop_and_remembers_its_anchor():
     x, y = _data()
     reference, mine, package = _model(), _model(), _model()
     received = [p.detach().clone() for p in mine.parameters()]
     _proximal_reference(reference, received, 3.0, x, y)
     state = RecordDict()
-    config = {**SOLVER, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}
-    rule = step_for(config, mine, state)
-    assert isinstance(rule, Proximal) and rule.mu == 3.0
+    config = {**TRAINING, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}
+    algorithm = algorithm_for(config, mine, state)
+    assert isinstance(algorithm, Proximal) and algorithm.mu == 3.0
     assert torch.equal(_kept(state, ANCHOR_STATE), _flat(received))
-    _user_loop(mine, rule, x, y)
-    assert rule.finish(mine) == {CLIENT_STEP: PROXIMAL_MU}  # nothing but the receipt
+    _user_loop(mine, algorithm, x, y)
+    assert algorithm.finish(mine) == {CLIENT_ALGORITHM: PROXIMAL_MU}  # nothing but the receipt
     package_state: dict = {}
-    assert _package_loop(package, config, package_state, x, y) == {CLIENT_STEP: PROXIMAL_MU}
+    assert _package_loop(package, config, package_state, x, y) == {CLIENT_ALGORITHM: PROXIMAL_MU}
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
     assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     assert torch.equal(_flat(package_state[ANCHOR_STATE]), _flat(received))
 
 
-def test_proximal_rule_keeps_the_remembered_anchor_next_round():
+def test_proximal_algorithm_keeps_the_remembered_anchor_next_round():
     """FedMCSA's clients that were not sampled: the anchor is the model remembered last, not the received one."""
     x, y = _data()
     state, mine, reference, package = RecordDict(), _model(), _model(), _model()
-    step_for({**SOLVER, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}, mine, state)  # remembers the start model
+    algorithm_for({**TRAINING, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}, mine, state)  # remembers the start model
     anchor = [p.detach().clone() for p in mine.parameters()]
     with torch.no_grad():
         for model in (mine, reference, package):
             for p in model.parameters():
                 p.add_(0.5)  # a different received model
-    config = {**SOLVER, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_KEEP}
+    config = {**TRAINING, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_KEEP}
     package_state = _plain_state(state)
-    rule = step_for(config, mine, state)
-    _user_loop(mine, rule, x, y)
+    algorithm = algorithm_for(config, mine, state)
+    _user_loop(mine, algorithm, x, y)
     _package_loop(package, config, package_state, x, y)
     _proximal_reference(reference, anchor, 3.0, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
@@ -141,66 +149,66 @@ def test_proximal_rule_keeps_the_remembered_anchor_next_round():
     assert torch.equal(_kept(state, ANCHOR_STATE), _flat(anchor))  # keep: the remembered anchor is unchanged
     # without an anchor mode (Flower's own strategies) the anchor is the received model
     received = [p.detach().clone() for p in mine.parameters()]
-    assert all(torch.equal(a, r) for a, r in zip(step_for({**SOLVER, PROXIMAL_MU: 1.0}, mine, state).anchor, received))
+    assert all(torch.equal(a, r) for a, r in zip(algorithm_for({**TRAINING, PROXIMAL_MU: 1.0}, mine, state).anchor, received))
 
 
 def test_proximal_term_pulls_toward_the_anchor():
     x, y = _data()
     plain, pulled = _model(), _model()
     start = _flat(plain.parameters())
-    plain_rule = step_for(SOLVER, plain)
-    assert type(plain_rule) is ClientStep
+    plain_rule = algorithm_for(TRAINING, plain)
+    assert type(plain_rule) is ClientAlgorithm
     _user_loop(plain, plain_rule, x, y)
-    rule = step_for({**SOLVER, LEGACY_PROXIMAL_MU: 5.0}, pulled)  # Flower's legacy FedProx key
-    assert isinstance(rule, Proximal) and rule.mu == 5.0
-    _user_loop(pulled, rule, x, y)
+    algorithm = algorithm_for({**TRAINING, LEGACY_PROXIMAL_MU: 5.0}, pulled)  # Flower's legacy FedProx key
+    assert isinstance(algorithm, Proximal) and algorithm.mu == 5.0
+    _user_loop(pulled, algorithm, x, y)
     assert (_flat(pulled.parameters()) - start).norm() < (_flat(plain.parameters()) - start).norm()
 
 
 # ---------------------------------------------------------------- refusals and checks
 
-def test_rules_that_keep_state_or_assume_plain_sgd_say_so():
+def test_algorithms_that_keep_state_or_assume_plain_sgd_say_so():
     model = _model()
     with pytest.raises(ValueError, match="context.state"):
-        step_for({**SOLVER, CONTROL: _vector(model, 0.0)}, model)
+        algorithm_for({**TRAINING, CONTROL: _vector(model, 0.0)}, model)
     with pytest.raises(ValueError, match="context.state"):
-        step_for({**SOLVER, PROXIMAL_MU: 1.0, ANCHOR: ANCHOR_KEEP}, model)
+        algorithm_for({**TRAINING, PROXIMAL_MU: 1.0, ANCHOR: ANCHOR_KEEP}, model)
     with pytest.raises(ValueError, match="context.state"):
-        step_for({**SOLVER, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: _vector(model, 0.0)}, model)
-    config = {**SOLVER, CONTROL: _vector(model, 0.0)}
+        algorithm_for({**TRAINING, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: _vector(model, 0.0)}, model)
+    config = {**TRAINING, CONTROL: _vector(model, 0.0)}
     for optimizer, reason in ((torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9), "momentum"),
                               (torch.optim.SGD(model.parameters(), lr=LR, weight_decay=1e-4), "weight decay"),
                               (torch.optim.Adam(model.parameters(), lr=LR), "plain SGD"),
                               (torch.optim.SGD(model.parameters(), lr=LR / 2), "step size")):
         with pytest.raises(ValueError, match=reason):
-            step_for(config, model, RecordDict(), optimizer=optimizer)
-    step_for(config, model, RecordDict(), optimizer=torch.optim.SGD(model.parameters(), lr=LR))
-    step_for({**SOLVER, PROXIMAL_MU: 1.0}, model, optimizer=torch.optim.Adam(model.parameters()))  # any optimizer
-    for needs_sgd in (ScaffoldCorrection, IGFLCorrection, FedAttnStep, PFedMeStep):
+            algorithm_for(config, model, RecordDict(), optimizer=optimizer)
+    algorithm_for(config, model, RecordDict(), optimizer=torch.optim.SGD(model.parameters(), lr=LR))
+    algorithm_for({**TRAINING, PROXIMAL_MU: 1.0}, model, optimizer=torch.optim.Adam(model.parameters()))  # any optimizer
+    for needs_sgd in (ScaffoldCorrection, IGFLCorrection, FedAttnClient, PFedMeClient):
         assert needs_sgd.needs_plain_sgd and needs_sgd.hookable
     assert not Proximal.needs_plain_sgd
 
 
-@pytest.mark.parametrize("config,step", [({"ditto-lambda": 1.0}, DittoStep), ({"per-fedavg-alpha": 0.01}, PerFedAvgStep),
-                                         ({"apfl-alpha-lr": 0.1, "apfl-alpha-init": 0.5}, APFLStep)])
+@pytest.mark.parametrize("config,step", [({"ditto-lambda": 1.0}, DittoClient), ({"per-fedavg-alpha": 0.01}, PerFedAvgClient),
+                                         ({"apfl-alpha-lr": 0.1, "apfl-alpha-init": 0.5}, APFLClient)])
 def test_two_model_methods_are_refused_with_a_pointer(config, step):
-    assert client_step_for(config) is step and not step.hookable
+    assert client_algorithm_for(config) is step and not step.hookable
     with pytest.raises(ValueError, match="client_apps.app"):
-        step_for({**SOLVER, **config}, _model(), RecordDict())
+        algorithm_for({**TRAINING, **config}, _model(), RecordDict())
 
 
 def test_missing_or_malformed_settings_are_clear_errors():
     model = _model()
     with pytest.raises(ValueError, match="igfl-global-delta"):
-        step_for({**SOLVER, CORRECTION: True, PARTICIPANTS: 2}, model, RecordDict())
+        algorithm_for({**TRAINING, CORRECTION: True, PARTICIPANTS: 2}, model, RecordDict())
     with pytest.raises(ValueError, match="expected"):  # a control variate of the wrong size
-        step_for({**SOLVER, CONTROL: _vector(model, 0.0)[:-4]}, model, RecordDict())
+        algorithm_for({**TRAINING, CONTROL: _vector(model, 0.0)[:-4]}, model, RecordDict())
     with pytest.raises(ValueError, match="pfedme-personal-lr"):
-        step_for({**SOLVER, LAMBDA: 15.0, INNER_STEPS: 3}, model)
-    with pytest.raises(ValueError, match="several client steps"):
-        step_for({**SOLVER, CONTROL: _vector(model, 0.0), LAMBDA: 1.0}, model, RecordDict())
+        algorithm_for({**TRAINING, LAMBDA: 15.0, INNER_STEPS: 3}, model)
+    with pytest.raises(ValueError, match="several client algorithms"):
+        algorithm_for({**TRAINING, CONTROL: _vector(model, 0.0), LAMBDA: 1.0}, model, RecordDict())
     with pytest.raises(ValueError, match="'lr'"):  # a step that assumes SGD of size lr needs to know it
-        step_for({CONTROL: _vector(model, 0.0)}, model, RecordDict(),
+        algorithm_for({CONTROL: _vector(model, 0.0)}, model, RecordDict(),
                                optimizer=torch.optim.SGD(model.parameters(), lr=LR))
 
 
@@ -215,7 +223,7 @@ def _igfl_reference(model, previous, global_delta, participants, x, y) -> None:
     _written_out(model, x, y, update)
 
 
-def test_igfl_rule_matches_algorithm_2_and_keeps_the_delta_for_the_next_round():
+def test_igfl_algorithm_matches_algorithm_2_and_keeps_the_delta_for_the_next_round():
     x, y = _data()
     reference, mine, package = _model(), _model(), _model()
     prev = [torch.full_like(p, 0.05) for p in reference.parameters()]
@@ -225,12 +233,12 @@ def test_igfl_rule_matches_algorithm_2_and_keeps_the_delta_for_the_next_round():
     RecordState(state)[DELTA_STATE] = prev
     package_state = _plain_state(state)
     start = _flat(mine.parameters())
-    config = {**SOLVER, CORRECTION: True, PARTICIPANTS: 3, GLOBAL_DELTA: encode_vector(_flat(glob))}
-    rule = step_for(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
-    assert isinstance(rule, IGFLCorrection)
-    _user_loop(mine, rule, x, y)
-    assert rule.finish(mine) == {CLIENT_STEP: CORRECTION}
-    assert _package_loop(package, config, package_state, x, y) == {CLIENT_STEP: CORRECTION}
+    config = {**TRAINING, CORRECTION: True, PARTICIPANTS: 3, GLOBAL_DELTA: encode_vector(_flat(glob))}
+    algorithm = algorithm_for(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
+    assert isinstance(algorithm, IGFLCorrection)
+    _user_loop(mine, algorithm, x, y)
+    assert algorithm.finish(mine) == {CLIENT_ALGORITHM: CORRECTION}
+    assert _package_loop(package, config, package_state, x, y) == {CLIENT_ALGORITHM: CORRECTION}
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-5)
     assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     kept = _kept(state, DELTA_STATE)
@@ -244,9 +252,9 @@ def test_igfl_rule_matches_algorithm_2_and_keeps_the_delta_for_the_next_round():
     second.load_state_dict(mine.state_dict())
     reference.load_state_dict(mine.state_dict())
     _igfl_reference(reference, previous, glob, 3, x, y)
-    rule = step_for(config, mine, state)
-    _user_loop(mine, rule, x, y)
-    rule.finish(mine)
+    algorithm = algorithm_for(config, mine, state)
+    _user_loop(mine, algorithm, x, y)
+    algorithm.finish(mine)
     _package_loop(second, config, package_state, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-5)
     assert_same_math(_flat(second.parameters()), _flat(mine.parameters()))
@@ -257,8 +265,8 @@ def test_igfl_with_one_participant_and_no_deltas_is_sgd_with_twice_the_step():
     x, y = _data()
     mine, reference = _model(), _model()
     zeros = encode_vector(torch.zeros(sum(p.numel() for p in mine.parameters())))
-    rule = step_for({**SOLVER, CORRECTION: True, PARTICIPANTS: 1, GLOBAL_DELTA: zeros}, mine, RecordDict())
-    _user_loop(mine, rule, x, y)
+    algorithm = algorithm_for({**TRAINING, CORRECTION: True, PARTICIPANTS: 1, GLOBAL_DELTA: zeros}, mine, RecordDict())
+    _user_loop(mine, algorithm, x, y)
 
     def update(params, grads, _):
         for p, g in zip(params, grads):
@@ -267,14 +275,14 @@ def test_igfl_with_one_participant_and_no_deltas_is_sgd_with_twice_the_step():
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
 
 
-def test_igfl_rule_refuses_another_number_of_steps():
+def test_igfl_algorithm_refuses_another_number_of_steps():
     x, y = _data()
     model = _model()
     zeros = encode_vector(torch.zeros(sum(p.numel() for p in model.parameters())))
-    rule = step_for({**SOLVER, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: zeros}, model, RecordDict())
-    _user_loop(model, rule, x, y, steps=STEPS - 1)
+    algorithm = algorithm_for({**TRAINING, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: zeros}, model, RecordDict())
+    _user_loop(model, algorithm, x, y, steps=STEPS - 1)
     with pytest.raises(ValueError, match="local-steps"):
-        rule.finish(model)
+        algorithm.finish(model)
 
 
 # ---------------------------------------------------------------- SCAFFOLD (option II)
@@ -291,18 +299,18 @@ def _scaffold_reference(model, c, ci, x, y) -> tuple[list[torch.Tensor], list[to
     return new, [n - o for n, o in zip(new, ci)]
 
 
-def test_scaffold_rule_matches_option_ii_and_reports_the_control_delta():
+def test_scaffold_algorithm_matches_option_ii_and_reports_the_control_delta():
     x, y = _data()
     reference, mine, package = _model(), _model(), _model()
     c = [torch.full_like(p, 0.3) for p in reference.parameters()]
     zeros = [torch.zeros_like(p) for p in reference.parameters()]
     new_ci, delta = _scaffold_reference(reference, c, zeros, x, y)
     state, package_state = RecordDict(), {}
-    config = {**SOLVER, CONTROL: encode_vector(_flat(c))}
-    rule = step_for(config, mine, state)
-    assert isinstance(rule, ScaffoldCorrection)
-    _user_loop(mine, rule, x, y)
-    extras = rule.finish(mine)
+    config = {**TRAINING, CONTROL: encode_vector(_flat(c))}
+    algorithm = algorithm_for(config, mine, state)
+    assert isinstance(algorithm, ScaffoldCorrection)
+    _user_loop(mine, algorithm, x, y)
+    extras = algorithm.finish(mine)
     package_extras = _package_loop(package, config, package_state, x, y)
     size = len(_flat(c))
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
@@ -314,9 +322,9 @@ def test_scaffold_rule_matches_option_ii_and_reports_the_control_delta():
     second = copy.deepcopy(mine)
     reference.load_state_dict(mine.state_dict())
     second_ci, second_delta = _scaffold_reference(reference, c, new_ci, x, y)
-    rule = step_for(config, mine, state)
-    _user_loop(mine, rule, x, y)
-    extras = rule.finish(mine)
+    algorithm = algorithm_for(config, mine, state)
+    _user_loop(mine, algorithm, x, y)
+    extras = algorithm.finish(mine)
     package_extras = _package_loop(second, config, package_state, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-5)
     assert_same_math(_flat(second.parameters()), _flat(mine.parameters()))
@@ -344,40 +352,40 @@ def _pfedme_reference(model, x, y, lam, personal_lr, inner_steps) -> list[torch.
     return [t.detach() for t in theta]
 
 
-def test_pfedme_rule_matches_algorithm_1_and_keeps_theta():
+def test_pfedme_algorithm_matches_algorithm_1_and_keeps_theta():
     x, y = _data()
     reference, mine, package = _model(), _model(), _model()
     settings = {LAMBDA: 15.0, PERSONAL_LR: 0.01, INNER_STEPS: 3}
     theta = _pfedme_reference(reference, x, y, 15.0, 0.01, 3)
     state, package_state = RecordDict(), {}
-    config = {**SOLVER, **settings}
-    rule = step_for(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
-    assert isinstance(rule, PFedMeStep)
-    _user_loop(mine, rule, x, y)
-    assert rule.finish(mine) == {CLIENT_STEP: LAMBDA}
+    config = {**TRAINING, **settings}
+    algorithm = algorithm_for(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
+    assert isinstance(algorithm, PFedMeClient)
+    _user_loop(mine, algorithm, x, y)
+    assert algorithm.finish(mine) == {CLIENT_ALGORITHM: LAMBDA}
     _package_loop(package, config, package_state, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
     assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     assert torch.allclose(_kept(state, THETA_STATE), _flat(theta), atol=1e-6)  # DNN: parameters only, state_dict order
     assert_same_math(_flat(package_state[THETA_STATE]), _kept(state, THETA_STATE))
     with pytest.raises(ValueError, match="minibatch"):
-        step_for(config, mine).adjust_gradients(mine)
+        algorithm_for(config, mine).adjust_gradients(mine)
 
 
-def test_pfedme_rule_uses_the_users_loss():
+def test_pfedme_algorithm_uses_the_users_loss():
     x, y = _data()
-    settings = {**SOLVER, LAMBDA: 15.0, PERSONAL_LR: 0.1, INNER_STEPS: 3}
+    settings = {**TRAINING, LAMBDA: 15.0, PERSONAL_LR: 0.1, INNER_STEPS: 3}
     plain, smoothed = _model(), _model()
-    _user_loop(plain, step_for(settings, plain), x, y)
+    _user_loop(plain, algorithm_for(settings, plain), x, y)
     smooth = lambda out, t: F.cross_entropy(out, t, label_smoothing=0.5)
-    rule = step_for(settings, smoothed, loss_fn=smooth)
-    _user_loop(smoothed, rule, x, y, loss_fn=smooth)
+    algorithm = algorithm_for(settings, smoothed, loss_fn=smooth)
+    _user_loop(smoothed, algorithm, x, y, loss_fn=smooth)
     assert not torch.allclose(_flat(plain.parameters()), _flat(smoothed.parameters()))
 
 
 # ---------------------------------------------------------------- FedAttn
 
-def test_fedattn_rule_matches_the_package_loop_and_reports_z_and_gradient():
+def test_fedattn_algorithm_matches_the_package_loop_and_reports_z_and_gradient():
     x, y = _data()
     reference, mine, package = _model(), _model(), _model()
     is_bias = [n.endswith("bias") for n, _ in reference.named_parameters()]
@@ -390,11 +398,11 @@ def test_fedattn_rule_matches_the_package_loop_and_reports_z_and_gradient():
             p -= LR * (g + 2.0 * (p - next(anchors)) if b else g)
     _written_out(reference, x, y, update)
 
-    config = {**SOLVER, FEDATTN: True, BIAS_REG: 2.0, GLOBAL_BIASES: encode_vector(_flat(anchor))}
-    rule = step_for(config, mine, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
-    assert isinstance(rule, FedAttnStep)
-    _user_loop(mine, rule, x, y)
-    extras = rule.finish(mine, [(x[:15], y[:15]), (x[15:], y[15:])])  # a loader's batches work as inputs
+    config = {**TRAINING, FEDATTN: True, BIAS_REG: 2.0, GLOBAL_BIASES: encode_vector(_flat(anchor))}
+    algorithm = algorithm_for(config, mine, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
+    assert isinstance(algorithm, FedAttnClient)
+    _user_loop(mine, algorithm, x, y)
+    extras = algorithm.finish(mine, [(x[:15], y[:15]), (x[15:], y[15:])])  # a loader's batches work as inputs
     package_extras = _package_loop(package, config, None, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
     assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
@@ -409,11 +417,5 @@ def test_fedattn_rule_matches_the_package_loop_and_reports_z_and_gradient():
         assert torch.allclose(decode_flat(package_extras[key], len(extras[key]) // 4), decode_flat(extras[key], len(extras[key]) // 4),
                               atol=1e-5)
     with pytest.raises(ValueError, match="representation"):
-        rule.finish(mine)
+        algorithm.finish(mine)
 
-
-def test_the_old_name_of_step_for_still_works_and_says_so():
-    model = _model()
-    with pytest.warns(FutureWarning, match="step_for"):
-        old = ClientRule.from_config({**SOLVER, PROXIMAL_MU: 1.0}, model)
-    assert type(old) is type(step_for({**SOLVER, PROXIMAL_MU: 1.0}, model)) is Proximal

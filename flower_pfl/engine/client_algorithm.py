@@ -1,0 +1,288 @@
+"""A method's client algorithm, as hooks on one local-training loop.
+
+Every client algorithm is a ``ClientAlgorithm``: the package's ClientApp runs it in
+``train_locally`` and a user's own PyTorch loop runs the very same object through two
+hooks (``client_apps.own_loop.algorithm_for`` hands it out)::
+
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        step.adjust_gradients(model, (x, y))   # the method's change to the gradient
+        optimizer.step()                       # plain SGD with the instruction's lr
+    extras = step.finish(model, x_train)       # what the server needs back, and the step's receipt
+
+``train_step`` is one iteration of that loop; methods that train a second model or take a
+second minibatch per step (Ditto, APFL, Per-FedAvg) override it, and are then not hooks
+on a user's loop (``hookable = False``). ``finish`` adds the step's receipt to the bytes a
+step returns (``CLIENT_ALGORITHM``: the config key that asked for it), so the server notices clients
+that ignored the step. ``evaluation_model`` says which model a client evaluates when the
+evaluation instruction asks for the method's own (Ditto's personal model, pFedMe's θ_i, ...).
+State kept between rounds lives in a ``ClientState``: a mapping from a name to a list of tensors
+(``context.state`` through an adapter on a SuperNode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flower_pfl.engine.layout import load_flat_
+from flower_pfl.engine.minibatches import MinibatchStream
+
+#: settings every training instruction carries (the package's ServerApp sends them from the run config)
+LR, LOCAL_STEPS, BATCH_SIZE, SERVER_ROUND = "lr", "local-steps", "batch-size", "server-round"
+#: instruction entries of the package's ServerApp: the results folder's name (clients keep their state
+#: under it) and, in a resumed run, the round of the checkpoint it continues from
+RUN_KEY, RESUMED_AFTER = "run-key", "resumed-after"
+#: proximal weight μ in ``min f_i(w) + μ/2 ||w − a||²`` (the key of Flower's Message-API FedProx;
+#: its legacy FedProx sends ``proximal_mu``, also understood)
+PROXIMAL_MU, LEGACY_PROXIMAL_MU = "proximal-mu", "proximal_mu"
+#: reply-extras entry with a client algorithm's receipt (``ClientAlgorithm.receipt``): the client ran the step it was asked for
+CLIENT_ALGORITHM = "client-algorithm"
+#: a client's state between rounds: name -> tensors (``client_apps.own_loop.RecordState`` wraps ``context.state``)
+ClientState = MutableMapping[str, list[torch.Tensor]]
+#: what a client algorithm returns for the server: its bytes by reply key, and its receipt (a str)
+Extras = dict[str, bytes | str]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """Mean training loss (data term only) over the steps taken."""
+
+    loss: float
+    steps: int
+
+
+def trainable(model: nn.Module) -> list[torch.Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def like_params(tensors: Sequence[torch.Tensor], params: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+    """``tensors`` on the parameters' device and dtype, checked to have the parameters' shapes."""
+    if [tuple(t.shape) for t in tensors] != [tuple(p.shape) for p in params]:
+        raise ValueError(f"the {what} must have the shapes of the model's parameters")
+    return [t.to(device=p.device, dtype=p.dtype) for t, p in zip(tensors, params)]
+
+
+def stored(state: ClientState | None, key: str) -> list[torch.Tensor] | None:
+    """The tensors kept under ``key`` (``None`` if none, or without a state)."""
+    return None if state is None else state.get(key)
+
+
+def keep(state: ClientState | None, key: str, tensors: Iterable[torch.Tensor]) -> None:
+    """Keep ``tensors`` under ``key`` (nothing without a state)."""
+    if state is not None:
+        state[key] = [t.detach().cpu().clone() for t in tensors]
+
+
+def load_stored(model: nn.Module, state: ClientState | None, key: str) -> bool:
+    """Load the flat model kept under ``key`` into ``model`` (in place); ``False`` if none is kept."""
+    known = stored(state, key)
+    if known is None:
+        return False
+    load_flat_(model, known[0].to(next(model.parameters()).device))
+    return True
+
+
+def setting(config: Mapping[str, Any], key: str, who: str) -> Any:
+    """``config[key]``, or a ``ValueError`` that tells the server what to send."""
+    if key not in config:
+        raise ValueError(f"{who}'s client needs '{key}' in the training config (send it with the strategy's train config)")
+    return config[key]
+
+
+def proximal_mu(config: Mapping[str, Any]) -> float:
+    """The proximal weight μ of an instruction (0: none)."""
+    return float(config.get(PROXIMAL_MU, config.get(LEGACY_PROXIMAL_MU, 0.0)))
+
+
+def sgd_update(model: nn.Module, lr: float) -> None:
+    """``p ← p − lr · p.grad`` for every trainable parameter (what ``torch.optim.SGD`` does)."""
+    with torch.no_grad():
+        for p in trainable(model):
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-lr)
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """A client's training split, on the model's device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class ClientAlgorithm:
+    """Plain local SGD: no change to the gradient, nothing to send back.
+
+    Subclasses override the hooks they need. Class attributes say what the step needs:
+    ``key`` (the training-config entry that asks for it), ``evaluation_key`` (the
+    evaluation-config entry that asks for its ``evaluation_model``), ``needs_state``,
+    ``needs_plain_sgd`` (its arithmetic assumes SGD steps of size ``config["lr"]``),
+    ``hookable`` (``False``: it trains a second model or takes a second minibatch per
+    step, so only ``train_locally`` can run it) and ``reply_keys``.
+    """
+
+    key: ClassVar[str | None] = None
+    evaluation_key: ClassVar[str | None] = None
+    #: the client-state key of the model the client evaluates instead of the received one (its personal
+    #: model); the received one until the state holds it
+    evaluated_state: ClassVar[str | None] = None
+    needs_state: ClassVar[bool] = False
+    #: the step keeps something in the client state from round to round (a resumed run's clients
+    #: start without it, see docs/checkpoints.md)
+    keeps_state: ClassVar[bool] = False
+    needs_plain_sgd: ClassVar[bool] = False
+    hookable: ClassVar[bool] = True
+    #: the reply keys ``end_round`` always returns; a reply without them is refused
+    #: (``AlgorithmOutputMissing``), so they, not the receipt, show that the step ran
+    reply_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        if self.needs_state and state is None:
+            raise ValueError(f"{type(self).__name__} keeps client state between rounds: pass context.state")
+        self.config, self.state, self.loss_fn = config, state, loss_fn
+        self.received = [p.detach().clone() for p in trainable(model)]
+        self.steps = 0
+        #: the loss ``train_step`` reports for the last step, when the step's own loss is not the model's
+        self.step_loss: float | None = None
+
+    @classmethod
+    def wanted(cls, config: Mapping[str, Any]) -> bool:
+        """Whether a training instruction asks for this step: it carries ``key`` with any value but
+        ``False`` (IGFL-S sends ``igfl-correction = False``; Ditto's λ may be 0)."""
+        return cls.key is not None and cls.key in config and config[cls.key] is not False
+
+    @classmethod
+    def receipt(cls) -> str | None:
+        """What ``finish`` returns under ``CLIENT_ALGORITHM``: the config key that asks for the step
+        (``None``: plain SGD, which no instruction asks for)."""
+        return cls.key
+
+    # --- the hooks a user's loop calls ---------------------------------------------------------
+    def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
+        """Call after ``loss.backward()`` and before ``optimizer.step()``."""
+        self.steps += 1
+        with torch.no_grad():
+            for p, extra in zip(trainable(model), self.gradient_terms(model, batch)):
+                if extra is not None:
+                    p.grad = extra if p.grad is None else p.grad + extra
+
+    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+        """What the method adds to each trainable parameter's gradient (none by default)."""
+        return []
+
+    def finish(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> Extras:
+        """Call after the loop: update the client state, return what the server needs back (the
+        step's bytes and its receipt; send it all with the reply)."""
+        extras: Extras = dict(self.end_round(model, inputs))
+        if (receipt := self.receipt()) is not None:
+            extras[CLIENT_ALGORITHM] = receipt
+        return extras
+
+    def end_round(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
+        """The step's part of ``finish``: update the client state, return the bytes the server needs
+        back (none by default)."""
+        return {}
+
+    # --- the package's loop --------------------------------------------------------------------
+    def begin(self, model: nn.Module, data: TrainData) -> TrainData:
+        """Called by ``train_locally`` with the received model and the client's training split before the
+        round's steps; returns the data the steps draw from. A step that needs the whole split (its class
+        counts, a held-out part, a choice among models) does it here; a user's own loop does not call it."""
+        return data
+
+    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
+        """One step of ``train_locally``: exactly a user's loop iteration with plain SGD. Returns the
+        step's training loss (data term only)."""
+        x, y = next_batch()
+        for p in trainable(model):
+            p.grad = None
+        loss = self.loss_fn(model(x), y)
+        loss.backward()
+        self.adjust_gradients(model, (x, y))
+        sgd_update(model, lr)
+        return float(loss.detach()) if self.step_loss is None else self.step_loss
+
+    # --- evaluation ----------------------------------------------------------------------------
+    @classmethod
+    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
+                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
+        """The model the client evaluates (``model`` holds the received one, replaced by the model kept under
+        ``evaluated_state`` when the state holds one) and extra metrics."""
+        if cls.evaluated_state is not None:
+            load_stored(model, state, cls.evaluated_state)
+        return model, {}
+
+    # --- checks ----------------------------------------------------------------------------------
+    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse an optimizer whose steps are not the plain SGD steps of size ``lr`` the step assumes."""
+        name = type(self).__name__
+        if type(optimizer) is not torch.optim.SGD:
+            raise ValueError(f"{name} assumes plain SGD steps; got {type(optimizer).__name__}")
+        for group in optimizer.param_groups:
+            if group.get("momentum", 0) or group.get("weight_decay", 0) or group.get("nesterov", False):
+                raise ValueError(f"{name} assumes SGD without momentum or weight decay")
+            if abs(float(group["lr"]) - self.lr) > 1e-12 * max(1.0, self.lr):
+                raise ValueError(f"{name} assumes the step size the server sent (lr = {self.lr}); the optimizer uses {group['lr']}")
+
+    @property
+    def lr(self) -> float:
+        """The step size the server sent (``config["lr"]``)."""
+        lr = float(setting(self.config, LR, type(self).__name__))
+        if lr <= 0:
+            raise ValueError(f"{type(self).__name__} needs lr > 0, got {lr}")
+        return lr
+
+
+class Proximal(ClientAlgorithm):
+    """``μ (w − a)`` added to the gradient: the proximal term ``μ/2 ||w − a||²`` toward the anchor
+    ``a``, the received model (FedMCSA eq. 9, FedProx, FedAMP; ``choose_anchor`` may pick another)."""
+
+    @classmethod
+    def wanted(cls, config: Mapping[str, Any]) -> bool:
+        return proximal_mu(config) > 0
+
+    @classmethod
+    def receipt(cls) -> str | None:
+        return PROXIMAL_MU
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        self.mu = proximal_mu(config)
+        if self.mu < 0:
+            raise ValueError(f"the proximal weight must be >= 0, got {self.mu}")
+        self.anchor = self.choose_anchor()
+
+    def choose_anchor(self) -> list[torch.Tensor]:
+        """The model the proximal term pulls toward: the received one."""
+        return self.received
+
+    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+        return [self.mu * (p - a) for p, a in zip(trainable(model), self.anchor)]
+
+
+def train_locally(step: ClientAlgorithm, model: nn.Module, data: TrainData, *, steps: int, lr: float, batch_size: int,
+                  generator: torch.Generator) -> tuple[LocalResult, Extras]:
+    """The one local-training loop: ``steps`` fresh minibatches through ``step.train_step``, then
+    ``step.finish``, after ``step.begin``. Returns the mean training loss and what the server needs back."""
+    model.train()
+    data = step.begin(model, data)
+    stream = MinibatchStream(len(data.y), batch_size, generator)
+
+    def next_batch() -> Batch:
+        idx = stream.next()
+        return data.x[idx], data.y[idx]
+
+    total = sum(step.train_step(model, next_batch, lr) for _ in range(steps))
+    extras = step.finish(model, data.x)
+    return LocalResult(loss=total / max(steps, 1), steps=steps), extras

@@ -1,0 +1,273 @@
+"""A method's server side: what it sends to whom, how it aggregates, and what state it keeps.
+
+A ``ServerAlgorithm`` says what to send to whom (``train_instructions``, ``evaluation_instructions``),
+which client algorithm its training instructions ask for (``client``), how to check the extras a
+client returns with its model (``check_extras``), how to aggregate (``aggregate``) and what state
+it keeps (``state_attributes``). Two bases cover the methods here:
+
+- ``PersonalizedAlgorithm`` keeps one model per client in a model store and turns the participants'
+  stored models into the models it sends (``personalize``);
+- ``GlobalModelAlgorithm`` keeps one global model and combines the returned models into the next one
+  (``combine``); it may still send a client a model of its own (``client_model``).
+
+``flower_pfl.engine.method_server.MethodServer`` runs a step with what every method shares
+(sampling, node ranks, reply checks). Pure tensor code: the Flower strategies only translate
+Flower's types to and from these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from flower_pfl.engine.attention_log import AttentionAccumulator
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.reply_checks import Reply, model_change
+from flower_pfl.engine.store import ClientModelStore, DiskClientModelStore, ModelStore
+
+ClientId = Hashable
+Settings = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What one client gets: the flat model to start from (or evaluate) and config entries."""
+
+    client_id: ClientId
+    model: torch.Tensor
+    config: Settings
+
+
+@dataclass(frozen=True)
+class SimilaritySnapshot:
+    """A round's client-by-client similarities and which pairs the method let through (``mask``),
+    with the threshold it used: a method's diagnostics (``ServerAlgorithm.similarity_snapshot``), drawn
+    by ``flower_pfl.reports.diagnostics``. Rows follow the round's participants."""
+
+    similarity: torch.Tensor
+    mask: torch.Tensor
+    threshold: float
+
+
+class ServerAlgorithm:
+    """Base of every method's server side (see the module docstring)."""
+
+    #: the server keeps one model per client (evaluated on it) rather than one global model
+    personalized: ClassVar[bool]
+    #: the client algorithm its training instructions ask for (``flower_pfl.engine.client_algorithm``)
+    client: ClassVar[type[ClientAlgorithm]] = ClientAlgorithm
+    #: what changes as the method runs, by attribute name (each class lists its own; a checkpoint
+    #: saves them all, ``setup`` rebuilds everything else from the layout and the parameters)
+    state_attributes: ClassVar[tuple[str, ...]] = ("attention_weights",)
+    #: how the method's ``proximal-mu`` is made from its arguments (for messages about it)
+    proximal_mu_text: ClassVar[str] = "proximal-mu"
+    #: what the method becomes when clients ignore its client algorithm
+    without_client_step: ClassVar[str] = "runs without its client algorithm"
+
+    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        """Create the method's state from the model's layout and starting parameters (once);
+        ``seed`` seeds whatever the method initialises at random."""
+        self.layout = layout
+        #: client-level attention weights averaged over rounds (methods that attend fill it)
+        self.attention_weights = AttentionAccumulator()
+
+    def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
+        """This round's training instructions, given the sampled clients and the other connected ones."""
+        raise NotImplementedError
+
+    def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """What each of ``ids`` evaluates (the model it would use) and how."""
+        raise NotImplementedError
+
+    def train_config(self, num_participants: int) -> Settings:
+        """Client settings sent with a round's training instructions (``num_participants``: the clients sampled)."""
+        return {}
+
+    def evaluation_config(self) -> Settings:
+        """Client settings sent with every evaluation instruction (e.g. which model a client evaluates)."""
+        return {}
+
+    def client_algorithm(self) -> type[ClientAlgorithm]:
+        """The client algorithm this method's training instructions ask for (``client`` unless the
+        method hands its clients another method's step)."""
+        return self.client
+
+    def ignored_step_consequence(self, step: type[ClientAlgorithm]) -> str:
+        """What the method becomes when clients ignore ``step``, the client algorithm its instructions ask for."""
+        if issubclass(self.client, step):
+            return self.without_client_step
+        return f"runs without {step.__name__}, the client algorithm its client settings ask for"
+
+    def check_extras(self, extras: Mapping[str, Any]) -> Any:
+        """Validate what a client returned besides its model; raise ``ValueError`` to reject the reply."""
+        return None
+
+    def example_extras(self, generator: torch.Generator) -> dict[str, bytes]:
+        """What an honest client of this method returns besides its model, made up (random, valid for
+        ``check_extras``): benchmarks and tests fabricate replies with it. None by default."""
+        return {}
+
+    def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
+        """What the reply changed, for ``ReplyBounds``: field -> (norm of the change, norm of its
+        reference). The model's change against the model the client was sent; methods whose
+        clients return more (SCAFFOLD's Δc_i) add their fields."""
+        return model_change(reply, sent)
+
+    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
+        """Take in the round's accepted replies (at least one)."""
+        raise NotImplementedError
+
+    def global_model(self) -> torch.Tensor | None:
+        """The global model, for methods that have one."""
+        return None
+
+    def server_state(self) -> dict[str, Any]:
+        """What the method learned besides the models, saved with the results (``server_state.safetensors``)."""
+        return {}
+
+    def similarity_snapshot(self) -> SimilaritySnapshot | None:
+        """The last round's similarities between its participants, for methods that select by them
+        (the ServerApp draws it at the end of a run); ``None``: nothing to show."""
+        return None
+
+    def checkpoint_written(self) -> None:
+        """Called once a checkpoint holding ``get_state`` is durably written."""
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything ``state_attributes`` name, for a checkpoint (``flower_pfl.run.tensor_files.pack`` form)."""
+        names = [n for klass in reversed(type(self).__mro__) for n in vars(klass).get("state_attributes", ())]
+        out: dict[str, Any] = {}
+        for name in dict.fromkeys(names):
+            value = getattr(self, name)
+            out[name] = value.get_state() if hasattr(value, "get_state") else value
+        return out
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``get_state`` returned (after ``setup``)."""
+        for name, value in state.items():
+            current = getattr(self, name, None)
+            if current is not None and hasattr(current, "set_state"):
+                current.set_state(value)
+            else:
+                setattr(self, name, value)
+
+
+@dataclass
+class PersonalizedAlgorithm(ServerAlgorithm):
+    """One model per client, kept on the server. Subclasses define ``personalize`` and the settings
+    their clients get (``train_config``, ``evaluation_config``)."""
+
+    personalized: ClassVar[bool] = True
+
+    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        super().setup(layout, initial, device, seed)
+        self.store: ModelStore = ClientModelStore(initial, device=device)
+
+    def get_state(self) -> dict[str, Any]:
+        """The method's state and every client's model (ids in the store's order). A disk store is
+        snapshot instead (its folder keeps the rows, and what changes them is logged, see
+        ``DiskClientModelStore.snapshot``): the state names the folder and the snapshot."""
+        ids = self.store.ids()
+        if isinstance(self.store, DiskClientModelStore):
+            snapshot = self.store.snapshot()
+            return {**super().get_state(), "store": {"ids": ids, "folder": str(self.store.folder), "snapshot": snapshot}}
+        return {**super().get_state(), "store": {"ids": ids, "rows": self.store.get(ids)}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        store = state.pop("store")
+        super().set_state(state)
+        if "folder" in store:  # the disk store reopened its folder when it was made: back to the snapshot
+            if not isinstance(self.store, DiskClientModelStore):
+                raise ValueError(f"the checkpoint's models are in the disk store {store['folder']}: resume with store = 'disk'")
+            self.store.rollback(int(store["snapshot"]), list(store["ids"]))
+        elif store["ids"]:
+            self.store.put(list(store["ids"]), store["rows"])
+
+    def checkpoint_written(self) -> None:
+        """A checkpoint holding ``get_state`` is on disk: a disk store drops what only older ones needed."""
+        if isinstance(self.store, DiskClientModelStore):
+            self.store.release()
+
+    def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, Mapping[str, torch.Tensor] | None]:
+        """The ``(m, d)`` models to send from the participants' ``(m, d)`` stored ones, and the
+        ``(m, m)`` weights by component (``None`` if the method has none)."""
+        raise NotImplementedError
+
+    def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
+        """The sampled clients' models from ``personalize``, with the method's client settings."""
+        settings = self.train_config(len(sampled))
+        models, weights = self.personalize(self.store.get(sampled), self.layout)
+        if weights is not None:
+            self.attention_weights.add(sampled, weights)
+        return [Instruction(cid, models[i], settings) for i, cid in enumerate(sampled)]
+
+    def models_for_evaluation(self, ids: Sequence[ClientId]) -> torch.Tensor:
+        """The ``(m, d)`` models ``ids`` evaluate, the models they would use (their stored ones)."""
+        return self.store.get(ids)
+
+    def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        models, settings = self.models_for_evaluation(ids), self.evaluation_config()
+        return [Instruction(cid, models[i], settings) for i, cid in enumerate(ids)]
+
+    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
+        self.store.put([r.client_id for r in replies], [r.model for r in replies])
+
+
+def weighted_mean(models: torch.Tensor, num_examples: Sequence[float]) -> torch.Tensor:
+    """FedAvg: the ``(m, d)`` models' mean weighted by their clients' sample counts (or other weights)."""
+    weights = torch.tensor([float(n) for n in num_examples], device=models.device, dtype=models.dtype)
+    return (weights / weights.sum()) @ models
+
+
+@dataclass
+class GlobalModelAlgorithm(ServerAlgorithm):
+    """One global model; every participant starts from it (or from ``client_model``'s model for
+    it) and ``combine`` makes the next one from the returned models. FedAvg by default."""
+
+    personalized: ClassVar[bool] = False
+    state_attributes: ClassVar[tuple[str, ...]] = ("model", "num_clients")
+
+    def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
+        super().setup(layout, initial, device, seed)
+        self.model = initial.detach().to(torch.float32).cpu().clone()
+        #: connected clients at the start of the round (SCAFFOLD's N)
+        self.num_clients = 0
+
+    def begin_round(self, server_round: int) -> None:
+        """Called before the round's training instructions are made."""
+
+    def client_model(self, client_id: ClientId, training: bool) -> torch.Tensor | None:
+        """The flat model client ``client_id`` trains (``training``) or evaluates when it is not the
+        global model (``None``: the global model)."""
+        return None
+
+    def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
+        """The next global model from the round's accepted replies."""
+        return weighted_mean(torch.stack([r.model for r in replies]), [r.num_examples for r in replies])
+
+    def client_models(self, ids: Sequence[ClientId], training: bool) -> list[torch.Tensor | None]:
+        """``client_model`` of each of ``ids`` (a method may make them together, e.g. in one batch)."""
+        return [self.client_model(cid, training) for cid in ids]
+
+    def _instructions(self, ids: Sequence[ClientId], settings: Settings, training: bool) -> list[Instruction]:
+        own = self.client_models(ids, training)
+        return [Instruction(cid, self.model if model is None else model, settings) for cid, model in zip(ids, own)]
+
+    def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
+        self.num_clients = len(sampled) + len(others)
+        self.begin_round(server_round)
+        return self._instructions(sampled, self.train_config(len(sampled)), training=True)
+
+    def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        return self._instructions(ids, self.evaluation_config(), training=False)
+
+    def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
+        self.model = self.combine(replies)
+
+    def global_model(self) -> torch.Tensor | None:
+        return self.model
