@@ -75,7 +75,7 @@ def run_store(kind: str, clients: int, dim: int, rounds: int, participants: int,
     import numpy as np
     import torch
 
-    from flower_pfl.engine.store import make_store
+    from flower_pfl.engine.disk_store import make_store
     from flower_pfl.methods.attention import layerwise_attention
 
     rss_start = _rss()
@@ -155,7 +155,7 @@ def run_checkpointed(mode: str, folder: str, clients: int, dim: int, rounds: int
     import numpy as np
     import torch
 
-    from flower_pfl.engine.store import DiskClientModelStore
+    from flower_pfl.engine.disk_store import DiskClientModelStore
     from flower_pfl.methods.attention import layerwise_attention
 
     state_file = Path(folder).with_name(Path(folder).name + "-checkpoint.json")

@@ -376,7 +376,7 @@ def api_pages() -> list[tuple[str, str, str, str]]:
         name = module.__name__
         pages.append((f"api/methods/{name.rsplit('.', 1)[1]}.md", name.rsplit(".", 1)[1], name, first_paragraph(module.__doc__)))
     for name in ("flower_pfl.engine.params", "flower_pfl.engine.server_algorithm", "flower_pfl.engine.client_algorithm",
-                 "flower_pfl.engine.store", "flower_pfl.engine.wire", "flower_pfl.experiment.config", "flower_pfl.run.results"):
+                 "flower_pfl.engine.store", "flower_pfl.engine.disk_store", "flower_pfl.engine.wire", "flower_pfl.experiment.config", "flower_pfl.run.results"):
         module = importlib.import_module(name)
         pages.append((f"api/{name.split('.', 1)[1].replace('.', '-')}.md", name, name, first_paragraph(module.__doc__)))
     out = []

@@ -22,12 +22,12 @@ from flwr.serverapp import Grid, ServerApp
 from client_apps.flower_internals import in_memory_grid, start_grid
 from client_apps.persisted_state import STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.client_algorithm import RESUMED_AFTER, RUN_KEY
+from flower_pfl.engine.disk_store import DiskClientModelStore
 from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import ReplyBounds
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
-from flower_pfl.engine.store import DiskClientModelStore
 from flower_pfl.experiment.build import check_device, has_hidden_layers, initial_arrays, training_config
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.reports.diagnostics import save_run_diagnostics

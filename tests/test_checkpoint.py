@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import server_apps.recording as recording
+from flower_pfl.engine.disk_store import DiskClientModelStore
 from flower_pfl.engine.method_server import MethodServer
-from flower_pfl.engine.store import DiskClientModelStore
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.models import DNN
 from flower_pfl.methods.registry import client_algorithm_for, entries

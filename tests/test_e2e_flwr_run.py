@@ -19,7 +19,7 @@ import torch
 from local_runs import ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
 from test_trackers import assert_series_match, expected_series, mlflow_run, mlflow_series, tensorboard_events
 
-from flower_pfl.engine.store import DiskClientModelStore
+from flower_pfl.engine.disk_store import DiskClientModelStore
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.run import tensor_files
 from flower_pfl.run.results import CHECKPOINT, MODELS, SERVER_STATE, load_models, load_state

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from benchmarks.fedmcsa_init import round_statistics
+from flower_pfl.engine.disk_store import make_store
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.method_server import MethodServer
-from flower_pfl.engine.store import make_store
 from flower_pfl.experiment.build import has_hidden_layers, initial_arrays
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.run.results import MODELS, load_models

@@ -157,7 +157,7 @@ def test_disk_store_gives_the_numbers_of_the_memory_store(tmp_path):
     numbers = {s: [json.loads(line) | {"elapsed_s": 0} for line in (d / "metrics.jsonl").read_text().splitlines()]
                for s, d in runs.items()}
     assert numbers["disk"] == numbers["memory"]
-    from flower_pfl.engine.store import DiskClientModelStore
+    from flower_pfl.engine.disk_store import DiskClientModelStore
 
     disk = DiskClientModelStore.open(runs["disk"] / "store")  # the models stay there (no full copy at the end)
     ids, rows, _ = load_models(runs["memory"] / "personalized_models.safetensors")

@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import torch
 
+from flower_pfl.engine.disk_store import DiskClientModelStore, make_store
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
-from flower_pfl.engine.store import ClientModelStore, DiskClientModelStore, make_store
+from flower_pfl.engine.store import ClientModelStore
 from flower_pfl.experiment.models import DNN
 
 
@@ -193,9 +194,10 @@ def test_disk_store_reopens_with_the_same_ids_and_rows(tmp_path):
 
 
 def test_disk_store_maps_long_runs_piece_by_piece(tmp_path, monkeypatch):
+    import flower_pfl.engine.disk_store as disk_module
     import flower_pfl.engine.store as store_module
 
-    monkeypatch.setattr(store_module, "_MAP_BYTES", 3 * 4 * 5)  # three rows of 5 a mapping
+    monkeypatch.setattr(disk_module, "_MAP_BYTES", 3 * 4 * 5)  # three rows of 5 a mapping
     monkeypatch.setattr(store_module, "_RUN_BYTES", {"cpu": 1, "cuda": 1})  # always run by run
     store = DiskClientModelStore(torch.full((5,), -1.0), tmp_path)
     rows = torch.arange(50, dtype=torch.float32).view(10, 5)

@@ -22,6 +22,7 @@ from flower_pfl.engine.client_contract import (
     settings_problem,
 )
 from flower_pfl.engine.client_metrics import is_finite_number
+from flower_pfl.engine.disk_store import make_store
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.reply_checks import (
     RawReply,
@@ -36,7 +37,6 @@ from flower_pfl.engine.reply_checks import (
 )
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm, ServerAlgorithm
-from flower_pfl.engine.store import make_store
 
 
 class MethodServer:

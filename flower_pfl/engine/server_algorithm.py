@@ -25,9 +25,10 @@ import torch
 
 from flower_pfl.engine.attention_log import AttentionAccumulator
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
+from flower_pfl.engine.disk_store import DiskClientModelStore
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.reply_checks import Reply, model_change
-from flower_pfl.engine.store import ClientModelStore, DiskClientModelStore, ModelStore
+from flower_pfl.engine.store import ClientModelStore, ModelStore
 
 ClientId = Hashable
 Settings = dict[str, Any]
