@@ -1,6 +1,6 @@
 """A griffe extension for the API reference (named in ``mkdocs.yml``): the per-method strategy classes of
 ``strategies`` and ``strategies.message`` get their docstrings and signatures when they are made
-(``strategies.documented``), so they are read at run time (``force_inspection``); this shows them as
+(``strategies.per_method``), so they are read at run time (``force_inspection``); this shows them as
 ``help()`` does: the class's own signature (every option spelled out, with its default) instead of
 ``__init__``'s ``**options``, and each parameter's run-config key in its description."""
 

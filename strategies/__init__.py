@@ -3,8 +3,8 @@
 ``strategies.<Name>`` are legacy ``flwr.server.strategy.Strategy`` classes
 (``configure_fit`` / ``aggregate_fit``); ``strategies.message.<Name>`` are their Message-API
 twins. Both run the same method declaration (``flower_pfl.methods``) on a generic strategy
-(``LegacyMethodStrategy``, ``MethodStrategy``); ``strategies/methods.py`` and
-``strategies/message/methods.py`` give each method its class, with the method's hyperparameters as
+(``LegacyMethodStrategy``, ``MethodStrategy``); each method's class is made from its declaration
+when the package is imported (``strategies.per_method``), with the method's hyperparameters as
 typed keyword arguments documented in its docstring. FedAvg, FedProx, FedAvgM and FedAdam are
 Flower's own, re-exported for convenience.
 """
@@ -17,12 +17,11 @@ from flwr.server.strategy import FedProx as FedProx
 
 from flower_pfl.engine.deprecated import renamed
 from flower_pfl.engine.reply_checks import UpdateRejected as UpdateRejected
-from strategies import methods
 from strategies.legacy import LegacyMethodStrategy as LegacyMethodStrategy
-from strategies.methods import *  # noqa: F403  (one class per method, listed in its __all__)
+from strategies.per_method import method_strategies
 
+_METHODS = method_strategies(LegacyMethodStrategy, __name__)
+globals().update(_METHODS)
 __getattr__ = renamed(__name__, {"PersonalizedStrategy": ("strategies.legacy", "LegacyMethodStrategy"),
                                  "GlobalModelStrategy": ("strategies.legacy", "LegacyMethodStrategy")})
-
-__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "LegacyMethodStrategy", "PersonalizedStrategy",
-                  "UpdateRejected", *methods.__all__])
+__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "LegacyMethodStrategy", "UpdateRejected", *_METHODS])

@@ -50,11 +50,11 @@ from strategies.aggregated_metrics import (
     reply_counts,
     round_replies_metrics,
 )
-from strategies.documented import PerMethodDocs
 from strategies.nodes import NODE_WAIT_TIMEOUT
+from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from strategies.replies import receive_round
-from strategies.tracking import TRACKER_DIR_DOC, TRACKER_DOC, StrategyTracking, TrackerArg
+from strategies.tracking import StrategyTracking, TrackerArg
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
 MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
@@ -112,6 +112,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
     """
 
     OPTION_DOCS: ClassVar[dict[str, str]] = {
+        **SHARED_OPTION_DOCS,
         "initial_parameters": "Every client's starting model: a state_dict (names kept) or Flower Parameters "
                               "(no names; None: asked from one client).",
         "clients_per_round": "Clients that train each round (None: ``fraction_fit`` of the available clients).",
@@ -130,29 +131,14 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                                            "FedAvg's (None: every numeric metric's sample-weighted mean under its own name); "
                                            "the personalized summary of ``accuracy_key`` (``strategies.aggregated_metrics.PersonalizedMetrics``) "
                                            "is added either way. The loss is Flower's sample-weighted mean.",
-        "accuracy_key": "The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); "
-                        "a fraction in [0, 1], a reply claiming more is left out.",
         "evaluate_fn": "Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: "
                        "``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.",
-        "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
-        "device": "Device of the per-client store and its aggregation (a global model is kept on the CPU).",
-        "store_dir": "A folder for the per-client models on disk (memory-mapped; server memory then grows with the "
-                     "round's participants, not the federation); None keeps them in memory.",
-        "max_update_ratio": "Refuse an update whose model changed by more than this multiple of the norm of the model its "
-                            "client was sent; ``math.inf``: off (see ``flower_pfl.engine.reply_checks.ReplyBounds``).",
-        "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
-                            "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num_examples`` at most this multiple of the lower median of the clients' first claims, and never more than its own client's first count (``flower_pfl.engine.reply_checks.WeightBook``); ``math.inf``: off.",
-        "lr": "The clients' learning rate, sent as ``lr`` with every training instruction unless the training config "
-              "has it (client algorithms that correct gradients or report per-step quantities need it).",
-        "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.",
         "rank_key": "The metric (or property) under which clients report a stable rank (e.g. their partition id) that orders "
                     "them for sampling and aggregation, as node ids change from run to run; learned from fit and evaluate "
                     "metrics and, before a draw, from one ``get_properties`` call to each client without one. None: clients "
                     "are ordered by node id.",
-        "tracker": TRACKER_DOC,
-        "tracker_dir": TRACKER_DIR_DOC,
     }
     CONTRACT: ClassVar[str] = (
         "Client contract: ``fit`` returns the trained arrays in the order they were sent, the number of "
@@ -208,7 +194,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
             self._initialize(initial_parameters)
         self.min_available_clients = min_available_clients
         self.fraction_evaluate, self.min_evaluate_clients = fraction_evaluate, min_evaluate_clients
-        self.accept_failures, self.inplace = accept_failures, inplace
+        self.accept_failures = accept_failures  # (``inplace`` is only accepted: arrays are never modified)
         self.fit_metrics_aggregation_fn = fit_metrics_aggregation_fn
         self.on_fit_config_fn = on_fit_config_fn
         self.on_evaluate_config_fn = on_evaluate_config_fn

@@ -1,6 +1,6 @@
 """Strategies for Flower's Message API (``flwr.serverapp.strategy.Strategy``): the twins of
-``strategies``' legacy classes, running the same method declarations (one class per method in
-``strategies/message/methods.py``)."""
+``strategies``' legacy classes, running the same method declarations on ``MethodStrategy`` (each
+method's class made from its declaration, ``strategies.per_method``)."""
 
 # re-exported (``X as X``: names of this package's API)
 from flwr.serverapp.strategy import FedAdam as FedAdam
@@ -9,12 +9,11 @@ from flwr.serverapp.strategy import FedAvgM as FedAvgM
 from flwr.serverapp.strategy import FedProx as FedProx
 
 from flower_pfl.engine.deprecated import renamed
-from strategies.message import methods
 from strategies.message.method_strategy import MethodStrategy as MethodStrategy
-from strategies.message.methods import *  # noqa: F403  (one class per method, listed in its __all__)
+from strategies.per_method import method_strategies
 
+_METHODS = method_strategies(MethodStrategy, __name__)
+globals().update(_METHODS)
 __getattr__ = renamed(__name__, {"PersonalizedStrategy": ("strategies.message.method_strategy", "MethodStrategy"),
                                  "GlobalModelStrategy": ("strategies.message.method_strategy", "MethodStrategy")})
-
-__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "MethodStrategy", "PersonalizedStrategy",
-                  *methods.__all__])
+__all__ = sorted(["FedAdam", "FedAvg", "FedAvgM", "FedProx", "MethodStrategy", *_METHODS])

@@ -36,11 +36,11 @@ from strategies.aggregated_metrics import (
     reply_counts,
     round_replies_metrics,
 )
-from strategies.documented import PerMethodDocs
 from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
+from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from strategies.replies import receive_round
-from strategies.tracking import TRACKER_DIR_DOC, TRACKER_DOC, StrategyTracking, TrackerArg
+from strategies.tracking import StrategyTracking, TrackerArg
 
 MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
 
@@ -87,6 +87,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
     """
 
     OPTION_DOCS: ClassVar[dict[str, str]] = {
+        **SHARED_OPTION_DOCS,
         "clients_per_round": "Clients that train each round (None: ``fraction_train`` of the connected nodes).",
         "fraction_train": "Fraction of the connected nodes that train when ``clients_per_round`` is None.",
         "min_train_nodes": "Least number of nodes that train when ``fraction_train`` is used.",
@@ -96,31 +97,16 @@ class MethodStrategy(PerMethodDocs, Strategy):
         "train_metrics_aggr_fn": "Aggregates the accepted training replies' records, as Flower's FedAvg's "
                                  "(default: every numeric metric's sample-weighted mean); reply counts are added.",
         "fraction_evaluate": "Fraction of the connected nodes that evaluate (each the model it would use); 0 turns evaluation off.",
-        "seed": "Seed of the sampling generator (and of the method's own random initialisation).",
-        "device": "Device of the per-client store and its aggregation (a global model is kept on the CPU).",
-        "store_dir": "A folder for the per-client models on disk (memory-mapped; server memory then grows with the "
-                     "round's participants, not the federation); None keeps them in memory.",
         "arrayrecord_key": "Key of the ArrayRecord in messages.",
         "configrecord_key": "Key of the ConfigRecord in messages.",
         "evaluate_metrics_aggr_fn": "Aggregates the clients' evaluation MetricRecords, as Flower's FedAvg's (None: every "
                                     "numeric metric's sample-weighted mean under its own name); the personalized summary "
                                     "of ``accuracy_key`` (``strategies.aggregated_metrics.PersonalizedMetrics``) is added either way.",
-        "accuracy_key": "The clients' evaluation metric the personalized summary is made of (e.g. ``eval-acc``); "
-                        "a fraction in [0, 1], a reply claiming more is left out.",
-        "max_update_ratio": "Refuse an update whose model changed by more than this multiple of the norm of the model its "
-                            "client was sent; ``math.inf``: off (see ``flower_pfl.engine.reply_checks.ReplyBounds``).",
-        "max_median_ratio": "Refuse extras (e.g. SCAFFOLD's Δc_i) whose norm, or a change of a model sent as zeros, exceeds "
-                            "this multiple of the round's median; ``math.inf``: off.",
         "max_weight_ratio": "Count a reply's ``num-examples`` at most this multiple of the lower median of the clients' first claims, and never more than its own client's first count (``flower_pfl.engine.reply_checks.WeightBook``); ``math.inf``: off.",
-        "lr": "The clients' learning rate, sent as ``lr`` with every training instruction unless the training config "
-              "has it (client algorithms that correct gradients or report per-step quantities need it).",
-        "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.",
         "rank_key": "The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them "
                     "for sampling and aggregation, as node ids change from run to run; learned from replies and, before a "
                     "draw, from one QUERY message to each node without one. None: nodes are ordered by node id.",
-        "tracker": TRACKER_DOC,
-        "tracker_dir": TRACKER_DIR_DOC,
     }
     CONTRACT: ClassVar[str] = (
         "Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the "
