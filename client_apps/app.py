@@ -1,4 +1,4 @@
-"""The ClientApp: load this node's partition, run the client algorithm the server asks for.
+"""The ClientApp: load this node's partition, run the client algorithm the server names.
 
 It answers Message-API instructions (``arrays`` + ``config`` records, from
 ``strategies.message`` and Flower's Message-API strategies) and legacy ones
@@ -32,7 +32,7 @@ from flower_pfl.engine.wire import fingerprint
 from flower_pfl.experiment.build import dataset_shape, load_client_data, make_model, resolve_device, training_settings
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.data import ClientData
-from flower_pfl.methods.registry import client_algorithm_for, evaluation_algorithm_for
+from flower_pfl.methods.registry import client_algorithm_for
 from flower_pfl.run.quiet import silence_runtime_noise
 
 silence_runtime_noise()  # loaded before Ray starts in a simulation, and in every Ray actor (flower_pfl.run.quiet)
@@ -82,24 +82,25 @@ class Node:
         return TrainData(self.data.x_train.to(device), self.data.y_train.to(device))
 
     def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, Any], Extras]:
-        """Train with the client algorithm ``config`` asks for; returns the metrics and what the server
-        needs back (the step's bytes and receipt, ``ClientAlgorithm.finish``)."""
+        """Train with the client algorithm ``config`` names; returns the metrics and what the server
+        needs back (the algorithm's bytes and receipt, ``ClientAlgorithm.finish``)."""
         persisted_state.restore(self.state, self.node_config, config, self.partition_id)
-        step = client_algorithm_for(config)(self.model, config, RecordState(self.state))
-        result, extras = train_locally(step, self.model, self._train_data(), **training_settings(config, self.cfg.seed, self.partition_id))
+        algorithm = client_algorithm_for(config)(self.model, config, RecordState(self.state))
+        result, extras = train_locally(algorithm, self.model, self._train_data(),
+                                       **training_settings(config, self.cfg.seed, self.partition_id))
         persisted_state.persist(self.state, self.node_config, config, self.partition_id, int(config.get(SERVER_ROUND, 0)),
                                 self.cfg.checkpoint_every)
         return {"train-loss": result.loss, "num-examples": self.data.num_train}, extras
 
     def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Evaluate on the test split the model the method's client algorithm makes from the received one
-        (Ditto's personal model, pFedMe's θ_i with the global model's accuracy beside it, APFL's
-        mixture, Per-FedAvg's one step on the training split; otherwise the received model)."""
+        """Evaluate on the test split the model the client algorithm ``config`` names makes from the
+        received one (Ditto's personal model, pFedMe's θ_i with the global model's accuracy beside it,
+        APFL's mixture, Per-FedAvg's one step on the training split; otherwise the received model)."""
         config = config or {}
         persisted_state.restore(self.state, self.node_config, config, self.partition_id)
         received = fingerprint(self.model.state_dict().values())  # before any personalization
-        step = evaluation_algorithm_for(config)
-        model, extra = step.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
+        algorithm = client_algorithm_for(config)
+        model, extra = algorithm.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
         res = self._test(model)
         return {"loss": res.loss, "accuracy": res.accuracy, "num-examples": res.num_examples,
                 "partition-id": self.partition_id, MODEL_FINGERPRINT: received, **extra}

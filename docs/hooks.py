@@ -187,51 +187,83 @@ def entries_table(entries: list[Any]) -> str:
     return "\n".join(rows)
 
 
-def contract_md(decl: Any) -> str:
+def _ignored_text(method: Any, algorithm: Any) -> str:
+    """What ``method`` (a server algorithm) becomes when a plain client ignores ``algorithm``."""
+    if algorithm.reply_keys:
+        keys = ", ".join(f"`{k}`" for k in algorithm.reply_keys)
+        return f"its replies lack {keys}: every update is refused and the run ends with `ClientAlgorithmNotRun` saying why"
+    return f"{type(method).__name__} {method.ignored_algorithm_consequence(algorithm)}; the strategy warns once, naming the fix"
+
+
+def contract_md(decl: Any, entries: list[Any]) -> str:
     """What a client of ``decl`` (a ``Method`` class) must do, from its client algorithm's declaration."""
     from flower_pfl.engine.client_algorithm import ClientAlgorithm
 
-    step = decl.client
+    algorithm = decl.client
     lines = ["## Client contract", ""]
-    if step is ClientAlgorithm:
-        lines += ["Plain local SGD on the received model: a client owes it what it owes Flower's FedAvg (the trained "
-                  "model and `num-examples`), and any ClientApp that trains the received model runs it; nothing to ignore."]
+    if algorithm is ClientAlgorithm:
+        lines += ["Plain local SGD on the received model (the instructions name `client-algorithm` = `sgd`): a client owes "
+                  "it what it owes Flower's FedAvg (the trained model and `num-examples`), and any ClientApp that trains the "
+                  "received model runs it; nothing to ignore."]
     else:
-        where = f"`{step.__module__}`"
-        lines += [f"- **Client algorithm**: `{step.__name__}` ({where}): {docstring_md(first_paragraph(step.__doc__))}"]
-        if step.receipt() is not None:
-            lines += [f"- **Asked for** by the training-config entry `{step.receipt()}`; the client's reply carries the "
-                      f"receipt `client-algorithm` = `{step.receipt()}` (what `step.finish(...)` returns)."]
-        if step.evaluation_key is not None:
-            lines += [f"- **Evaluation**: the evaluation config's `{step.evaluation_key}` asks the client to evaluate the "
-                      "method's own model (`evaluation_model`) rather than the received one."]
-        if step.reply_keys:
-            lines += [f"- **Sent back** besides the model: {', '.join(f'`{k}`' for k in step.reply_keys)}."]
-        if step.hookable:
-            lines += ["- **In your own training loop**: `client_apps.own_loop.algorithm_for(config, model, context.state)` hands "
-                      "out the step; call `step.adjust_gradients(model, (x, y))` before each `optimizer.step()` and "
-                      "send what `step.finish(model, x_train)` returns with the reply."]
+        lines += [f"- **Client algorithm**: `{algorithm.__name__}` (`{algorithm.__module__}`), which the instructions name "
+                  f"`client-algorithm` = `{algorithm.name}`: {docstring_md(first_paragraph(algorithm.__doc__))}"]
+        if algorithm.receipt() is not None and not algorithm.reply_keys:
+            lines += [f"- **Receipt**: the reply carries `client-algorithm` = `{algorithm.name}` (what `algorithm.finish(...)` "
+                      "returns), which shows the client ran it."]
+        if algorithm.reply_keys:
+            lines += [f"- **Sent back** besides the model: {', '.join(f'`{k}`' for k in algorithm.reply_keys)}."]
+        if algorithm.hookable:
+            lines += ["- **In your own training loop**: `client_apps.own_loop.algorithm_for(config, model, context.state)` "
+                      "hands out the algorithm; call `algorithm.adjust_gradients(model, (x, y))` before each "
+                      "`optimizer.step()` and send what `algorithm.finish(model, x_train)` returns with the reply."]
         else:
             lines += ["- **Only the package's ClientApp** (`client_apps.app`) runs it: it trains a second model or takes a "
                       "second minibatch per step, which is not a hook on one loop."]
-        if step.needs_plain_sgd:
+        if algorithm.needs_plain_sgd:
             lines += ["- Its arithmetic assumes **plain SGD steps** of the instruction's `lr` (no momentum, weight decay, "
                       "schedule or clipping); `algorithm_for` checks the optimizer you pass."]
-        if step.needs_state or step.keeps_state:
+        if algorithm.needs_state or algorithm.keeps_state:
             lines += ["- It keeps **state between rounds** in `context.state` (written to the node's disk for resumed "
                       "runs, see [Checkpoints and resume](../checkpoints.md))."]
-        if step.reply_keys:
-            keys = ", ".join(f"`{k}`" for k in step.reply_keys)
-            ignored = f"its replies lack {keys}, so every update is refused and the run ends with `ClientAlgorithmNotRun` saying why"
-        else:
-            try:
-                consequence = decl().ignored_step_consequence(step)
-            except (TypeError, ValueError):
-                consequence = decl.without_client_step
-            ignored = f"{decl.__name__} {consequence}; the strategy warns once, naming the step and the fix"
-        lines += [f"- **If a plain client ignores it**: {ignored}."]
+        lines += [f"- **If a plain client ignores it**: {_ignored_text(decl(), algorithm)}."]
+    others = [(e, made) for e in entries if (made := entry_method(e).client_algorithm()) is not algorithm]
+    if others:
+        lines += ["- Other run-config values name another client algorithm: " + ", ".join(
+            f"`{e.label}` names `{made.name}` (`{made.__name__}`)" for e, made in others) + "."]
     lines += ["", "The whole contract, for every method: [the client contract, method by method](../client-contract.md)."]
     return "\n".join(lines)
+
+
+def entry_method(e: Any) -> Any:
+    """The server algorithm a registry entry builds with the run config's defaults."""
+    from flower_pfl.experiment.config import ExperimentConfig
+
+    return e.declaration(**e.arguments(ExperimentConfig().to_run_config()))
+
+
+def contract_table_md() -> str:
+    """Every run-config method's client algorithm, as its instructions name it, and what a plain client
+    that ignores it changes (``docs/client-contract.md``)."""
+    from flower_pfl.methods import registry
+
+    rows = ["| run config | client algorithm (`client-algorithm`) | in your own loop | sent back besides the model | "
+            "if a plain client ignores it |", "|---|---|---|---|---|"]
+    for e in registry.entries():
+        config = f"`{e.method}`" + (f" + `{e.aggregation}`" if e.aggregation != "default" else "")
+        if e.builtin:
+            named = "`proximal` (by Flower's own key `proximal-mu`)" if e.method in ("fedprox", "fedmcsa") else "`sgd` (plain)"
+            rows.append(f"| {config} | {named} | any loop | nothing | nothing to ignore (Flower's own strategy) |")
+            continue
+        method = entry_method(e)
+        algorithm = method.client_algorithm()
+        if algorithm.receipt() is None:
+            rows.append(f"| {config} | `sgd` (plain) | any loop | nothing | nothing to ignore |")
+            continue
+        loop = "`algorithm_for` hooks" if algorithm.hookable else "the package's ClientApp only"
+        sent = ", ".join(f"`{k}`" for k in algorithm.reply_keys) or "the receipt"
+        rows.append(f"| {config} | `{algorithm.name}` (`{algorithm.__name__}`) | {loop} | {sent} | {cell(_ignored_text(method, algorithm))} |")
+    return "\n".join(rows)
 
 
 def benchmarks_md(labels: list[str], benchmark_pages: dict[str, dict[str, Any]]) -> str:
@@ -307,7 +339,7 @@ def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, An
     out += ["## Hyperparameters", "", "Each is a keyword argument of both strategy classes and, where it has one, a run-config key "
             "([Configuring a run](../configuration.md)).", "",
             params_table(param_specs(decl), lambda name: annotation_text(decl, name)), ""]
-    out += [contract_md(decl), ""]
+    out += [contract_md(decl, entries), ""]
     out += [benchmarks_md([e.label for e in entries], benchmark_pages)]
     return "\n".join(out)
 

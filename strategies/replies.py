@@ -23,9 +23,9 @@ def receive_round(server: MethodServer, server_round: int, raws: Sequence[RawRep
     server.receive(raws, batch)
     for client_id, reason in batch.rejections:
         log_rejected(client_id, server_round, reason)
-    if (problem := server.missing_step_problem(batch)) is not None:
+    if (problem := server.missing_algorithm_problem(batch)) is not None:
         log(WARNING, "%s: %s", strategy, problem[0])
         if problem[1]:
             raise ClientAlgorithmNotRun(f"round {server_round}: {problem[0]}")
-    if (ignored := server.ignored_step_problem(batch)) is not None:
+    if (ignored := server.ignored_algorithm_problem(batch)) is not None:
         log(WARNING, "%s: round %s: %s", strategy, server_round, ignored)

@@ -6,9 +6,9 @@ from flwr.app import Context, RecordDict
 
 from client_apps.app import Node
 from client_apps.own_loop import RecordState
-from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_STATE, AnchoredProximal
-from flower_pfl.engine.client_algorithm import PROXIMAL_MU, Proximal
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, PROXIMAL_MU, Proximal
 from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.methods.all_clients_train import ANCHOR, ANCHOR_STATE, AnchoredProximal
 
 
 def _node(state: RecordDict) -> Node:
@@ -61,9 +61,10 @@ def test_fit_with_kept_anchor_is_pulled_toward_it():
         node.load([np.zeros(a.shape, np.float32) for a in node.arrays()])
         _anchor(node, "set")  # remember the zero model
         node.load([np.full(a.shape, 2.0, np.float32) for a in node.arrays()])
-        metrics, extras = node.fit({"lr": 0.05, "local-steps": 3, "batch-size": 20, "proximal-mu": 5.0, "anchor": mode,
-                                    "server-round": 2})
-        assert extras == {"client-algorithm": "proximal-mu"} and metrics["num-examples"] == node.data.num_train and np.isfinite(metrics["train-loss"])
+        named = {CLIENT_ALGORITHM: AnchoredProximal.name, ANCHOR: mode} if mode else {}  # None: Flower's FedProx, by its key
+        metrics, extras = node.fit({"lr": 0.05, "local-steps": 3, "batch-size": 20, "proximal-mu": 5.0, "server-round": 2, **named})
+        assert extras == {CLIENT_ALGORITHM: "anchored-proximal" if mode else "proximal"}
+        assert metrics["num-examples"] == node.data.num_train and np.isfinite(metrics["train-loss"])
         ends[mode] = np.concatenate([p.ravel() for p in _params(node)])
     assert np.linalg.norm(ends["keep"]) < np.linalg.norm(ends[None]) - 1.0
 
@@ -73,6 +74,7 @@ def test_fit_with_set_remembers_the_received_model_not_the_trained_one():
     node = _node(state)
     node.load([np.full(a.shape, 0.25, np.float32) for a in node.arrays()])
     received = _params(node)
-    node.fit({"lr": 0.05, "local-steps": 3, "batch-size": 20, "proximal-mu": 5.0, "anchor": "set", "server-round": 1})
+    node.fit({"lr": 0.05, "local-steps": 3, "batch-size": 20, "proximal-mu": 5.0, "anchor": "set", "server-round": 1,
+              CLIENT_ALGORITHM: AnchoredProximal.name})
     assert not all(np.array_equal(a, b) for a, b in zip(_params(node), received))  # it trained
     assert all(np.array_equal(a, b) for a, b in zip(state[ANCHOR_STATE].to_numpy_ndarrays(), received))

@@ -1,7 +1,7 @@
-"""A client algorithm's receipt: every step a training instruction asks for says in ``finish``'s extras
-that it ran (``client-algorithm``), and a strategy whose clients ignored the step (a plain-SGD ClientApp)
-says so once per run, naming the step, its config key, what the method becomes and the fix. Replies
-of the real steps (a user's loop with ``algorithm_for``, or the package's loop) raise nothing."""
+"""A client algorithm's receipt: every algorithm a training instruction names says in ``finish``'s
+extras that it ran (``client-algorithm`` = its name), and a strategy whose clients ignored it (a
+plain-SGD ClientApp) says so once per run, naming the algorithm, what the method becomes and the fix.
+Replies of the real algorithms (a user's loop with ``algorithm_for``, or the package's loop) raise nothing."""
 
 from __future__ import annotations
 
@@ -18,12 +18,11 @@ import strategies.message
 from client_apps.own_loop import algorithm_for
 from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, PROXIMAL_MU, ClientAlgorithm, Proximal
 from flower_pfl.engine.method_server import MethodServer
-from flower_pfl.methods.igfl import CORRECTION, IGFLCorrection
-from flower_pfl.methods.pfedme import LAMBDA as PFEDME_LAMBDA
+from flower_pfl.methods.igfl import IGFLCorrection
 from flower_pfl.methods.registry import client_algorithm_for, method_classes
 
 TRAINING = {LR: 0.01, LOCAL_STEPS: 3, BATCH_SIZE: 4}
-#: methods whose client algorithm asks for more than plain SGD, by their step
+#: methods whose client algorithm is more than plain SGD
 ASKING = [cls for cls in method_classes() if cls.client is not ClientAlgorithm]
 
 
@@ -42,38 +41,40 @@ def _load(arrays: list[np.ndarray]) -> torch.nn.Module:
     return model
 
 
-def _user_loop(model, step, node: int, config: dict) -> dict:
+def _user_loop(model, algorithm, node: int, config: dict) -> dict:
     data = _data(node)
-    return fb.user_loop(model, step, data.x, data.y, lr=config[LR], batch_size=config[BATCH_SIZE],
+    return fb.user_loop(model, algorithm, data.x, data.y, lr=config[LR], batch_size=config[BATCH_SIZE],
                         steps=config[LOCAL_STEPS], seed=node)
 
 
 # ---------------------------------------------------------------- the receipt on the client
 
 @pytest.mark.parametrize("method_cls", [c for c in ASKING if c.client.hookable], ids=lambda c: c.__name__)
-def test_a_users_loop_returns_the_receipt_of_the_step_the_instruction_asked_for(method_cls):
+def test_a_users_loop_returns_the_receipt_of_the_algorithm_the_instruction_names(method_cls):
     config = _instruction_config(method_cls)
     model = _model()
     algorithm = algorithm_for(config, model, {})
-    assert issubclass(method_cls.client, type(algorithm))  # the step, or the base of it the instruction asks for (FedMCSA: Proximal)
+    assert type(algorithm) is method_cls().client_algorithm()  # FedMCSA without all-clients-train: Proximal
+    assert issubclass(method_cls.client, type(algorithm))  # the method's own, or the base of it its settings call for
     extras = _user_loop(model, algorithm, NODES[0], config)
-    assert extras[CLIENT_ALGORITHM] == method_cls.client.receipt() and extras[CLIENT_ALGORITHM] in config  # the key that asked
-    assert set(extras) == {CLIENT_ALGORITHM, *method_cls.client.reply_keys}  # the step's own bytes beside it, nothing else
+    assert extras[CLIENT_ALGORITHM] == config[CLIENT_ALGORITHM] == type(algorithm).name  # the name the instruction gave
+    assert set(extras) == {CLIENT_ALGORITHM, *method_cls.client.reply_keys}  # the algorithm's own bytes beside it, nothing else
 
 
 @pytest.mark.parametrize("method_cls", [c for c in ASKING if not c.client.hookable], ids=lambda c: c.__name__)
-def test_the_package_loop_returns_the_receipt_of_steps_that_are_not_hooks(method_cls):
+def test_the_package_loop_returns_the_receipt_of_algorithms_that_are_not_hooks(method_cls):
     config = _instruction_config(method_cls)
     _, _, extras = Clients().train(NODES[0], [a.numpy() for a in _model().state_dict().values()], config)
-    assert extras[CLIENT_ALGORITHM] == method_cls.client.receipt() and set(extras) == {CLIENT_ALGORITHM, *method_cls.client.reply_keys}
+    assert extras[CLIENT_ALGORITHM] == config[CLIENT_ALGORITHM] == method_cls.client.name
+    assert set(extras) == {CLIENT_ALGORITHM, *method_cls.client.reply_keys}
 
 
-def test_plain_sgd_returns_no_receipt_and_the_proximal_step_names_proximal_mu():
+def test_plain_sgd_returns_no_receipt_and_flowers_fedprox_instruction_gets_the_proximal_ones():
     model = _model()
     assert ClientAlgorithm.receipt() is None and _user_loop(model, algorithm_for(TRAINING, model), NODES[0], TRAINING) == {}
-    config = {**TRAINING, PROXIMAL_MU: 0.5}
-    assert _user_loop(model, algorithm_for(config, model), NODES[0], config) == {CLIENT_ALGORITHM: PROXIMAL_MU}
-    assert Proximal.receipt() == PROXIMAL_MU and IGFLCorrection.receipt() == CORRECTION
+    config = {**TRAINING, PROXIMAL_MU: 0.5}  # Flower's FedProx names no algorithm: its key asks for the proximal term
+    assert _user_loop(model, algorithm_for(config, model), NODES[0], config) == {CLIENT_ALGORITHM: "proximal"}
+    assert Proximal.receipt() == "proximal" and IGFLCorrection.receipt() == "igfl"
 
 
 # ---------------------------------------------------------------- the server notices
@@ -81,7 +82,7 @@ def test_plain_sgd_returns_no_receipt_and_the_proximal_step_names_proximal_mu():
 class Users:
     """Each node's own ClientApp: ``plain`` trains with plain SGD and ignores the config (nodes in
     ``plain``; all of them by default), the others run ``algorithm_for`` in the same loop, or
-    the package's loop where the step is not a hook."""
+    the package's loop where the algorithm is not a hook."""
 
     def __init__(self, plain: set[int] | None = None) -> None:
         self.plain = set(NODES) if plain is None else plain
@@ -91,12 +92,12 @@ class Users:
     def train(self, node: int, arrays: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         model = _load(arrays)
         if node in self.plain:
-            step: ClientAlgorithm = ClientAlgorithm(model, config)
+            algorithm: ClientAlgorithm = ClientAlgorithm(model, config)
         elif client_algorithm_for(config).hookable:
-            step = algorithm_for(config, model, self.states[node])
+            algorithm = algorithm_for(config, model, self.states[node])
         else:
             return self.package.train(node, arrays, config)
-        extras = _user_loop(model, step, node, config)
+        extras = _user_loop(model, algorithm, node, config)
         return [t.detach().numpy().copy() for t in model.state_dict().values()], 10 + node, extras
 
 
@@ -136,26 +137,27 @@ def _receipt_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if f"'{CLIENT_ALGORITHM}'" in r.getMessage()]
 
 
-CASES = [  # strategy, constructor arguments, step, its config key, what the method becomes, the fix
-    ("FedMCSA", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA", "algorithm_for"),
-    ("FedAMP", {}, "Proximal", PROXIMAL_MU, "runs without its proximal term toward the cloud model u_i",
+CASES = [  # strategy, constructor arguments, client algorithm, its name, what the method becomes, the fix
+    ("FedMCSA", {}, "Proximal", "proximal", "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA", "algorithm_for"),
+    ("FedAMP", {}, "Proximal", "proximal", "runs without its proximal term toward the cloud model u_i",
      "algorithm_for"),
-    ("IGFL", {}, "IGFLCorrection", CORRECTION, "runs as IGFL-S (server attention only", "algorithm_for"),
-    ("IGFL", {"attention": None}, "IGFLCorrection", CORRECTION, "runs as FedAvg (no IGFL-C client correction", "algorithm_for"),
-    ("PFedMe", {}, "PFedMeClient", PFEDME_LAMBDA, "runs as FedAvg with server mixing β", "algorithm_for"),
-    ("Ditto", {}, "DittoClient", "ditto-lambda", "runs as FedAvg: no personal model", "package's ClientApp (client_apps.app)"),
+    ("IGFL", {}, "IGFLCorrection", "igfl", "runs as IGFL-S (server attention only", "algorithm_for"),
+    ("IGFL", {"attention": None}, "IGFLCorrection", "igfl", "runs as FedAvg (no IGFL-C client correction", "algorithm_for"),
+    ("PFedMe", {}, "PFedMeClient", "pfedme", "runs as FedAvg with server mixing β", "algorithm_for"),
+    ("Ditto", {}, "DittoClient", "ditto", "runs as FedAvg: no personal model", "package's ClientApp (client_apps.app)"),
 ]
 
 
 @pytest.mark.parametrize("api", ["message", "legacy"])
-@pytest.mark.parametrize("name,args,step,key,consequence,fix", CASES, ids=[f"{c[0]}{c[1] or ''}" for c in CASES])
-def test_clients_that_ignore_the_step_are_warned_about_once_and_real_steps_not_at_all(api, name, args, step, key, consequence,
-                                                                                      fix, caplog):
+@pytest.mark.parametrize("name,args,algorithm,key,consequence,fix", CASES, ids=[f"{c[0]}{c[1] or ''}" for c in CASES])
+def test_clients_that_ignore_the_algorithm_are_warned_about_once_and_real_ones_not_at_all(api, name, args, algorithm, key,
+                                                                                          consequence, fix, caplog):
     strategy, initial = _strategy(api, name, **args)
     _rounds(api, strategy, initial, Users())
     (warning,) = _receipt_warnings(caplog)  # three rounds of plain clients: one warning
     assert f"{name}: round 1: 3 of 3 clients" in warning
-    for text in (f"client algorithm {step}", f"'{key}'", f"{name} then {consequence}", fix, "Using a strategy in your own Flower app"):
+    for text in (f"client algorithm {algorithm}", f"'{CLIENT_ALGORITHM}' = '{key}'", f"{name} then {consequence}", fix,
+                 "Using a strategy in your own Flower app"):
         assert text in warning, text
     caplog.clear()
     strategy, initial = _strategy(api, name, **args)
@@ -173,8 +175,8 @@ def test_one_client_that_ignores_the_step_is_counted(api, caplog):
 
 @pytest.mark.parametrize("api", ["message", "legacy"])
 @pytest.mark.parametrize("name,args", [("IGFL", {"client_correction": False}), ("FedMCSA", {"lam": 0.0}), ("FedACS", {})])
-def test_instructions_that_ask_for_no_step_expect_no_receipt(api, name, args, caplog):
-    """IGFL-S sends igfl-correction = False and FedAvg+MCSA proximal-mu = 0: plain SGD is what they ask for."""
+def test_instructions_that_name_plain_sgd_expect_no_receipt(api, name, args, caplog):
+    """IGFL-S and FedAvg+MCSA (λ = 0) name plain SGD: any client runs it."""
     strategy, initial = _strategy(api, name, **args)
     _rounds(api, strategy, initial, Users())
     assert not _receipt_warnings(caplog)
@@ -182,8 +184,8 @@ def test_instructions_that_ask_for_no_step_expect_no_receipt(api, name, args, ca
 
 @pytest.mark.parametrize("api", ["message", "legacy"])
 @pytest.mark.parametrize("name", ["SCAFFOLD", "FedAttn"])
-def test_steps_whose_replies_show_they_ran_need_no_receipt(api, name, caplog):
-    """SCAFFOLD's Δc_i and FedAttn's Z_i already show the step ran (their absence is AlgorithmOutputMissing's
+def test_algorithms_whose_replies_show_they_ran_need_no_receipt(api, name, caplog):
+    """SCAFFOLD's Δc_i and FedAttn's Z_i already show the algorithm ran (their absence is AlgorithmOutputMissing's
     warning): a hand-written client that returns them without the receipt is not warned about."""
 
     class WithoutReceipt(Users):
@@ -198,12 +200,12 @@ def test_steps_whose_replies_show_they_ran_need_no_receipt(api, name, caplog):
 
 
 @pytest.mark.parametrize("api", ["message", "legacy"])
-@pytest.mark.parametrize("receipt", [PROXIMAL_MU, CORRECTION.encode(), 1.0], ids=["another-step", "bytes", "number"])
-def test_a_receipt_of_another_step_or_not_a_str_counts_as_ignoring_the_one_asked_for(api, receipt, caplog):
+@pytest.mark.parametrize("receipt", ["proximal", b"igfl", 1.0], ids=["another-algorithm", "bytes", "number"])
+def test_a_receipt_of_another_algorithm_or_not_a_str_counts_as_ignoring_the_one_named(api, receipt, caplog):
     class Confused(Users):
         def train(self, node, arrays, config):
             trained, n, extras = super().train(node, arrays, config)
-            return trained, n, {**extras, CLIENT_ALGORITHM: receipt}  # e.g. it ran the proximal step instead of IGFL-C
+            return trained, n, {**extras, CLIENT_ALGORITHM: receipt}  # e.g. it ran the proximal term instead of IGFL-C
 
     strategy, initial = _strategy(api, "IGFL")
     _rounds(api, strategy, initial, Confused(plain=set()), rounds=2)
@@ -213,7 +215,7 @@ def test_a_receipt_of_another_step_or_not_a_str_counts_as_ignoring_the_one_asked
 
 @pytest.mark.parametrize("api", ["message", "legacy"])
 def test_the_package_apps_send_the_receipt(api, tmp_path, caplog):
-    """The package's ServerApp and ClientApp (in one process): every method's clients run its step."""
+    """The package's ServerApp and ClientApp (in one process): every method's clients run its algorithm."""
     from server_apps.inprocess import run_in_process
 
     for method in ("fedmcsa", "igfl", "ditto"):

@@ -183,7 +183,7 @@ def test_plain_app_names_its_strategy_and_metric(simulation):
     accuracies = _accuracies(run["log"], r"plain-app: round \d+ eval-acc ([0-9.]+)")
     assert len(accuracies) == 3 and all(0 <= a <= 1 for a in accuracies), run["log"][-3000:]
     assert "'eval-acc-mean'" in run["log"] and "'eval-acc-bmta'" in run["log"], run["log"][-3000:]
-    assert run["log"].count("receipt 'client-algorithm' = 'proximal-mu'") == 1, run["log"][-3000:]
+    assert run["log"].count("receipt 'client-algorithm' = 'proximal'") == 1, run["log"][-3000:]
 
 
 @pytest.mark.xdist_group("flwr-run-f")

@@ -17,12 +17,13 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.params import param_specs
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected, check_update
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, PersonalizedAlgorithm, weighted_mean
+from flower_pfl.methods.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET
 from flower_pfl.methods.local import Local
 from flower_pfl.methods.registry import method_classes
 
@@ -333,7 +334,8 @@ def test_all_clients_train_anchors(cls):
             assert config[ANCHOR] == ANCHOR_SET and torch.allclose(_sent(m), models[sampled.index(node)], atol=1e-6)
         else:
             assert config[ANCHOR] == ANCHOR_KEEP and torch.equal(_sent(m), _flat(_arrays(1.0 + node)))
-        assert {k: v for k, v in config.items() if k != ANCHOR} == {**strat.method.train_config(1), "server-round": 2}
+        assert {k: v for k, v in config.items() if k != ANCHOR} == {**strat.method.train_config(1), "server-round": 2,
+                                                                    CLIENT_ALGORITHM: strat.method.client_algorithm().name}
     without = getattr(strategies.message, cls.strategy)(clients_per_round=2, min_available_nodes=1)
     msgs, _ = _run_round(without, grid, 1, lambda m: fb.train_reply(m, _arrays(1.0)))
     assert len(msgs) == 2 and all(ANCHOR not in m.content["config"] for m in msgs)

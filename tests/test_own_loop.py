@@ -15,7 +15,6 @@ from floats import assert_same_math
 from flwr.app import RecordDict
 
 from client_apps.own_loop import RecordState, algorithm_for
-from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE
 from flower_pfl.engine.client_algorithm import (
     CLIENT_ALGORITHM,
     LEGACY_PROXIMAL_MU,
@@ -28,10 +27,11 @@ from flower_pfl.engine.client_algorithm import (
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.experiment.models import build_model
+from flower_pfl.methods.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE
 from flower_pfl.methods.apfl import APFLClient
 from flower_pfl.methods.ditto import DittoClient
-from flower_pfl.methods.fedattn import BIAS_GRADIENT, BIAS_REG, FEDATTN, GLOBAL_BIASES, REPRESENTATION, FedAttnClient
-from flower_pfl.methods.igfl import CORRECTION, DELTA_STATE, GLOBAL_DELTA, PARTICIPANTS, IGFLCorrection
+from flower_pfl.methods.fedattn import BIAS_GRADIENT, BIAS_REG, GLOBAL_BIASES, REPRESENTATION, FedAttnClient
+from flower_pfl.methods.igfl import DELTA_STATE, GLOBAL_DELTA, PARTICIPANTS, IGFLCorrection
 from flower_pfl.methods.per_fedavg import PerFedAvgClient
 from flower_pfl.methods.pfedme import INNER_STEPS, LAMBDA, PERSONAL_LR, THETA_STATE, PFedMeClient
 from flower_pfl.methods.registry import client_algorithm_for
@@ -72,8 +72,8 @@ def _user_loop(model, algorithm: ClientAlgorithm, x, y, steps: int = STEPS, loss
 
 def _package_loop(model, config, state, x, y) -> dict[str, bytes]:
     """The package's ClientApp loop on the same batches."""
-    step = client_algorithm_for(config)(model, config, state)
-    _, extras = train_locally(step, model, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
+    algorithm = client_algorithm_for(config)(model, config, state)
+    _, extras = train_locally(algorithm, model, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
                               generator=torch.Generator().manual_seed(SEED))
     return extras
 
@@ -115,14 +115,14 @@ def test_proximal_algorithm_matches_the_package_loop_and_remembers_its_anchor():
     received = [p.detach().clone() for p in mine.parameters()]
     _proximal_reference(reference, received, 3.0, x, y)
     state = RecordDict()
-    config = {**TRAINING, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}
+    config = {**TRAINING, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET, CLIENT_ALGORITHM: "anchored-proximal"}
     algorithm = algorithm_for(config, mine, state)
     assert isinstance(algorithm, Proximal) and algorithm.mu == 3.0
     assert torch.equal(_kept(state, ANCHOR_STATE), _flat(received))
     _user_loop(mine, algorithm, x, y)
-    assert algorithm.finish(mine) == {CLIENT_ALGORITHM: PROXIMAL_MU}  # nothing but the receipt
+    assert algorithm.finish(mine) == {CLIENT_ALGORITHM: "anchored-proximal"}  # nothing but the receipt
     package_state: dict = {}
-    assert _package_loop(package, config, package_state, x, y) == {CLIENT_ALGORITHM: PROXIMAL_MU}
+    assert _package_loop(package, config, package_state, x, y) == {CLIENT_ALGORITHM: "anchored-proximal"}
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
     assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     assert torch.equal(_flat(package_state[ANCHOR_STATE]), _flat(received))
@@ -132,13 +132,13 @@ def test_proximal_algorithm_keeps_the_remembered_anchor_next_round():
     """FedMCSA's clients that were not sampled: the anchor is the model remembered last, not the received one."""
     x, y = _data()
     state, mine, reference, package = RecordDict(), _model(), _model(), _model()
-    algorithm_for({**TRAINING, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET}, mine, state)  # remembers the start model
+    algorithm_for({**TRAINING, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_SET, CLIENT_ALGORITHM: "anchored-proximal"}, mine, state)  # remembers the start model
     anchor = [p.detach().clone() for p in mine.parameters()]
     with torch.no_grad():
         for model in (mine, reference, package):
             for p in model.parameters():
                 p.add_(0.5)  # a different received model
-    config = {**TRAINING, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_KEEP}
+    config = {**TRAINING, PROXIMAL_MU: 3.0, ANCHOR: ANCHOR_KEEP, CLIENT_ALGORITHM: "anchored-proximal"}
     package_state = _plain_state(state)
     algorithm = algorithm_for(config, mine, state)
     _user_loop(mine, algorithm, x, y)
@@ -170,12 +170,12 @@ def test_proximal_term_pulls_toward_the_anchor():
 def test_algorithms_that_keep_state_or_assume_plain_sgd_say_so():
     model = _model()
     with pytest.raises(ValueError, match="context.state"):
-        algorithm_for({**TRAINING, CONTROL: _vector(model, 0.0)}, model)
+        algorithm_for({**TRAINING, CLIENT_ALGORITHM: "scaffold", CONTROL: _vector(model, 0.0)}, model)
     with pytest.raises(ValueError, match="context.state"):
-        algorithm_for({**TRAINING, PROXIMAL_MU: 1.0, ANCHOR: ANCHOR_KEEP}, model)
+        algorithm_for({**TRAINING, PROXIMAL_MU: 1.0, ANCHOR: ANCHOR_KEEP, CLIENT_ALGORITHM: "anchored-proximal"}, model)
     with pytest.raises(ValueError, match="context.state"):
-        algorithm_for({**TRAINING, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: _vector(model, 0.0)}, model)
-    config = {**TRAINING, CONTROL: _vector(model, 0.0)}
+        algorithm_for({**TRAINING, CLIENT_ALGORITHM: "igfl", PARTICIPANTS: 2, GLOBAL_DELTA: _vector(model, 0.0)}, model)
+    config = {**TRAINING, CLIENT_ALGORITHM: "scaffold", CONTROL: _vector(model, 0.0)}
     for optimizer, reason in ((torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9), "momentum"),
                               (torch.optim.SGD(model.parameters(), lr=LR, weight_decay=1e-4), "weight decay"),
                               (torch.optim.Adam(model.parameters(), lr=LR), "plain SGD"),
@@ -189,10 +189,11 @@ def test_algorithms_that_keep_state_or_assume_plain_sgd_say_so():
     assert not Proximal.needs_plain_sgd
 
 
-@pytest.mark.parametrize("config,step", [({"ditto-lambda": 1.0}, DittoClient), ({"per-fedavg-alpha": 0.01}, PerFedAvgClient),
-                                         ({"apfl-alpha-lr": 0.1, "apfl-alpha-init": 0.5}, APFLClient)])
-def test_two_model_methods_are_refused_with_a_pointer(config, step):
-    assert client_algorithm_for(config) is step and not step.hookable
+@pytest.mark.parametrize("config,algorithm", [({"ditto-lambda": 1.0}, DittoClient), ({"per-fedavg-alpha": 0.01}, PerFedAvgClient),
+                                              ({"apfl-alpha-lr": 0.1, "apfl-alpha-init": 0.5}, APFLClient)])
+def test_two_model_methods_are_refused_with_a_pointer(config, algorithm):
+    config = {**config, CLIENT_ALGORITHM: algorithm.name}
+    assert client_algorithm_for(config) is algorithm and not algorithm.hookable
     with pytest.raises(ValueError, match="client_apps.app"):
         algorithm_for({**TRAINING, **config}, _model(), RecordDict())
 
@@ -200,15 +201,15 @@ def test_two_model_methods_are_refused_with_a_pointer(config, step):
 def test_missing_or_malformed_settings_are_clear_errors():
     model = _model()
     with pytest.raises(ValueError, match="igfl-global-delta"):
-        algorithm_for({**TRAINING, CORRECTION: True, PARTICIPANTS: 2}, model, RecordDict())
+        algorithm_for({**TRAINING, CLIENT_ALGORITHM: "igfl", PARTICIPANTS: 2}, model, RecordDict())
     with pytest.raises(ValueError, match="expected"):  # a control variate of the wrong size
-        algorithm_for({**TRAINING, CONTROL: _vector(model, 0.0)[:-4]}, model, RecordDict())
+        algorithm_for({**TRAINING, CLIENT_ALGORITHM: "scaffold", CONTROL: _vector(model, 0.0)[:-4]}, model, RecordDict())
     with pytest.raises(ValueError, match="pfedme-personal-lr"):
-        algorithm_for({**TRAINING, LAMBDA: 15.0, INNER_STEPS: 3}, model)
-    with pytest.raises(ValueError, match="several client algorithms"):
-        algorithm_for({**TRAINING, CONTROL: _vector(model, 0.0), LAMBDA: 1.0}, model, RecordDict())
+        algorithm_for({**TRAINING, CLIENT_ALGORITHM: "pfedme", LAMBDA: 15.0, INNER_STEPS: 3}, model)
+    with pytest.raises(ValueError, match="'fedcp'.*install the flower-pfl release"):
+        algorithm_for({**TRAINING, CLIENT_ALGORITHM: "fedcp"}, model, RecordDict())
     with pytest.raises(ValueError, match="'lr'"):  # a step that assumes SGD of size lr needs to know it
-        algorithm_for({CONTROL: _vector(model, 0.0)}, model, RecordDict(),
+        algorithm_for({CLIENT_ALGORITHM: "scaffold", CONTROL: _vector(model, 0.0)}, model, RecordDict(),
                                optimizer=torch.optim.SGD(model.parameters(), lr=LR))
 
 
@@ -233,12 +234,12 @@ def test_igfl_algorithm_matches_algorithm_2_and_keeps_the_delta_for_the_next_rou
     RecordState(state)[DELTA_STATE] = prev
     package_state = _plain_state(state)
     start = _flat(mine.parameters())
-    config = {**TRAINING, CORRECTION: True, PARTICIPANTS: 3, GLOBAL_DELTA: encode_vector(_flat(glob))}
+    config = {**TRAINING, CLIENT_ALGORITHM: "igfl", PARTICIPANTS: 3, GLOBAL_DELTA: encode_vector(_flat(glob))}
     algorithm = algorithm_for(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
     assert isinstance(algorithm, IGFLCorrection)
     _user_loop(mine, algorithm, x, y)
-    assert algorithm.finish(mine) == {CLIENT_ALGORITHM: CORRECTION}
-    assert _package_loop(package, config, package_state, x, y) == {CLIENT_ALGORITHM: CORRECTION}
+    assert algorithm.finish(mine) == {CLIENT_ALGORITHM: "igfl"}
+    assert _package_loop(package, config, package_state, x, y) == {CLIENT_ALGORITHM: "igfl"}
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-5)
     assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
     kept = _kept(state, DELTA_STATE)
@@ -265,7 +266,7 @@ def test_igfl_with_one_participant_and_no_deltas_is_sgd_with_twice_the_step():
     x, y = _data()
     mine, reference = _model(), _model()
     zeros = encode_vector(torch.zeros(sum(p.numel() for p in mine.parameters())))
-    algorithm = algorithm_for({**TRAINING, CORRECTION: True, PARTICIPANTS: 1, GLOBAL_DELTA: zeros}, mine, RecordDict())
+    algorithm = algorithm_for({**TRAINING, CLIENT_ALGORITHM: "igfl", PARTICIPANTS: 1, GLOBAL_DELTA: zeros}, mine, RecordDict())
     _user_loop(mine, algorithm, x, y)
 
     def update(params, grads, _):
@@ -279,7 +280,7 @@ def test_igfl_algorithm_refuses_another_number_of_steps():
     x, y = _data()
     model = _model()
     zeros = encode_vector(torch.zeros(sum(p.numel() for p in model.parameters())))
-    algorithm = algorithm_for({**TRAINING, CORRECTION: True, PARTICIPANTS: 2, GLOBAL_DELTA: zeros}, model, RecordDict())
+    algorithm = algorithm_for({**TRAINING, CLIENT_ALGORITHM: "igfl", PARTICIPANTS: 2, GLOBAL_DELTA: zeros}, model, RecordDict())
     _user_loop(model, algorithm, x, y, steps=STEPS - 1)
     with pytest.raises(ValueError, match="local-steps"):
         algorithm.finish(model)
@@ -306,7 +307,7 @@ def test_scaffold_algorithm_matches_option_ii_and_reports_the_control_delta():
     zeros = [torch.zeros_like(p) for p in reference.parameters()]
     new_ci, delta = _scaffold_reference(reference, c, zeros, x, y)
     state, package_state = RecordDict(), {}
-    config = {**TRAINING, CONTROL: encode_vector(_flat(c))}
+    config = {**TRAINING, CLIENT_ALGORITHM: "scaffold", CONTROL: encode_vector(_flat(c))}
     algorithm = algorithm_for(config, mine, state)
     assert isinstance(algorithm, ScaffoldCorrection)
     _user_loop(mine, algorithm, x, y)
@@ -355,14 +356,14 @@ def _pfedme_reference(model, x, y, lam, personal_lr, inner_steps) -> list[torch.
 def test_pfedme_algorithm_matches_algorithm_1_and_keeps_theta():
     x, y = _data()
     reference, mine, package = _model(), _model(), _model()
-    settings = {LAMBDA: 15.0, PERSONAL_LR: 0.01, INNER_STEPS: 3}
+    settings = {CLIENT_ALGORITHM: "pfedme", LAMBDA: 15.0, PERSONAL_LR: 0.01, INNER_STEPS: 3}
     theta = _pfedme_reference(reference, x, y, 15.0, 0.01, 3)
     state, package_state = RecordDict(), {}
     config = {**TRAINING, **settings}
     algorithm = algorithm_for(config, mine, state, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
     assert isinstance(algorithm, PFedMeClient)
     _user_loop(mine, algorithm, x, y)
-    assert algorithm.finish(mine) == {CLIENT_ALGORITHM: LAMBDA}
+    assert algorithm.finish(mine) == {CLIENT_ALGORITHM: "pfedme"}
     _package_loop(package, config, package_state, x, y)
     assert torch.allclose(_flat(mine.parameters()), _flat(reference.parameters()), atol=1e-6)
     assert_same_math(_flat(package.parameters()), _flat(mine.parameters()))
@@ -374,7 +375,7 @@ def test_pfedme_algorithm_matches_algorithm_1_and_keeps_theta():
 
 def test_pfedme_algorithm_uses_the_users_loss():
     x, y = _data()
-    settings = {**TRAINING, LAMBDA: 15.0, PERSONAL_LR: 0.1, INNER_STEPS: 3}
+    settings = {**TRAINING, CLIENT_ALGORITHM: "pfedme", LAMBDA: 15.0, PERSONAL_LR: 0.1, INNER_STEPS: 3}
     plain, smoothed = _model(), _model()
     _user_loop(plain, algorithm_for(settings, plain), x, y)
     smooth = lambda out, t: F.cross_entropy(out, t, label_smoothing=0.5)
@@ -398,7 +399,7 @@ def test_fedattn_algorithm_matches_the_package_loop_and_reports_z_and_gradient()
             p -= LR * (g + 2.0 * (p - next(anchors)) if b else g)
     _written_out(reference, x, y, update)
 
-    config = {**TRAINING, FEDATTN: True, BIAS_REG: 2.0, GLOBAL_BIASES: encode_vector(_flat(anchor))}
+    config = {**TRAINING, CLIENT_ALGORITHM: "fedattn", BIAS_REG: 2.0, GLOBAL_BIASES: encode_vector(_flat(anchor))}
     algorithm = algorithm_for(config, mine, optimizer=torch.optim.SGD(mine.parameters(), lr=LR))
     assert isinstance(algorithm, FedAttnClient)
     _user_loop(mine, algorithm, x, y)

@@ -13,11 +13,19 @@ import torch
 
 import strategies
 import strategies.message
-from flower_pfl.engine.client_algorithm import ClientAlgorithm, Proximal
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm, Proximal
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.params import param_specs
 from flower_pfl.experiment.models import DNN
-from flower_pfl.methods.registry import client_algorithm_for, client_algorithms, entries, method_classes, method_table, methods
+from flower_pfl.methods.registry import (
+    UnknownClientAlgorithm,
+    client_algorithm_for,
+    client_algorithms,
+    entries,
+    method_classes,
+    method_table,
+    methods,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = json.loads((ROOT / "tests" / "methods" / "recorded.json").read_text())
@@ -62,13 +70,28 @@ def test_a_bad_value_names_the_argument():
         strategies.IGFL(attention="all")
 
 
-def test_client_dispatch_reads_each_step_s_own_key():
-    for step in client_algorithms():  # a proximal step's own key asks for it when a proximal weight is sent too
-        assert client_algorithm_for({step.key: True, **({"proximal-mu": 1.0} if issubclass(step, Proximal) else {})}) is step
-    assert client_algorithm_for({"proximal-mu": 0.5}) is Proximal and client_algorithm_for({}) is ClientAlgorithm
-    first, second = client_algorithms()[-2:]
-    with pytest.raises(ValueError, match="several client algorithms"):
-        client_algorithm_for({first.key: True, second.key: True})
+def test_an_instruction_names_its_client_algorithm_and_the_client_finds_it():
+    known = client_algorithms()
+    assert {"sgd", "proximal", "anchored-proximal"} <= set(known) and all(a.name == name for name, a in known.items())
+    for name, algorithm in known.items():
+        assert client_algorithm_for({CLIENT_ALGORITHM: name, "proximal-mu": 0.0}) is algorithm  # the name decides
+    for cls in method_classes():  # what each method's instructions name, the client finds
+        assert client_algorithm_for({CLIENT_ALGORITHM: cls().client_algorithm().name}) is cls().client_algorithm()
+        if cls.client.__module__ == cls.__module__:  # a method's own client algorithm carries the method's name
+            assert cls.client.name == cls.name
+
+
+def test_only_flowers_own_instructions_are_read_by_their_keys():
+    """Flower's FedProx names no client algorithm: its ``proximal-mu`` asks for the proximal term."""
+    assert client_algorithm_for({"proximal-mu": 0.5}) is Proximal and client_algorithm_for({"proximal_mu": 0.5}) is Proximal
+    assert client_algorithm_for({"proximal-mu": 0.0}) is ClientAlgorithm and client_algorithm_for({}) is ClientAlgorithm
+    assert client_algorithm_for({"moon-mu": 1.0, "scaffold-control": b""}) is ClientAlgorithm  # no key sniffing beyond it
+
+
+def test_an_unknown_client_algorithm_is_refused_naming_it_and_what_to_install():
+    with pytest.raises(UnknownClientAlgorithm, match=r"method \('fedcp'\) asks this client to run its client algorithm 'fedcp'"
+                                                     r".*install the flower-pfl release the server runs"):
+        client_algorithm_for({CLIENT_ALGORITHM: "fedcp"})
 
 
 def test_no_module_outside_the_methods_lists_method_names():

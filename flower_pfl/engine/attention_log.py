@@ -1,11 +1,15 @@
-"""Which clients attend to which: each round's ``(m, m)`` attention weights per model component, and
-their running mean per client pair (a method's diagnostics; checkpointed with its state)."""
+"""A method's diagnostics: which clients attend to which (each round's ``(m, m)`` attention weights
+per model component, and their running mean per client pair, checkpointed with the method's state:
+``AttentionAccumulator``, the ``attention_weights`` of methods that attend, ``RecordsAttention``),
+and the last round's similarities of methods that select clients by them (``ReportsSimilarity``).
+``flower_pfl.reports.diagnostics`` draws both."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -88,3 +92,28 @@ class AttentionAccumulator:
                 out.setdefault(name, np.full((len(self.rounds), m, m), np.nan, dtype=np.float32))[r, : w.shape[0], : w.shape[1]] = w
         np.savez(path.with_suffix(".npz"), ids=ids.astype(str), num_participants=np.array([len(i) for i, _ in self.rounds]),
                  **out)  # type: ignore[arg-type]  # numpy's stub types **kwds as its keyword flags
+
+
+@runtime_checkable
+class RecordsAttention(Protocol):
+    """A method that keeps its clients' attention weights (``PersonalizedAlgorithm``, IGFL)."""
+
+    attention_weights: AttentionAccumulator
+
+
+@dataclass(frozen=True)
+class SimilaritySnapshot:
+    """A round's client-by-client similarities and which pairs the method let through (``mask``),
+    with the threshold it used. Rows follow the round's participants."""
+
+    similarity: torch.Tensor
+    mask: torch.Tensor
+    threshold: float
+
+
+@runtime_checkable
+class ReportsSimilarity(Protocol):
+    """A method that selects clients by their similarities (FedACS): the ServerApp draws its last round's."""
+
+    def similarity_snapshot(self) -> SimilaritySnapshot | None:
+        """The last round's similarities between its participants; ``None`` before any round."""

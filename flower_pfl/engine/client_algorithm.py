@@ -1,22 +1,22 @@
 """A method's client algorithm, as hooks on one local-training loop.
 
-Every client algorithm is a ``ClientAlgorithm``: the package's ClientApp runs it in
-``train_locally`` and a user's own PyTorch loop runs the very same object through two
-hooks (``client_apps.own_loop.algorithm_for`` hands it out)::
+Every client algorithm is a ``ClientAlgorithm``, found by its ``name``: the server's instructions
+name it (``CLIENT_ALGORITHM``), the package's ClientApp runs it in ``train_locally``, and a user's
+own PyTorch loop runs the very same object through two hooks (``client_apps.own_loop.algorithm_for``
+hands it out)::
 
     for x, y in batches:
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()
-        step.adjust_gradients(model, (x, y))   # the method's change to the gradient
-        optimizer.step()                       # plain SGD with the instruction's lr
-    extras = step.finish(model, x_train)       # what the server needs back, and the step's receipt
+        algorithm.adjust_gradients(model, (x, y))   # the method's change to the gradient
+        optimizer.step()                            # plain SGD with the instruction's lr
+    extras = algorithm.finish(model, x_train)       # what the server needs back, and the receipt
 
-``train_step`` is one iteration of that loop; methods that train a second model or take a
-second minibatch per step (Ditto, APFL, Per-FedAvg) override it, and are then not hooks
-on a user's loop (``hookable = False``). ``finish`` adds the step's receipt to the bytes a
-step returns (``CLIENT_ALGORITHM``: the config key that asked for it), so the server notices clients
-that ignored the step. ``evaluation_model`` says which model a client evaluates when the
-evaluation instruction asks for the method's own (Ditto's personal model, pFedMe's θ_i, ...).
+``train_step`` is one SGD step of that loop; algorithms that train a second model or take a second
+minibatch per step (Ditto, APFL, Per-FedAvg) override it, and are then not hooks on a user's loop
+(``hookable = False``). ``finish`` adds the algorithm's receipt (its name, under
+``CLIENT_ALGORITHM``) to the bytes it returns, so the server notices clients that ignored it.
+``evaluation_model`` says which model a client evaluates (Ditto's personal model, pFedMe's θ_i, ...).
 State kept between rounds lives in a ``ClientState``: a mapping from a name to a list of tensors
 (``context.state`` through an adapter on a SuperNode).
 """
@@ -42,7 +42,8 @@ RUN_KEY, RESUMED_AFTER = "run-key", "resumed-after"
 #: proximal weight μ in ``min f_i(w) + μ/2 ||w − a||²`` (the key of Flower's Message-API FedProx;
 #: its legacy FedProx sends ``proximal_mu``, also understood)
 PROXIMAL_MU, LEGACY_PROXIMAL_MU = "proximal-mu", "proximal_mu"
-#: reply-extras entry with a client algorithm's receipt (``ClientAlgorithm.receipt``): the client ran the step it was asked for
+#: instruction entry naming the client algorithm the client runs (``ClientAlgorithm.name``), and the
+#: reply-extras entry with its receipt (``ClientAlgorithm.receipt``): the client ran the algorithm it was asked for
 CLIENT_ALGORITHM = "client-algorithm"
 #: a client's state between rounds: name -> tensors (``client_apps.own_loop.RecordState`` wraps ``context.state``)
 ClientState = MutableMapping[str, list[torch.Tensor]]
@@ -122,27 +123,26 @@ class TrainData:
 class ClientAlgorithm:
     """Plain local SGD: no change to the gradient, nothing to send back.
 
-    Subclasses override the hooks they need. Class attributes say what the step needs:
-    ``key`` (the training-config entry that asks for it), ``evaluation_key`` (the
-    evaluation-config entry that asks for its ``evaluation_model``), ``needs_state``,
-    ``needs_plain_sgd`` (its arithmetic assumes SGD steps of size ``config["lr"]``),
-    ``hookable`` (``False``: it trains a second model or takes a second minibatch per
-    step, so only ``train_locally`` can run it) and ``reply_keys``.
+    Subclasses override the hooks they need. Class attributes say what the algorithm is and needs:
+    ``name`` (what instructions call it: its method's run-config name, or ``proximal``, ``sgd``, ...),
+    ``needs_state``, ``needs_plain_sgd`` (its arithmetic assumes SGD steps of size ``config["lr"]``),
+    ``hookable`` (``False``: it trains a second model or takes a second minibatch per step, so only
+    ``train_locally`` can run it) and ``reply_keys``.
     """
 
-    key: ClassVar[str | None] = None
-    evaluation_key: ClassVar[str | None] = None
+    #: the name instructions give it (``CLIENT_ALGORITHM``) and its receipt; every subclass declares its own
+    name: ClassVar[str] = "sgd"
     #: the client-state key of the model the client evaluates instead of the received one (its personal
     #: model); the received one until the state holds it
     evaluated_state: ClassVar[str | None] = None
     needs_state: ClassVar[bool] = False
-    #: the step keeps something in the client state from round to round (a resumed run's clients
+    #: the algorithm keeps something in the client state from round to round (a resumed run's clients
     #: start without it, see docs/checkpoints.md)
     keeps_state: ClassVar[bool] = False
     needs_plain_sgd: ClassVar[bool] = False
     hookable: ClassVar[bool] = True
     #: the reply keys ``end_round`` always returns; a reply without them is refused
-    #: (``AlgorithmOutputMissing``), so they, not the receipt, show that the step ran
+    #: (``AlgorithmOutputMissing``), so they, not the receipt, show that the algorithm ran
     reply_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
@@ -152,20 +152,14 @@ class ClientAlgorithm:
         self.config, self.state, self.loss_fn = config, state, loss_fn
         self.received = [p.detach().clone() for p in trainable(model)]
         self.steps = 0
-        #: the loss ``train_step`` reports for the last step, when the step's own loss is not the model's
+        #: the loss ``train_step`` reports for the last step, when the algorithm's own loss is not the model's
         self.step_loss: float | None = None
 
     @classmethod
-    def wanted(cls, config: Mapping[str, Any]) -> bool:
-        """Whether a training instruction asks for this step: it carries ``key`` with any value but
-        ``False`` (IGFL-S sends ``igfl-correction = False``; Ditto's λ may be 0)."""
-        return cls.key is not None and cls.key in config and config[cls.key] is not False
-
-    @classmethod
     def receipt(cls) -> str | None:
-        """What ``finish`` returns under ``CLIENT_ALGORITHM``: the config key that asks for the step
-        (``None``: plain SGD, which no instruction asks for)."""
-        return cls.key
+        """What ``finish`` returns under ``CLIENT_ALGORITHM``: the algorithm's name (``None`` for plain
+        SGD, which any client runs)."""
+        return None if cls is ClientAlgorithm else cls.name
 
     # --- the hooks a user's loop calls ---------------------------------------------------------
     def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
@@ -182,14 +176,14 @@ class ClientAlgorithm:
 
     def finish(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> Extras:
         """Call after the loop: update the client state, return what the server needs back (the
-        step's bytes and its receipt; send it all with the reply)."""
+        algorithm's bytes and its receipt; send it all with the reply)."""
         extras: Extras = dict(self.end_round(model, inputs))
         if (receipt := self.receipt()) is not None:
             extras[CLIENT_ALGORITHM] = receipt
         return extras
 
     def end_round(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
-        """The step's part of ``finish``: update the client state, return the bytes the server needs
+        """The algorithm's part of ``finish``: update the client state, return the bytes the server needs
         back (none by default)."""
         return {}
 
@@ -224,7 +218,7 @@ class ClientAlgorithm:
 
     # --- checks ----------------------------------------------------------------------------------
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Refuse an optimizer whose steps are not the plain SGD steps of size ``lr`` the step assumes."""
+        """Refuse an optimizer whose steps are not the plain SGD steps of size ``lr`` the algorithm assumes."""
         name = type(self).__name__
         if type(optimizer) is not torch.optim.SGD:
             raise ValueError(f"{name} assumes plain SGD steps; got {type(optimizer).__name__}")
@@ -247,13 +241,7 @@ class Proximal(ClientAlgorithm):
     """``μ (w − a)`` added to the gradient: the proximal term ``μ/2 ||w − a||²`` toward the anchor
     ``a``, the received model (FedMCSA eq. 9, FedProx, FedAMP; ``choose_anchor`` may pick another)."""
 
-    @classmethod
-    def wanted(cls, config: Mapping[str, Any]) -> bool:
-        return proximal_mu(config) > 0
-
-    @classmethod
-    def receipt(cls) -> str | None:
-        return PROXIMAL_MU
+    name = "proximal"
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -271,18 +259,18 @@ class Proximal(ClientAlgorithm):
         return [self.mu * (p - a) for p, a in zip(trainable(model), self.anchor)]
 
 
-def train_locally(step: ClientAlgorithm, model: nn.Module, data: TrainData, *, steps: int, lr: float, batch_size: int,
+def train_locally(algorithm: ClientAlgorithm, model: nn.Module, data: TrainData, *, steps: int, lr: float, batch_size: int,
                   generator: torch.Generator) -> tuple[LocalResult, Extras]:
-    """The one local-training loop: ``steps`` fresh minibatches through ``step.train_step``, then
-    ``step.finish``, after ``step.begin``. Returns the mean training loss and what the server needs back."""
+    """The one local-training loop: ``steps`` fresh minibatches through ``algorithm.train_step``,
+    then ``algorithm.finish``, after ``algorithm.begin``. Returns the mean training loss and what the server needs back."""
     model.train()
-    data = step.begin(model, data)
+    data = algorithm.begin(model, data)
     stream = MinibatchStream(len(data.y), batch_size, generator)
 
     def next_batch() -> Batch:
         idx = stream.next()
         return data.x[idx], data.y[idx]
 
-    total = sum(step.train_step(model, next_batch, lr) for _ in range(steps))
-    extras = step.finish(model, data.x)
+    total = sum(algorithm.train_step(model, next_batch, lr) for _ in range(steps))
+    extras = algorithm.finish(model, data.x)
     return LocalResult(loss=total / max(steps, 1), steps=steps), extras

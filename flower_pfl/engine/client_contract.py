@@ -1,7 +1,8 @@
 """Whether clients honour a method's client contract, and what the server tells the user when they do
-not: the client algorithm an instruction asks for (``algorithm_asked``), training settings no client can train
-with (``settings_problem``), replies without the step's output (``missing_step_message``) and replies
-without its receipt (``ignored_step_message``). ``MethodServer`` decides when to say them (once)."""
+not: whose receipt shows that a client ran the algorithm it was asked for (``receipt_expected``),
+training settings no client can train with (``settings_problem``), replies without the algorithm's
+output (``missing_algorithm_message``) and replies without its receipt (``ignored_algorithm_message``).
+``MethodServer`` decides when to say them (once)."""
 
 from __future__ import annotations
 
@@ -14,21 +15,19 @@ from flower_pfl.engine.server_algorithm import ServerAlgorithm
 
 #: where users read how to run a method's client algorithm in their own app
 _DOCS = "see 'Using a strategy in your own Flower app' in the documentation (docs/strategies.md, docs/client-contract.md)"
-#: how a user's own loop runs the client algorithm a training instruction asks for
+#: how a user's own loop runs the client algorithm a training instruction names
 _USER_LOOP = "client_apps.own_loop.algorithm_for(config, model, context.state)"
 
 
-def algorithm_asked(step: type[ClientAlgorithm], config: Mapping[str, Any]) -> type[ClientAlgorithm] | None:
-    """The class in ``step``'s lineage (``step`` or a base it refines) that the training instruction
-    ``config`` asks for; ``None`` when it asks for plain SGD (e.g. FedMCSA with λ = 0)."""
-    return next((s for s in step.__mro__ if isinstance(s, type) and issubclass(s, ClientAlgorithm) and s.wanted(config)), None)
+def receipt_expected(algorithm: type[ClientAlgorithm]) -> type[ClientAlgorithm] | None:
+    """``algorithm`` when its receipt (``ClientAlgorithm.finish``) alone shows that a client ran it;
+    ``None`` for plain SGD and for algorithms whose reply keys show it."""
+    return algorithm if algorithm.receipt() is not None and not algorithm.reply_keys else None
 
 
-def receipt_expected(step: type[ClientAlgorithm], config: Mapping[str, Any]) -> type[ClientAlgorithm] | None:
-    """The step whose receipt (``ClientAlgorithm.finish``) alone shows that a client ran what ``config``
-    asks for; ``None`` for plain SGD and for steps whose reply keys show it."""
-    asked = algorithm_asked(step, config)
-    return asked if asked is not None and asked.receipt() is not None and not asked.reply_keys else None
+def _proximal_mu_text(method: ServerAlgorithm) -> str:
+    """How ``method`` makes its ``proximal-mu`` from its arguments (its ``proximal_mu_text``, where it says)."""
+    return getattr(method, "proximal_mu_text", "proximal-mu")
 
 
 def settings_problem(method: ServerAlgorithm, settings: Mapping[str, Any]) -> str | None:
@@ -43,25 +42,27 @@ def settings_problem(method: ServerAlgorithm, settings: Mapping[str, Any]) -> st
                 "values the clients train with; without them every client fails")
     lr, mu = settings.get(LR), settings.get(PROXIMAL_MU)
     if is_finite_number(lr) and is_finite_number(mu) and lr * mu >= 1:
-        return (f"lr · proximal-mu = {lr:g} · {mu:g} = {lr * mu:g} >= 1, with proximal-mu = {method.proximal_mu_text}: "
+        return (f"lr · proximal-mu = {lr:g} · {mu:g} = {lr * mu:g} >= 1, with proximal-mu = {_proximal_mu_text(method)}: "
                 "every local step pulls a client's model onto (or past) its anchor, so clients cannot train; "
-                f"lower lr or raise the arguments so that lr · ({method.proximal_mu_text}) < 1")
+                f"lower lr or raise the arguments so that lr · ({_proximal_mu_text(method)}) < 1")
     return None
 
 
-def missing_step_message(method: ServerAlgorithm, step: str, count: int) -> str:
-    """``count`` replies lacked what ``method``'s client algorithm ``step`` returns (their clients do not run it)."""
+def missing_algorithm_message(method: ServerAlgorithm, algorithm: str, count: int) -> str:
+    """``count`` replies lacked what ``method``'s client algorithm ``algorithm`` returns (their clients do not run it)."""
     name = type(method).__name__
-    return (f"{count} clients' replies lack what {name}'s client algorithm {step} returns: their ClientApp does not run it. "
-            f"{name} cannot work without it; train with {_USER_LOOP} (or the package's ClientApp), {_DOCS}")
+    return (f"{count} clients' replies lack what {name}'s client algorithm {algorithm} returns: their ClientApp does not "
+            f"run it. {name} cannot work without it; train with {_USER_LOOP} (or the package's ClientApp), {_DOCS}")
 
 
-def ignored_step_message(method: ServerAlgorithm, step: type[ClientAlgorithm], ignored: int, accepted: int) -> str:
-    """``ignored`` of ``accepted`` replies lacked the receipt of ``step``, the client algorithm their
-    instructions asked for: their clients trained without it, so the method ran as another one."""
-    name, key = type(method).__name__, step.receipt()
+def ignored_algorithm_message(method: ServerAlgorithm, algorithm: type[ClientAlgorithm], ignored: int, accepted: int) -> str:
+    """``ignored`` of ``accepted`` replies lacked the receipt of ``algorithm``, the client algorithm their
+    instructions named: their clients trained without it, so the method ran as another one."""
+    name = type(method).__name__
     fix = (f"train with {_USER_LOOP} and send what its finish() returns with the reply (or use the package's ClientApp)"
-           if step.hookable else f"use the package's ClientApp (client_apps.app): {step.__name__} is not a hook on a user's loop")
-    return (f"{ignored} of {accepted} clients' replies lack the receipt '{CLIENT_ALGORITHM}' = '{key}': their "
-            f"ClientApp ignored the training config's '{key}', which asks for {name}'s client algorithm {step.__name__}. "
-            f"{name} then {method.ignored_step_consequence(step)}. To run it, {fix}; {_DOCS}")
+           if algorithm.hookable else
+           f"use the package's ClientApp (client_apps.app): {algorithm.__name__} is not a hook on a user's loop")
+    return (f"{ignored} of {accepted} clients' replies lack the receipt '{CLIENT_ALGORITHM}' = '{algorithm.name}': their "
+            f"ClientApp ignored the training config's '{CLIENT_ALGORITHM}' = '{algorithm.name}', which names {name}'s "
+            f"client algorithm {algorithm.__name__}. {name} then {method.ignored_algorithm_consequence(algorithm)}. "
+            f"To run it, {fix}; {_DOCS}")

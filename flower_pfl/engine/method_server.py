@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,8 @@ import torch
 
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm
 from flower_pfl.engine.client_contract import (
-    algorithm_asked,
-    ignored_step_message,
-    missing_step_message,
+    ignored_algorithm_message,
+    missing_algorithm_message,
     receipt_expected,
     settings_problem,
 )
@@ -79,14 +79,14 @@ class MethodServer:
         self._sampled: set[ClientId] = set()
         #: the model each of the round's trainers was sent (``ReplyBounds`` measures changes from it)
         self._sent: dict[ClientId, torch.Tensor] = {}
-        #: the last round in which each client's accepted reply came from a step that keeps client state
+        #: the last round in which each client's accepted reply came from a client algorithm that keeps client state
         #: (a resumed run asks its node for the state of that round; ``client_apps.persisted_state``)
         self.state_rounds: dict[ClientId, int] = {}
         self._keeps_state: set[ClientId] = set()
-        #: the client algorithm each of the round's trainers was asked for, where only its receipt shows it ran
-        self._step_asked: dict[ClientId, type[ClientAlgorithm]] = {}
+        #: the client algorithm the round's trainers were asked for, where only its receipt shows it ran
+        self._receipt_expected: type[ClientAlgorithm] | None = None
         self._settings_seen = False
-        self._missing_step_reported = self._receipt_reported = False
+        self._missing_algorithm_reported = self._receipt_reported = False
         #: each client's own starting model by its rank, as named arrays (``None``: all start from the
         #: initial model); set before ``initialize``, for methods that keep a model per client
         self.initial_by_rank: Callable[[int], Mapping[str, np.ndarray]] | None = None
@@ -204,10 +204,10 @@ class MethodServer:
         plan = self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen])
         self._sampled = chosen
         self._sent = {ins.client_id: ins.model for ins in plan}
-        client = self.method.client_algorithm()
-        self._step_asked = {ins.client_id: step for ins in plan if (step := receipt_expected(client, ins.config)) is not None}
-        self._keeps_state = {ins.client_id for ins in plan if (step := algorithm_asked(client, ins.config)) is not None and step.keeps_state}
-        return plan
+        algorithm = self.method.client_algorithm()
+        self._receipt_expected = receipt_expected(algorithm)
+        self._keeps_state = set(self._sent) if algorithm.keeps_state else set()
+        return [named(ins, algorithm) for ins in plan]
 
     def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float, minimum: int = 1) -> list[Instruction]:
         """Evaluation instructions for all clients (``fraction >= 1``) or ``max(minimum, ceil(fraction · n))`` of them."""
@@ -217,7 +217,8 @@ class MethodServer:
         pool = self.sampler.order(available)
         k = self.evaluators(len(pool), fraction, minimum)
         ids = pool if k >= len(pool) else self.sampler.sample(pool, k, evaluation=True)
-        return self.method.evaluation_instructions(server_round, ids)
+        algorithm = self.method.client_algorithm()
+        return [named(ins, algorithm) for ins in self.method.evaluation_instructions(server_round, ids)]
 
     def check(self, raw: RawReply) -> Reply:
         """One reply checked on its own (model, sample count, extras), or ``UpdateRejected``."""
@@ -240,26 +241,27 @@ class MethodServer:
         screen(raws, self._sent, self.check, self.method.update_norms, self.bounds, batch, self.weights)
         return batch
 
-    def missing_step_problem(self, batch: RoundReplies) -> tuple[str, bool] | None:
+    def missing_algorithm_problem(self, batch: RoundReplies) -> tuple[str, bool] | None:
         """``(message, fatal)`` the first time replies show that clients do not run the method's
         client algorithm; fatal when no reply of the round had it (the method cannot work without it)."""
-        if batch.missing_step is None or self._missing_step_reported:
+        if batch.missing_algorithm is None or self._missing_algorithm_reported:
             return None
-        self._missing_step_reported = True
-        fatal = not batch.accepted and batch.missing_step_count == batch.rejected
-        return missing_step_message(self.method, batch.missing_step, batch.missing_step_count), fatal
+        self._missing_algorithm_reported = True
+        fatal = not batch.accepted and batch.missing_algorithm_count == batch.rejected
+        return missing_algorithm_message(self.method, batch.missing_algorithm, batch.missing_algorithm_count), fatal
 
-    def ignored_step_problem(self, batch: RoundReplies) -> str | None:
+    def ignored_algorithm_problem(self, batch: RoundReplies) -> str | None:
         """A warning the first time accepted replies lack the receipt of the client algorithm their
         instruction asked for: their clients trained without it. Not fatal: the method still runs,
-        as another method (``ServerAlgorithm.ignored_step_consequence`` says which)."""
-        if self._receipt_reported:
+        as another method (``ServerAlgorithm.ignored_algorithm_consequence`` says which)."""
+        asked = self._receipt_expected
+        if self._receipt_reported or asked is None:
             return None
-        ignored = [r for r in batch.accepted if r.client_id in self._step_asked and r.client_step != self._step_asked[r.client_id].receipt()]
+        ignored = [r for r in batch.accepted if r.client_id in self._sent and r.receipt != asked.name]
         if not ignored:
             return None
         self._receipt_reported = True
-        return ignored_step_message(self.method, self._step_asked[ignored[0].client_id], len(ignored), len(batch.accepted))
+        return ignored_algorithm_message(self.method, asked, len(ignored), len(batch.accepted))
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> torch.Tensor | None:
         """Give the accepted replies to the method in the order of the round's instructions (the sampled
@@ -293,3 +295,8 @@ class MethodServer:
     def to_named_arrays(self, vector: torch.Tensor) -> dict[str, np.ndarray]:
         layout = self._require()
         return dict(zip(layout.names, layout.to_numpy_list(vector)))
+
+
+def named(instruction: Instruction, algorithm: type[ClientAlgorithm]) -> Instruction:
+    """``instruction`` naming the client algorithm its client runs (``CLIENT_ALGORITHM``)."""
+    return replace(instruction, config={**instruction.config, CLIENT_ALGORITHM: algorithm.name})

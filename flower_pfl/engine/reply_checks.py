@@ -41,12 +41,12 @@ class UpdateRejected(ValueError):
 
 
 class AlgorithmOutputMissing(UpdateRejected):
-    """One reply refused because it lacks what the method's client algorithm returns (``step``, e.g.
-    ``ScaffoldCorrection``): its client does not run that step."""
+    """One reply refused because it lacks what the method's client algorithm returns (``algorithm``,
+    e.g. ``ScaffoldCorrection``): its client does not run that algorithm."""
 
-    def __init__(self, message: str, step: str) -> None:
+    def __init__(self, message: str, algorithm: str) -> None:
         super().__init__(message)
-        self.step = step
+        self.algorithm = algorithm
 
 
 class ClientAlgorithmNotRun(RuntimeError):
@@ -80,7 +80,7 @@ class Reply:
     num_examples: int
     metrics: Mapping[str, Any]
     extras: Any = None
-    client_step: str | None = None
+    receipt: str | None = None
 
 
 @dataclass
@@ -92,8 +92,8 @@ class RoundReplies:
     #: ``(client, reason)`` of every refused reply, in the order they were refused
     rejections: list[tuple[ClientId, str]] = field(default_factory=list)
     #: the client algorithm replies showed missing (``AlgorithmOutputMissing``), and how many
-    missing_step: str | None = None
-    missing_step_count: int = 0
+    missing_algorithm: str | None = None
+    missing_algorithm_count: int = 0
     #: the largest accepted change as a fraction of its bound (``ReplyBounds``; 1: at the bound); 0 if none
     bound_use: float = 0.0
 
@@ -298,7 +298,7 @@ def screen(raws: Sequence[RawReply], sent: Mapping[ClientId, torch.Tensor], chec
             seen.add(raw.client_id)
             checked.append(check(raw))
         except AlgorithmOutputMissing as err:
-            batch.missing_step, batch.missing_step_count = err.step, batch.missing_step_count + 1
+            batch.missing_algorithm, batch.missing_algorithm_count = err.algorithm, batch.missing_algorithm_count + 1
             batch.reject(raw.client_id, str(err))
         except UpdateRejected as err:
             batch.reject(raw.client_id, str(err))

@@ -1,16 +1,17 @@
-"""A method's server side: what it sends to whom, how it aggregates, and what state it keeps.
+"""A method's server algorithm: what it sends to whom, how it aggregates, and what state it keeps.
 
 A ``ServerAlgorithm`` says what to send to whom (``train_instructions``, ``evaluation_instructions``),
-which client algorithm its training instructions ask for (``client``), how to check the extras a
-client returns with its model (``check_extras``), how to aggregate (``aggregate``) and what state
-it keeps (``state_attributes``). Two bases cover the methods here:
+which client algorithm its instructions name (``client``, ``client_algorithm``), how to check the
+extras a client returns with its model (``check_extras``), how to aggregate (``aggregate``) and what
+state it keeps (``state_attributes``). Two bases cover most methods (pFedHN, which generates each
+client's model, builds on ``ServerAlgorithm`` itself):
 
 - ``PersonalizedAlgorithm`` keeps one model per client in a model store and turns the participants'
   stored models into the models it sends (``personalize``);
 - ``GlobalModelAlgorithm`` keeps one global model and combines the returned models into the next one
   (``combine``); it may still send a client a model of its own (``client_model``).
 
-``flower_pfl.engine.method_server.MethodServer`` runs a step with what every method shares
+``flower_pfl.engine.method_server.MethodServer`` runs a server algorithm with what every method shares
 (sampling, node ranks, reply checks). Pure tensor code: the Flower strategies only translate
 Flower's types to and from these.
 """
@@ -43,38 +44,21 @@ class Instruction:
     config: Settings
 
 
-@dataclass(frozen=True)
-class SimilaritySnapshot:
-    """A round's client-by-client similarities and which pairs the method let through (``mask``),
-    with the threshold it used: a method's diagnostics (``ServerAlgorithm.similarity_snapshot``), drawn
-    by ``flower_pfl.reports.diagnostics``. Rows follow the round's participants."""
-
-    similarity: torch.Tensor
-    mask: torch.Tensor
-    threshold: float
-
-
 class ServerAlgorithm:
     """Base of every method's server side (see the module docstring)."""
 
-    #: the server keeps one model per client (evaluated on it) rather than one global model
-    personalized: ClassVar[bool]
     #: the client algorithm its training instructions ask for (``flower_pfl.engine.client_algorithm``)
     client: ClassVar[type[ClientAlgorithm]] = ClientAlgorithm
     #: what changes as the method runs, by attribute name (each class lists its own; a checkpoint
     #: saves them all, ``setup`` rebuilds everything else from the layout and the parameters)
-    state_attributes: ClassVar[tuple[str, ...]] = ("attention_weights",)
-    #: how the method's ``proximal-mu`` is made from its arguments (for messages about it)
-    proximal_mu_text: ClassVar[str] = "proximal-mu"
+    state_attributes: ClassVar[tuple[str, ...]] = ()
     #: what the method becomes when clients ignore its client algorithm
-    without_client_step: ClassVar[str] = "runs without its client algorithm"
+    without_client_algorithm: ClassVar[str] = "runs without its client algorithm"
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         """Create the method's state from the model's layout and starting parameters (once);
         ``seed`` seeds whatever the method initialises at random."""
         self.layout = layout
-        #: client-level attention weights averaged over rounds (methods that attend fill it)
-        self.attention_weights = AttentionAccumulator()
 
     def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
         """This round's training instructions, given the sampled clients and the other connected ones."""
@@ -93,15 +77,15 @@ class ServerAlgorithm:
         return {}
 
     def client_algorithm(self) -> type[ClientAlgorithm]:
-        """The client algorithm this method's training instructions ask for (``client`` unless the
-        method hands its clients another method's step)."""
+        """The client algorithm this method's instructions name (``client``, unless its settings call for
+        a simpler one or it hands its clients another method's)."""
         return self.client
 
-    def ignored_step_consequence(self, step: type[ClientAlgorithm]) -> str:
-        """What the method becomes when clients ignore ``step``, the client algorithm its instructions ask for."""
-        if issubclass(self.client, step):
-            return self.without_client_step
-        return f"runs without {step.__name__}, the client algorithm its client settings ask for"
+    def ignored_algorithm_consequence(self, algorithm: type[ClientAlgorithm]) -> str:
+        """What the method becomes when clients ignore ``algorithm``, the client algorithm its instructions name."""
+        if issubclass(self.client, algorithm):
+            return self.without_client_algorithm
+        return f"runs without {algorithm.__name__}, the client algorithm its client settings name"
 
     def check_extras(self, extras: Mapping[str, Any]) -> Any:
         """Validate what a client returned besides its model; raise ``ValueError`` to reject the reply."""
@@ -130,11 +114,6 @@ class ServerAlgorithm:
         """What the method learned besides the models, saved with the results (``server_state.safetensors``)."""
         return {}
 
-    def similarity_snapshot(self) -> SimilaritySnapshot | None:
-        """The last round's similarities between its participants, for methods that select by them
-        (the ServerApp draws it at the end of a run); ``None``: nothing to show."""
-        return None
-
     def checkpoint_written(self) -> None:
         """Called once a checkpoint holding ``get_state`` is durably written."""
 
@@ -162,11 +141,13 @@ class PersonalizedAlgorithm(ServerAlgorithm):
     """One model per client, kept on the server. Subclasses define ``personalize`` and the settings
     their clients get (``train_config``, ``evaluation_config``)."""
 
-    personalized: ClassVar[bool] = True
+    state_attributes: ClassVar[tuple[str, ...]] = ("attention_weights",)
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
         self.store: ModelStore = ClientModelStore(initial, device=device)
+        #: client-level attention weights averaged over rounds (``personalize``'s weights, where it has any)
+        self.attention_weights = AttentionAccumulator()
 
     def get_state(self) -> dict[str, Any]:
         """The method's state and every client's model (ids in the store's order). A disk store is
@@ -230,7 +211,6 @@ class GlobalModelAlgorithm(ServerAlgorithm):
     """One global model; every participant starts from it (or from ``client_model``'s model for
     it) and ``combine`` makes the next one from the returned models. FedAvg by default."""
 
-    personalized: ClassVar[bool] = False
     state_attributes: ClassVar[tuple[str, ...]] = ("model", "num_clients")
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:

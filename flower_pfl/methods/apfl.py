@@ -19,8 +19,8 @@ from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: run APFL with this α step (training); evaluate the mixture (evaluation); α's start value
-ALPHA_LR, EVALUATE_MIXED, ALPHA_INIT = "apfl-alpha-lr", "apfl-mixed", "apfl-alpha-init"
+#: config keys: α's step and start value
+ALPHA_LR, ALPHA_INIT = "apfl-alpha-lr", "apfl-alpha-init"
 #: client-state key: the personal model (flat) and α
 PERSONAL_STATE = "apfl-personal"
 
@@ -52,8 +52,7 @@ class APFLClient(ClientAlgorithm):
     global model the client receives, α as ``apfl-alpha-init``."""
 
     keeps_state = True
-    key = ALPHA_LR
-    evaluation_key = EVALUATE_MIXED
+    name = "apfl"
     needs_state = True
     hookable = False
 
@@ -108,13 +107,10 @@ class APFL(Method, GlobalModelAlgorithm):
     name = "apfl"
     strategy = "APFL"
     client = APFLClient
-    without_client_step = "runs as FedAvg: no personal model v_i or mixing weight α is trained"
+    without_client_algorithm = "runs as FedAvg: no personal model v_i or mixing weight α is trained"
 
     alpha_init: float = param(0.5, key="apfl-alpha-init", must=UNIT_INTERVAL, doc="the mixing weight α a client starts with")
     alpha_lr: float = param(0.02, key="apfl-alpha-lr", must=NON_NEGATIVE, doc="step of α (0 keeps it fixed)")
 
     def train_config(self, num_participants: int) -> Settings:
         return {ALPHA_LR: self.alpha_lr, ALPHA_INIT: self.alpha_init}
-
-    def evaluation_config(self) -> Settings:
-        return {EVALUATE_MIXED: True}

@@ -19,11 +19,9 @@ from flower_pfl.engine.server_algorithm import ClientId, Instruction, Personaliz
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 
-#: config keys: the step size of p_i (its presence asks for APPLE's client algorithm), the regularizer's
+#: config keys: the step size of p_i, the regularizer's
 #: weight λ(r)·μ this round, the slots of the client and of the core models sent, those core models (bytes)
 P_LR, REG, SLOTS, CORES = "apple-p-lr", "apple-reg", "apple-slots", "apple-cores"
-#: evaluation-config key: evaluate the personalized model kept in the client state
-EVALUATE_PERSONAL = "apple-personal"
 #: client-state keys: [slots, p_i]; [slots, cached core models of the others]; [θ̂_i]
 P_STATE, CORES_STATE, PERSONAL_STATE = "apple-p", "apple-cores", "apple-personal"
 #: ε of the exponential schedule (the authors' code)
@@ -53,8 +51,7 @@ class APPLEClient(ClientAlgorithm):
     (``mixture_gradients``). ``p_i`` starts uniform over the cores the client knows, a core it meets
     later at 0; ``p0`` is uniform. The client keeps ``p_i``, the cores and ``θ̂_i``, and evaluates ``θ̂_i``."""
 
-    key = P_LR
-    evaluation_key = EVALUATE_PERSONAL
+    name = "apple"
     evaluated_state = PERSONAL_STATE  # θ̂_i of the client's last round
     keeps_state = needs_state = True
     hookable = False
@@ -136,7 +133,7 @@ class APPLE(Method, PersonalizedAlgorithm):
     client = APPLEClient
     default_clients_per_round = 10
     state_attributes = ("slots",)
-    without_client_step = "runs as Local: each client trains and evaluates its own core model"
+    without_client_algorithm = "runs as Local: each client trains and evaluates its own core model"
 
     p_lr: float = param(0.001, key="apple-p-lr", must=NON_NEGATIVE,
                         doc="SGD step of the directed relationships p_i (the authors' lr_coef; 0 keeps them uniform)")
@@ -156,9 +153,6 @@ class APPLE(Method, PersonalizedAlgorithm):
 
     def train_config(self, num_participants: int) -> dict[str, Any]:
         return {P_LR: self.p_lr}
-
-    def evaluation_config(self) -> dict[str, Any]:
-        return {EVALUATE_PERSONAL: True}
 
     def downloaded(self, client: ClientId, generator: torch.Generator) -> list[Hashable]:
         """The clients whose core models ``client`` gets this round."""

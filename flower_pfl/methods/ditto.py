@@ -17,7 +17,7 @@ from flower_pfl.engine.params import NON_NEGATIVE, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config key: Ditto's λ (its presence makes the client run Ditto, and evaluate its personal model)
+#: config key: Ditto's λ
 LAMBDA = "ditto-lambda"
 #: client-state key of the personal model (flat)
 PERSONAL_STATE = "ditto-personal"
@@ -29,7 +29,7 @@ class DittoClient(ClientAlgorithm):
     first global model the client receives and lives in the client state."""
 
     keeps_state = True
-    key = evaluation_key = LAMBDA
+    name = "ditto"
     evaluated_state = PERSONAL_STATE  # the personal model
     needs_state = True
     hookable = False
@@ -64,12 +64,10 @@ class Ditto(Method, GlobalModelAlgorithm):
     name = "ditto"
     strategy = "Ditto"
     client = DittoClient
-    without_client_step = "runs as FedAvg: no personal model v_i is trained"
+    without_client_algorithm = "runs as FedAvg: no personal model v_i is trained"
 
     lam: float = param(1.0, key="ditto-lambda", must=NON_NEGATIVE, doc="weight λ of the personal model's pull toward the global model")
 
     def train_config(self, num_participants: int) -> Settings:
         return {LAMBDA: self.lam}
 
-    def evaluation_config(self) -> Settings:
-        return {LAMBDA: self.lam}

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flower_pfl.engine.all_clients_train import AllClientsTrain
-from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm
+from flower_pfl.engine.attention_log import SimilaritySnapshot
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import HALF_OPEN_UNIT, param
-from flower_pfl.engine.server_algorithm import Settings, SimilaritySnapshot
+from flower_pfl.methods.all_clients_train import AllClientsTrain
 from flower_pfl.methods.attention import cosine_similarity_matrix, quantile_threshold_weights
 from flower_pfl.methods.base import Method
 
@@ -44,9 +44,6 @@ class FedACS(Method, AllClientsTrain):
         self.last_similarity = cosine_similarity_matrix(models)
         weights, self.last_mask, self.last_delta = quantile_threshold_weights(self.last_similarity, self.p)
         return weights @ models, {"model": weights}
-
-    def train_config(self, num_participants: int) -> Settings:
-        return {PROXIMAL_MU: 0.0}
 
     def similarity_snapshot(self) -> SimilaritySnapshot | None:
         """The last round's ``s_ij``, the pairs above ``δ`` and ``δ``."""

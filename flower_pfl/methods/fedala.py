@@ -31,10 +31,9 @@ from flower_pfl.engine.params import AT_LEAST_ONE, POSITIVE, Rule, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: the higher layers p (its presence asks for FedALA's client algorithm), the weights' step η,
-#: the share s (in %) of the local data the weights are learned on, the seed of its sample (the run's);
-#: evaluation: evaluate the local model
-LAYERS, ETA, RAND_PERCENT, SEED, EVALUATE_LOCAL = "fedala-layers", "fedala-eta", "fedala-rand-percent", "fedala-seed", "fedala-local"
+#: config keys: the higher layers p, the weights' step η, the share s (in %) of the local data the
+#: weights are learned on, the seed of its sample (the run's)
+LAYERS, ETA, RAND_PERCENT, SEED = "fedala-layers", "fedala-eta", "fedala-rand-percent", "fedala-seed"
 #: client-state keys: the local model θ_i (flat), the weights W_i (flat, higher layers)
 LOCAL_STATE, WEIGHTS_STATE = "fedala-local", "fedala-weights"
 #: the first weight learning runs until the std of the last ``CONVERGED_WINDOW`` epoch losses is under
@@ -94,8 +93,7 @@ class FedALAClient(ClientAlgorithm):
     Then local SGD on the whole split; the trained model is the reply and the new ``θ_i``, which the
     client evaluates. Not a hook on a user's loop: the aggregation needs ``begin``."""
 
-    key = LAYERS
-    evaluation_key = EVALUATE_LOCAL
+    name = "fedala"
     evaluated_state = LOCAL_STATE  # the local model of the client's last round
     keeps_state = needs_state = True
     hookable = False
@@ -161,7 +159,7 @@ class FedALA(Method, GlobalModelAlgorithm):
     strategy = "FedALA"
     client = FedALAClient
     default_clients_per_round = 10
-    without_client_step = "runs as FedAvg: clients train the global model without adaptive local aggregation"
+    without_client_algorithm = "runs as FedAvg: clients train the global model without adaptive local aggregation"
 
     eta: float = param(1.0, key="fedala-eta", must=POSITIVE, doc="η: step of the aggregation weights W_i")
     rand_percent: float = param(80.0, key="fedala-rand-percent", must=PERCENT,
@@ -175,6 +173,3 @@ class FedALA(Method, GlobalModelAlgorithm):
 
     def train_config(self, num_participants: int) -> Settings:
         return {LAYERS: self.layers, ETA: self.eta, RAND_PERCENT: self.rand_percent, SEED: self.seed}
-
-    def evaluation_config(self) -> Settings:
-        return {EVALUATE_LOCAL: True}

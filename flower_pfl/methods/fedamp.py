@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from flower_pfl.engine.all_clients_train import AllClientsTrain
 from flower_pfl.engine.client_algorithm import PROXIMAL_MU, Proximal
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import POSITIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import Settings
+from flower_pfl.methods.all_clients_train import AllClientsTrain
 from flower_pfl.methods.attention import fedamp_weights, heuristic_fedamp_weights
 from flower_pfl.methods.base import Method
 
@@ -53,7 +53,7 @@ class FedAMP(Method, AllClientsTrain):
         return None
 
     proximal_mu_text = "lam / alpha_k (run config fedamp-lambda / fedamp-alpha-k)"
-    without_client_step = "runs without its proximal term toward the cloud model u_i (weight λ / α_k): clients train plain SGD from u_i"
+    without_client_algorithm = "runs without its proximal term toward the cloud model u_i (weight λ / α_k): clients train plain SGD from u_i"
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         weights = fedamp_weights(models, self.alpha_k, self.sigma)

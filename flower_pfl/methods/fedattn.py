@@ -32,8 +32,8 @@ from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.engine.wire import decode_flat, decode_vector, encode_vector
 from flower_pfl.methods.base import Method
 
-#: config keys: run FedAttn's client algorithm, the bias regularization weight, the global biases (bytes)
-FEDATTN, BIAS_REG, GLOBAL_BIASES = "fedattn", "fedattn-bias-reg", "fedattn-global-biases"
+#: config keys: the bias regularization weight, the global biases (bytes)
+BIAS_REG, GLOBAL_BIASES = "fedattn-bias-reg", "fedattn-global-biases"
 #: reply keys: the representation Z_i and the gradient with respect to the received biases (bytes)
 REPRESENTATION, BIAS_GRADIENT = "fedattn-representation", "fedattn-bias-gradient"
 #: neighbour searches at least this large (clients x queries) use FAISS when it is installed
@@ -107,7 +107,7 @@ class FedAttnClient(ClientAlgorithm):
     mean gradient over the steps, ``(M̃_i − M_i) / (η T)`` (exact for ``T = 1``; the same
     pseudo-gradient FedAvg uses for ``G``), flat in parameter order."""
 
-    key = FEDATTN
+    name = "fedattn"
     needs_plain_sgd = True
     reply_keys = (REPRESENTATION, BIAS_GRADIENT)
 
@@ -199,7 +199,7 @@ class FedAttn(Method, GlobalModelAlgorithm):
         return self.round > self.warmup_rounds and self.module is not None
 
     def train_config(self, num_participants: int) -> Settings:
-        extras: Settings = {FEDATTN: True, BIAS_REG: self.bias_reg}
+        extras: Settings = {BIAS_REG: self.bias_reg}
         if self.bias_reg > 0:
             extras[GLOBAL_BIASES] = encode_vector(self.model.index_select(0, self.bias_index))
         return extras

@@ -50,8 +50,7 @@ class FedBABUClient(ClientAlgorithm):
     so a hook on any loop). Evaluation: the received model's accuracy as ``global-accuracy``, then the
     head (or the whole model) fine-tuned on the training split, whose accuracy is the client's."""
 
-    key = HEAD_LAYERS
-    evaluation_key = FINETUNE_STEPS
+    name = "fedbabu"
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -94,7 +93,7 @@ class FedBABU(Method, GlobalModelAlgorithm):
     client = FedBABUClient
     group = "baseline"
     default_clients_per_round = 10
-    without_client_step = "runs with the head trained on the clients and then discarded by the server: its body fits a moving head"
+    without_client_algorithm = "runs with the head trained on the clients and then discarded by the server: its body fits a moving head"
 
     head_layers: int = param(1, key="fedbabu-head-layers", must=AT_LEAST_ONE,
                              doc="trailing layers (modules) that form the head, frozen in training")

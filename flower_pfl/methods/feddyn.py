@@ -18,7 +18,7 @@ from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 from flower_pfl.methods.fedbn import is_statistic, name_mask
 
-#: config key: FedDyn's α (its presence makes the client run FedDyn's step)
+#: config key: FedDyn's α
 ALPHA = "feddyn-alpha"
 #: client-state key of the client's gradient state ∇L_k(θ_k^{t−1}) (one tensor per trainable parameter)
 GRADIENT_STATE = "feddyn-gradient"
@@ -43,7 +43,7 @@ class FedDynClient(ClientAlgorithm):
     (gradient ``g − ∇L_k(θ_k^{t−1}) + α (θ − θ^{t−1})``) from the received ``θ^{t−1}``; ``finish``
     updates the gradient state ``∇L_k`` (client state, zero before the first participation)."""
 
-    key = ALPHA
+    name = "feddyn"
     needs_state = keeps_state = True
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
@@ -82,7 +82,7 @@ class FedDyn(Method, GlobalModelAlgorithm):
     strategy = "FedDyn"
     client = FedDynClient
     state_attributes = ("h",)
-    without_client_step = "runs without the dynamic regularizer: the mean of plain local models shifted by h"
+    without_client_algorithm = "runs without the dynamic regularizer: the mean of plain local models shifted by h"
 
     alpha: float = param(0.01, key="feddyn-alpha", must=POSITIVE, doc="weight α of the dynamic regularizer")
     h: torch.Tensor | None = field(default=None, init=False, repr=False)

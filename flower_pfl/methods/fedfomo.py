@@ -20,9 +20,8 @@ from flower_pfl.engine.server_algorithm import ClientId, Instruction, Personaliz
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 
-#: config keys: how many weights the reply holds (M; its presence asks for FedFomo's client algorithm),
-#: the other clients' models (float32 bytes, up to M rows), the share of a client's training split held
-#: out for validation, and the seed of that split (the run's)
+#: config keys: how many weights the reply holds (M), the other clients' models (float32 bytes, up to M
+#: rows), the share of a client's training split held out for validation, and the seed of that split (the run's)
 SLOTS, DOWNLOADS, VAL_FRACTION, VAL_SEED = "fedfomo-m", "fedfomo-downloads", "fedfomo-val-fraction", "fedfomo-val-seed"
 #: reply key: the first-order weight w_n of every model received (float32 bytes, M values, zero-padded)
 WEIGHTS = "fedfomo-weights"
@@ -79,7 +78,7 @@ class FedFomoClient(ClientAlgorithm):
     and returns the ``w_n`` for the server's affinity matrix. Not a hook on a user's loop: the
     validation part and the combination need ``begin``."""
 
-    key = SLOTS
+    name = "fedfomo"
     hookable = False
     reply_keys = (WEIGHTS,)
 
@@ -146,7 +145,7 @@ class FedFomo(Method, PersonalizedAlgorithm):
     client = FedFomoClient
     default_clients_per_round = 10
     state_attributes = ("affinity", "trained")
-    without_client_step = "cannot run: every reply lacks the weights w_n"
+    without_client_algorithm = "cannot run: every reply lacks the weights w_n"
 
     models: int = param(5, key="fedfomo-models", must=AT_LEAST_ONE, doc="M: other clients' models each participant downloads")
     epsilon: float = param(0.3, key="fedfomo-epsilon", must=UNIT_INTERVAL,

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from flower_pfl.engine.all_clients_train import AllClientsTrain, AnchoredProximal
-from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm
+from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm, Proximal
 from flower_pfl.engine.layout import GROUPINGS, ParamLayout
 from flower_pfl.engine.params import NON_NEGATIVE, POSITIVE, one_of, param
 from flower_pfl.engine.server_algorithm import ServerAlgorithm, Settings
+from flower_pfl.methods.all_clients_train import AllClientsTrain, AnchoredProximal
 from flower_pfl.methods.attention import layerwise_attention
 from flower_pfl.methods.base import Method
 
@@ -24,7 +24,7 @@ class FedMCSA(Method, AllClientsTrain):
     ``w_{i,l} = Σ_k softmax_k(σ cos(θ_{i,l}, θ_{k,l})) θ_{k,l}`` over the round's participants.
     Client (eq. 9): ``R`` SGD steps on ``f_i(Θ) + λ/2 ||Θ − W_i||²``, the anchor ``W_i`` fixed
     for the round (sent as ``proximal-mu``); with ``all_clients_train`` the unsampled clients train
-    too, toward the anchor they last received (Algorithm 1, ``flower_pfl.engine.all_clients_train``).
+    too, toward the anchor they last received (Algorithm 1, ``flower_pfl.methods.all_clients_train``).
     """
 
     name = "fedmcsa"
@@ -45,7 +45,7 @@ class FedMCSA(Method, AllClientsTrain):
                                                        "clients use in place of the proximal step (Table 2's transfers)")
 
     proximal_mu_text = "lam (run config fedmcsa-lambda)"
-    without_client_step = "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA (λ = 0)"
+    without_client_algorithm = "runs without its proximal term λ (eq. 9), i.e. as FedAvg+MCSA (λ = 0)"
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
@@ -60,7 +60,13 @@ class FedMCSA(Method, AllClientsTrain):
         return out, {name: weights[l] for l, (name, _) in enumerate(components)}
 
     def client_algorithm(self) -> type[ClientAlgorithm]:
-        return self.client if self.client_method is None else self.client_method.client_algorithm()
+        """The proximal term toward the received model, remembering it when every client trains
+        (``AnchoredProximal``); plain SGD for λ = 0 (FedAvg+MCSA); the transferred method's otherwise."""
+        if self.client_method is not None:
+            return self.client_method.client_algorithm()
+        if self.lam == 0:
+            return ClientAlgorithm
+        return AnchoredProximal if self.all_clients_train else Proximal
 
     def train_config(self, num_participants: int) -> Settings:
         if self.client_method is not None:

@@ -20,8 +20,8 @@ from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 from flower_pfl.methods.moon import needs_batch, representation_gradient
 
-#: config keys: FedProto's λ (its presence makes the client run FedProto's step) and the global
-#: prototypes (bytes, ``encode_prototypes``: a flag per class, then the prototypes; absent until there are any)
+#: config keys: FedProto's λ and the global prototypes (bytes, ``encode_prototypes``: a flag per class,
+#: then the prototypes; absent until there are any)
 LAMBDA, PROTOTYPES = "fedproto-lambda", "fedproto-prototypes"
 #: reply key: the client's prototypes (bytes, ``encode_prototypes``: each class's share of the samples, then the prototypes)
 LOCAL_PROTOTYPES = "fedproto-local-prototypes"
@@ -77,8 +77,7 @@ class FedProtoClient(ClientAlgorithm):
     sample's ``f(x_n)`` is added to its class's prototype; ``finish`` returns the class prototypes
     with each class's share of the samples (``fedproto-local-prototypes``)."""
 
-    key = LAMBDA
-    evaluation_key = PROTOTYPES
+    name = "fedproto"
     reply_keys = (LOCAL_PROTOTYPES,)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,

@@ -26,7 +26,7 @@ class FedRepClient(ClientAlgorithm):
     ``fedrep-body-steps`` the body with the head frozen. A hook on any loop: the frozen part's
     gradients are dropped in ``adjust_gradients``."""
 
-    key = BODY_STEPS
+    name = "fedrep"
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -66,7 +66,7 @@ class FedRep(FedPer):
     client = FedRepClient
     group = "baseline"
     default_clients_per_round = 10
-    without_client_step = "runs as FedPer with a uniform mean: head and body are trained together"
+    without_client_algorithm = "runs as FedPer with a uniform mean: head and body are trained together"
 
     head_layers: int = param(1, key="fedrep-head-layers", must=AT_LEAST_ONE,
                              doc="trailing layers (modules) each client keeps as its own head")

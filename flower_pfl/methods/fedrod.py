@@ -27,8 +27,8 @@ from flower_pfl.engine.params import Rule, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: run FedRoD's client algorithm (training and evaluation); train the generic model with the balanced softmax
-FEDROD, BALANCED = "fedrod", "fedrod-balanced"
+#: config key: train the generic model with the balanced softmax
+BALANCED = "fedrod-balanced"
 #: client-state key of the personal head (weight, bias)
 PERSONAL_HEAD = "fedrod-personal-head"
 
@@ -73,7 +73,7 @@ class FedRoDClient(ClientAlgorithm):
     head. Keeps the personal head in the client state; evaluates the personalized predictor and
     reports the generic model's accuracy as ``global-accuracy``."""
 
-    key = evaluation_key = FEDROD
+    name = "fedrod"
     needs_state = keeps_state = True
     hookable = False
 
@@ -134,13 +134,10 @@ class FedRoD(Method, GlobalModelAlgorithm):
     client = FedRoDClient
     group = "baseline"
     default_clients_per_round = 10
-    without_client_step = "runs as FedAvg: no balanced loss and no personal head; clients evaluate the global model"
+    without_client_algorithm = "runs as FedAvg: no balanced loss and no personal head; clients evaluate the global model"
 
     balanced: bool = param(True, key="fedrod-balanced", must=Rule(lambda v: isinstance(v, bool), "true or false"),
                            doc="train the generic model with the balanced softmax (false: plain cross-entropy)")
 
     def train_config(self, num_participants: int) -> Settings:
-        return {FEDROD: True, BALANCED: self.balanced}
-
-    def evaluation_config(self) -> Settings:
-        return {FEDROD: True}
+        return {BALANCED: self.balanced}

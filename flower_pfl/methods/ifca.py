@@ -64,7 +64,7 @@ class IFCAClient(ClientAlgorithm):
     it with local SGD and return it with the one-hot ``s_i`` (``ifca-cluster``). Its evaluation
     picks the cluster the same way. Not a hook on a user's loop: the choice needs ``begin``."""
 
-    key = evaluation_key = MODELS
+    name = "ifca"
     hookable = False
     reply_keys = (CLUSTER,)
 
@@ -127,7 +127,7 @@ class IFCA(Method, GlobalModelAlgorithm):
     client = IFCAClient
     default_clients_per_round = 10
     state_attributes = ("models", "assignment")
-    without_client_step = "cannot work: every reply lacks the cluster identity"
+    without_client_algorithm = "cannot work: every reply lacks the cluster identity"
 
     num_clusters: int = param(2, key="ifca-clusters", must=AT_LEAST_ONE, doc="number of cluster models k")
     weighted: bool = param(False, key="ifca-weighted",

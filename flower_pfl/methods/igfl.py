@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flower_pfl.engine.attention_log import AttentionAccumulator
 from flower_pfl.engine.client_algorithm import (
     LOCAL_STEPS,
     Batch,
@@ -35,8 +36,8 @@ from flower_pfl.methods.base import Method
 AttentionMode = Literal["self", "global", "time"]
 ATTENTION_MODES: tuple[str, ...] = ("self", "global", "time")
 
-#: config keys of IGFL's training instructions: run IGFL-C, |S|, and Δw_ps as float32 bytes
-CORRECTION, PARTICIPANTS, GLOBAL_DELTA = "igfl-correction", "igfl-participants", "igfl-global-delta"
+#: config keys of IGFL-C's training instructions: |S|, and Δw_ps as float32 bytes
+PARTICIPANTS, GLOBAL_DELTA = "igfl-participants", "igfl-global-delta"
 #: client-state key of the client's last delta Δw_i^r
 DELTA_STATE = "igfl-delta"
 
@@ -90,7 +91,7 @@ class IGFLCorrection(ClientAlgorithm):
     SGD with step ``2η``. ``finish`` keeps the new delta ``w^{r,T} − w_ps^r``."""
 
     keeps_state = True
-    key = CORRECTION
+    name = "igfl"
     needs_state = needs_plain_sgd = True
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
@@ -135,7 +136,7 @@ class IGFL(Method, GlobalModelAlgorithm):
     client = IGFLCorrection
     group = "paper"
     variants = {"igfl-c": {"attention": None}, "igfl-s": {"client_correction": False}}
-    state_attributes = ("global_delta", "previous")
+    state_attributes = ("global_delta", "previous", "attention_weights")
 
     attention: str | None = param("self", key="igfl-attention",
                                   must=Rule(lambda v: v is None or v in ATTENTION_MODES, "one of self, global, time"),
@@ -146,17 +147,24 @@ class IGFL(Method, GlobalModelAlgorithm):
         #: the server's last global delta Δw_ps and every client's previous delta Δw_i^r
         self.global_delta = torch.zeros(layout.dim)
         self.previous: dict[Hashable, torch.Tensor] = {}
+        #: client-level attention weights averaged over rounds (self and time attention)
+        self.attention_weights = AttentionAccumulator()
 
-    def ignored_step_consequence(self, step: type[ClientAlgorithm]) -> str:
+    def client_algorithm(self) -> type[ClientAlgorithm]:
+        """IGFL-C, or plain local SGD for IGFL-S (``client_correction = False``)."""
+        return self.client if self.client_correction else ClientAlgorithm
+
+    def ignored_algorithm_consequence(self, algorithm: type[ClientAlgorithm]) -> str:
         """Without IGFL-C, IGFL is IGFL-S; IGFL-C (no attention) is FedAvg."""
         if self.attention is None:
             return "runs as FedAvg (no IGFL-C client correction, no attention)"
         return "runs as IGFL-S (server attention only, no IGFL-C client correction)"
 
     def train_config(self, num_participants: int) -> Settings:
-        """IGFL-C's inputs (``Δw_ps`` is zero before the first update)."""
-        return {CORRECTION: self.client_correction, PARTICIPANTS: num_participants,
-                GLOBAL_DELTA: encode_vector(self.global_delta)}
+        """IGFL-C's inputs (``Δw_ps`` is zero before the first update); none for IGFL-S."""
+        if not self.client_correction:
+            return {}
+        return {PARTICIPANTS: num_participants, GLOBAL_DELTA: encode_vector(self.global_delta)}
 
     def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
         """Algorithm 3, line 7: ``w_ps + Δ`` with ``Δ`` the attention-weighted (or mean) delta."""

@@ -15,8 +15,7 @@ from flower_pfl.engine.params import AT_LEAST_ONE, POSITIVE, UNIT_INTERVAL, para
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: the number of neighbours k (its presence asks for kNN-Per's client algorithm: plain SGD in
-#: training, with its receipt, and the interpolated model in evaluation), the weight λ and the kernel's scale
+#: config keys: the number of neighbours k, the weight λ and the kernel's scale
 K, LAMBDA, SCALE = "knnper-k", "knnper-lambda", "knnper-scale"
 #: test queries compared with the datastore at once (a (chunk, n_train) distance matrix)
 QUERY_CHUNK = 256
@@ -62,11 +61,11 @@ class KNNMixture(nn.Module):
 
 
 class KNNPerClient(ClientAlgorithm):
-    """kNN-Per's client: plain local SGD of the global model (FedAvg), with the receipt ``knnper-k``
-    (a client without it does not run this step, so neither would it evaluate the interpolation);
-    its evaluation interpolates the received model with a kNN model over its own training data."""
+    """kNN-Per's client: plain local SGD of the global model (FedAvg), with its receipt (a client
+    without it does not run this algorithm, so neither would it evaluate the interpolation); its
+    evaluation interpolates the received model with a kNN model over its own training data."""
 
-    key = evaluation_key = K
+    name = "knnper"
 
     @classmethod
     def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
@@ -100,7 +99,7 @@ class KNNPer(Method, GlobalModelAlgorithm):
     strategy = "KNNPer"
     client = KNNPerClient
     default_clients_per_round = 10
-    without_client_step = "evaluates the global model alone (FedAvg)"
+    without_client_algorithm = "evaluates the global model alone (FedAvg)"
 
     k: int = param(10, key="knnper-k", must=AT_LEAST_ONE, doc="neighbours k of the kNN model")
     lam: float = param(0.5, key="knnper-lambda", must=UNIT_INTERVAL,

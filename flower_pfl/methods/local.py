@@ -6,10 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from flower_pfl.engine.all_clients_train import AllClientsTrain
-from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm
+from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
-from flower_pfl.engine.server_algorithm import Settings
+from flower_pfl.methods.all_clients_train import AllClientsTrain
 from flower_pfl.methods.base import Method
 
 
@@ -25,6 +24,3 @@ class Local(Method, AllClientsTrain):
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
         return models, None
-
-    def train_config(self, num_participants: int) -> Settings:
-        return {PROXIMAL_MU: 0.0}

@@ -18,7 +18,7 @@ from flower_pfl.engine.params import NON_NEGATIVE, POSITIVE, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: MOON's weight μ (its presence makes the client run MOON's step) and temperature τ
+#: config keys: MOON's weight μ and temperature τ
 MU, TAU = "moon-mu", "moon-tau"
 #: client-state key of the client's previous local model w_i^{t−1} (flat, buffers included)
 PREVIOUS_STATE = "moon-previous"
@@ -57,7 +57,7 @@ def frozen_features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def needs_batch(batch: Batch | None, who: str) -> Batch:
     if batch is None:
-        raise ValueError(f"{who}'s client algorithm works on the minibatch: call step.adjust_gradients(model, (x, y))")
+        raise ValueError(f"{who}'s client algorithm works on the minibatch: call algorithm.adjust_gradients(model, (x, y))")
     return batch
 
 
@@ -68,7 +68,7 @@ class MoonClient(ClientAlgorithm):
     first round, where ``ℓ_con = log 2`` has no gradient). ``finish`` keeps the trained model as the
     next previous one."""
 
-    key = MU
+    name = "moon"
     needs_state = keeps_state = True
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
@@ -110,7 +110,7 @@ class MOON(Method, GlobalModelAlgorithm):
     name = "moon"
     strategy = "MOON"
     client = MoonClient
-    without_client_step = "runs as FedAvg: no contrastive loss"
+    without_client_algorithm = "runs as FedAvg: no contrastive loss"
 
     mu: float = param(1.0, key="moon-mu", must=NON_NEGATIVE, doc="weight μ of the model-contrastive loss")
     tau: float = param(0.5, key="moon-tau", must=POSITIVE, doc="temperature τ of the model-contrastive loss")

@@ -42,8 +42,7 @@ class PerFedAvgClient(ClientAlgorithm):
     ``w ← w − β ∇f(w_tmp; D')`` with ``β`` the instruction's ``lr``. Evaluation: one step of size α
     on the training split."""
 
-    key = ALPHA
-    evaluation_key = ADAPT
+    name = "per-fedavg"
     hookable = False
 
 
@@ -76,7 +75,7 @@ class PerFedAvg(Method, GlobalModelAlgorithm):
     name = "per-fedavg"
     strategy = "PerFedAvg"
     client = PerFedAvgClient
-    without_client_step = "runs as FedAvg: its clients take plain SGD steps, not the MAML step"
+    without_client_algorithm = "runs as FedAvg: its clients take plain SGD steps, not the MAML step"
 
     alpha: float = param(0.01, key="per-fedavg-alpha", must=POSITIVE, doc="inner (adaptation) step α; lr is the outer step β")
 

@@ -13,7 +13,7 @@ from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import AT_LEAST_ONE, HALF_OPEN_UNIT, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
 from flower_pfl.engine.reply_checks import Reply
-from flower_pfl.engine.server_algorithm import ClientId, GlobalModelAlgorithm
+from flower_pfl.engine.server_algorithm import ClientId, Instruction, ServerAlgorithm
 from flower_pfl.methods.base import Method
 
 
@@ -47,7 +47,7 @@ def hypernetwork_gradients(hnet: HyperNetwork, embeddings: torch.Tensor, trained
 
 
 @dataclass
-class PFedHN(Method, GlobalModelAlgorithm):
+class PFedHN(Method, ServerAlgorithm):
     """pFedHN (Shamsian et al. 2021): a hypernetwork on the server generates each client's model from
     a learned client embedding; it learns from how the clients' local training changed those models.
 
@@ -102,12 +102,21 @@ class PFedHN(Method, GlobalModelAlgorithm):
             self.embeddings[client_id] = torch.randn(self.embed_dim, generator=generator)
         return self.embeddings[client_id]
 
-    def client_models(self, ids: Sequence[ClientId], training: bool) -> list[torch.Tensor | None]:
+    def generated(self, ids: Sequence[ClientId]) -> list[torch.Tensor]:
         """``θ_i = h(v_i; φ)`` for each of ``ids``, in one batch."""
         if not ids:
             return []
         with torch.no_grad():
             return list(self.hnet(torch.stack([self.embedding(cid) for cid in ids])))
+
+    def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
+        """Each sampled client trains its generated model (plain local SGD)."""
+        settings = self.train_config(len(sampled))
+        return [Instruction(cid, model, settings) for cid, model in zip(sampled, self.generated(sampled))]
+
+    def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """Each client evaluates its generated model."""
+        return [Instruction(cid, model, self.evaluation_config()) for cid, model in zip(ids, self.generated(ids))]
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         """One step of ``φ`` and of each participant's ``v_i`` (Algorithm 1, lines 8-9)."""
@@ -119,9 +128,6 @@ class PFedHN(Method, GlobalModelAlgorithm):
         self.optimizer.step()
         for cid, g in zip(ids, holder.grad):
             self.embeddings[cid] = self.embeddings[cid] - self.embed_lr * g
-
-    def global_model(self) -> torch.Tensor | None:
-        return None
 
     def get_state(self) -> dict[str, Any]:
         """With the hypernetwork's parameters and the momentum of its optimizer."""

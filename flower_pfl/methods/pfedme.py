@@ -36,8 +36,8 @@ from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
-#: config keys: λ, the personalized step and K (training); evaluate θ_i and the global model (evaluation)
-LAMBDA, PERSONAL_LR, INNER_STEPS, EVALUATE_BOTH = "pfedme-lambda", "pfedme-personal-lr", "pfedme-inner-steps", "pfedme-pm-gm"
+#: config keys: λ, the personalized step and K
+LAMBDA, PERSONAL_LR, INNER_STEPS = "pfedme-lambda", "pfedme-personal-lr", "pfedme-inner-steps"
 #: client-state key of the personalized model θ_i (flat, the whole ``state_dict``)
 THETA_STATE = "pfedme-theta"
 
@@ -72,8 +72,7 @@ class PFedMeClient(ClientAlgorithm):
     received global model's (GM, ``global-accuracy``)."""
 
     keeps_state = True
-    key = LAMBDA
-    evaluation_key = EVALUATE_BOTH
+    name = "pfedme"
     evaluated_state = THETA_STATE  # θ_i, the personalized model
     needs_plain_sgd = True
 
@@ -128,7 +127,7 @@ class PFedMe(Method, GlobalModelAlgorithm):
     name = "pfedme"
     strategy = "PFedMe"
     client = PFedMeClient
-    without_client_step = "runs as FedAvg with server mixing β: no personalized model θ_i is trained"
+    without_client_algorithm = "runs as FedAvg with server mixing β: no personalized model θ_i is trained"
 
     beta: float = param(1.0, key="pfedme-beta", must=Rule(lambda v: 0 < v <= 2, "a number in (0, 2]"),
                         doc="server mixing β: w ← (1 − β) w + β mean(w_i)")
@@ -138,9 +137,6 @@ class PFedMe(Method, GlobalModelAlgorithm):
 
     def train_config(self, num_participants: int) -> Settings:
         return {LAMBDA: self.lam, PERSONAL_LR: self.personal_lr, INNER_STEPS: self.inner_steps}
-
-    def evaluation_config(self) -> Settings:
-        return {EVALUATE_BOTH: True}
 
     def combine(self, replies: Sequence[Reply]) -> torch.Tensor:
         return (1 - self.beta) * self.model + self.beta * super().combine(replies)

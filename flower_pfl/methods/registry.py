@@ -1,7 +1,7 @@
 """The methods of this package, found by looking: every ``Method`` class in a module of
 ``flower_pfl.methods`` and every entry in a module's ``ENTRIES`` list. The run config,
-the strategy factory, both Flower APIs' strategy classes, the ClientApp's dispatch, the
-README table and the tests read this; none lists method names by hand."""
+the strategy factory, both Flower APIs' strategy classes, the ClientApp's lookup of client
+algorithms, the README table and the tests read this; none lists method names by hand."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import importlib
 import pkgutil
 from collections.abc import Mapping
 from functools import lru_cache
+from importlib import metadata
 from typing import Any
 
-from flower_pfl.engine.client_algorithm import ClientAlgorithm, Proximal
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm, Proximal, proximal_mu
 from flower_pfl.engine.params import ParamSpec
 from flower_pfl.methods.base import Entry, Method
 
@@ -91,31 +92,48 @@ def renamed_keys() -> dict[str, str]:
 
 
 @lru_cache(maxsize=1)
-def client_algorithms() -> tuple[type[ClientAlgorithm], ...]:
-    """The client algorithms a training instruction can ask for by its config key."""
-    steps = {cls.client for cls in method_classes()}
-    return tuple(sorted((s for s in steps if s.key is not None), key=lambda s: str(s.key)))
+def client_algorithms() -> dict[str, type[ClientAlgorithm]]:
+    """Every client algorithm an instruction can name, by name: each method's and the ones it refines
+    (plain SGD, the proximal term Flower's FedProx asks for)."""
+    out: dict[str, type[ClientAlgorithm]] = {}
+    declared: list[type[ClientAlgorithm]] = [ClientAlgorithm, Proximal, *(cls.client for cls in method_classes())]
+    for root in declared:
+        for algorithm in root.__mro__:
+            if not (isinstance(algorithm, type) and issubclass(algorithm, ClientAlgorithm)):
+                continue
+            if "name" not in vars(algorithm):
+                raise RuntimeError(f"client algorithm {algorithm.__name__} declares no name")
+            if out.setdefault(algorithm.name, algorithm) is not algorithm:
+                raise RuntimeError(f"client algorithms {out[algorithm.name].__name__} and {algorithm.__name__} are both "
+                                   f"named {algorithm.name!r}")
+    return out
+
+
+class UnknownClientAlgorithm(ValueError):
+    """An instruction names a client algorithm this installation does not have."""
 
 
 def client_algorithm_for(config: Mapping[str, Any]) -> type[ClientAlgorithm]:
-    """The client algorithm a training instruction asks for: the one whose key it carries, else the
-    proximal step when it sets a proximal weight, else plain local SGD."""
-    wanted = [s for s in client_algorithms() if s.wanted(config)]
-    if len(wanted) > 1:
-        raise ValueError(f"the training config asks for several client algorithms: {[s.__name__ for s in wanted]}")
-    if wanted:
-        return wanted[0]
-    return Proximal if Proximal.wanted(config) else ClientAlgorithm
+    """The client algorithm an instruction names (``CLIENT_ALGORITHM``). An instruction that names none
+    comes from a strategy that knows nothing of this package: Flower's FedProx asks for the proximal
+    term by its own key (``proximal-mu``), any other for plain local SGD."""
+    name = config.get(CLIENT_ALGORITHM)
+    if name is None:
+        return Proximal if proximal_mu(config) > 0 else ClientAlgorithm
+    known = client_algorithms()
+    if name not in known:
+        raise UnknownClientAlgorithm(
+            f"the server's method ({name!r}) asks this client to run its client algorithm {name!r}, which flower-pfl "
+            f"{_version()} here does not have (it has {', '.join(sorted(known))}): install the flower-pfl release the "
+            "server runs on this node, or run a method this release has (python -m flower_pfl methods)")
+    return known[name]
 
 
-def evaluation_algorithm_for(config: Mapping[str, Any]) -> type[ClientAlgorithm]:
-    """The client algorithm whose ``evaluation_model`` an evaluation instruction asks for (plain: the received model)."""
-    steps = {cls.client for cls in method_classes()}
-    wanted = [s for s in steps if s.evaluation_key is not None and s.evaluation_key in config]
-    if len(wanted) > 1:
-        raise ValueError(f"the evaluation config asks for several client algorithms: {[s.__name__ for s in wanted]}")
-    return wanted[0] if wanted else ClientAlgorithm
-
+def _version() -> str:
+    try:
+        return metadata.version("flower-pfl")
+    except metadata.PackageNotFoundError:  # run from a checkout that was not installed
+        return "(not installed)"
 
 
 def method_table() -> str:

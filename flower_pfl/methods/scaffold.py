@@ -43,7 +43,7 @@ class ScaffoldCorrection(ClientAlgorithm):
     participation) and returns ``Δc_i`` as ``scaffold-control-delta``."""
 
     keeps_state = True
-    key = CONTROL
+    name = "scaffold"
     needs_state = needs_plain_sgd = True
     reply_keys = (CONTROL_DELTA,)
 

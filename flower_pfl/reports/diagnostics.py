@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from flower_pfl.engine.attention_log import AttentionAccumulator
+from flower_pfl.engine.attention_log import AttentionAccumulator, RecordsAttention, ReportsSimilarity
 from flower_pfl.engine.server_algorithm import ServerAlgorithm
 from flower_pfl.reports.figures import (
     draw_client_matrix,
@@ -132,15 +132,15 @@ def save_run_diagnostics(method: ServerAlgorithm, participants: Sequence[Hashabl
     """A finished run's diagnostics in its results folder ``out``: the attention heatmaps averaged
     over rounds (clients ordered by their label set, then partition id) with how often each client's
     strongest attention falls on a client with the same labels, and a method's last-round
-    similarity and selection (``ServerAlgorithm.similarity_snapshot``) among ``participants``. ``info``:
+    similarity and selection (``ReportsSimilarity``) among ``participants``. ``info``:
     what each node reported at start (``label-counts``, ``partition-id``, ``dominant-label``).
     Returns figures for the summary."""
     def about(key: Any) -> Mapping[str, Any]:
         return info.get(int(key), {})
 
     extra: dict[str, Any] = {}
-    attention = method.attention_weights
-    if len(attention):
+    attention = method.attention_weights if isinstance(method, RecordsAttention) else None
+    if attention is not None and len(attention):
         ids = attention.clients
         labels = {cid: label_set(about(cid).get("label-counts", [])) for cid in ids}
         order = [ids[i] for i in grouped_order([labels[c] for c in ids], [about(c).get("partition-id", -1) for c in ids])]
@@ -152,7 +152,7 @@ def save_run_diagnostics(method: ServerAlgorithm, participants: Sequence[Hashabl
             stats = strongest_partner_agreement(mean, [labels[c] for c in ordered])
             extra[f"attention_{name}_strongest_same_labels"] = stats["strongest_same_group"]
             extra[f"attention_{name}_chance_same_labels"] = stats["chance_same_group"]
-    snapshot = method.similarity_snapshot()
+    snapshot = method.similarity_snapshot() if isinstance(method, ReportsSimilarity) else None
     if snapshot is None or not participants:
         return extra
     stats = save_similarity_snapshot(out / "similarity_last_round", participants, snapshot.similarity.cpu().numpy(),

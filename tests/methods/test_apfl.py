@@ -20,7 +20,7 @@ from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import MLR
-from flower_pfl.methods.apfl import ALPHA_INIT, ALPHA_LR, APFL, EVALUATE_MIXED, PERSONAL_STATE, APFLClient, Mixture
+from flower_pfl.methods.apfl import ALPHA_INIT, ALPHA_LR, APFL, PERSONAL_STATE, APFLClient, Mixture
 
 from .runs import assert_as_recorded
 
@@ -56,7 +56,7 @@ def _by_hand(w, v, alpha, x, y, batches, lr, alpha_lr):
 
 
 def _config(alpha_lr=0.5, alpha_init=0.4):
-    return {LR: 0.1, ALPHA_LR: alpha_lr, ALPHA_INIT: alpha_init}
+    return {CLIENT_ALGORITHM: "apfl", LR: 0.1, ALPHA_LR: alpha_lr, ALPHA_INIT: alpha_init}
 
 
 def _train(model, state, config, steps, seed):
@@ -80,7 +80,7 @@ def test_one_step_by_hand():
     idx = MinibatchStream(24, 8, torch.Generator().manual_seed(1)).next()
     alpha = _by_hand(ref_w, ref_v, 0.4, x, y, [idx], lr=0.1, alpha_lr=0.5)
     personal, kept_alpha = _personal(state, v)
-    assert extras == {CLIENT_ALGORITHM: ALPHA_LR}  # the receipt only
+    assert extras == {CLIENT_ALGORITHM: "apfl"}  # the receipt only
     for p, r in zip(w.parameters(), ref_w.parameters()):
         assert torch.allclose(p, r, atol=1e-6)
     for p, r, start in zip(personal.parameters(), ref_v.parameters(), v.parameters()):
@@ -146,7 +146,7 @@ def test_server_sends_alpha_settings_and_averages_by_samples():
     server = MethodServer(APFL(alpha_init=0.2, alpha_lr=0.05), clients_per_round=2, seed=0)
     server.initialize(_arrays(0.0))
     plan = server.plan_training(1, [7, 8, 9])
-    assert len(plan) == 2 and all(ins.config == {ALPHA_LR: 0.05, ALPHA_INIT: 0.2} for ins in plan)
+    assert len(plan) == 2 and all(ins.config == {CLIENT_ALGORITHM: "apfl", ALPHA_LR: 0.05, ALPHA_INIT: 0.2} for ins in plan)
     assert all(torch.equal(ins.model, torch.zeros(8)) for ins in plan)  # everyone trains the global model
     replies = [server.check(RawReply(ins.client_id, list(_arrays(float(ins.client_id)).values()), None, ins.client_id, {}))
                for ins in plan]
@@ -155,7 +155,7 @@ def test_server_sends_alpha_settings_and_averages_by_samples():
     assert torch.allclose(new[:6], torch.full((6,), sum(c * c for c in ids) / sum(ids)))  # FedAvg, weighted by samples
     evals = server.plan_evaluation(1, [7, 8, 9], 1.0)
     assert [e.client_id for e in evals] == [7, 8, 9]
-    assert all(e.config == {EVALUATE_MIXED: True} and torch.equal(e.model, new) for e in evals)
+    assert all(e.config == {CLIENT_ALGORITHM: "apfl"} and torch.equal(e.model, new) for e in evals)
 
 
 def test_message_strategy_sends_the_settings_with_the_run_config():
@@ -167,9 +167,10 @@ def test_message_strategy_sends_the_settings_with_the_run_config():
     for m in msgs:
         config = m.content["config"]
         assert (config[ALPHA_LR], config[ALPHA_INIT], config["lr"], config["server-round"]) == (0.1, 0.5, 0.05, 3)
+        assert config[CLIENT_ALGORITHM] == "apfl"
     new, _ = strat.aggregate_train(3, [fb.train_reply(m, _arrays(float(m.metadata.dst_node_id)), num_examples=10) for m in msgs])
     assert np.allclose(new["fc.weight"].numpy(), 1.5)
-    assert all(m.content["config"][EVALUATE_MIXED] is True for m in strat.configure_evaluate(3, new, ConfigRecord(), grid))
+    assert all(m.content["config"][CLIENT_ALGORITHM] == "apfl" for m in strat.configure_evaluate(3, new, ConfigRecord(), grid))
 
 
 def test_declared_ranges_are_checked():
@@ -187,17 +188,17 @@ def test_node_keeps_personal_model_and_alpha_and_evaluates_the_mixture():
                                      run_config=ExperimentConfig().to_run_config()))
     received = [t.clone() for t in node.model.state_dict().values()]
     plain = node.evaluate({})
-    assert node.evaluate({EVALUATE_MIXED: True})["loss"] == pytest.approx(plain["loss"])  # before any round: the received model
-    node.fit({"lr": 0.05, "local-steps": 4, "batch-size": 10, "server-round": 1, ALPHA_LR: 0.1, ALPHA_INIT: 0.3})
+    assert node.evaluate({CLIENT_ALGORITHM: "apfl"})["loss"] == pytest.approx(plain["loss"])  # before any round: the received model
+    node.fit({CLIENT_ALGORITHM: "apfl", "lr": 0.05, "local-steps": 4, "batch-size": 10, "server-round": 1, ALPHA_LR: 0.1, ALPHA_INIT: 0.3})
     kept = RecordState(node.state)[PERSONAL_STATE]
     personal, alpha = _personal({PERSONAL_STATE: kept}, node.model)
     assert 0.0 <= alpha <= 1.0 and alpha != 0.3 and len(kept) == 2
     node.load(received)
     expected = evaluate(Mixture(personal, node.model, alpha), node.data.x_test, node.data.y_test)
-    mixed = node.evaluate({EVALUATE_MIXED: True})
+    mixed = node.evaluate({CLIENT_ALGORITHM: "apfl"})
     assert mixed["loss"] == pytest.approx(expected.loss, abs=1e-6) and mixed["accuracy"] == pytest.approx(expected.accuracy)
     assert mixed["loss"] != pytest.approx(plain["loss"])
-    assert node.evaluate({})["loss"] == pytest.approx(plain["loss"])  # without the flag: the received model
+    assert node.evaluate({})["loss"] == pytest.approx(plain["loss"])  # without the algorithm's name: the received model
 
 
 # --- one whole run -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 
 from client_apps.own_loop import algorithm_for
-from flower_pfl.engine.client_algorithm import LR, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -21,7 +21,6 @@ from flower_pfl.methods.apple import (
     APPLE,
     CORES,
     CORES_STATE,
-    EVALUATE_PERSONAL,
     P_LR,
     P_STATE,
     PERSONAL_STATE,
@@ -67,7 +66,7 @@ def _data():
 
 
 def _config(slots, cores: torch.Tensor, reg=0.2, p_lr=0.05) -> dict:
-    return {LR: 0.1, P_LR: p_lr, REG: reg, SLOTS: encode_vector(torch.tensor(slots, dtype=torch.float32)),
+    return {CLIENT_ALGORITHM: "apple", LR: 0.1, P_LR: p_lr, REG: reg, SLOTS: encode_vector(torch.tensor(slots, dtype=torch.float32)),
             CORES: encode_vector(cores.flatten())}
 
 
@@ -131,7 +130,7 @@ def test_the_relationships_move_only_with_their_own_step():
 def test_the_client_evaluates_its_personalized_model_and_needs_state():
     model = MLR(3, 2)
     personal = torch.arange(D, dtype=torch.float32)
-    evaluated, _ = APPLEClient.evaluation_model(model, {EVALUATE_PERSONAL: True}, {PERSONAL_STATE: [personal]}, None, None)
+    evaluated, _ = APPLEClient.evaluation_model(model, {CLIENT_ALGORITHM: "apple"}, {PERSONAL_STATE: [personal]}, None, None)
     assert torch.equal(flatten_module(evaluated), personal)
     fresh = MLR(3, 2)
     before = flatten_module(fresh)
@@ -168,9 +167,10 @@ def test_server_sends_every_other_core_with_slots_and_the_scheduled_weight():
         cores = decode_flat(ins.config[CORES], 2 * D).view(2, D)
         torch.testing.assert_close(cores, torch.stack([torch.full((D,), float(c)) for c in others]))
         assert ins.config[REG] == 0.5 and ins.config[P_LR] == 0.001  # μ λ(0) = μ
+        assert ins.config[CLIENT_ALGORITHM] == "apple"
     assert all(ins.config[REG] == pytest.approx(0.25) for ins in server.plan_training(3, [1, 2, 3]))  # μ (cos(π/2) + 1) / 2
     assert all(ins.config[REG] == 0.0 for ins in server.plan_training(5, [1, 2, 3]))
-    assert all(e.config == {EVALUATE_PERSONAL: True} for e in server.plan_evaluation(5, [1, 2, 3], 1.0))
+    assert all(e.config == {CLIENT_ALGORITHM: "apple"} for e in server.plan_evaluation(5, [1, 2, 3], 1.0))
 
 
 def test_with_a_download_limit_each_participant_gets_m_random_cores():

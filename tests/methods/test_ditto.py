@@ -72,7 +72,7 @@ def test_two_rounds_by_hand_from_the_kept_personal_model():
     _, extras = _train(w, state, lam=2.0, steps=3, seed=3)
     stream = MinibatchStream(48, 8, torch.Generator().manual_seed(3))
     _by_hand(ref_w, ref_v, x, y, [stream.next() for _ in range(3)], lam=2.0, lr=0.05)
-    assert extras == {CLIENT_ALGORITHM: LAMBDA}  # the receipt only
+    assert extras == {CLIENT_ALGORITHM: "ditto"}  # the receipt only
     assert torch.allclose(_flat(w), _flat(ref_w), atol=1e-6)
     assert torch.allclose(state[PERSONAL_STATE][0], _flat(ref_v), atol=1e-6)
     assert not torch.allclose(_flat(ref_v), _flat(ref_w), atol=1e-4)
@@ -121,7 +121,7 @@ def test_the_client_algorithm_needs_state_and_is_no_hook_on_a_users_loop():
     with pytest.raises(ValueError, match="state"):
         DittoClient(w, {LR: 0.1, LAMBDA: 1.0})
     with pytest.raises(ValueError, match="ClientApp"):
-        algorithm_for({LR: 0.1, LAMBDA: 1.0}, w, RecordDict())
+        algorithm_for({CLIENT_ALGORITHM: "ditto", LR: 0.1, LAMBDA: 1.0}, w, RecordDict())
     with pytest.raises(ValueError, match="lambda"):
         DittoClient(w, {LR: 0.1, LAMBDA: -1.0}, {})
 
@@ -137,18 +137,18 @@ def _identity():
     fb.set_task_identity()
 
 
-def test_message_ditto_sends_lambda_to_train_and_evaluate(_identity):
+def test_message_ditto_sends_lambda_to_train_and_names_its_algorithm_to_evaluate(_identity):
     grid = fb.FakeGrid([1, 2])
     strat = strategies.message.Ditto(lam=0.5, fraction_train=1.0, min_train_nodes=2, min_available_nodes=2)
     arrays = ArrayRecord({k: fb.Array(v) for k, v in _arrays(0.0).items()})
     msgs = list(strat.configure_train(1, arrays, ConfigRecord({"lr": 0.1}), grid))
-    assert all(m.content["config"][LAMBDA] == 0.5 for m in msgs)
+    assert all(m.content["config"][LAMBDA] == 0.5 and m.content["config"][CLIENT_ALGORITHM] == "ditto" for m in msgs)
     replies = [fb.train_reply(m, _arrays(float(m.metadata.dst_node_id)), num_examples=10 * m.metadata.dst_node_id) for m in msgs]
     new, _ = strat.aggregate_train(1, replies)
     assert np.allclose(new["fc.weight"].numpy(), (1 * 10 + 2 * 20) / 30)  # FedAvg, weighted by samples
     assert torch.allclose(strat.method.model[:6], torch.full((6,), 50 / 30))
     evals = list(strat.configure_evaluate(1, new, ConfigRecord(), grid))
-    assert all(m.content["config"][LAMBDA] == 0.5 for m in evals)
+    assert all(dict(m.content["config"]) == {CLIENT_ALGORITHM: "ditto", "server-round": 1} for m in evals)  # the personal model
     assert all(np.allclose(m.content["arrays"]["fc.weight"].numpy(), 50 / 30) for m in evals)  # everyone gets the global model
 
 
@@ -161,12 +161,13 @@ def test_legacy_ditto_and_the_method_server_agree():
     plan = server.plan_training(1, [1, 2, 3])
     assert sorted(int(p.cid) for p, _ in ins) == sorted(i.client_id for i in plan)  # the same seeded sample
     assert all(fit_ins.config[LAMBDA] == 2.0 and fit_ins.config["server-round"] == 1 for _, fit_ins in ins)
+    assert all(fit_ins.config[CLIENT_ALGORITHM] == "ditto" for _, fit_ins in ins)
     params, _ = strat.aggregate_fit(1, [(p, fb.fit_res(list(_arrays(float(p.cid)).values()), num_examples=int(p.cid)))
                                         for p, _ in ins], [])
     new = server.aggregate(1, [server.check(RawReply(i.client_id, list(_arrays(float(i.client_id)).values()), None,
                                                      i.client_id, {})) for i in plan])
     assert np.allclose(np.concatenate([a.ravel() for a in parameters_to_ndarrays(params)]), new.numpy())
-    assert all(e.config == {LAMBDA: 2.0} for e in server.plan_evaluation(1, [1, 2, 3], 1.0))
+    assert all(e.config == {CLIENT_ALGORITHM: "ditto"} for e in server.plan_evaluation(1, [1, 2, 3], 1.0))
 
 
 def test_declared_range_is_checked():
@@ -185,9 +186,9 @@ def test_node_keeps_a_personal_model_returns_plain_sgd_on_the_global_one_and_eva
     state = RecordDict()
     node = _node(state)
     received = {k: v.clone() for k, v in node.model.state_dict().items()}
-    before = node.evaluate({LAMBDA: 2.0})
+    before = node.evaluate({CLIENT_ALGORITHM: "ditto"})
     assert before["loss"] == pytest.approx(node.evaluate({})["loss"])  # before any round: the received model
-    config = {"lr": 0.05, "local-steps": 4, "batch-size": 10, "server-round": 1, LAMBDA: 2.0}
+    config = {CLIENT_ALGORITHM: "ditto", "lr": 0.05, "local-steps": 4, "batch-size": 10, "server-round": 1, LAMBDA: 2.0}
     node.fit(config)
     returned = flatten_module(node.model)
     personal = RecordState(node.state)[PERSONAL_STATE][0]
@@ -202,7 +203,7 @@ def test_node_keeps_a_personal_model_returns_plain_sgd_on_the_global_one_and_eva
     assert torch.allclose(personal, flatten_module(ref), atol=1e-6)  # the personal one: proximal toward w
 
     node.load(list(received.values()))  # evaluation receives the global model and uses the personal one
-    with_personal = node.evaluate({LAMBDA: 2.0})
+    with_personal = node.evaluate({CLIENT_ALGORITHM: "ditto"})
     assert with_personal["loss"] == pytest.approx(evaluate(ref, node.data.x_test, node.data.y_test).loss)
     node.load(list(received.values()))
     assert node.evaluate({})["loss"] != pytest.approx(with_personal["loss"])  # without Ditto: the received model

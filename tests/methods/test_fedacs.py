@@ -14,7 +14,7 @@ from flwr.common import parameters_to_ndarrays
 import strategies
 import strategies.message
 from client_apps.own_loop import algorithm_for
-from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.experiment.models import build_model
 from flower_pfl.methods.attention import cosine_similarity_matrix, quantile_threshold_weights
@@ -74,7 +74,7 @@ def test_server_algorithm_is_eq_4():
     assert torch.allclose(out[0], (models[0] + s01 * models[1]) / (1 + s01)) and torch.allclose(out[2], models[2])
     with pytest.raises(ValueError, match="p = 1.0"):
         FedACS(p=1.0)
-    assert FedACS().train_config(1) == {PROXIMAL_MU: 0.0}  # eq. 5: plain local steps from u_i
+    assert FedACS().train_config(1) == {} and FedACS().client_algorithm() is ClientAlgorithm  # eq. 5: plain local steps from u_i
 
 
 # ---------------------------------------------------------------- 2. the server algorithm
@@ -108,7 +108,7 @@ def test_threshold_is_recomputed_every_round_and_clients_get_their_u_i():
         for i, m in enumerate(msgs):
             got = _flat(v.numpy() for v in m.content["arrays"].values())
             assert torch.allclose(got, weights[i] @ stored, atol=1e-6)
-            assert m.content["config"]["proximal-mu"] == 0.0  # eq. 5: plain local steps from u_i
+            assert m.content["config"][CLIENT_ALGORITHM] == "sgd"  # eq. 5: plain local steps from u_i
         _, metrics = strat.aggregate_train(rnd, [fb.train_reply(m, _arrays(100 * rnd + m.metadata.dst_node_id)) for m in msgs])
         assert metrics["clients-accepted"] == 8
     assert deltas[0] == pytest.approx(1.0)  # round 1: every stored model is the initial one

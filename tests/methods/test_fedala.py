@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 
 from client_apps.own_loop import algorithm_for
-from flower_pfl.engine.client_algorithm import BATCH_SIZE, LR, SERVER_ROUND, ClientAlgorithm, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LR, SERVER_ROUND, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -19,7 +19,6 @@ from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.models import DNN
 from flower_pfl.methods.fedala import (
     ETA,
-    EVALUATE_LOCAL,
     LAYERS,
     LOCAL_STATE,
     RAND_PERCENT,
@@ -76,7 +75,8 @@ def test_weight_learning_by_hand():
 
 
 def _config(percent: float = 50.0, server_round: int = 1) -> dict:
-    return {LR: 0.1, BATCH_SIZE: 8, LAYERS: 1, ETA: 1.0, RAND_PERCENT: percent, SEED: 5, SERVER_ROUND: server_round}
+    return {CLIENT_ALGORITHM: "fedala", LR: 0.1, BATCH_SIZE: 8, LAYERS: 1, ETA: 1.0, RAND_PERCENT: percent, SEED: 5,
+            SERVER_ROUND: server_round}
 
 
 def _round(model, state, seed):
@@ -151,7 +151,7 @@ def test_three_rounds_plain_then_learned_until_settled_then_one_epoch():
 def test_the_client_evaluates_its_local_model_and_needs_state():
     model = _model()
     local = torch.arange(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
-    evaluated, _ = FedALAClient.evaluation_model(model, {EVALUATE_LOCAL: True}, {LOCAL_STATE: [local]}, None, None)
+    evaluated, _ = FedALAClient.evaluation_model(model, {CLIENT_ALGORITHM: "fedala"}, {LOCAL_STATE: [local]}, None, None)
     assert torch.equal(flatten_module(evaluated), local)
     with pytest.raises(ValueError, match="state"):
         FedALAClient(model, _config())
@@ -174,10 +174,10 @@ def test_server_is_fedavg_and_sends_the_settings():
     server = MethodServer(FedALA(eta=0.5, rand_percent=30.0, layers=2), clients_per_round=2, seed=0)
     server.initialize(_arrays(0.0))
     plan = server.plan_training(1, [1, 2])
-    assert all(ins.config == {LAYERS: 2, ETA: 0.5, RAND_PERCENT: 30.0, SEED: 0} for ins in plan)
+    assert all(ins.config == {CLIENT_ALGORITHM: "fedala", LAYERS: 2, ETA: 0.5, RAND_PERCENT: 30.0, SEED: 0} for ins in plan)
     new = server.aggregate(1, [server.check(RawReply(c, list(_arrays(float(c)).values()), None, 10 * c, {})) for c in (1, 2)])
     torch.testing.assert_close(new, torch.full((8,), (1 * 10 + 2 * 20) / 30))
-    assert all(e.config == {EVALUATE_LOCAL: True} for e in server.plan_evaluation(1, [1, 2], 1.0))
+    assert all(e.config == {CLIENT_ALGORITHM: "fedala"} for e in server.plan_evaluation(1, [1, 2], 1.0))
 
 
 @pytest.mark.parametrize("kwargs, name", [({"eta": 0.0}, "eta"), ({"rand_percent": 120.0}, "rand_percent"),

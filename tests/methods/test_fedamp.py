@@ -148,6 +148,11 @@ def _setting():
     return model, x, (x[:, 0] > 0).long()
 
 
+def _instruction(method) -> dict:
+    """A training instruction's method settings, naming the method's client algorithm as the server does."""
+    return {**method.train_config(1), CLIENT_ALGORITHM: method.client_algorithm().name}
+
+
 def _distance(model, anchor) -> float:
     return float(sum(((p.detach() - a) ** 2).sum() for p, a in zip(model.parameters(), anchor)))
 
@@ -157,9 +162,9 @@ def test_the_regularizer_has_a_gradient_toward_the_cloud_model_and_training_foll
     plain local models. Here the pull toward u_i is real: its gradient is μ (w − u_i) with
     μ = λ / α_k, and training ends nearer to u_i than plain SGD does."""
     model, _, _ = _setting()
-    config = {**FedAMP(alpha_k=0.05, lam=1.0).train_config(1), "lr": LR, "local-steps": STEPS, "batch-size": BATCH}
+    config = {**_instruction(FedAMP(alpha_k=0.05, lam=1.0)), "lr": LR, "local-steps": STEPS, "batch-size": BATCH}
     mu = config[PROXIMAL_MU]
-    assert client_algorithm_for(config) is Proximal
+    assert config[CLIENT_ALGORITHM] == "proximal" and client_algorithm_for(config) is Proximal
     cloud = [p.detach().clone() for p in model.parameters()]  # u_i: the model the client received
     step = client_algorithm_for(config)(model, config)
     with torch.no_grad():
@@ -180,13 +185,13 @@ def test_the_regularizer_has_a_gradient_toward_the_cloud_model_and_training_foll
         train_locally(step, model, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH, generator=torch.Generator().manual_seed(2))
         return _distance(model, start)
 
-    plain = {**config, PROXIMAL_MU: 0.0}
+    plain = {**config, CLIENT_ALGORITHM: "sgd", PROXIMAL_MU: 0.0}
     assert client_algorithm_for(plain) is ClientAlgorithm
     assert distance_after(config) < 0.5 * distance_after(plain)
 
 
 def test_users_loop_equals_the_package_loop_and_the_objective_written_out():
-    config = {**HeurFedAMP().train_config(1), "lr": LR, "local-steps": STEPS, "batch-size": BATCH}
+    config = {**_instruction(HeurFedAMP()), "lr": LR, "local-steps": STEPS, "batch-size": BATCH}
     mu = config[PROXIMAL_MU]
     users, x, y = _setting()
     package, reference = _setting()[0], _setting()[0]
@@ -201,7 +206,7 @@ def test_users_loop_equals_the_package_loop_and_the_objective_written_out():
         F.cross_entropy(users(x[idx]), y[idx]).backward()
         step.adjust_gradients(users, (x[idx], y[idx]))
         optimizer.step()
-    assert step.finish(users, x) == {CLIENT_ALGORITHM: PROXIMAL_MU}  # nothing but the receipt
+    assert step.finish(users, x) == {CLIENT_ALGORITHM: "proximal"}  # nothing but the receipt
 
     train_locally(client_algorithm_for(config)(package, config), package, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
                   generator=torch.Generator().manual_seed(2))

@@ -161,7 +161,7 @@ def _dnn() -> DNN:
 
 
 def _config(bias_reg: float = 0.0, global_biases: torch.Tensor | None = None) -> dict:
-    config = {fa.FEDATTN: True, LR: 0.1, fa.BIAS_REG: bias_reg}
+    config = {CLIENT_ALGORITHM: "fedattn", LR: 0.1, fa.BIAS_REG: bias_reg}
     if global_biases is not None:
         config[fa.GLOBAL_BIASES] = encode_vector(global_biases)
     return config
@@ -229,6 +229,7 @@ def test_the_step_in_a_users_own_loop_gives_what_train_locally_gives():
     for p, r in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p, r, atol=1e-6)
     assert extras.keys() == expected.keys() == {fa.REPRESENTATION, fa.BIAS_GRADIENT, CLIENT_ALGORITHM}
+    assert extras[CLIENT_ALGORITHM] == expected[CLIENT_ALGORITHM] == "fedattn"
     assert torch.allclose(decode_flat(extras[fa.REPRESENTATION], 4), decode_flat(expected[fa.REPRESENTATION], 4), atol=1e-6)
     assert torch.allclose(decode_flat(extras[fa.BIAS_GRADIENT], 7), decode_flat(expected[fa.BIAS_GRADIENT], 7), atol=1e-5)
     # finish also takes the training batches instead of one tensor
@@ -276,7 +277,7 @@ def test_server_round_trip_fedavg_then_each_client_its_own_biases(_identity):
     strat = strategies.message.FedAttn(k=1, fraction_train=1.0, min_train_nodes=2, min_available_nodes=2)
     arrays = ArrayRecord({k: fb.Array(v) for k, v in _arrays(0.0, [0.0, 0.0]).items()})
     msgs = list(strat.configure_train(1, arrays, ConfigRecord({"lr": 0.1}), grid))
-    assert all(m.content["config"]["fedattn"] is True for m in msgs)
+    assert all(m.content["config"][CLIENT_ALGORITHM] == "fedattn" for m in msgs)
     assert all(np.array_equal(m.content["arrays"]["fc.bias"].numpy(), [0.0, 0.0]) for m in msgs)  # no Z yet: global
     returned = {1: _arrays(1.0, [1.0, 2.0]), 2: _arrays(4.0, [3.0, 4.0])}
     new, metrics = strat.aggregate_train(1, [_reply(m, returned[m.metadata.dst_node_id], [float(m.metadata.dst_node_id), 0.0],
@@ -398,7 +399,7 @@ def test_legacy_fedattn_personalizes_the_named_biases():
     cm = fb.client_manager(["1", "2"])
     strat = strategies.FedAttn(k=1, initial_parameters=_arrays(0.0, [0.0, 0.0]), min_fit_clients=2, min_available_clients=2)
     ins = strat.configure_fit(1, strat.initial_parameters, cm)
-    assert len(ins) == 2 and all(fit_ins.config["fedattn"] is True for _, fit_ins in ins)
+    assert len(ins) == 2 and all(fit_ins.config[CLIENT_ALGORITHM] == "fedattn" for _, fit_ins in ins)
     returned = {1: _arrays(1.0, [1.0, 2.0]), 2: _arrays(3.0, [5.0, 6.0])}
     z = {1: [0.0, 1.0], 2: [4.0, 1.0]}
     res = [(p, fb.fit_res(list(returned[int(p.cid)].values()), extras=_extras(z[int(p.cid)]))) for p, _ in ins]

@@ -37,7 +37,7 @@ def _model(seed: int = 1) -> DNN:
     return DNN(3, 2, hidden=4)
 
 
-CONFIG = {LR: 0.1, LOCAL_STEPS: 3, BATCH_SIZE: 8, HEAD_LAYERS: 1}
+CONFIG = {CLIENT_ALGORITHM: "fedbabu", LR: 0.1, LOCAL_STEPS: 3, BATCH_SIZE: 8, HEAD_LAYERS: 1}
 
 
 # --- the client ------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def test_training_moves_the_body_only_in_both_loops():
         with torch.no_grad():
             for p, g in zip(body, grads):
                 p -= 0.1 * g
-    assert extras == {CLIENT_ALGORITHM: HEAD_LAYERS}
+    assert extras == {CLIENT_ALGORITHM: "fedbabu"}
     for model in (ours, mine):
         torch.testing.assert_close(flatten_module(model), flatten_module(ref))
     assert torch.equal(ours.fc2.weight, _model().fc2.weight) and not torch.equal(ours.fc1.weight, _model().fc1.weight)
@@ -111,7 +111,7 @@ def test_the_node_fine_tunes_before_testing_and_reports_both_accuracies():
     received = [v.clone() for v in node.model.state_dict().values()]
     plain = node.evaluate({})
     node.load(received)
-    tuned = node.evaluate(FedBABU().evaluation_config())
+    tuned = node.evaluate({**FedBABU().evaluation_config(), CLIENT_ALGORITHM: "fedbabu"})
     assert tuned[GLOBAL_ACCURACY] == plain["accuracy"] and tuned["loss"] < plain["loss"]
 
 
@@ -126,7 +126,7 @@ def test_bodies_are_averaged_by_samples_and_the_head_stays_as_initialised():
     server = MethodServer(FedBABU(), clients_per_round=2)
     server.initialize(_named(0.0, 0.5))
     plan = server.plan_training(1, [1, 2])
-    assert all(ins.config == {**ins.config, HEAD_LAYERS: 1} for ins in plan)
+    assert all(ins.config == {**ins.config, CLIENT_ALGORITHM: "fedbabu", HEAD_LAYERS: 1} for ins in plan)
     replies = [RawReply(cid, list(_named(body, 9.0).values()), list(_named(0, 0)), n, {"num-examples": n})
                for cid, body, n in ((1, 1.0, 1), (2, 4.0, 3))]  # clients that (wrongly) moved the head
     new = server.aggregate(1, [server.check(r) for r in replies])
@@ -134,7 +134,7 @@ def test_bodies_are_averaged_by_samples_and_the_head_stays_as_initialised():
     torch.testing.assert_close(new[8:], torch.full((6,), 0.5))  # the initial head, never trained
     evals = server.plan_evaluation(1, [1, 2], 1.0)
     assert all(torch.equal(ins.model, new) and ins.config[FINETUNE_STEPS] == 20 and ins.config[FINETUNE_PART] == "head"
-               for ins in evals)
+               and ins.config[CLIENT_ALGORITHM] == "fedbabu" for ins in evals)
 
 
 def test_bad_hyperparameters_and_runs_are_refused():

@@ -15,7 +15,7 @@ from floats import assert_same_math
 from flwr.app import RecordDict
 
 from client_apps.own_loop import RecordState, algorithm_for
-from flower_pfl.engine.client_algorithm import LR, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
@@ -100,7 +100,7 @@ def test_the_step_needs_state_and_a_positive_alpha():
         FedDynClient(model, {LR: 0.1, ALPHA: 0.0}, {})
     with pytest.raises(ValueError, match="alpha"):
         FedDyn(alpha=-1.0)
-    assert client_algorithm_for({ALPHA: 0.1}) is FedDynClient
+    assert client_algorithm_for({CLIENT_ALGORITHM: "feddyn", ALPHA: 0.1}) is FedDynClient
 
 
 def test_users_loop_matches_train_locally_over_two_rounds():
@@ -110,12 +110,12 @@ def test_users_loop_matches_train_locally_over_two_rounds():
     theirs.load_state_dict(ours.state_dict())
     ours_state, their_state = {}, RecordDict()
     for rnd in (1, 2):
-        config = {LR: 0.1, ALPHA: 0.3, "local-steps": 3, "batch-size": 8}
+        config = {CLIENT_ALGORITHM: "feddyn", LR: 0.1, ALPHA: 0.3, "local-steps": 3, "batch-size": 8}
         train_locally(FedDynClient(ours, config, ours_state), ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
                       generator=torch.Generator().manual_seed(rnd))
         step = algorithm_for(config, theirs, their_state, torch.optim.SGD(theirs.parameters(), lr=0.1))
         extras = fb.user_loop(theirs, step, x, y, lr=0.1, batch_size=8, steps=3, seed=rnd)
-        assert extras == {"client-algorithm": ALPHA}
+        assert extras == {CLIENT_ALGORITHM: "feddyn"}
         for a, b in zip(ours.parameters(), theirs.parameters()):
             assert_same_math(a, b)
         for a, b in zip(ours_state[GRADIENT_STATE], RecordState(their_state)[GRADIENT_STATE]):
@@ -143,7 +143,7 @@ def test_method_server_two_rounds_by_hand():
     server = MethodServer(FedDyn(alpha=0.5), clients_per_round=2, seed=1)
     server.initialize(_arrays(1.0))
     plan = server.plan_training(1, [5, 6, 7, 8])
-    assert all(ins.config == {ALPHA: 0.5} for ins in plan)
+    assert all(ins.config == {CLIENT_ALGORITHM: "feddyn", ALPHA: 0.5} for ins in plan)
     replies = [server.check(RawReply(ins.client_id, list(_arrays(1.0 + 2 * i).values()), None, 10 + 90 * i, {})) for i, ins in enumerate(plan)]
     new = server.aggregate(1, replies)  # models 1 and 3, θ = 1: h = −0.5/4 · 2 = −0.25; θ = 2 + 0.25/0.5
     assert torch.allclose(server.method.h, torch.full((8,), -0.25))

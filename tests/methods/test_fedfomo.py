@@ -11,7 +11,16 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 
 from client_apps.own_loop import algorithm_for
-from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND, ClientAlgorithm, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import (
+    BATCH_SIZE,
+    CLIENT_ALGORITHM,
+    LOCAL_STEPS,
+    LR,
+    SERVER_ROUND,
+    ClientAlgorithm,
+    TrainData,
+    train_locally,
+)
 from flower_pfl.engine.layout import flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -63,7 +72,7 @@ def _data():
 
 
 def _config(others: torch.Tensor, slots: int = 3, steps: int = 5) -> dict:
-    return {LR: 0.1, LOCAL_STEPS: steps, BATCH_SIZE: 8, SLOTS: slots, VAL_FRACTION: 0.2,
+    return {CLIENT_ALGORITHM: "fedfomo", LR: 0.1, LOCAL_STEPS: steps, BATCH_SIZE: 8, SLOTS: slots, VAL_FRACTION: 0.2,
             DOWNLOADS: encode_vector(others.flatten())}
 
 
@@ -174,6 +183,7 @@ def test_server_picks_by_affinity_and_adds_the_weights():
     plan = server.plan_training(1, [1, 2, 3, 4])
     assert all(ins.config[DOWNLOADS] == b"" and ins.config[SLOTS] == 2 for ins in plan)  # nobody has trained yet
     assert all(ins.config[VAL_SEED] == 3 and ins.config[VAL_FRACTION] == 0.2 for ins in plan)  # the run's seed fixes the split
+    assert all(ins.config[CLIENT_ALGORITHM] == "fedfomo" for ins in plan)
     server.aggregate(1, [server.check(_reply(c, float(c), [0.0, 0.0])) for c in (1, 2, 3, 4)])
     plan = {ins.client_id: ins for ins in server.plan_training(2, [1, 2, 3, 4])}
     assert torch.all(plan[1].model == 1.0)  # its own stored model

@@ -24,16 +24,17 @@ from flwr.common import parameters_to_ndarrays
 import strategies
 import strategies.message
 from client_apps.own_loop import RecordState, algorithm_for
-from flower_pfl.engine.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, AnchoredProximal
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, PROXIMAL_MU, ClientAlgorithm, Proximal, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import build_model
+from flower_pfl.methods.all_clients_train import ANCHOR, ANCHOR_KEEP, ANCHOR_SET, ANCHOR_STATE, AnchoredProximal
 from flower_pfl.methods.attention import layerwise_attention
 from flower_pfl.methods.fedmcsa import FedMCSA
 from flower_pfl.methods.pfedme import PFedMe, PFedMeClient
-from flower_pfl.methods.registry import client_algorithm_for, entry, evaluation_algorithm_for
+from flower_pfl.methods.registry import client_algorithm_for, entry
 
 from .runs import assert_as_recorded
 
@@ -94,7 +95,9 @@ def test_client_settings_and_validation():
     pfedme = PFedMe()
     transfer = FedMCSA(client_method=pfedme)
     assert transfer.train_config(1) == pfedme.train_config(1) and transfer.evaluation_config() == pfedme.evaluation_config()
-    assert transfer.client_algorithm() is PFedMeClient and FedMCSA().client_algorithm() is AnchoredProximal
+    assert transfer.client_algorithm() is PFedMeClient and FedMCSA().client_algorithm() is Proximal
+    assert FedMCSA(all_clients_train=True).client_algorithm() is AnchoredProximal  # remembers its anchor
+    assert FedMCSA(lam=0.0).client_algorithm() is ClientAlgorithm  # FedAvg+MCSA: plain local SGD
     for bad, name in (({"sigma": 0.0}, "sigma"), ({"lam": -1.0}, "lam"), ({"grouping": "layer"}, "grouping")):
         with pytest.raises(ValueError, match=name):
             FedMCSA(**bad)
@@ -130,6 +133,7 @@ def test_each_client_gets_its_own_personalized_model_and_settings():
         assert list(msg.content["arrays"].keys()) == list(NAMES)
         cfg = msg.content["config"]
         assert cfg["proximal-mu"] == 2.5 and cfg["lr"] == 0.1 and cfg["server-round"] == 4
+        assert cfg[CLIENT_ALGORITHM] == "proximal"
         assert ANCHOR not in cfg  # only Algorithm 1 with every client training sets anchors
 
 
@@ -149,7 +153,7 @@ def test_all_clients_train_as_algorithm_1():
         nid = m.metadata.dst_node_id
         want = expected[sampled.index(nid)] if nid in sampled else _flat(_arrays(float(nid)))
         assert torch.allclose(_sent(m), want, atol=1e-5)
-        assert m.content["config"]["proximal-mu"] == 5.0
+        assert m.content["config"]["proximal-mu"] == 5.0 and m.content["config"][CLIENT_ALGORITHM] == "anchored-proximal"
 
 
 def test_large_sigma_sends_each_client_its_own_model_back():
@@ -206,7 +210,7 @@ def test_legacy_right_model_to_right_client_and_store_updates():
     ins = strat.configure_fit(1, strat.initial_parameters, cm)
     assert sorted(p.cid for p, _ in ins) == ["0", "1", "2", "3", "4"]
     assert all(fi.config["proximal-mu"] == 5.0 and fi.config["local-steps"] == 3 and fi.config["server-round"] == 1
-               for _, fi in ins)
+               and fi.config[CLIENT_ALGORITHM] == "proximal" for _, fi in ins)
     params, metrics = strat.aggregate_fit(1, [(p, fb.fit_res(list(_arrays(1.0 + int(p.cid)).values()))) for p, _ in ins], [])
     assert params is None and metrics["clients-accepted"] == 5
     for node in range(5):  # legacy client ids are the node ids as ints
@@ -240,6 +244,14 @@ def test_strategy_arguments_go_to_the_method_and_bad_ones_are_refused():
         strategies.FedMCSA(sigma=-1.0, initial_parameters=_arrays(0.0))
 
 
+def _asked(method: FedMCSA) -> tuple[type[ClientAlgorithm], type[ClientAlgorithm]]:
+    """The client algorithms the method's training and evaluation instructions name."""
+    server = MethodServer(method, clients_per_round=1)
+    server.initialize(_arrays(0.0))
+    (train,), (evaluation,) = server.plan_training(1, [1]), server.plan_evaluation(1, [1], 1.0)
+    return client_algorithm_for(train.config), client_algorithm_for(evaluation.config)
+
+
 def test_table_2_entries():
     """fedavg+mcsa: the attention with λ = 0 (plain local SGD); fedmcsa+mean: Flower's FedProx with
     μ = λ; pfedme+mcsa: the attention with pFedMe's client algorithm and evaluation."""
@@ -247,8 +259,8 @@ def test_table_2_entries():
     cfg = ExperimentConfig.from_mapping({"method": "fedavg", "aggregation": "mcsa", **run})
     method = FedMCSA(**cfg.method_arguments())
     assert cfg.entry.declaration is FedMCSA and method.lam == 0.0
-    assert client_algorithm_for(method.train_config(1)) is ClientAlgorithm
-    assert client_algorithm_for(FedMCSA(lam=3.0).train_config(1)) is Proximal
+    assert _asked(method) == (ClientAlgorithm, ClientAlgorithm)
+    assert _asked(FedMCSA(lam=3.0)) == (Proximal, Proximal)
 
     cfg = ExperimentConfig.from_mapping({"method": "fedmcsa", "aggregation": "mean", **run})
     assert cfg.entry.strategy == "FedProx" and cfg.method_arguments() == {"proximal_mu": 3.0}
@@ -256,8 +268,7 @@ def test_table_2_entries():
 
     cfg = ExperimentConfig.from_mapping({"method": "pfedme", "aggregation": "mcsa"})
     method = FedMCSA(**cfg.method_arguments())
-    assert client_algorithm_for(method.train_config(1)) is PFedMeClient
-    assert evaluation_algorithm_for(method.evaluation_config()) is PFedMeClient
+    assert _asked(method) == (PFedMeClient, PFedMeClient)
 
 
 # ---------------------------------------------------------------- 3. the client algorithm (eq. 9, Algorithm 1)
@@ -330,13 +341,13 @@ def test_algorithm_1_clients_in_a_users_loop_and_in_the_package_loop():
             users, state = _model(received), states[node]
             package, package_state = _model(received), {k: list(v) for k, v in RecordState(state).items()}
             step = algorithm_for(config, users, state, optimizer=torch.optim.SGD(users.parameters(), lr=LR))
-            assert isinstance(step, Proximal) and step.mu == LAM
-            assert _user_loop(users, step, x, y, seed=rnd) == {CLIENT_ALGORITHM: PROXIMAL_MU}  # the receipt only
+            assert isinstance(step, AnchoredProximal) and step.mu == LAM
+            assert _user_loop(users, step, x, y, seed=rnd) == {CLIENT_ALGORITHM: "anchored-proximal"}  # the receipt only
 
             pstep = client_algorithm_for(config)(package, config, package_state)
             _, extras = train_locally(pstep, package, TrainData(x, y), steps=STEPS, lr=LR, batch_size=BATCH,
                                       generator=torch.Generator().manual_seed(rnd))
-            assert extras == {CLIENT_ALGORITHM: PROXIMAL_MU}
+            assert extras == {CLIENT_ALGORITHM: "anchored-proximal"}
             assert_same_math(_params(users), _params(package))
             assert torch.allclose(_params(users), _params(reference), atol=1e-5)
             # the anchor the client remembers is the last model it received while sampled

@@ -15,7 +15,7 @@ from flwr.app import Context, RecordDict
 
 from client_apps.app import Node
 from client_apps.own_loop import algorithm_for
-from flower_pfl.engine.client_algorithm import LR, ClientAlgorithm, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
@@ -99,7 +99,7 @@ def test_first_round_is_plain_sgd_and_returns_the_class_means_of_the_representat
     assert torch.allclose(flatten_module(model), flatten_module(ref), atol=1e-6)  # no global prototypes: no pull
     shares, protos = decode_prototypes(extras[LOCAL_PROTOTYPES], C, D)
     assert torch.allclose(shares, counts / counts.sum()) and torch.allclose(protos, sums / counts.clamp_min(1)[:, None], atol=1e-6)
-    assert extras["client-algorithm"] == LAMBDA
+    assert extras[CLIENT_ALGORITHM] == "fedproto"
 
 
 def test_with_global_prototypes_each_step_descends_the_whole_loss():
@@ -125,12 +125,13 @@ def test_with_global_prototypes_each_step_descends_the_whole_loss():
 
 def test_users_loop_matches_train_locally():
     x, y = _data()
-    config = {LR: 0.1, LAMBDA: 1.0, PROTOTYPES: encode_prototypes(KNOWN.float(), GLOBAL)}
+    config = {LR: 0.1, CLIENT_ALGORITHM: "fedproto", LAMBDA: 1.0, PROTOTYPES: encode_prototypes(KNOWN.float(), GLOBAL)}
     ours, theirs = _model(), _model()
     _, extras = _train(ours, config, seed=3)
     step = algorithm_for(config, theirs, RecordDict(), torch.optim.SGD(theirs.parameters(), lr=0.1))
     their_extras = fb.user_loop(theirs, step, x, y, lr=0.1, batch_size=8, steps=4, seed=3)
     assert_same_math(flatten_module(ours), flatten_module(theirs))
+    assert extras[CLIENT_ALGORITHM] == their_extras[CLIENT_ALGORITHM] == "fedproto"
     for a, b in zip(decode_prototypes(extras[LOCAL_PROTOTYPES], C, D), decode_prototypes(their_extras[LOCAL_PROTOTYPES], C, D)):
         assert torch.allclose(a, b, atol=1e-6)
 
@@ -162,8 +163,8 @@ def test_server_keeps_models_per_client_and_aggregates_prototypes_by_samples():
     server = MethodServer(FedProto(lam=0.5), clients_per_round=2)
     server.initialize(_arrays(0.0))
     plan = server.plan_training(1, [1, 2])
-    assert all(ins.config == {LAMBDA: 0.5} for ins in plan)  # no prototypes yet
-    assert server.plan_evaluation(1, [1, 2], 1.0)[0].config == {}
+    assert all(ins.config == {CLIENT_ALGORITHM: "fedproto", LAMBDA: 0.5} for ins in plan)  # no prototypes yet
+    assert server.plan_evaluation(1, [1, 2], 1.0)[0].config == {CLIENT_ALGORITHM: "fedproto"}
     replies = [server.check(_reply(1, 1.0, 10, [0.5, 0.5, 0.0], [[1.0, 1.0], [2.0, 0.0], [0.0, 0.0]])),
                server.check(_reply(2, 3.0, 30, [1.0, 0.0, 0.0], [[5.0, 1.0], [0.0, 0.0], [0.0, 0.0]]))]
     server.aggregate(1, replies)
@@ -225,9 +226,10 @@ def test_node_reports_the_nearest_prototype_accuracy_beside_the_models():
     protos = torch.stack([z[y == c].mean(0) if (y == c).any() else torch.zeros(z.shape[1]) for c in range(classes)])
     distances = torch.cdist(z, protos).masked_fill(~known, float("inf"))
     by_hand = float((distances.argmin(1) == y).float().mean())
-    metrics = node.evaluate({PROTOTYPES: encode_prototypes(known.float(), protos)})
+    metrics = node.evaluate({CLIENT_ALGORITHM: "fedproto", PROTOTYPES: encode_prototypes(known.float(), protos)})
     assert metrics[PROTOTYPE_ACCURACY] == pytest.approx(by_hand)
     assert metrics["accuracy"] == pytest.approx(evaluate(node.model, x, y).accuracy)  # the main figure: the model's output
+    assert PROTOTYPE_ACCURACY not in node.evaluate({CLIENT_ALGORITHM: "fedproto"})  # no global prototypes yet
     assert PROTOTYPE_ACCURACY not in node.evaluate({})
 
 

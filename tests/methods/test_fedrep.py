@@ -34,7 +34,7 @@ def _model(seed: int = 1) -> DNN:
 
 
 def _config(steps: int = 4, body: int = 1) -> dict:
-    return {LR: 0.1, LOCAL_STEPS: steps, BATCH_SIZE: 8, HEAD_LAYERS: 1, BODY_STEPS: body}
+    return {LR: 0.1, LOCAL_STEPS: steps, BATCH_SIZE: 8, CLIENT_ALGORITHM: "fedrep", HEAD_LAYERS: 1, BODY_STEPS: body}
 
 
 # --- the client algorithm, by hand ----------------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_a_users_loop_gives_the_package_loops_model_and_receipt():
                           lr=0.1, batch_size=8, steps=4, seed=5)
     train_locally(FedRepClient(ours, _config()), ours, TrainData(x, y), steps=4, lr=0.1, batch_size=8,
                   generator=torch.Generator().manual_seed(5))
-    assert extras == {CLIENT_ALGORITHM: BODY_STEPS}
+    assert extras == {CLIENT_ALGORITHM: "fedrep"}
     torch.testing.assert_close(flatten_module(mine), flatten_module(ours))
 
 
@@ -115,7 +115,7 @@ def test_the_body_is_the_uniform_mean_and_heads_stay_with_their_clients():
     server = MethodServer(FedRep(), clients_per_round=2)
     server.initialize(_named(0.0))
     plan = server.plan_training(1, [1, 2])
-    assert all(ins.config[BODY_STEPS] == 1 and ins.config[HEAD_LAYERS] == 1 for ins in plan)
+    assert all(ins.config == {CLIENT_ALGORITHM: "fedrep", BODY_STEPS: 1, HEAD_LAYERS: 1} for ins in plan)
     server.aggregate(1, [server.check(_reply(1, 1.0, 1)), server.check(_reply(2, 4.0, 3))])
     torch.testing.assert_close(server.method.base, torch.full((8,), 2.5))  # (1 + 4) / 2: φ^{t+1} = (1/|I|) Σ φ_i, not by samples
     sent = {ins.client_id: ins.model for ins in server.plan_evaluation(1, [1, 2, 3], 1.0)}

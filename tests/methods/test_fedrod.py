@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 
 from client_apps.own_loop import algorithm_for
-from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
@@ -22,17 +22,17 @@ from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.models import DNN
 from flower_pfl.methods.fedrod import (
     BALANCED,
-    FEDROD,
     PERSONAL_HEAD,
     FedRoD,
     FedRoDClient,
     Personalized,
     balanced_softmax_loss,
 )
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
-CONFIG = {LR: 0.1, LOCAL_STEPS: 1, BATCH_SIZE: 6, FEDROD: True, BALANCED: True}
+CONFIG = {LR: 0.1, LOCAL_STEPS: 1, BATCH_SIZE: 6, CLIENT_ALGORITHM: "fedrod", BALANCED: True}
 
 
 def _data():
@@ -114,11 +114,11 @@ def test_evaluation_adds_the_personal_logits_and_reports_the_generic_accuracy():
     model = _model()
     test = lambda m: evaluate(m, x, y)
     generic = evaluate(model, x, y)
-    out, extra = FedRoDClient.evaluation_model(model, {FEDROD: True}, {}, TrainData(x, y), test)
+    out, extra = FedRoDClient.evaluation_model(model, {CLIENT_ALGORITHM: "fedrod"}, {}, TrainData(x, y), test)
     assert extra == {GLOBAL_ACCURACY: generic.accuracy}
     assert isinstance(out, Personalized) and torch.equal(out(x), model(x))  # no personal head yet: the generic prediction
     head = [torch.randn(3, 4), torch.randn(3)]
-    out, _ = FedRoDClient.evaluation_model(model, {FEDROD: True}, {PERSONAL_HEAD: head}, TrainData(x, y), test)
+    out, _ = FedRoDClient.evaluation_model(model, {CLIENT_ALGORITHM: "fedrod"}, {PERSONAL_HEAD: head}, TrainData(x, y), test)
     torch.testing.assert_close(out(x), model(x) + torch.relu(model.fc1(x)) @ head[0].T + head[1])
 
 
@@ -138,11 +138,13 @@ def test_the_server_is_fedavg_and_asks_for_the_step_in_training_and_evaluation()
     server = MethodServer(FedRoD(balanced=False), clients_per_round=2)
     server.initialize(_named(0.0))
     plan = server.plan_training(1, [1, 2])
-    assert all(ins.config[FEDROD] is True and ins.config[BALANCED] is False for ins in plan)
+    assert all(ins.config == {CLIENT_ALGORITHM: "fedrod", BALANCED: False} for ins in plan)
+    assert client_algorithm_for(plan[0].config) is FedRoDClient
     new = server.aggregate(1, [server.check(RawReply(cid, list(_named(v).values()), list(_named(0)), n, {"num-examples": n}))
                                for cid, v, n in ((1, 1.0, 1), (2, 4.0, 3))])
     torch.testing.assert_close(new, torch.full((14,), 3.25))
-    assert all(ins.config == {FEDROD: True} and torch.equal(ins.model, new) for ins in server.plan_evaluation(1, [1, 2], 1.0))
+    assert all(ins.config == {CLIENT_ALGORITHM: "fedrod"} and torch.equal(ins.model, new)
+               for ins in server.plan_evaluation(1, [1, 2], 1.0))
 
 
 def test_bad_hyperparameters_are_refused():

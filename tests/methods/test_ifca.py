@@ -1,5 +1,5 @@
-"""IFCA: the cluster estimate (on the whole training split, in ``begin``) and the client's training by hand, the server's per-cluster averages
-with fabricated replies, the checks on the cluster identity, the evaluation's choice, bad
+"""IFCA: the cluster estimate (on the whole training split, in ``begin``) and the client's training by hand,
+the server's per-cluster averages with fabricated replies, the checks on the cluster identity, the evaluation's choice, bad
 hyperparameters and a whole run."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from client_apps.own_loop import algorithm_for
-from flower_pfl.engine.client_algorithm import LOCAL_STEPS, LR, ClientAlgorithm, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LOCAL_STEPS, LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -46,12 +46,13 @@ def test_cluster_estimate_is_the_lowest_mean_loss_by_hand():
 
 def test_client_trains_the_chosen_cluster_on_the_very_minibatches_plain_sgd_would_use():
     data, lr = _data(), 0.1
-    config = {LR: lr, LOCAL_STEPS: 3, MODELS: encode_vector(_models().flip(0).flatten())}  # the good model is cluster 1
+    config = {LR: lr, LOCAL_STEPS: 3, CLIENT_ALGORITHM: "ifca", MODELS: encode_vector(_models().flip(0).flatten())}  # good: cluster 1
     model = MLR(3, 2)
     assert client_algorithm_for(config) is IFCAClient
     _, extras = train_locally(IFCAClient(model, config), model, data, steps=3, lr=lr, batch_size=8,
                               generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(decode_flat(extras[CLUSTER], 2), torch.tensor([0.0, 1.0]))  # s_i, one-hot
+    assert extras[CLIENT_ALGORITHM] == "ifca"
     plain = MLR(3, 2)
     load_flat_(plain, _models()[0])
     train_locally(ClientAlgorithm(plain, config), plain, data, steps=3, lr=lr, batch_size=8, generator=torch.Generator().manual_seed(4))
@@ -132,7 +133,8 @@ def test_server_averages_each_cluster_by_hand(weighted):
     server.initialize(_arrays(1.0))
     before = server.method.models.clone()
     plan = server.plan_training(1, [1, 2, 3])
-    assert all(torch.equal(decode_flat(ins.config[MODELS], 3 * D).view(3, D), before) for ins in plan)
+    assert all(torch.equal(decode_flat(ins.config[MODELS], 3 * D).view(3, D), before) and ins.config[CLIENT_ALGORITHM] == "ifca"
+               for ins in plan)
     replies = [server.check(_reply(1, 2.0, 1, 0)), server.check(_reply(2, 6.0, 3, 0)), server.check(_reply(3, 5.0, 2, 2))]
     assert server.aggregate(1, replies) is None  # no single global model
     mean = 0.25 * 2.0 + 0.75 * 6.0 if weighted else (2.0 + 6.0) / 2  # θ_0 = Σ s_i0 θ̃_i / Σ s_i0 (Algorithm 1)

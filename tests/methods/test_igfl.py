@@ -28,7 +28,6 @@ from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import MLR
 from flower_pfl.methods.igfl import (
     ATTENTION_MODES,
-    CORRECTION,
     DELTA_STATE,
     GLOBAL_DELTA,
     IGFL,
@@ -123,7 +122,7 @@ def _flat(model):
 def _config(model, *, lr=0.1, steps=6, participants=1, global_delta=None):
     dim = sum(p.numel() for p in model.parameters())
     glob = torch.zeros(dim) if global_delta is None else global_delta
-    return {LR: lr, LOCAL_STEPS: steps, BATCH_SIZE: 8, CORRECTION: True, PARTICIPANTS: participants,
+    return {LR: lr, LOCAL_STEPS: steps, BATCH_SIZE: 8, CLIENT_ALGORITHM: "igfl", PARTICIPANTS: participants,
             GLOBAL_DELTA: encode_vector(glob)}
 
 
@@ -183,7 +182,7 @@ def test_method_server_igfl_c_averages_the_deltas_and_sends_them_next_round():
     plan = server.plan_training(1, [10, 11, 12])
     assert len(plan) == 2 and [ins.client_id for ins in plan] == server.last_participants
     for ins in plan:
-        assert ins.config[CORRECTION] is True and ins.config[PARTICIPANTS] == 2
+        assert ins.config[CLIENT_ALGORITHM] == "igfl" and ins.config[PARTICIPANTS] == 2
         assert torch.equal(decode_flat(ins.config[GLOBAL_DELTA], DIM), torch.zeros(DIM)) and torch.equal(ins.model, _vec(init))
     returned = {ins.client_id: _arrays(1.0 + i, seed=i) for i, ins in enumerate(plan)}
     replies = [server.check(RawReply(cid, list(a.values()), list(a), 10 * (i + 1), {}))
@@ -205,7 +204,8 @@ def test_igfl_s_sends_plain_sgd_clients_and_bad_attention_is_refused():
         server = MethodServer(IGFL(client_correction=correction), clients_per_round=1)
         server.initialize(_arrays(0.0))
         (plans[correction],) = server.plan_training(1, [1, 2])
-    assert plans[False].config[CORRECTION] is False
+    assert plans[False].config == {CLIENT_ALGORITHM: "sgd"}  # IGFL-S: no IGFL-C inputs
+    assert plans[True].config[CLIENT_ALGORITHM] == "igfl" and plans[True].config[PARTICIPANTS] == 1
     assert client_algorithm_for({LR: 0.1, **plans[False].config}).__name__ == "ClientAlgorithm"  # the ClientApp runs plain local SGD
     assert client_algorithm_for({LR: 0.1, **plans[True].config}) is IGFLCorrection
     with pytest.raises(ValueError, match="attention"):
@@ -219,7 +219,7 @@ def test_message_igfl_round_by_hand(_identity):
     arrays = ArrayRecord({k: fb.Array(v) for k, v in init.items()})
     msgs = list(strat.configure_train(1, arrays, ConfigRecord({"lr": 0.1}), grid))
     cfg = msgs[0].content["config"]
-    assert cfg["igfl-correction"] is True and cfg["igfl-participants"] == 3 and cfg["lr"] == 0.1
+    assert cfg[CLIENT_ALGORITHM] == "igfl" and cfg["igfl-participants"] == 3 and cfg["lr"] == 0.1
     assert torch.equal(_vec(decode_vector(cfg["igfl-global-delta"], LIKE)), torch.zeros(DIM))
     models = {m.metadata.dst_node_id: _arrays(0.0, seed=0) | {"fc.bias": np.full(2, float(m.metadata.dst_node_id), np.float32)}
               for m in msgs}
@@ -251,7 +251,7 @@ def test_legacy_igfl_time_attention_round():
     strat = strategies.IGFL(attention="time", client_correction=False, initial_parameters=init,
                             min_fit_clients=2, min_available_clients=2)
     ins = strat.configure_fit(1, strat.initial_parameters, cm)
-    assert all(fi.config["igfl-correction"] is False and fi.config["igfl-participants"] == 2 for _, fi in ins)
+    assert all(fi.config[CLIENT_ALGORITHM] == "sgd" and "igfl-participants" not in fi.config for _, fi in ins)  # IGFL-S
     returned = {"1": list(_arrays(1.0).values()), "2": list(_arrays(3.0, seed=1).values())}
     params, metrics = strat.aggregate_fit(1, [(p, fb.fit_res(returned[p.cid])) for p, _ in ins], [])
     deltas = torch.stack([_vec(returned[p.cid]) - _vec(init) for p, _ in ins])
@@ -289,7 +289,7 @@ def test_users_loop_matches_train_locally_over_two_rounds():
         step = client_algorithm_for(config)(ours, config, ours_state)
         _, extras = train_locally(step, ours, TrainData(x, y), steps=4, lr=0.1, batch_size=8,
                                   generator=torch.Generator().manual_seed(rnd))
-        assert extras == _user_loop(theirs, config, their_state, x, y, seed=rnd) == {CLIENT_ALGORITHM: CORRECTION}
+        assert extras == _user_loop(theirs, config, their_state, x, y, seed=rnd) == {CLIENT_ALGORITHM: "igfl"}
         assert_same_math(_flat(ours), _flat(theirs))
         kept = torch.cat([t.flatten() for t in ours_state[DELTA_STATE]])
         assert_same_math(kept, torch.cat([t.flatten() for t in their_state[DELTA_STATE]]))
@@ -320,7 +320,7 @@ def test_node_keeps_its_last_delta_in_state():
                       run_config=ExperimentConfig().to_run_config())
     node = Node.from_context(context)
     received = [p.detach().clone() for p in node.model.parameters()]
-    config = {"lr": 0.05, "local-steps": 3, "batch-size": 10, "igfl-correction": True, "igfl-participants": 4,
+    config = {"lr": 0.05, "local-steps": 3, "batch-size": 10, CLIENT_ALGORITHM: "igfl", "igfl-participants": 4,
               "igfl-global-delta": encode_vector(torch.zeros(sum(p.numel() for p in received))), "server-round": 1}
     node.fit(config)
     stored = RecordState(state)[DELTA_STATE]

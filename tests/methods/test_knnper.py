@@ -19,7 +19,7 @@ from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import DNN, MLR
 from flower_pfl.methods.knnper import LAMBDA, SCALE, K, KNNMixture, KNNPer, KNNPerClient, knn_probabilities
-from flower_pfl.methods.registry import client_algorithm_for, evaluation_algorithm_for
+from flower_pfl.methods.registry import client_algorithm_for
 
 from .runs import assert_as_recorded
 
@@ -61,14 +61,16 @@ def test_server_is_fedavg_and_evaluation_asks_for_the_mixture():
     server = MethodServer(KNNPer(k=3, lam=0.3, scale=0.5), clients_per_round=2)
     server.initialize(arrays)
     plan = server.plan_training(1, [1, 2, 3])
-    assert all(ins.config == {K: 3} and client_algorithm_for(ins.config) is KNNPerClient for ins in plan)  # plain SGD and its receipt
+    assert all(ins.config == {CLIENT_ALGORITHM: "knnper", K: 3} and client_algorithm_for(ins.config) is KNNPerClient
+               for ins in plan)  # plain SGD and its receipt
     replies = [server.check(RawReply(ins.client_id, [np.full((2, 3), v, np.float32), np.full(2, v, np.float32)], None, n, {}))
                for ins, v, n in zip(plan, (1.0, 3.0), (1, 3))]
     new = server.aggregate(1, replies)
     torch.testing.assert_close(new, torch.full((8,), 0.25 * 1.0 + 0.75 * 3.0))  # FedAvg, by hand: 2.5
     evaluation = server.plan_evaluation(1, [1, 2, 3], 1.0)
-    assert all(ins.config == {K: 3, LAMBDA: 0.3, SCALE: 0.5} and torch.equal(ins.model, new) for ins in evaluation)
-    assert evaluation_algorithm_for(evaluation[0].config) is KNNPerClient
+    assert all(ins.config == {CLIENT_ALGORITHM: "knnper", K: 3, LAMBDA: 0.3, SCALE: 0.5} and torch.equal(ins.model, new)
+               for ins in evaluation)
+    assert client_algorithm_for(evaluation[0].config) is KNNPerClient
 
 
 def test_evaluation_model_reports_the_global_models_accuracy_beside():
@@ -90,7 +92,7 @@ def test_a_node_evaluates_the_mixture_and_the_global_model():
                       run_config=ExperimentConfig(model="dnn").to_run_config())
     node = Node.from_context(context)
     plain = node.evaluate({})
-    mixed = node.evaluate(KNNPer().evaluation_config())
+    mixed = node.evaluate({CLIENT_ALGORITHM: "knnper", **KNNPer().evaluation_config()})
     assert mixed["global-accuracy"] == plain["accuracy"] != mixed["accuracy"]
     assert 0 <= mixed["accuracy"] <= 1 and mixed["loss"] > 0
 
@@ -98,13 +100,13 @@ def test_a_node_evaluates_the_mixture_and_the_global_model():
 def test_training_is_plain_sgd_with_the_receipt_in_a_users_loop_too():
     model, train = _model_and_data()
     theirs, plain = copy.deepcopy(model), copy.deepcopy(model)
-    config = {LR: 0.1, K: 5}
+    config = {LR: 0.1, CLIENT_ALGORITHM: "knnper", K: 5}
     _, extras = train_locally(client_algorithm_for(config)(model, config), model, train, steps=2, lr=0.1, batch_size=8,
                               generator=torch.Generator().manual_seed(3))
     train_locally(ClientAlgorithm(plain, config), plain, train, steps=2, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(3))
     their_extras = fb.user_loop(theirs, algorithm_for(config, theirs, None, torch.optim.SGD(theirs.parameters(), lr=0.1)),
                                 train.x, train.y, lr=0.1, batch_size=8, steps=2, seed=3)
-    assert extras == their_extras == {CLIENT_ALGORITHM: K}
+    assert extras == their_extras == {CLIENT_ALGORITHM: "knnper"}
     for a, b, c in zip(model.parameters(), plain.parameters(), theirs.parameters()):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c)

@@ -14,7 +14,7 @@ from flwr.common import parameters_to_ndarrays
 
 import strategies
 import strategies.message
-from flower_pfl.engine.client_algorithm import PROXIMAL_MU, ClientAlgorithm, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.experiment.models import build_model
 from flower_pfl.methods.local import Local
@@ -36,7 +36,7 @@ def test_the_server_algorithm_returns_the_stored_models_unchanged():
     models = torch.randn(4, 8)
     out, weights = Local().personalize(models, ParamLayout(names=("w",), shapes=((8,),)))
     assert torch.equal(out, models) and weights is None
-    assert Local().train_config(1) == {PROXIMAL_MU: 0.0} and Local().evaluation_config() == {}
+    assert Local().train_config(1) == Local().evaluation_config() == {} and Local().client_algorithm() is ClientAlgorithm
     assert client_algorithm_for(Local().train_config(1)) is ClientAlgorithm
 
 
@@ -53,7 +53,7 @@ def test_each_client_gets_its_own_model_and_no_proximal_term():
             # its own last model, or the initial one before it first trained
             want = _arrays(10.0 * trained[node] + node) if node in trained else _arrays(0.0)
             assert torch.equal(_sent(msg), _flat(want))
-            assert msg.content["config"]["proximal-mu"] == 0.0
+            assert msg.content["config"][CLIENT_ALGORITHM] == "sgd"
         arrays, metrics = strat.aggregate_train(rnd, [fb.train_reply(m, _arrays(10.0 * rnd + m.metadata.dst_node_id))
                                                       for m in msgs])
         assert arrays is None and metrics["clients-accepted"] == 3
@@ -72,7 +72,7 @@ def test_legacy_sends_each_client_its_own_model():
     assert params is None
     for proxy, fitins in strat.configure_fit(2, strat.initial_parameters, cm):
         assert torch.equal(_flat(parameters_to_ndarrays(fitins.parameters)), _flat(_arrays(1.0 + int(proxy.cid))))
-        assert fitins.config["proximal-mu"] == 0.0
+        assert fitins.config[CLIENT_ALGORITHM] == "sgd"
     for proxy, evalins in strat.configure_evaluate(2, strat.initial_parameters, cm):
         assert torch.equal(_flat(parameters_to_ndarrays(evalins.parameters)), _flat(_arrays(1.0 + int(proxy.cid))))
 
@@ -108,7 +108,7 @@ def test_rounds_of_local_training_are_one_long_local_training():
     for node in range(3):
         alone = {k: v.numpy() for k, v in start.items()}
         for rnd in (1, 2, 3):
-            alone = train(alone, {**config, PROXIMAL_MU: 0.0}, node, rnd)
+            alone = train(alone, config, node, rnd)
         assert torch.allclose(strat.method.store.get([node])[0], _flat(alone), atol=1e-6)
         finals.append(_flat(alone))
     assert not torch.allclose(finals[0], finals[1], atol=1e-3)  # the clients really differ

@@ -17,7 +17,7 @@ from floats import assert_same_math, same_math
 from flwr.app import RecordDict
 
 from client_apps.own_loop import RecordState, algorithm_for
-from flower_pfl.engine.client_algorithm import LR, ClientAlgorithm, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
@@ -40,7 +40,7 @@ def _model(seed: int) -> DNN:
 
 
 def _config(mu=2.0, tau=0.5, lr=0.1):
-    return {LR: lr, MU: mu, TAU: tau}
+    return {LR: lr, CLIENT_ALGORITHM: "moon", MU: mu, TAU: tau}
 
 
 def _train(model, state, seed, steps=3, **kw):
@@ -91,7 +91,8 @@ def test_two_rounds_against_the_whole_loss_written_out():
 def _plain(received, seed):
     x, y = _data()
     model = copy.deepcopy(received)
-    train_locally(ClientAlgorithm(model, {}), model, TrainData(x, y), steps=3, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(seed))
+    train_locally(ClientAlgorithm(model, {}), model, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
+                  generator=torch.Generator().manual_seed(seed))
     return model
 
 
@@ -124,7 +125,7 @@ def test_users_loop_matches_train_locally_over_two_rounds():
         train_locally(MoonClient(ours, config, ours_state), ours, TrainData(x, y), steps=3, lr=0.1, batch_size=8,
                       generator=torch.Generator().manual_seed(rnd))
         step = algorithm_for(config, theirs, their_state, torch.optim.SGD(theirs.parameters(), lr=0.1))
-        assert fb.user_loop(theirs, step, x, y, lr=0.1, batch_size=8, steps=3, seed=rnd) == {"client-algorithm": MU}
+        assert fb.user_loop(theirs, step, x, y, lr=0.1, batch_size=8, steps=3, seed=rnd) == {CLIENT_ALGORITHM: "moon"}
         assert_same_math(flatten_module(ours), flatten_module(theirs))
         assert_same_math(ours_state[PREVIOUS_STATE][0], RecordState(their_state)[PREVIOUS_STATE][0])
         theirs.load_state_dict(ours.state_dict())
@@ -148,7 +149,7 @@ def test_server_is_fedavg_and_sends_mu_and_tau():
     server = MethodServer(MOON(mu=5.0, tau=0.2), clients_per_round=2)
     server.initialize(arrays(0.0))
     plan = server.plan_training(1, [1, 2])
-    assert all(ins.config == {MU: 5.0, TAU: 0.2} for ins in plan)
+    assert all(ins.config == {CLIENT_ALGORITHM: "moon", MU: 5.0, TAU: 0.2} for ins in plan)
     new = server.aggregate(1, [server.check(RawReply(i.client_id, list(arrays(float(i.client_id)).values()), None,
                                                      10 * i.client_id, {})) for i in plan])
     assert torch.allclose(new, torch.full_like(new, (1 * 10 + 2 * 20) / 30))

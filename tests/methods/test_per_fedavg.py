@@ -57,7 +57,7 @@ def test_first_order_step_by_hand():
                 p.copy_(s - 0.1 * g)  # w ← w − β ∇f(w_tmp; D')
     for p, r in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(p, r, atol=1e-6)
-    assert extras == {CLIENT_ALGORITHM: ALPHA} and result.steps == 2 and result.loss == pytest.approx(sum(losses) / 2, abs=1e-6)
+    assert extras == {CLIENT_ALGORITHM: "per-fedavg"} and result.steps == 2 and result.loss == pytest.approx(sum(losses) / 2, abs=1e-6)
 
 
 def test_adaptation_is_one_full_batch_gradient_step():
@@ -79,7 +79,7 @@ def test_the_client_algorithm_is_no_hook_on_a_users_loop_and_keeps_no_state():
     torch.manual_seed(0)
     model = MLR(4, 2)
     with pytest.raises(ValueError, match="ClientApp"):
-        algorithm_for({LR: 0.1, ALPHA: 0.3}, model)
+        algorithm_for({LR: 0.1, CLIENT_ALGORITHM: "per-fedavg", ALPHA: 0.3}, model)
     state: dict = {}
     x, y = _data()
     train_locally(PerFedAvgClient(model, {LR: 0.1, ALPHA: 0.3}, state), model, TrainData(x, y), steps=2, lr=0.1, batch_size=8,
@@ -97,13 +97,13 @@ def test_server_sends_alpha_to_train_and_adapt_and_averages_by_samples():
     server = MethodServer(PerFedAvg(alpha=0.02), clients_per_round=2, seed=1)
     server.initialize(_arrays(0.0))
     plan = server.plan_training(1, [4, 5, 6])
-    assert len(plan) == 2 and all(ins.config == {ALPHA: 0.02} for ins in plan)
+    assert len(plan) == 2 and all(ins.config == {CLIENT_ALGORITHM: "per-fedavg", ALPHA: 0.02} for ins in plan)
     new = server.aggregate(1, [server.check(RawReply(i.client_id, list(_arrays(float(i.client_id)).values()), None, i.client_id, {}))
                                for i in plan])
     ids = [i.client_id for i in plan]
     assert torch.allclose(new[:6], torch.full((6,), sum(c * c for c in ids) / sum(ids)))  # FedAvg, weighted by samples
     evals = server.plan_evaluation(1, [4, 5, 6], 1.0)
-    assert all(e.config == {ADAPT: 0.02} and torch.equal(e.model, new) for e in evals)
+    assert all(e.config == {CLIENT_ALGORITHM: "per-fedavg", ADAPT: 0.02} and torch.equal(e.model, new) for e in evals)
 
 
 def test_message_strategy_sends_alpha_beside_the_outer_lr():
@@ -133,7 +133,7 @@ def test_node_evaluates_after_one_step_on_the_training_split_only(monkeypatch):
     seen = []
     real = pf.adapt_one_step
     monkeypatch.setattr(pf, "adapt_one_step", lambda model, x, y, alpha: (seen.append((x, y, alpha)), real(model, x, y, alpha)))
-    adapted = node.evaluate({ADAPT: 0.05})
+    adapted = node.evaluate({CLIENT_ALGORITHM: "per-fedavg", ADAPT: 0.05})
     (x, y, alpha), = seen
     assert torch.equal(x, node.data.x_train) and torch.equal(y, node.data.y_train) and alpha == 0.05
     monkeypatch.undo()

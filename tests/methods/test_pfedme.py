@@ -26,7 +26,6 @@ from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.models import MLR
 from flower_pfl.methods.pfedme import (
-    EVALUATE_BOTH,
     INNER_STEPS,
     LAMBDA,
     PERSONAL_LR,
@@ -36,7 +35,7 @@ from flower_pfl.methods.pfedme import (
     personalize,
     personalized_vector,
 )
-from flower_pfl.methods.registry import client_algorithm_for, evaluation_algorithm_for
+from flower_pfl.methods.registry import client_algorithm_for
 from server_apps.factory import build_message_strategy
 from strategies.aggregated_metrics import PersonalizedMetrics
 
@@ -49,7 +48,8 @@ def _data():
 
 
 def _config(*, lr=0.1, steps=2, lam=4.0, personal_lr=0.05, inner_steps=3):
-    return {LR: lr, LOCAL_STEPS: steps, BATCH_SIZE: 8, LAMBDA: lam, PERSONAL_LR: personal_lr, INNER_STEPS: inner_steps}
+    return {LR: lr, LOCAL_STEPS: steps, BATCH_SIZE: 8, CLIENT_ALGORITHM: "pfedme", LAMBDA: lam, PERSONAL_LR: personal_lr,
+            INNER_STEPS: inner_steps}
 
 
 def _flat(tensors) -> torch.Tensor:
@@ -116,7 +116,7 @@ def test_client_algorithms_by_hand():
         assert torch.allclose(a, b, atol=1e-6)
     for a, b in zip(step.theta, th):
         assert torch.allclose(a, b, atol=1e-6)
-    assert extras == {CLIENT_ALGORITHM: LAMBDA} and np.isclose(result.loss, np.mean(losses), atol=1e-6)
+    assert extras == {CLIENT_ALGORITHM: "pfedme"} and np.isclose(result.loss, np.mean(losses), atol=1e-6)
     assert torch.allclose(state[THETA_STATE][0], _flat(th), atol=1e-6)  # θ_i kept (MLR's state_dict is its parameters)
 
 
@@ -135,12 +135,12 @@ def test_method_server_mixes_with_beta_and_weights_by_samples():
     server = MethodServer(PFedMe(beta=0.5, lam=9.0), clients_per_round=2, seed=0)
     server.initialize(_arrays(2.0, 2.0))
     plan = server.plan_training(1, [7, 8, 9])
-    assert all(ins.config == {LAMBDA: 9.0, PERSONAL_LR: 0.01, INNER_STEPS: 5} for ins in plan)
+    assert all(ins.config == {CLIENT_ALGORITHM: "pfedme", LAMBDA: 9.0, PERSONAL_LR: 0.01, INNER_STEPS: 5} for ins in plan)
     replies = [server.check(RawReply(ins.client_id, list(_arrays(v, v).values()), None, n, {}))
                for ins, v, n in zip(plan, (4.0, 8.0), (10, 30))]
     new = server.aggregate(1, replies)
     assert torch.allclose(new, torch.full((8,), 0.5 * 2.0 + 0.5 * (10 * 4.0 + 30 * 8.0) / 40))  # (1 − β) w + β Σ n_i w_i / n
-    assert all(ins.config == {EVALUATE_BOTH: True} and torch.equal(ins.model, new)
+    assert all(ins.config == {CLIENT_ALGORITHM: "pfedme"} and torch.equal(ins.model, new)
                for ins in server.plan_evaluation(1, [7, 8, 9], 1.0))
     for beta in (0.0, 2.5):
         with pytest.raises(ValueError, match="beta"):
@@ -154,21 +154,22 @@ def test_message_server_mixes_with_beta(_identity):
     strat = strategies.message.PFedMe(beta=0.5, fraction_train=1.0, min_train_nodes=2, min_available_nodes=2)
     arrays = ArrayRecord({k: fb.Array(v) for k, v in _arrays(0.0, 0.0).items()})
     msgs = list(strat.configure_train(1, arrays, ConfigRecord({"lr": 0.1}), grid))
-    assert all(m.content["config"]["pfedme-inner-steps"] == 5 for m in msgs)
+    assert all(m.content["config"]["pfedme-inner-steps"] == 5 and m.content["config"][CLIENT_ALGORITHM] == "pfedme" for m in msgs)
     replies = [fb.train_reply(m, _arrays(4.0, 2.0)) for m in msgs]
     new, _ = strat.aggregate_train(1, replies)
     assert np.allclose(new["fc.weight"].numpy(), 2.0) and np.allclose(new["fc.bias"].numpy(), 1.0)  # (1 − β)·0 + β·mean
-    assert all(m.content["config"]["pfedme-pm-gm"] is True for m in strat.configure_evaluate(1, new, ConfigRecord(), grid))
+    assert all(m.content["config"][CLIENT_ALGORITHM] == "pfedme" for m in strat.configure_evaluate(1, new, ConfigRecord(), grid))
 
 
 def test_legacy_server_mixes_with_beta():
     cm = fb.client_manager(["1", "2"])
     strat = strategies.PFedMe(beta=1.5, initial_parameters=_arrays(1.0, 1.0), min_fit_clients=2, min_available_clients=2)
     ins = strat.configure_fit(1, strat.initial_parameters, cm)
-    assert all(fi.config["pfedme-lambda"] == 15.0 and fi.config["server-round"] == 1 for _, fi in ins)
+    assert all(fi.config["pfedme-lambda"] == 15.0 and fi.config["server-round"] == 1 and fi.config[CLIENT_ALGORITHM] == "pfedme"
+               for _, fi in ins)
     params, _ = strat.aggregate_fit(1, [(p, fb.fit_res(list(_arrays(3.0, 3.0).values()))) for p, _ in ins], [])
     assert np.allclose(_flat(parameters_to_ndarrays(params)), -0.5 * 1.0 + 1.5 * 3.0)  # β > 1 extrapolates
-    assert all(fi.config["pfedme-pm-gm"] is True for _, fi in strat.configure_evaluate(1, params, cm))
+    assert all(fi.config[CLIENT_ALGORITHM] == "pfedme" for _, fi in strat.configure_evaluate(1, params, cm))
 
 
 def test_pfedme_mcsa_is_fedmcsa_with_pfedmes_client_and_evaluation(_identity):
@@ -177,11 +178,12 @@ def test_pfedme_mcsa_is_fedmcsa_with_pfedmes_client_and_evaluation(_identity):
     strat = build_message_strategy(cfg, 4)
     assert type(strat).__name__ == "FedMCSA" and strat.method.train_config(1) == {
         "pfedme-lambda": 9.0, "pfedme-personal-lr": 0.01, "pfedme-inner-steps": 5}
-    assert client_algorithm_for({LR: 0.1, **strat.method.train_config(1)}) is PFedMeClient
     arrays = ArrayRecord({k: fb.Array(v) for k, v in _arrays(0.0, 0.0).items()})
+    msgs = list(strat.configure_train(1, arrays, ConfigRecord({"lr": 0.1}), fb.FakeGrid([1, 2, 3, 4])))
+    assert msgs and all(client_algorithm_for(m.content["config"]) is PFedMeClient for m in msgs)  # pFedMe's client trains
     msgs = list(strat.configure_evaluate(1, arrays, ConfigRecord(), fb.FakeGrid([1, 2, 3, 4])))
-    assert all(m.content["config"]["pfedme-pm-gm"] is True for m in msgs)  # the client reports θ_i
-    assert all(evaluation_algorithm_for(m.content["config"]) is PFedMeClient for m in msgs)
+    assert all(m.content["config"][CLIENT_ALGORITHM] == "pfedme" for m in msgs)  # the client reports θ_i
+    assert all(client_algorithm_for(m.content["config"]) is PFedMeClient for m in msgs)
 
 
 def test_other_table2_transfers_by_run_config(_identity):
@@ -222,7 +224,7 @@ def test_users_loop_matches_train_locally_with_the_users_loss():
         _smoothed(theirs(x[idx]), y[idx]).backward()  # discarded: pFedMe's gradient is λ (w − θ)
         algorithm.adjust_gradients(theirs, (x[idx], y[idx]))
         optimizer.step()
-    assert algorithm.finish(theirs, x) == {CLIENT_ALGORITHM: LAMBDA}
+    assert algorithm.finish(theirs, x) == {CLIENT_ALGORITHM: "pfedme"}
     assert_same_math(_flat(ours.parameters()), _flat(theirs.parameters()))
     assert_same_math(ours_state[THETA_STATE][0], RecordState(their_state)[THETA_STATE][0])
     plain = MLR(3, 2)
@@ -247,10 +249,10 @@ def test_evaluation_model_is_theta_and_reports_the_global_accuracy():
         return EvalResult(loss=1.0, accuracy=0.25 * len(seen), num_examples=4)
 
     data = TrainData(*_data())
-    same, extra = PFedMeClient.evaluation_model(model, {EVALUATE_BOTH: True}, {}, data, test)
+    same, extra = PFedMeClient.evaluation_model(model, {CLIENT_ALGORITHM: "pfedme"}, {}, data, test)
     assert same is model and extra == {GLOBAL_ACCURACY: 0.25} and torch.equal(_flat(model.parameters()), received)
     theta = torch.arange(8, dtype=torch.float32)
-    personal, extra = PFedMeClient.evaluation_model(model, {EVALUATE_BOTH: True}, {THETA_STATE: [theta]}, data, test)
+    personal, extra = PFedMeClient.evaluation_model(model, {CLIENT_ALGORITHM: "pfedme"}, {THETA_STATE: [theta]}, data, test)
     assert torch.equal(seen[-1], received) and extra == {GLOBAL_ACCURACY: 0.5}  # GM: the received model
     assert torch.equal(_flat(personal.state_dict().values()), theta)  # PM: θ_i
 
@@ -261,13 +263,13 @@ def test_node_reports_pm_and_gm_and_they_aggregate():
                       run_config=ExperimentConfig().to_run_config())
     node = Node.from_context(context)
     received = [v.clone() for v in node.model.state_dict().values()]
-    before = node.evaluate({"pfedme-pm-gm": True})
+    before = node.evaluate({CLIENT_ALGORITHM: "pfedme"})
     assert before["accuracy"] == before["global-accuracy"]  # no θ yet: PM is the global model
-    node.fit({"lr": 0.05, "local-steps": 5, "batch-size": 20, "server-round": 1, "pfedme-lambda": 15.0,
+    node.fit({"lr": 0.05, "local-steps": 5, "batch-size": 20, "server-round": 1, CLIENT_ALGORITHM: "pfedme", "pfedme-lambda": 15.0,
               "pfedme-personal-lr": 0.05, "pfedme-inner-steps": 3})
     assert THETA_STATE in RecordState(state)
     node.load(received)
-    after = node.evaluate({"pfedme-pm-gm": True})
+    after = node.evaluate({CLIENT_ALGORITHM: "pfedme"})
     assert after["global-accuracy"] == before["global-accuracy"] and after["loss"] != before["loss"]
     agg = PersonalizedMetrics().legacy([(10, {"accuracy": 0.8, "global-accuracy": 0.5, "loss": 1.0}),
                                         (30, {"accuracy": 0.6, "global-accuracy": 0.3, "loss": 1.0})])

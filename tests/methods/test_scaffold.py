@@ -16,7 +16,7 @@ import strategies
 import strategies.message
 from client_apps.app import Node, train
 from client_apps.own_loop import RecordState, algorithm_for
-from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
@@ -50,7 +50,7 @@ def _cat(tensors) -> torch.Tensor:
 
 
 def _config(c: torch.Tensor, *, lr=0.1, steps=4, batch_size=8):
-    return {LR: lr, LOCAL_STEPS: steps, BATCH_SIZE: batch_size, CONTROL: encode_vector(c)}
+    return {LR: lr, LOCAL_STEPS: steps, BATCH_SIZE: batch_size, CLIENT_ALGORITHM: "scaffold", CONTROL: encode_vector(c)}
 
 
 # --- 1. the math, by hand -------------------------------------------------------------------------
@@ -132,6 +132,7 @@ def test_method_server_scaffold_round_by_hand():
     server.initialize(_arrays(1.0))
     plan = server.plan_training(1, [5, 6, 7, 8])
     assert len(plan) == 2 and all(torch.equal(decode_flat(ins.config[CONTROL], D), torch.zeros(D)) for ins in plan)
+    assert all(ins.config[CLIENT_ALGORITHM] == "scaffold" for ins in plan)
     replies = [server.check(RawReply(ins.client_id, list(_arrays(1.0 + i).values()), None, 10 + 90 * i, {},
                                      {CONTROL_DELTA: _dc(2.0 * i + 1)})) for i, ins in enumerate(plan)]
     new = server.aggregate(1, replies)
@@ -152,6 +153,7 @@ def test_message_scaffold_two_rounds_by_hand(_identity):
     msgs = list(strat.configure_train(1, arrays, ConfigRecord({"lr": 0.1}), grid))
     assert len(msgs) == 2
     assert torch.equal(decode_flat(msgs[0].content["config"]["scaffold-control"], D), torch.zeros(D))
+    assert all(m.content["config"][CLIENT_ALGORITHM] == "scaffold" for m in msgs)
     replies = [fb.train_reply(m, _arrays(1.0 + i), extras={"scaffold-control-delta": _dc(3.0 * i + 1)})
                for i, m in enumerate(msgs)]  # Δy = 0, 1; Δc = 1, 4
     new, metrics = strat.aggregate_train(1, replies)
@@ -181,7 +183,8 @@ def test_legacy_scaffold_round():
     strat = strategies.SCAFFOLD(initial_parameters=_arrays(0.0), fraction_fit=0.5,
                                 min_fit_clients=2, min_available_clients=2, server_learning_rate=0.5)
     ins = strat.configure_fit(1, strat.initial_parameters, cm)
-    assert len(ins) == 2 and all(len(fi.config["scaffold-control"]) == 4 * D for _, fi in ins)
+    assert len(ins) == 2 and all(len(fi.config["scaffold-control"]) == 4 * D and fi.config[CLIENT_ALGORITHM] == "scaffold"
+                                 for _, fi in ins)
     res = [(p, fb.fit_res(list(_arrays(2.0 * (i + 1)).values()), extras={"scaffold-control-delta": _dc(i + 1.0)}))
            for i, (p, _) in enumerate(ins)]
     params, metrics = strat.aggregate_fit(1, res, [])
@@ -217,6 +220,7 @@ def test_users_loop_matches_train_locally_over_two_rounds():
         assert torch.allclose(kept, _cat(RecordState(their_state)[CONTROL_STATE]), atol=1e-5)
         assert torch.allclose(decode_flat(extras[CONTROL_DELTA], D), decode_flat(their_extras[CONTROL_DELTA], D), atol=1e-5)
         assert torch.allclose(decode_flat(extras[CONTROL_DELTA], D), kept - _cat(before), atol=1e-6)  # Δc_i = c_i^+ − c_i
+        assert extras[CLIENT_ALGORITHM] == their_extras[CLIENT_ALGORITHM] == "scaffold"
         ours.load_state_dict(theirs.state_dict())
 
 
@@ -226,7 +230,8 @@ def test_node_keeps_its_control_variate_and_returns_the_change():
                       run_config=ExperimentConfig().to_run_config())
     node = Node.from_context(context)
     dim = sum(p.numel() for p in node.model.parameters())
-    config = {"lr": 0.05, "local-steps": 3, "batch-size": 10, "server-round": 1, "scaffold-control": encode_vector(torch.full((dim,), 0.1))}
+    config = {"lr": 0.05, "local-steps": 3, "batch-size": 10, "server-round": 1, CLIENT_ALGORITHM: "scaffold",
+              "scaffold-control": encode_vector(torch.full((dim,), 0.1))}
     _, payload = node.fit(config)
     first = _cat(RecordState(state)[CONTROL_STATE])
     assert torch.allclose(decode_flat(payload["scaffold-control-delta"], dim), first)  # c_i was zero: Δc_i = c_i^+
@@ -241,10 +246,12 @@ def test_message_clientapp_reply_carries_the_control_delta(_identity):
     node = Node.from_context(context)
     dim = sum(p.numel() for p in node.model.parameters())
     arrays = ArrayRecord({k: fb.Array(v.numpy()) for k, v in node.model.state_dict().items()})
-    config = ConfigRecord({"lr": 0.05, "local-steps": 2, "batch-size": 10, "scaffold-control": encode_vector(torch.zeros(dim))})
+    config = ConfigRecord({"lr": 0.05, "local-steps": 2, "batch-size": 10, CLIENT_ALGORITHM: "scaffold",
+                           "scaffold-control": encode_vector(torch.zeros(dim))})
     msg = fb.Message(RecordDict({"arrays": arrays, "config": config}), message_type="train", dst_node_id=3)
     reply = train(msg, context)
     delta = decode_flat(reply.content["payload"]["scaffold-control-delta"], dim)
+    assert reply.content["payload"][CLIENT_ALGORITHM] == "scaffold"  # the receipt
     assert torch.allclose(delta, _cat(RecordState(context.state)[CONTROL_STATE]))  # c_i started at zero
 
 

@@ -11,13 +11,12 @@ Algorithm 1's W_local), and falls back to the model it received when it has none
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from flower_pfl.engine.client_algorithm import Proximal, keep, like_params, proximal_mu, stored
+from flower_pfl.engine.client_algorithm import Proximal, keep, like_params, stored
 from flower_pfl.engine.params import param
 from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm
 
@@ -49,13 +48,9 @@ class AnchoredProximal(Proximal):
     """The proximal step with Algorithm 1's anchor: set and remembered when the client is sampled,
     kept from then on while it is not (see the module docstring)."""
 
-    key = ANCHOR
+    name = "anchored-proximal"
     needs_state = True
     keeps_state = True
-
-    @classmethod
-    def wanted(cls, config: Mapping[str, Any]) -> bool:
-        return ANCHOR in config and proximal_mu(config) > 0
 
     def choose_anchor(self) -> list[torch.Tensor]:
         mode = self.config.get(ANCHOR)
