@@ -142,26 +142,19 @@ def _method_modules() -> list[Any]:
 
 
 def method_pages() -> list[dict[str, Any]]:
-    """The method pages in the registry's order: path, title, nav title, group, module, entries."""
+    """The method pages in the registry's order, one per declaration (a method class, or one of Flower's
+    methods) with the entries it runs: path, title, nav title, group, module, declaration, entries."""
     from flower_pfl.methods import registry
 
-    declared_in = {id(e): module for module in _method_modules() for e in getattr(module, "ENTRIES", ())}
-    pages: dict[str, dict[str, Any]] = {}
+    declared_in = {id(obj): module for module in _method_modules() for obj in vars(module).values()}
+    pages: dict[int, dict[str, Any]] = {}
     for e in registry.entries():
         decl = e.declaration
-        module = declared_in.get(id(e)) or sys.modules[decl.__module__]
-        if e.aggregation == "default":
-            path = f"methods/{decl.name}.md"
+        if id(decl) not in pages:
             title = decl.summary().split(":")[0]
-        else:  # an entry that gives another method's strategy another aggregation: its module's page
-            short = module.__name__.rsplit(".", 1)[1]
-            path = f"methods/{short.replace('_', '-')}.md"
-            title = first_paragraph(module.__doc__).split(":")[0]
-        page = pages.setdefault(path, {"path": path, "title": title, "group": decl.group, "module": module,
-                                       "declaration": decl if e.aggregation == "default" else None, "entries": []})
-        page["entries"].append(e)
-    for page in pages.values():
-        page["nav"] = page["title"].split(" (")[0]
+            pages[id(decl)] = {"path": f"methods/{decl.name}.md", "title": title, "nav": title.split(" (")[0],
+                               "group": decl.group, "module": declared_in[id(decl)], "declaration": decl, "entries": []}
+        pages[id(decl)]["entries"].append(e)
     return list(pages.values())
 
 
@@ -181,7 +174,9 @@ def entries_table(entries: list[Any]) -> str:
     for e in entries:
         config = f'`method = "{e.method}"`' + (f', `aggregation = "{e.aggregation}"`' if e.aggregation != "default" else "")
         classes = f"`strategies.{e.strategy}`, `strategies.message.{e.strategy}`"
-        fixed = ", ".join(f"`{k} = {v!r}`" for k, v in e.fixed.items()) or "nothing"
+        fixed = ", ".join([*(f"`{k} = {v!r}`" for k, v in e.fixed.items()),
+                           *(f"`{k}` from `{key}`" for k, key in e.keys.items()),
+                           *(f"`{k}` = {m.__name__} from its keys" for k, m in e.uses.items())]) or "nothing"
         keys = ", ".join(f"`{k}`" for k in e.run_config_keys()) or "none"
         rows.append(f"| {config} | {classes} | {cell(fixed)} | {keys} |")
     return "\n".join(rows)
@@ -292,23 +287,11 @@ def benchmarks_md(labels: list[str], benchmark_pages: dict[str, dict[str, Any]])
 def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, Any]]) -> str:
     from flower_pfl.engine.params import annotation_text, param_specs
     from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
-    from flower_pfl.methods import registry
     from flower_pfl.methods.base import FlowerMethod
 
     module, decl, entries = page["module"], page["declaration"], page["entries"]
     source = "/".join(module.__name__.split(".")) + ".py"
     out = [f"# {page['title']}", ""]
-    if decl is None:  # a module of entries that run other methods' strategies
-        out += [docstring_md(module.__doc__ or ""), "", f"Source: `{source}`.", ""]
-        for e in entries:
-            target = e.declaration
-            out += [f"## {e.summary().split(':')[0]}", "", docstring_md(e.summary()), "",
-                    entries_table([e]), "",
-                    f"It runs the strategy class of [{target.strategy}]({target.name}.md); its client contract is that page's.", ""]
-            specs = registry.option_specs()
-            out += [params_table([specs[k] for k in e.run_config_keys()]), ""]
-        out += [benchmarks_md([e.label for e in entries], benchmark_pages)]
-        return "\n".join(out)
     if isinstance(decl, FlowerMethod):
         out += [docstring_md(decl.summary()), "",
                 f"Flower's own class, re-exported: `strategies.{decl.strategy}` is `flwr.server.strategy.{decl.strategy}` "

@@ -9,27 +9,44 @@ hyperparameters (``flower_pfl.engine.params.param``), whose base is its server a
         '''FedFoo (Someone et al.): one line on what it does.'''
         name = "fedfoo"                 # run-config ``method``
         strategy = "FedFoo"             # class in ``strategies`` and ``strategies.message``
-        client = Proximal               # its client algorithm (``flower_pfl.engine.client_algorithm``)
+        client = FedFooClient           # its client algorithm (``flower_pfl.engine.client_algorithm``)
+        variants = (Variant("fedfoo-lite", fixed={"tau": 0.0}),)   # other run-config values it runs
         tau: float = param(1.0, key="fedfoo-tau", doc="...", must=POSITIVE)
 
         def personalize(self, models, layout): ...
 
-The registry (``flower_pfl.methods.registry``) finds the class: the run config gains
-``fedfoo-tau``, both Flower APIs gain ``FedFoo`` with a typed, documented constructor, and the
-package's ClientApp runs its client algorithm. What is derived as text (``pyproject.toml``'s defaults,
-the editors' stubs, the README's table) is checked by tests that say how to regenerate it (see
-``docs/adding-a-method.md``).
+The registry (``flower_pfl.methods.registry``) finds the class: the run config gains ``method =
+"fedfoo"`` (and its variants) and ``fedfoo-tau``, both Flower APIs gain ``FedFoo`` with a typed,
+documented constructor, and the package's ClientApp runs its client algorithm. Flower's own methods
+are declared the same way, as ``FlowerMethod`` objects. What is derived as text (``pyproject.toml``'s
+run-config keys) is checked by tests that say how to regenerate it (``docs/adding-a-method.md``).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from flower_pfl.engine.params import ParamSpec, check_params, param_specs
 from flower_pfl.engine.server_algorithm import ServerAlgorithm
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Another run-config value a method's class runs: ``method = "<method>"`` (and ``aggregation``)
+    with some constructor arguments ``fixed``, some read from other run-config keys (``keys``:
+    argument -> key), and arguments that are methods built from their own keys (``uses``: argument ->
+    method class, e.g. FedMCSA's ``client_method``)."""
+
+    method: str
+    aggregation: str = "default"
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    keys: Mapping[str, str] = field(default_factory=dict)
+    uses: Mapping[str, type[Method]] = field(default_factory=dict)
+    #: the line in the method tables (default: the method's summary)
+    summary: str = ""
 
 
 class Method(ServerAlgorithm):
@@ -39,8 +56,8 @@ class Method(ServerAlgorithm):
     name: ClassVar[str]
     #: class name in ``strategies`` and ``strategies.message``
     strategy: ClassVar[str]
-    #: other run-config ``method`` values this class runs, with the constructor arguments they fix
-    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: other run-config values this class runs
+    variants: ClassVar[tuple[Variant, ...]] = ()
     #: participants per round when a strategy is built without ``clients_per_round``
     #: (``None``: Flower's ``fraction_train``, all nodes by default)
     default_clients_per_round: ClassVar[int | None] = None
@@ -65,14 +82,17 @@ class Method(ServerAlgorithm):
 @dataclass(frozen=True)
 class FlowerMethod:
     """A method Flower ships (FedAvg, FedProx, FedAvgM, FedAdam): the package only maps run-config
-    keys to its constructor (``strategies`` and ``strategies.message`` re-export Flower's class)."""
+    keys to its constructor (``strategies`` and ``strategies.message`` re-export Flower's class):
+    each of ``params`` from its key, the general run-config keys of ``keys`` (argument -> key) and
+    ``fixed`` values."""
 
     name: str
     strategy: str
     summary_text: str
     params: tuple[ParamSpec, ...] = ()
-    #: constructor arguments from the run config (kebab-case keys)
-    arguments: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda options: {}
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    keys: Mapping[str, str] = field(default_factory=dict)
+    variants: tuple[Variant, ...] = ()
 
     group: ClassVar[str] = "flower"
 
@@ -80,21 +100,29 @@ class FlowerMethod:
         return self.summary_text
 
 
+Declaration = type[Method] | FlowerMethod
+
+
 @dataclass(frozen=True)
 class Entry:
-    """One value of the run config's ``(method, aggregation)``: which strategy runs it, and how its
-    constructor arguments come from the run config."""
+    """One value of the run config's ``(method, aggregation)``: the declaration whose strategy runs it
+    and how its constructor arguments come from the run config (``Variant``)."""
 
     method: str
     aggregation: str
     declaration: Any  #: the ``Method`` class or ``FlowerMethod`` behind it
     fixed: Mapping[str, Any] = field(default_factory=dict)
-    #: custom mapping from the run config to constructor arguments (default: every declared
-    #: parameter from its run-config key, then ``fixed``)
-    custom: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    keys: Mapping[str, str] = field(default_factory=dict)
+    uses: Mapping[str, Any] = field(default_factory=dict)
     summary_text: str = ""
-    #: the run-config keys ``custom`` reads (for the README table; default: the declared parameters')
-    reads: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, declaration: Declaration, variant: Variant | None = None) -> Entry:
+        """The entry of ``declaration`` itself (``variant`` ``None``) or of one of its variants."""
+        if variant is None:
+            own = declaration if isinstance(declaration, FlowerMethod) else None
+            return cls(declaration.name, "default", declaration, dict(own.fixed) if own else {}, dict(own.keys) if own else {})
+        return cls(variant.method, variant.aggregation, declaration, variant.fixed, variant.keys, variant.uses, variant.summary)
 
     @property
     def label(self) -> str:
@@ -114,17 +142,22 @@ class Entry:
         decl = self.declaration
         return list(decl.params) if isinstance(decl, FlowerMethod) else param_specs(decl)
 
+    def _read(self) -> list[ParamSpec]:
+        """The declared parameters this entry reads from their own run-config keys."""
+        return [s for s in self.params() if s.key is not None and s.name not in {*self.fixed, *self.keys, *self.uses}]
+
     def run_config_keys(self) -> tuple[str, ...]:
-        """The run-config keys this entry's strategy reads (its own hyperparameters)."""
-        return self.reads or tuple(s.key for s in self.params() if s.key is not None and s.name not in self.fixed)
+        """The run-config keys this entry's strategy reads (its own hyperparameters and those of the
+        methods it uses)."""
+        used = [key for m in self.uses.values() for key in Entry.of(m).run_config_keys()]
+        return tuple(dict.fromkeys([*(s.key for s in self._read() if s.key), *self.keys.values(), *used]))
 
     def arguments(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The strategy's method arguments for the run config ``options`` (kebab-case keys)."""
-        if self.custom is not None:
-            return self.custom(options)
-        if isinstance(self.declaration, FlowerMethod):
-            return {**self.declaration.arguments(options), **self.fixed}
-        return {**{s.name: options[s.key] for s in self.params() if s.key is not None and s.key in options}, **self.fixed}
+        out = {s.name: options[s.key] for s in self._read() if s.key is not None and s.key in options}
+        out.update({name: options[key] for name, key in self.keys.items() if key in options})
+        out.update({name: m(**Entry.of(m).arguments(options)) for name, m in self.uses.items()})
+        return {**out, **self.fixed}
 
     def summary(self) -> str:
         return self.summary_text or self.declaration.summary()

@@ -1,4 +1,13 @@
-"""FedMCSA (Guo et al.): model-components self-attention."""
+"""FedMCSA (Guo et al.): model-components self-attention.
+
+Its Table 2 transfers the attention to other methods and takes it away, as run-config values:
+
+- ``fedavg`` + ``aggregation = mcsa``: FedMCSA's layer-wise attention over per-client models with
+  FedAvg's plain local SGD (FedMCSA with λ = 0);
+- ``pfedme`` + ``mcsa``: the same attention with pFedMe's client algorithm and evaluation (PM and GM);
+- ``fedmcsa`` + ``mean`` (FedMCSA^-MCSA): FedMCSA's proximal client toward the plain average,
+  i.e. Flower's FedProx with μ = λ (declared beside FedProx, ``flower_baselines``).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +21,8 @@ from flower_pfl.engine.params import NON_NEGATIVE, POSITIVE, one_of, param
 from flower_pfl.engine.server_algorithm import ServerAlgorithm, Settings
 from flower_pfl.methods.all_clients_train import AllClientsTrain, AnchoredProximal
 from flower_pfl.methods.attention import layerwise_attention
-from flower_pfl.methods.base import Method
+from flower_pfl.methods.base import Method, Variant
+from flower_pfl.methods.pfedme import PFedMe
 
 
 @dataclass
@@ -32,6 +42,13 @@ class FedMCSA(Method, AllClientsTrain):
     client = AnchoredProximal
     group = "paper"
     default_clients_per_round = 10
+    variants = (
+        Variant("fedavg", "mcsa", fixed={"lam": 0.0},
+                summary="FedAvg+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with FedAvg's plain local SGD (λ = 0)."),
+        Variant("pfedme", "mcsa", fixed={"lam": 0.0}, uses={"client_method": PFedMe},
+                summary="pFedMe+MCSA (FedMCSA's Table 2): FedMCSA's layer-wise attention with pFedMe's client algorithm and "
+                        "evaluation."),
+    )
 
     sigma: float = param(50.0, key="fedmcsa-sigma", must=POSITIVE, old_keys=("sigma",),
                          doc="attention scale σ (eq. 7): → 0 gives the per-layer mean, large keeps each client's own layer")

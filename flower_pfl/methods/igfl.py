@@ -31,7 +31,7 @@ from flower_pfl.engine.params import Rule, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.engine.wire import decode_vector, encode_vector
-from flower_pfl.methods.base import Method
+from flower_pfl.methods.base import Method, Variant
 
 AttentionMode = Literal["self", "global", "time"]
 ATTENTION_MODES: tuple[str, ...] = ("self", "global", "time")
@@ -135,7 +135,7 @@ class IGFL(Method, GlobalModelAlgorithm):
     strategy = "IGFL"
     client = IGFLCorrection
     group = "paper"
-    variants = {"igfl-c": {"attention": None}, "igfl-s": {"client_correction": False}}
+    variants = (Variant("igfl-c", fixed={"attention": None}), Variant("igfl-s", fixed={"client_correction": False}))
     state_attributes = ("global_delta", "previous", "attention_weights")
 
     attention: str | None = param("self", key="igfl-attention",

@@ -1,7 +1,7 @@
-"""The methods of this package, found by looking: every ``Method`` class in a module of
-``flower_pfl.methods`` and every entry in a module's ``ENTRIES`` list. The run config,
-the strategy factory, both Flower APIs' strategy classes, the ClientApp's lookup of client
-algorithms, the README table and the tests read this; none lists method names by hand."""
+"""The methods of this package, found by looking: every ``Method`` class and every ``FlowerMethod``
+in a module of ``flower_pfl.methods``, each with its variants. The run config, the strategy
+factory, both Flower APIs' strategy classes, the ClientApp's lookup of client algorithms, the method
+tables and the tests read this; none lists method names by hand."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm, Proximal, proximal_mu
 from flower_pfl.engine.params import ParamSpec
-from flower_pfl.methods.base import Entry, Method
+from flower_pfl.methods.base import Declaration, Entry, FlowerMethod, Method
 
 _GROUPS = ("paper", "baseline", "flower")
 
@@ -35,22 +35,25 @@ def method_classes() -> tuple[type[Method], ...]:
 
 
 @lru_cache(maxsize=1)
+def flower_methods() -> tuple[FlowerMethod, ...]:
+    """Every method Flower ships that the run config maps to."""
+    found = {id(obj): obj for module in _modules() for obj in vars(module).values() if isinstance(obj, FlowerMethod)}
+    return tuple(sorted(found.values(), key=lambda m: m.name))
+
+
+@lru_cache(maxsize=1)
 def entries() -> tuple[Entry, ...]:
     """Every ``(method, aggregation)`` the run config accepts, papers first."""
-    out: list[Entry] = []
-    for cls in method_classes():
-        out.append(Entry(cls.name, "default", cls))
-        out.extend(Entry(name, "default", cls, fixed) for name, fixed in cls.variants.items())
-    for module in _modules():
-        out.extend(getattr(module, "ENTRIES", ()))
+    declarations: list[Declaration] = [*method_classes(), *flower_methods()]
+    out = [entry for d in declarations for entry in (Entry.of(d), *(Entry.of(d, v) for v in d.variants))]
     seen: set[tuple[str, str]] = set()
     for e in out:
         if (e.method, e.aggregation) in seen:
             raise RuntimeError(f"method {e.label} is declared twice")
         seen.add((e.method, e.aggregation))
-    order = {cls: i for i, cls in enumerate(method_classes())}
+    order = {id(d): i for i, d in enumerate(declarations)}
     return tuple(sorted(out, key=lambda e: (_GROUPS.index(e.declaration.group), e.aggregation != "default",
-                                            order.get(e.declaration, len(order)), e.method)))
+                                            order[id(e.declaration)], e.method)))
 
 
 def methods() -> tuple[str, ...]:
@@ -142,7 +145,7 @@ def method_table() -> str:
     for e in entries():
         config = f"`method = \"{e.method}\"`" + (f", `aggregation = \"{e.aggregation}\"`" if e.aggregation != "default" else "")
         specs = option_specs()
-        keys = ", ".join(f"`{key} = {_toml(specs[key].default)}`" for key in e.run_config_keys()) or "none"
+        keys = ", ".join(f"`{key} = {_toml(specs[key].default)}`" for key in e.run_config_keys() if key in specs) or "none"
         if e.fixed:
             keys += " (" + ", ".join(f"{k} = {v!r}" for k, v in e.fixed.items()) + ")"
         rows.append(f"| {config} | `{e.strategy}` | {e.summary().split(':')[0]} | {keys} |")

@@ -35,8 +35,8 @@ _PARTITION_KEYS = {"dirichlet": ("dirichlet-alpha",), "pathological": ("classes-
 def method_settings(cfg: ExperimentConfig) -> dict[str, Any]:
     """The run's method hyperparameters by run-config key (those its strategy reads), then what its
     registry entry fixes (by argument name)."""
-    entry = cfg.entry
-    return {key: cfg.option(key) for key in entry.run_config_keys()} | dict(entry.fixed)
+    entry, options = cfg.entry, cfg.to_run_config()
+    return {key: options[key] for key in entry.run_config_keys()} | dict(entry.fixed)
 
 
 def format_value(v: Any) -> str:
