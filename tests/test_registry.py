@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -23,18 +22,11 @@ from flower_pfl.methods.registry import (
     client_algorithms,
     entries,
     method_classes,
-    method_table,
     methods,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = json.loads((ROOT / "tests" / "methods" / "recorded.json").read_text())
-
-
-def test_readme_method_table_is_the_registry():
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- method-table -->\n(.*?)\n<!-- /method-table -->", readme, re.S)
-    assert block is not None and block.group(1) == method_table(), "run `python -m flower_pfl methods` and paste"
 
 
 @pytest.mark.parametrize("entry", entries(), ids=[e.label for e in entries()])
@@ -101,7 +93,6 @@ def test_no_module_outside_the_methods_lists_method_names():
         tree = ast.parse((ROOT / path).read_text())
         listed = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names}
         assert listed <= {"fedmcsa"}, (path, listed)  # the run config's default method may be named
-
 
 
 @pytest.mark.parametrize("method", [m for m in method_classes() if m.client.reply_keys], ids=lambda m: m.name)

@@ -152,6 +152,37 @@ def method_table() -> str:
     return "\n".join(rows)
 
 
+#: the marks around the method keys in ``pyproject.toml``'s ``[tool.flwr.app.config]`` (``run_config_block``)
+BLOCK_START = "# --- every method's hyperparameters, from the methods' declarations (python -m tests.regenerate; do not edit)"
+BLOCK_END = "# --- end of the methods' hyperparameters"
+
+
+def run_config_block() -> str:
+    """The method keys of ``pyproject.toml``'s ``[tool.flwr.app.config]`` (Flower reads the defaults, and
+    accepts only the keys, listed there), each with its declared documentation, then the earlier names
+    of renamed keys, not set."""
+    users: dict[str, list[str]] = {}
+    for e in entries():
+        for key in e.run_config_keys():
+            users.setdefault(key, []).append(e.label)
+    lines = [BLOCK_START]
+    for key, spec in option_specs().items():
+        assignment = f"{key} = {_toml(spec.default)}"
+        lines.append(f"{assignment:<29} # {', '.join(users.get(key, []))}: {spec.doc}")
+    lines.append('# earlier names of method keys, still read (with a warning) when set; "" = not set')
+    lines += [f"{old + ' = ' + _toml(''):<29} # now {new}" for old, new in renamed_keys().items()]
+    return "\n".join([*lines, BLOCK_END])
+
+
+def with_run_config_block(pyproject: str) -> str:
+    """``pyproject.toml``'s text with its method keys replaced by ``run_config_block``."""
+    head, start, rest = pyproject.partition(BLOCK_START)
+    _, end, tail = rest.partition(BLOCK_END)
+    if not (start and end):
+        raise ValueError(f"pyproject.toml lacks the marks {BLOCK_START!r} ... {BLOCK_END!r}")
+    return head + run_config_block() + tail
+
+
 def _toml(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else str(value)
 

@@ -5,7 +5,7 @@ run (the real ServerApp and ClientApp code, Message API): the summary's accuraci
 figures that any change to what a method computes moves (every round's training loss, and every
 client's evaluation loss in every evaluated round: a continuous fingerprint of each model
 evaluated). A method's test runs it again and compares. After a deliberate change, re-record with
-``python -m tests.methods.runs`` (it prints what moved) and say why in the commit.
+``python -m tests.regenerate`` (it prints what moved) and say why in the commit.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ BUILTINS = [e.label for e in entries() if e.builtin]
 
 def test_every_method_is_recorded_and_no_two_recordings_are_the_same_run():
     recorded = json.loads(RECORDED.read_text())
-    assert set(recorded) == {e.label for e in entries()}
+    assert set(recorded) == {e.label for e in entries()}, "record new methods with `python -m tests.regenerate`"
     # the continuous figures together: methods whose accuracies tie still differ here (two methods may
     # train alike and differ in what their clients evaluate: kNN-Per and Ditto train FedAvg's global model)
     seen = {tuple(tuple(figures[key]) for key in CURVES): label for label, figures in recorded.items()}
