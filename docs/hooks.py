@@ -53,6 +53,9 @@ GROUP_TITLES = {"paper": "Papers", "baseline": "Baselines", "flower": "Flower's 
 _pages: dict[str, str] = {}
 #: Markdown appended to hand-written pages: src_uri -> Markdown
 _appended: dict[str, str] = {}
+#: Markdown that replaces ``<!-- generated: NAME -->`` in a hand-written page: NAME -> Markdown
+_generated: dict[str, str] = {}
+_PLACEHOLDER = re.compile(r"<!-- generated: ([\w-]+) -->")
 
 _LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 _FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
@@ -60,9 +63,44 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
 
 # --- Markdown from docstrings and tables ---------------------------------------------------------
 
+#: characters that only equations hold (Greek letters, operators, super- and subscript digits)
+_MATH_CHARS = re.compile(r"[\u0370-\u03ff\u2100-\u214f\u2190-\u22ff\u00b2\u00b3\u00b7\u00b9\u2070-\u209f\u2016\u2212]")
+#: what only code holds: snake_case, hyphenated keys, attribute access, quotes, keyword arguments
+_CODE = re.compile(r"[a-z]{2,}_[a-z]{2,}|[A-Za-z]-[A-Za-z]|\w\.\w|(?<![A-Za-z])'|\"|\w=\w|^[A-Za-z]{2,}\w*\(|\b(True|False|None)\b")
+#: functions TeX knows by name
+_TEX_FUNCTIONS = {"cos", "sin", "exp", "log", "max", "min", "arg", "det", "sup", "inf"}
+
+
+def is_math(text: str) -> bool:
+    """Whether a docstring's ````...```` span is an equation (``w_i = Σ_j ξ_ij w_j``) rather than code
+    (``fedmcsa-lambda``, ``all_clients_train``): it holds a Greek letter, an operator or a one-letter
+    subscript, and nothing only code holds."""
+    equation = (_MATH_CHARS.search(text) or re.search(r"\b[A-Za-z]_(\{|[A-Za-z0-9]{1,3}\b)|[A-Za-z)]\^", text)
+                or re.fullmatch(r"[A-Za-z]'*", text))
+    return bool(equation) and not _CODE.search(text)
+
+
+def tex(text: str) -> str:
+    """An equation as the docstrings write it (Unicode, ``softmax_k``, ``||w||``) as TeX for MathJax:
+    words in upright type, norms and absolute values with their TeX bars."""
+    def word(m: re.Match[str]) -> str:
+        w = m.group(0)
+        return f"\\{w}" if w in _TEX_FUNCTIONS else f"\\mathrm{{{w}}}"
+
+    out = text.replace("||", "‖").replace("|", "\\vert ").replace("%", "\\%").replace("#", "\\#").replace("&", "\\&")
+    out = re.sub(r"(?<![\\A-Za-z])[A-Za-z]{3,}", word, out)  # two letters stay indices (s_ij) or symbols
+    out = re.sub(r"_([A-Za-z]{2})(?![A-Za-z{])", r"_{\1}", out)
+    return re.sub(r"_(\\mathrm\{\w+\}|\\\w+)", r"_{\1}", out)
+
+
 def docstring_md(doc: str) -> str:
-    """A docstring as Markdown: ``code`` as `code`, a blank line before a list."""
-    text = re.sub(r"``(.+?)``", r"`\1`", inspect.cleandoc(doc), flags=re.S)
+    """A docstring as Markdown: an equation as math (``$...$``, rendered by MathJax), other ``code`` as
+    `code`, a blank line before a list."""
+    def span(m: re.Match[str]) -> str:
+        text = m.group(1)
+        return f"${tex(text)}$" if is_math(text) else f"`{text}`"
+
+    text = re.sub(r"``(.+?)``", span, inspect.cleandoc(doc), flags=re.S)
     out: list[str] = []
     for line in text.split("\n"):
         if line.startswith("- ") and out and out[-1].strip() and not out[-1].startswith(("- ", "  ")):
@@ -84,6 +122,12 @@ def value_text(value: Any) -> str:
     if isinstance(value, str):
         return f'"{value}"'
     return repr(value)
+
+
+def untitled(paragraph: str, title: str) -> str:
+    """``paragraph`` without a leading ``"<title>: "`` (the page's title already says it), capitalised."""
+    text = paragraph.removeprefix(f"{title}: ") if paragraph.startswith(f"{title}: ") else paragraph
+    return text[:1].upper() + text[1:]
 
 
 def first_paragraph(doc: str | None) -> str:
@@ -286,7 +330,7 @@ def benchmarks_md(labels: list[str], benchmark_pages: dict[str, dict[str, Any]])
 
 def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, Any]]) -> str:
     from flower_pfl.engine.params import annotation_text, param_specs
-    from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
+    from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, PersonalizedAlgorithm
     from flower_pfl.methods.base import FlowerMethod
 
     module, decl, entries = page["module"], page["declaration"], page["entries"]
@@ -304,20 +348,21 @@ def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, An
         out += [benchmarks_md([e.label for e in entries], benchmark_pages)]
         return "\n".join(out)
     server = ("one model per client, kept on the server (`PersonalizedAlgorithm`)" if issubclass(decl, PersonalizedAlgorithm)
-              else "one global model (`GlobalModelAlgorithm`)")
+              else "one global model (`GlobalModelAlgorithm`)" if issubclass(decl, GlobalModelAlgorithm)
+              else "a model made for each client it sends to (`ServerAlgorithm`)")
     per_round = (f"{decl.default_clients_per_round} when a strategy is built without `clients_per_round`"
                  if decl.default_clients_per_round else "Flower's `fraction_train` (all nodes) when a strategy is built without `clients_per_round`")
-    out += ["| | |", "|---|---|",
-            f"| strategy classes | `strategies.{decl.strategy}` (legacy API), `strategies.message.{decl.strategy}` (Message API) |",
-            f"| server | {server} |",
-            f"| participants per round | {per_round} |",
-            f"| source | `{source}`, class `{decl.__name__}` |", ""]
-    out += ["## What it does", ""]
+    summary, _, details = docstring_md(inspect.getdoc(decl) or "").partition("\n\n")
+    out += [untitled(summary, page["title"]), "",
+            f"- **Strategy classes**: `strategies.{decl.strategy}` (legacy API), `strategies.message.{decl.strategy}` (Message API)",
+            f"- **Server**: {server}",
+            f"- **Participants per round**: {per_round}",
+            f"- **Source**: `{source}`, class `{decl.__name__}`", ""]
     module_doc = docstring_md(module.__doc__ or "")
-    class_doc = docstring_md(inspect.getdoc(decl) or "")
-    if module_doc and module_doc.split("\n\n")[0] not in class_doc:
-        out += [module_doc, ""]
-    out += [class_doc, ""]
+    first, _, rest = module_doc.partition("\n\n")
+    what = [part for part in (first if not first.startswith(page["title"]) else "", rest, details) if part.strip()]
+    if what:
+        out += ["## What it does", "", *[f"{part}\n" for part in what]]
     out += ["## Run-config values", "", entries_table(entries), ""]
     out += ["## Hyperparameters", "", "Each is a keyword argument of both strategy classes and, where it has one, a run-config key "
             "([Configuring a run](../configuration.md)).", "",
@@ -339,6 +384,22 @@ def methods_index_md(pages: list[dict[str, Any]]) -> str:
         path = page_of[id(e)]
         rows.append(f"| [{e.label}]({posixpath.basename(path)}) {row}")
     return "\n".join(["", *rows, ""])
+
+
+def methods_overview_md(pages: list[dict[str, Any]]) -> str:
+    """One row per method page: what the method does (its summary) and the client algorithm its
+    instructions name (``docs/methods/index.md``)."""
+    rows = ["| method | what it does | client algorithm |", "|---|---|---|"]
+    for page in pages:
+        decl = page["declaration"]
+        if page["entries"][0].builtin:
+            summary, names = untitled(decl.summary(), page["title"]), ["proximal" if decl.strategy == "FedProx" else "sgd"]
+        else:
+            summary = untitled(first_paragraph(inspect.getdoc(decl)), page["title"])
+            names = list(dict.fromkeys(entry_method(e).client_algorithm().name for e in page["entries"]))
+        link = f"[{page['nav']}]({posixpath.basename(page['path'])})"
+        rows.append(f"| {link} | {cell(docstring_md(summary))} | {', '.join(f'`{n}`' for n in names)} |")
+    return "\n".join(rows)
 
 
 # --- the reference check's page ---------------------------------------------------------------------
@@ -508,6 +569,8 @@ def on_config(config: Any) -> Any:
     for page in pages:
         _pages[page["path"]] = method_page_md(page, benchmarks)
     _appended["methods/index.md"] = methods_index_md(pages)
+    _generated.clear()
+    _generated.update({"methods-overview": methods_overview_md(pages), "client-contract": contract_table_md()})
     api = api_pages()
     api_section = _nav_section(config.nav, "API reference")
     methods_api: list[dict[str, str]] = []  # one nav group, where the first method module comes
@@ -547,7 +610,13 @@ def on_files(files: Any, config: Any) -> Any:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    from mkdocs.exceptions import PluginError
+
     src = page.file.src_uri
+    for name in _PLACEHOLDER.findall(markdown):
+        if name not in _generated:
+            raise PluginError(f"docs/{src}: no generated Markdown named {name!r} (docs/hooks.py makes {sorted(_generated)})")
+    markdown = _PLACEHOLDER.sub(lambda m: _generated[m.group(1)], markdown)
     if src in _appended:
         markdown = markdown.rstrip("\n") + "\n" + _appended[src]
     return _rewrite(src, markdown)
