@@ -81,7 +81,8 @@ def record() -> None:
             out[e.label] = {k: run[k] for k in FIGURES + CURVES}
             moved = differences(e.label, run, old[e.label]) if e.label in old and set(CURVES) <= set(old[e.label]) else \
                 [f"{e.label} {k} moved" for k in FIGURES if e.label in old and not math.isclose(run[k], old[e.label][k], abs_tol=ABS_TOL)]
-            print(e.label, "unchanged" if not moved else "\n  ".join(["CHANGED", *moved]), file=sys.stderr)
+            status = "recorded (new)" if e.label not in old else "unchanged" if not moved else "\n  ".join(["CHANGED", *moved])
+            print(e.label, status, file=sys.stderr)
     RECORDED.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 
 
