@@ -18,14 +18,28 @@ from flower_pfl.tools.sweep_flwr import free_port
 PROC = Path("/proc")
 
 
-def _ports(names: tuple[str, ...]) -> list[str]:
-    return [f"--{name}={free_port()}" for name in names]
+class _Ports:
+    """Free ports for one cluster's nodes, none of them twice and none inside a worker range: each node's
+    ports are drawn separately, so a range drawn after a single port could otherwise cover it."""
 
+    def __init__(self) -> None:
+        self.taken: set[int] = set()
 
-def _worker_ports() -> list[str]:
-    """A range of 40 ports for the node's worker processes, above a free one (checked free, port by port)."""
-    base = free_port()
-    return [f"--min-worker-port={base}", f"--max-worker-port={base + 40}"]
+    def one(self) -> int:
+        while (port := free_port()) in self.taken:
+            pass
+        self.taken.add(port)
+        return port
+
+    def flags(self, names: tuple[str, ...]) -> list[str]:
+        return [f"--{name}={self.one()}" for name in names]
+
+    def worker_range(self, size: int = 40) -> list[str]:
+        """A range of ``size`` ports for a node's worker processes, above a free one."""
+        while (span := set(range(base := free_port(), base + size + 1))) & self.taken:
+            pass
+        self.taken |= span
+        return [f"--min-worker-port={base}", f"--max-worker-port={base + size}"]
 
 
 class RayCluster:
@@ -36,7 +50,8 @@ class RayCluster:
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths live under it
-        self.port = free_port()
+        self.ports = _Ports()
+        self.port = self.ports.one()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: dict[str, subprocess.Popen] = {}
 
@@ -45,7 +60,7 @@ class RayCluster:
         cwd.mkdir()
         command = [superlink.executable("ray"), "start", "--block", f"--num-cpus={cpus}", "--node-ip-address=127.0.0.1",
                    "--disable-usage-stats", "--object-store-memory=200000000", f"--temp-dir={self.root / ('t' + name)}",
-                   *_ports(self.NODE_PORTS), *_worker_ports(), *args]
+                   *self.ports.worker_range(), *self.ports.flags(self.NODE_PORTS), *args]
         log = (self.root / f"{name}.log").open("w")
         node = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=superlink.environment())
@@ -59,7 +74,7 @@ class RayCluster:
 
     def start_head(self, cpus: int) -> None:
         self._start("head", ["--head", f"--port={self.port}", "--include-dashboard=false",
-                             f"--ray-client-server-port={free_port()}"], cpus)
+                             f"--ray-client-server-port={self.ports.one()}"], cpus)
 
     def start_worker(self, name: str, cpus: int) -> None:
         self._start(name, [f"--address={self.address}"], cpus)
