@@ -137,7 +137,7 @@ def heuristic_fedamp_weights(u: torch.Tensor, sigma: float, self_weight: float) 
     the row is ``[1]``."""
     m = u.shape[0]
     if m == 1:
-        return torch.ones(1, 1, dtype=u.dtype)
+        return torch.ones(1, 1, dtype=u.dtype, device=u.device)
     scores = sigma * cosine_similarity_matrix(u)
     scores.fill_diagonal_(float("-inf"))
-    return torch.softmax(scores, dim=1) * (1.0 - self_weight) + self_weight * torch.eye(m, dtype=u.dtype)
+    return torch.softmax(scores, dim=1) * (1.0 - self_weight) + self_weight * torch.eye(m, dtype=u.dtype, device=u.device)
