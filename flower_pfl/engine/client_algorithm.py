@@ -106,10 +106,15 @@ def proximal_mu(config: Mapping[str, Any]) -> float:
 
 def sgd_update(model: nn.Module, lr: float) -> None:
     """``p ← p − lr · p.grad`` for every trainable parameter (what ``torch.optim.SGD`` does)."""
+    sgd_step(trainable(model), lr)
+
+
+def sgd_step(params: Sequence[torch.Tensor], lr: float) -> None:
+    """``p ← p − lr · p.grad`` for each of ``params`` that has a gradient, in one fused call."""
     with torch.no_grad():
-        for p in trainable(model):
-            if p.grad is not None:
-                p.add_(p.grad, alpha=-lr)
+        stepped = [p for p in params if p.grad is not None]
+        if stepped:
+            torch._foreach_add_(stepped, [p.grad for p in stepped], alpha=-lr)
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,11 @@ class ClientAlgorithm:
     ``needs_state``, ``needs_plain_sgd`` (its arithmetic assumes SGD steps of size ``config["lr"]``),
     ``hookable`` (``False``: it trains a second model or takes a second minibatch per step, so only
     ``train_locally`` can run it) and ``reply_keys``.
+
+    A step is written once, on the parameters as tensors (``loss``, ``gradients``, ``gradient_terms``),
+    so that it runs on one client's model (``train_step``, a user's loop) or on a round's clients at
+    once (``flower_pfl.engine.batched``: the same methods under ``torch.func.vmap``, the per-client
+    tensors they read named in ``batched_state``).
     """
 
     #: the name instructions give it (``CLIENT_ALGORITHM``) and its receipt; every subclass declares its own
@@ -144,6 +154,12 @@ class ClientAlgorithm:
     #: the reply keys ``end_round`` always returns; a reply without them is refused
     #: (``AlgorithmOutputMissing``), so they, not the receipt, show that the algorithm ran
     reply_keys: ClassVar[tuple[str, ...]] = ()
+    #: the attributes holding this client's own tensors (or lists of them) that ``loss``, ``gradients``
+    #: and ``gradient_terms`` read; a round's clients are trained at once with these stacked
+    batched_state: ClassVar[tuple[str, ...]] = ()
+    #: why a round's clients of this algorithm cannot train as one computation (``None``: they can,
+    #: unless it overrides ``train_step``)
+    unbatched_because: ClassVar[str | None] = None
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -164,13 +180,34 @@ class ClientAlgorithm:
     # --- the hooks a user's loop calls ---------------------------------------------------------
     def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
         """Call after ``loss.backward()`` and before ``optimizer.step()``."""
-        self.steps += 1
-        with torch.no_grad():
-            for p, extra in zip(trainable(model), self.gradient_terms(model, batch)):
-                if extra is not None:
-                    p.grad = extra if p.grad is None else p.grad + extra
+        self._adjust(trainable(model), batch)
 
-    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+    def _adjust(self, params: Sequence[torch.Tensor], batch: Batch | None) -> None:
+        """``adjust_gradients`` on the model's trainable parameters ``params``."""
+        if changes_gradients(type(self)):
+            with torch.no_grad():
+                new = self.gradients(params, [p.grad for p in params], batch)
+            for p, g in zip(params, new):
+                p.grad = g
+        self.steps += 1
+
+    # --- one step, on the parameters as tensors (one client's, or one of a batch under vmap) ----
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss the step descends (data term; the user's ``loss_fn`` by default)."""
+        return self.loss_fn(logits, y)
+
+    def gradients(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                  batch: Batch | None) -> list[torch.Tensor | None]:
+        """The gradient the SGD step takes, from the loss's (``grads``, step ``self.steps`` of the round):
+        ``grads`` plus ``gradient_terms`` by default. ``None`` leaves a parameter where it is."""
+        out = list(grads)
+        for i, extra in enumerate(self.gradient_terms(params, batch)):
+            if extra is not None:
+                g = out[i]
+                out[i] = extra if g is None else g + extra
+        return out
+
+    def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
         """What the method adds to each trainable parameter's gradient (none by default)."""
         return []
 
@@ -198,12 +235,16 @@ class ClientAlgorithm:
         """One step of ``train_locally``: exactly a user's loop iteration with plain SGD. Returns the
         step's training loss (data term only)."""
         x, y = next_batch()
-        for p in trainable(model):
+        params = trainable(model)
+        for p in params:
             p.grad = None
-        loss = self.loss_fn(model(x), y)
+        loss = self.loss(model(x), y)
         loss.backward()
-        self.adjust_gradients(model, (x, y))
-        sgd_update(model, lr)
+        if type(self).adjust_gradients is ClientAlgorithm.adjust_gradients:
+            self._adjust(params, (x, y))
+        else:
+            self.adjust_gradients(model, (x, y))
+        sgd_step(params, lr)
         return float(loss.detach()) if self.step_loss is None else self.step_loss
 
     # --- evaluation ----------------------------------------------------------------------------
@@ -237,11 +278,17 @@ class ClientAlgorithm:
         return lr
 
 
+def changes_gradients(cls: type[ClientAlgorithm]) -> bool:
+    """Whether ``cls``'s step changes the loss's gradient (plain SGD's does not: nothing to compute)."""
+    return cls.gradients is not ClientAlgorithm.gradients or cls.gradient_terms is not ClientAlgorithm.gradient_terms
+
+
 class Proximal(ClientAlgorithm):
     """``μ (w − a)`` added to the gradient: the proximal term ``μ/2 ||w − a||²`` toward the anchor
     ``a``, the received model (FedMCSA eq. 9, FedProx, FedAMP; ``choose_anchor`` may pick another)."""
 
     name = "proximal"
+    batched_state = ("anchor",)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -255,8 +302,8 @@ class Proximal(ClientAlgorithm):
         """The model the proximal term pulls toward: the received one."""
         return self.received
 
-    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
-        return [self.mu * (p - a) for p, a in zip(trainable(model), self.anchor)]
+    def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
+        return [self.mu * (p - a) for p, a in zip(params, self.anchor)]
 
 
 def train_locally(algorithm: ClientAlgorithm, model: nn.Module, data: TrainData, *, steps: int, lr: float, batch_size: int,

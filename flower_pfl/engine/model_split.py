@@ -15,7 +15,6 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import trainable
 from flower_pfl.engine.layout import ParamLayout
 
 
@@ -46,12 +45,10 @@ def head_flags(model: nn.Module, head_layers: int) -> list[bool]:
     return [name in in_head for name, p in model.named_parameters() if p.requires_grad]
 
 
-def drop_gradients(model: nn.Module, frozen: Sequence[bool]) -> None:
-    """Freeze the parameters flagged in ``frozen`` for this step: their gradient becomes ``None``, which
+def drop_frozen(grads: Sequence[torch.Tensor | None], flags: Sequence[bool]) -> list[torch.Tensor | None]:
+    """``grads`` with those of the parameters flagged in ``flags`` dropped for this step: ``None``, which
     plain SGD and ``torch.optim`` optimizers skip (no step, no weight decay, no momentum update)."""
-    for p, off in zip(trainable(model), frozen):
-        if off:
-            p.grad = None
+    return [None if off else g for g, off in zip(grads, flags)]
 
 
 def head_module(model: nn.Module) -> nn.Linear:

@@ -108,6 +108,7 @@ class FedAttnClient(ClientAlgorithm):
     pseudo-gradient FedAvg uses for ``G``), flat in parameter order."""
 
     name = "fedattn"
+    batched_state = ("global_biases",)
     needs_plain_sgd = True
     reply_keys = (REPRESENTATION, BIAS_GRADIENT)
 
@@ -122,12 +123,12 @@ class FedAttnClient(ClientAlgorithm):
         anchors = decode_vector(setting(config, GLOBAL_BIASES, "FedAttn"), biases) if self.reg > 0 else biases
         self.global_biases = [a.to(device=b.device, dtype=b.dtype) for a, b in zip(anchors, biases)]
 
-    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+
+    def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
         if self.reg <= 0:
             return []
         anchors = iter(self.global_biases)
-        return [self.reg * (p - next(anchors)) if b else None
-                for p, b in zip(trainable(model), self.is_bias)]
+        return [self.reg * (p - next(anchors)) if b else None for p, b in zip(params, self.is_bias)]
 
     def end_round(self, model: nn.Module, inputs: torch.Tensor | Iterable[Any] | None = None) -> dict[str, bytes]:
         if inputs is None:

@@ -14,7 +14,7 @@ from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientSta
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.minibatches import MinibatchStream
-from flower_pfl.engine.model_split import drop_gradients, head_flags, head_slice
+from flower_pfl.engine.model_split import drop_frozen, head_flags, head_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE_INT, POSITIVE, one_of, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings, weighted_mean
@@ -57,9 +57,9 @@ class FedBABUClient(ClientAlgorithm):
         super().__init__(model, config, state, loss_fn)
         self.head = head_flags(model, int(config[HEAD_LAYERS]))
 
-    def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
-        super().adjust_gradients(model, batch)
-        drop_gradients(model, self.head)
+    def gradients(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                  batch: Batch | None) -> list[torch.Tensor | None]:
+        return drop_frozen(super().gradients(params, grads, batch), self.head)
 
     @classmethod
     def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,

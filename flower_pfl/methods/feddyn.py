@@ -44,6 +44,7 @@ class FedDynClient(ClientAlgorithm):
     updates the gradient state ``∇L_k`` (client state, zero before the first participation)."""
 
     name = "feddyn"
+    batched_state = ("received", "gradient")
     needs_state = keeps_state = True
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
@@ -55,8 +56,9 @@ class FedDynClient(ClientAlgorithm):
         known = stored(state, GRADIENT_STATE)
         self.gradient = [torch.zeros_like(r) for r in self.received] if known is None else like_params(known, self.received, "gradient state")
 
-    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
-        return [self.alpha * (p.detach() - r) - g for p, r, g in zip(trainable(model), self.received, self.gradient)]
+
+    def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
+        return [self.alpha * (p.detach() - r) - g for p, r, g in zip(params, self.received, self.gradient)]
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, GRADIENT_STATE, next_gradient_state(self.gradient, trainable(model), self.received, self.alpha))

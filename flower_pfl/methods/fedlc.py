@@ -41,6 +41,7 @@ class FedLCClient(ClientAlgorithm):
     the received model's, uncalibrated."""
 
     name = "fedlc"
+    batched_state = ("offsets",)
     hookable = False
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
@@ -50,11 +51,15 @@ class FedLCClient(ClientAlgorithm):
         if not self.tau >= 0:
             raise ValueError(f"FedLC needs tau >= 0, got {self.tau}")
         self.classes = head_module(model).out_features
+        self.offsets = torch.zeros(self.classes, device=self.received[0].device)  # until ``begin`` counts the split
+
 
     def begin(self, model: nn.Module, data: TrainData) -> TrainData:
-        offsets = calibration(torch.bincount(data.y, minlength=self.classes), self.tau).to(data.y.device)
-        self.loss_fn = lambda logits, y: calibrated_loss(logits, y, offsets)
+        self.offsets = calibration(torch.bincount(data.y, minlength=self.classes), self.tau).to(data.y.device)
         return data
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return calibrated_loss(logits, y, self.offsets)
 
 
 @dataclass

@@ -78,6 +78,7 @@ class FedProtoClient(ClientAlgorithm):
     with each class's share of the samples (``fedproto-local-prototypes``)."""
 
     name = "fedproto"
+    unbatched_because = "its step accumulates the minibatches' representations (the prototypes it returns)"
     reply_keys = (LOCAL_PROTOTYPES,)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
@@ -86,12 +87,13 @@ class FedProtoClient(ClientAlgorithm):
         self.lam = float(setting(config, LAMBDA, "FedProto"))
         if not self.lam >= 0:
             raise ValueError(f"FedProto's lambda must be >= 0, got {self.lam}")
+        self.model = model  # the model being trained: its representation is differentiated
         self.global_prototypes = received_prototypes(model, config)
         head, device = head_module(model), self.received[0].device
         self.sums = torch.zeros(head.out_features, head.in_features, device=device)
         self.counts = torch.zeros(head.out_features, device=device)
 
-    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+    def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
         x, y = needs_batch(batch, "FedProto")
 
         def loss(z: torch.Tensor) -> torch.Tensor:
@@ -101,7 +103,7 @@ class FedProtoClient(ClientAlgorithm):
                 return z.sum() * 0.0
             return self.lam * prototype_loss(z, y, *self.global_prototypes)
 
-        grads = representation_gradient(model, x, loss)
+        grads = representation_gradient(self.model, x, loss)
         return grads if self.global_prototypes is not None else []
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:

@@ -6,11 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
 from flower_pfl.engine.client_algorithm import LOCAL_STEPS, Batch, ClientAlgorithm, ClientState, LossFn, setting
-from flower_pfl.engine.model_split import drop_gradients, head_flags
+from flower_pfl.engine.model_split import drop_frozen, head_flags
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_algorithm import Settings
@@ -39,10 +40,10 @@ class FedRepClient(ClientAlgorithm):
         #: the steps that train the head (τ_h), before the body's τ_φ = ``fedrep-body-steps``
         self.head_steps = total - body
 
-    def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
+    def gradients(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                  batch: Batch | None) -> list[torch.Tensor | None]:
         training_head = self.steps < self.head_steps
-        super().adjust_gradients(model, batch)
-        drop_gradients(model, [is_head != training_head for is_head in self.head])
+        return drop_frozen(super().gradients(params, grads, batch), [is_head != training_head for is_head in self.head])
 
 
 @dataclass

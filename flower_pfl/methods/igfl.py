@@ -92,6 +92,7 @@ class IGFLCorrection(ClientAlgorithm):
 
     keeps_state = True
     name = "igfl"
+    batched_state = ("previous", "global_delta")
     needs_state = needs_plain_sgd = True
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
@@ -106,13 +107,13 @@ class IGFLCorrection(ClientAlgorithm):
         if self.participants < 1:
             raise ValueError("IGFL-C needs igfl-participants >= 1")
 
-    def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
-        self.steps += 1
+
+    def gradients(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                  batch: Batch | None) -> list[torch.Tensor | None]:
         lr = self.lr
-        with torch.no_grad():
-            for p, dp, dg in zip(trainable(model), self.previous, self.global_delta):
-                grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                p.grad = -corrected_step(grad, dp, dg, lr=lr, steps=self.total_steps, num_participants=self.participants) / lr
+        return [-corrected_step(g if g is not None else torch.zeros_like(p), dp, dg, lr=lr, steps=self.total_steps,
+                                num_participants=self.participants) / lr
+                for p, g, dp, dg in zip(params, grads, self.previous, self.global_delta)]
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         if self.steps != self.total_steps:

@@ -69,6 +69,7 @@ class MoonClient(ClientAlgorithm):
     next previous one."""
 
     name = "moon"
+    unbatched_because = "its gradient term runs the received and the previous models on the minibatch"
     needs_state = keeps_state = True
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
@@ -77,14 +78,15 @@ class MoonClient(ClientAlgorithm):
         self.mu, self.tau = float(setting(config, MU, "MOON")), float(setting(config, TAU, "MOON"))
         if not (self.mu >= 0 and self.tau > 0):
             raise ValueError(f"MOON needs mu >= 0 and tau > 0, got mu = {self.mu}, tau = {self.tau}")
+        self.model = model  # the model being trained: its representation is differentiated
         self.global_model = copy.deepcopy(model)
         self.previous = copy.deepcopy(model)
         load_stored(self.previous, state, PREVIOUS_STATE)
 
-    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+    def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
         x = needs_batch(batch, "MOON")[0]
         z_global, z_previous = frozen_features(self.global_model, x), frozen_features(self.previous, x)
-        grads = representation_gradient(model, x, lambda z: contrastive_loss(z, z_global, z_previous, self.tau))
+        grads = representation_gradient(self.model, x, lambda z: contrastive_loss(z, z_global, z_previous, self.tau))
         return [self.mu * g for g in grads]
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:

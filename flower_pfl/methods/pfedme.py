@@ -73,6 +73,7 @@ class PFedMeClient(ClientAlgorithm):
 
     keeps_state = True
     name = "pfedme"
+    unbatched_because = "its step solves an inner problem for θ_i on each minibatch"
     evaluated_state = THETA_STATE  # θ_i, the personalized model
     needs_plain_sgd = True
 

@@ -44,6 +44,7 @@ class ScaffoldCorrection(ClientAlgorithm):
 
     keeps_state = True
     name = "scaffold"
+    batched_state = ("c_global", "c_local")
     needs_state = needs_plain_sgd = True
     reply_keys = (CONTROL_DELTA,)
 
@@ -55,7 +56,8 @@ class ScaffoldCorrection(ClientAlgorithm):
         ci = stored(state, CONTROL_STATE)
         self.c_local = [torch.zeros_like(r) for r in self.received] if ci is None else like_params(ci, self.received, "control variate")
 
-    def gradient_terms(self, model: nn.Module, batch: Batch | None) -> Sequence[torch.Tensor | None]:
+
+    def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
         return [cg - cl for cg, cl in zip(self.c_global, self.c_local)]
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
