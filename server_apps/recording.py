@@ -22,6 +22,7 @@ from server_apps.checkpoints import Checkpointer
 from server_apps.guard import ReplyGuard
 from server_apps.seeded import SampledGrid, in_rank_order, node_id
 from strategies.aggregated_metrics import ACCURACY
+from strategies.arrays import record_numpy
 from strategies.nodes import NodeWatch
 
 
@@ -84,7 +85,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         server_round += self.offset
-        self.arrays = {k: v.numpy() for k, v in arrays.items()}
+        self.arrays = record_numpy(arrays)
         self.before_round(server_round, self.arrays)
         if self.clients_per_round is not None:
             nodes = self.nodes.wait(grid, self.clients_per_round)  # as Flower's sampling waits, but not for ever
@@ -103,7 +104,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         replies = self._ordered(replies)
         arrays, metrics = self.inner.aggregate_train(server_round, replies) if replies or self.guard is None else (None, None)
         if arrays is not None:
-            self.arrays = {k: v.numpy() for k, v in arrays.items()}
+            self.arrays = record_numpy(arrays)
         self.after_train(server_round, {**dict(metrics or {}), **counts})
         return arrays, metrics
 
@@ -114,8 +115,8 @@ class RecordedStrategy(MessageStrategy, _Schedule):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         server_round += self.offset
         replies = self._ordered(replies)
-        usable = {id(msg): row for msg in replies if not msg.has_error() and msg.content.metric_records
-                  and (row := _usable(next(iter(msg.content.metric_records.values())))) is not None}
+        usable = {id(msg): row for msg in replies if not msg.has_error() and (records := msg.content.metric_records)
+                  and (row := _usable(next(iter(records.values())))) is not None}
         self.recorder.on_client_evaluations(server_round, [
             {"node-id": msg.metadata.src_node_id, **usable[id(msg)]} for msg in replies if id(msg) in usable])
         if self.guard is not None:  # Flower's own strategy stops at a reply it cannot aggregate

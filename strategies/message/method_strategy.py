@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any, ClassVar, TypedDict
 
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -36,6 +37,7 @@ from strategies.aggregated_metrics import (
     reply_counts,
     round_replies_metrics,
 )
+from strategies.arrays import array_numpy, numpy_record, record_numpy
 from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
@@ -194,12 +196,12 @@ class MethodStrategy(PerMethodDocs, Strategy):
 
     def _initialize(self, arrays: ArrayRecord) -> None:
         if not self.server.initialized:
-            self.server.initialize({k: v.numpy() for k, v in arrays.items()})
+            self.server.initialize(record_numpy(arrays))
 
     def _messages(self, plan: list[Instruction], config: ConfigRecord, server_round: int, kind: str) -> list[Message]:
         out = []
         for ins in plan:
-            arrays = ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(ins.model).items()})
+            arrays = numpy_record(self.server.to_named_arrays(ins.model))
             record = ConfigRecord({**config, **ins.config, SERVER_ROUND: server_round})
             out.append(Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: record}),
                                message_type=kind, dst_node_id=ins.client_id))  # type: ignore[call-overload]  # a node id (int) in this API
@@ -228,7 +230,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
                 batch.reject(node_id, str(err))
         receive_round(self.server, server_round, raws, batch, type(self).__name__)
         model = self.server.aggregate(server_round, batch.accepted)
-        arrays = None if model is None else ArrayRecord({k: Array(v) for k, v in self.server.to_named_arrays(model).items()})
+        arrays = None if model is None else numpy_record(self.server.to_named_arrays(model))
         if self.train_metrics_aggr_fn is not None and batch.accepted:
             records = [RecordDict({"metrics": MetricRecord({**_plain(r.metrics), self.weighted_by_key: r.num_examples})})
                        for r in batch.accepted]
@@ -284,12 +286,13 @@ def _plain(metrics: Any) -> dict[str, Any]:
 def raw_reply(node_id: int, msg: Message, weighted_by_key: str = NUM_EXAMPLES) -> RawReply:
     """A training reply's parts; ``UpdateRejected`` when its records are not what the contract says."""
     content = msg.content
-    if len(content.array_records) != 1 or len(content.metric_records) != 1:
+    array_records, metric_records = content.array_records, content.metric_records  # each a new view: read once
+    if len(array_records) != 1 or len(metric_records) != 1:
         raise UpdateRejected("a reply must hold exactly one ArrayRecord and one MetricRecord")
-    record = next(iter(content.array_records.values()))
-    metrics = dict(next(iter(content.metric_records.values())))
+    record = next(iter(array_records.values()))
+    metrics = dict(next(iter(metric_records.values())))
     if weighted_by_key not in metrics:
         raise UpdateRejected(f"MetricRecord lacks '{weighted_by_key}'")
     extras = {k: v for rec in content.config_records.values() for k, v in rec.items()}
-    arrays = [decoded(f"array '{name}'", array.numpy) for name, array in record.items()]
+    arrays = [decoded(f"array '{name}'", partial(array_numpy, array)) for name, array in record.items()]
     return RawReply(node_id, arrays, list(record.keys()), metrics[weighted_by_key], metrics, extras)
