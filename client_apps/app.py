@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
 
@@ -25,7 +25,8 @@ from client_apps import persisted_state
 from client_apps.flower_internals import handle_legacy_message_from_msgtype
 from client_apps.own_loop import RecordState
 from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
-from flower_pfl.engine.client_algorithm import RESUMED_AFTER, SERVER_ROUND, Extras, TrainData, train_locally
+from flower_pfl.engine.batched import ClientRound, train_together, unbatched
+from flower_pfl.engine.client_algorithm import RESUMED_AFTER, SERVER_ROUND, Extras, LocalResult, TrainData, train_locally
 from flower_pfl.engine.evaluation import EvalResult
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
 from flower_pfl.engine.wire import fingerprint
@@ -34,6 +35,7 @@ from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.data import ClientData
 from flower_pfl.methods.registry import client_algorithm_for
 from flower_pfl.run.quiet import silence_runtime_noise
+from strategies.arrays import numpy_record, record_numpy
 
 silence_runtime_noise()  # loaded before Ray starts in a simulation, and in every Ray actor (flower_pfl.run.quiet)
 app = ClientApp()
@@ -84,13 +86,24 @@ class Node:
     def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, Any], Extras]:
         """Train with the client algorithm ``config`` names; returns the metrics and what the server
         needs back (the algorithm's bytes and receipt, ``ClientAlgorithm.finish``)."""
+        r = self.start_fit(config)
+        result, extras = train_locally(r.algorithm, self.model, r.data, steps=r.steps, lr=r.lr, batch_size=r.batch_size,
+                                       generator=r.generator)
+        return self.end_fit(config, result), extras
+
+    def start_fit(self, config: Mapping[str, Any]) -> ClientRound:
+        """What this node's training for ``config`` is (the model holds the received one): its client
+        algorithm, data and settings, with the client state restored."""
         persisted_state.restore(self.state, self.node_config, config, self.partition_id)
         algorithm = client_algorithm_for(config)(self.model, config, RecordState(self.state))
-        result, extras = train_locally(algorithm, self.model, self._train_data(),
-                                       **training_settings(config, self.cfg.seed, self.partition_id))
+        return ClientRound(algorithm, self._train_data(), **training_settings(config, self.cfg.seed, self.partition_id),
+                           received=[t.detach().clone() for t in self.model.state_dict().values()])
+
+    def end_fit(self, config: Mapping[str, Any], result: LocalResult) -> dict[str, Any]:
+        """Keep the client state (``persisted_state``); the training metrics of ``result``."""
         persisted_state.persist(self.state, self.node_config, config, self.partition_id, int(config.get(SERVER_ROUND, 0)),
                                 self.cfg.checkpoint_every)
-        return {"train-loss": result.loss, "num-examples": self.data.num_train}, extras
+        return {"train-loss": result.loss, "num-examples": self.data.num_train}
 
     def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Evaluate on the test split the model the client algorithm ``config`` names makes from the
@@ -127,7 +140,7 @@ def _model(cfg: ExperimentConfig, thread: int) -> torch.nn.Module:
     return make_model(cfg).to(resolve_device(cfg.device))
 
 
-def _is_legacy(msg: Message) -> bool:
+def is_legacy(msg: Message) -> bool:
     return any(key.startswith(("fitins.", "evaluateins.")) for key in msg.content.keys())
 
 
@@ -157,27 +170,54 @@ def _legacy(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    if _is_legacy(msg):
+    if is_legacy(msg):
         return _legacy(msg, context)
     node = Node.from_context(context)
     received = msg.content.array_records["arrays"]
-    node.load({k: v.numpy() for k, v in received.items()})
+    node.load(record_numpy(received))
     metrics, payload = node.fit(msg.content["config"])
-    reply = RecordDict({
-        "arrays": ArrayRecord({k: Array(a) for k, a in zip(received.keys(), node.arrays())}),
-        "metrics": MetricRecord(metrics),
-    })
+    return _train_reply(msg, list(received.keys()), node.arrays(), metrics, payload)
+
+
+def _train_reply(msg: Message, names: list[str], arrays: list[np.ndarray], metrics: dict[str, Any], payload: Extras) -> Message:
+    reply = RecordDict({"arrays": numpy_record(dict(zip(names, arrays))), "metrics": MetricRecord(metrics)})
     if payload:
         reply["payload"] = ConfigRecord(dict[str, Any](payload))
     return Message(content=reply, reply_to=msg)
 
 
+def train_round(messages: Sequence[Message], contexts: Sequence[Context]) -> tuple[list[Message] | None, str]:
+    """The replies ``train`` gives to a round's training messages (Message API), the clients trained as
+    one computation (``flower_pfl.engine.batched``), with a line on what ran; ``None`` and why when
+    they cannot be (another client algorithm each, or one that cannot run batched)."""
+    configs = [m.content["config"] for m in messages]
+    algorithms = {client_algorithm_for(c) for c in configs}
+    nodes = [Node.from_context(c) for c in contexts]
+    model = nodes[0].model
+    if len(algorithms) > 1:
+        return None, f"the round's clients run {len(algorithms)} client algorithms"
+    (algorithm,) = algorithms
+    if (why := unbatched(algorithm, model)) is not None:
+        return None, f"{algorithm.__name__}: {why}"
+    rounds, names = [], []
+    for node, msg, config in zip(nodes, messages, configs):
+        received = msg.content.array_records["arrays"]
+        node.load(record_numpy(received))
+        rounds.append(node.start_fit(config))
+        names.append(list(received.keys()))
+    replies = []
+    for node, msg, config, name, (tensors, result, extras) in zip(nodes, messages, configs, names, train_together(model, rounds)):
+        arrays = [t.cpu().numpy() for t in tensors]
+        replies.append(_train_reply(msg, name, arrays, node.end_fit(config, result), extras))
+    return replies, f"{algorithm.__name__}: {len(messages)} clients as one computation"
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    if _is_legacy(msg):
+    if is_legacy(msg):
         return _legacy(msg, context)
     node = Node.from_context(context)
-    node.load({k: v.numpy() for k, v in msg.content.array_records["arrays"].items()})
+    node.load(record_numpy(msg.content.array_records["arrays"]))
     config: Mapping[str, Any] = msg.content.config_records["config"] if "config" in msg.content.config_records else {}
     return Message(content=RecordDict({"metrics": MetricRecord(node.evaluate(config))}), reply_to=msg)
 

@@ -274,6 +274,24 @@ def contract_md(decl: Any, entries: list[Any]) -> str:
     return "\n".join(lines)
 
 
+def unbatched_md() -> str:
+    """The client algorithms whose clients train one by one in process, and why (``flower_pfl.engine.batched``)."""
+    from flower_pfl.engine.batched import unbatched
+    from flower_pfl.experiment.models import build_model
+    from flower_pfl.methods import registry
+
+    model = build_model("dnn", (60,), 10)
+    users: dict[Any, list[str]] = {}
+    for e in registry.entries():
+        if not e.builtin:
+            users.setdefault(entry_method(e).client_algorithm(), []).append(e.label)
+    rows = ["| client algorithm | run-config values | why one by one |", "|---|---|---|"]
+    for algorithm, labels in users.items():
+        if (why := unbatched(algorithm, model)) is not None:
+            rows.append(f"| `{algorithm.__name__}` | {', '.join(f'`{label}`' for label in labels)} | {cell(why)} |")
+    return "\n".join(rows)
+
+
 def entry_method(e: Any) -> Any:
     """The server algorithm a registry entry builds with the run config's defaults."""
     from flower_pfl.experiment.config import ExperimentConfig
@@ -570,7 +588,8 @@ def on_config(config: Any) -> Any:
         _pages[page["path"]] = method_page_md(page, benchmarks)
     _appended["methods/index.md"] = methods_index_md(pages)
     _generated.clear()
-    _generated.update({"methods-overview": methods_overview_md(pages), "client-contract": contract_table_md()})
+    _generated.update({"methods-overview": methods_overview_md(pages), "client-contract": contract_table_md(),
+                       "unbatched": unbatched_md()})
     api = api_pages()
     api_section = _nav_section(config.nav, "API reference")
     methods_api: list[dict[str, str]] = []  # one nav group, where the first method module comes

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.app import ConfigRecord, Context
 from flwr.common import ndarrays_to_parameters
 from flwr.common.logger import log
 from flwr.server import ServerConfig
@@ -44,6 +44,7 @@ from server_apps.node_order import RankedGrid, query_nodes
 from server_apps.recording import RecordedLegacyStrategy, RecordedStrategy
 from server_apps.seeded import SeededClientManager
 from strategies.aggregated_metrics import PersonalizedMetrics
+from strategies.arrays import numpy_record
 from strategies.nodes import NodeWatch
 
 silence_runtime_noise()  # before Ray starts in a simulation (flower_pfl.run.quiet)
@@ -280,7 +281,7 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
         wrapper: Any = RecordedStrategy(strategy, run.recorder, cfg.eval_every, sampler, flower_k, checkpointer, run.offset,
                                         guard=guard, max_idle_rounds=cfg.max_idle_rounds, nodes=NodeWatch(cfg.node_wait_timeout))
         if remaining > 0:
-            wrapper.start(grid=run.grid, initial_arrays=ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
+            wrapper.start(grid=run.grid, initial_arrays=numpy_record({k: np.asarray(v) for k, v in arrays.items()}),
                           num_rounds=remaining, train_config=ConfigRecord({**training_config(cfg), **run.instructions}),
                           evaluate_config=ConfigRecord(run.instructions))
         final = wrapper.arrays
@@ -295,6 +296,14 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
     if remaining > 0 or run.resumed is None:
         checkpointer.save(cfg.num_rounds, final)
     return final
+
+
+def training_line(report: Mapping[str, Any]) -> str:
+    """The console's line on how an in-process run's clients trained (``InProcessGrid.training_report``)."""
+    line = (f"client trainings: {report['clients_trained_together']} with their round's clients as one computation, "
+            f"{report['clients_trained_one_by_one']} one by one")
+    reasons = report.get("one_by_one_because", {})
+    return line + "".join(f"; {n} one by one because {why}" for why, n in reasons.items())
 
 
 def _finish(run: _Run, strategy: Any, final: Any) -> Path:
@@ -315,6 +324,9 @@ def _finish(run: _Run, strategy: Any, final: Any) -> Path:
             extra = save_run_diagnostics(method, server.last_participants, run.info, out, title)
         except MissingExtra as err:  # the diagnostics' figures are optional
             log(WARNING, "flower-pfl: the diagnostics' figures are not drawn: %s", err)
+    if (report := getattr(run.grid, "training_report", None)) is not None:  # an in-process grid: how clients trained
+        extra.update(report())
+        log(INFO, "flower-pfl: %s", training_line(extra))
     summary = run.recorder.finish(title=title, extra=extra)  # logs the closing block
     if cfg.verbose:
         log(INFO, "flower-pfl: summary %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()})

@@ -35,6 +35,11 @@ def results(out_dir: Path) -> Path:
     return run_dir
 
 
+#: an in-process run whose clients train one by one, as ``flwr run``'s and a deployment's ClientApps train
+#: them: the same computation, so their numbers agree to the last bit
+ONE_BY_ONE = {"batch-clients": False}
+
+
 def numbers(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """Every metric row and every client evaluation of a run, timings and node ids left out (node ids
     are new in every run and differ between ``flwr run`` and an in-process run)."""

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from deployment import LocalDeployment, _alive, _descendants
-from local_runs import ROOT, flwr_command, kill_after_checkpoint, numbers
+from local_runs import ONE_BY_ONE, ROOT, flwr_command, kill_after_checkpoint, numbers
 
 from client_apps.flower_internals import HEARTBEAT_PATIENCE
 from flower_pfl.engine.wire import fingerprint
@@ -79,7 +79,7 @@ def test_killed_serverapp_resumes_on_the_same_supernodes(tmp_path):
         resumed = deployment.run(run_config_text({**settings, "resume-from": str(folder), "output-dir": str(killed)}))
     assert not deployment.left_running, "processes of the deployment are still running"
     assert resumed["status"] == "finished:completed", resumed["status-details"] + resumed["log"][-3000:]
-    whole = run_in_process({**settings, "output-dir": str(tmp_path / "whole")}, num_nodes=2)
+    whole = run_in_process({**settings, **ONE_BY_ONE, "output-dir": str(tmp_path / "whole")}, num_nodes=2)
     assert numbers(folder) == numbers(whole)
     assert [r["round"] for r in numbers(folder)[0] if r["phase"] == "evaluate"] == [1, 2, 3]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from local_runs import ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
+from local_runs import ONE_BY_ONE, ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
 from test_trackers import assert_series_match, expected_series, mlflow_run, mlflow_series, tensorboard_events
 
 from flower_pfl.engine.disk_store import DiskClientModelStore
@@ -77,7 +77,7 @@ def test_flwr_run_gives_the_in_process_numbers_of_the_same_seed(simulation, tmp_
     _completed(run)
     run_dir = results(tmp_path / "flwr")
     check_results(run_dir, method, rounds=3, nodes=6, per_round=3, evaluated=[1, 2, 3])
-    in_process = run_in_process({**config, "output-dir": str(tmp_path / "in-process")}, num_nodes=6)
+    in_process = run_in_process({**config, **ONE_BY_ONE, "output-dir": str(tmp_path / "in-process")}, num_nodes=6)
     assert numbers(run_dir) == numbers(in_process)
     assert (run_dir / MODELS).exists() == (method == "fedmcsa")
     if method == "fedmcsa":
@@ -105,7 +105,7 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
     simulation.runs()  # the killed run is known: the next new run is the resumed one
 
     _completed(simulation.run({**settings, "resume-from": str(folder), "output-dir": str(killed)}, nodes=6))
-    whole = run_in_process({**settings, "tracker": "", "output-dir": str(tmp_path / "whole")}, num_nodes=6)
+    whole = run_in_process({**settings, **ONE_BY_ONE, "tracker": "", "output-dir": str(tmp_path / "whole")}, num_nodes=6)
     assert numbers(folder) == numbers(whole)
     check_results(folder, method, rounds=8, nodes=6, per_round=3, evaluated=[1, 2, 4, 6, 8])
     if method == "fedmcsa":

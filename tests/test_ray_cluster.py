@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from local_runs import LocalSimulation, check_results, numbers, results
+from local_runs import ONE_BY_ONE, LocalSimulation, check_results, numbers, results
 from ray_cluster import RayCluster
 
 from server_apps.inprocess import run_in_process
@@ -64,7 +64,8 @@ def test_a_run_across_two_nodes_gives_the_in_process_numbers_and_survives_a_lost
     assert set(seen) == {"head", "worker"}, f"virtual clients ran on {sorted(seen)} only"
     run_dir = results(tmp_path / "cluster")
     check_results(run_dir, "fedmcsa", rounds=3, nodes=6, per_round=3, evaluated=[1, 3])
-    assert numbers(run_dir) == numbers(run_in_process({**config, "output-dir": str(tmp_path / "in-process")}, num_nodes=6))
+    in_process = run_in_process({**config, **ONE_BY_ONE, "output-dir": str(tmp_path / "in-process")}, num_nodes=6)
+    assert numbers(run_dir) == numbers(in_process)
 
     # the worker machine is lost two rounds into a longer run: its clients fail, the head's go on, the run ends
     proc = simulation.start({**config, "num-rounds": 12, "eval-every": 6, "local-steps": 60,

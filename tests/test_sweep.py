@@ -390,7 +390,7 @@ def test_a_cell_that_fails_is_recorded_and_the_command_says_so(tmp_path, capsys)
 def test_flwr_run_engine_gives_the_in_process_figures(tmp_path):
     """The same cell through `flwr run` (a private SuperLink, stopped afterwards) and in-process."""
     s = _sweep('methods = ["fedmcsa"]\nseeds = [0]\nreferences = []\n[base]\nnum-rounds = 2\nnum-nodes = 3\n'
-               'clients-per-round = 2\neval-every = 1')
+               'clients-per-round = 2\neval-every = 1\nbatch-clients = false')  # flwr run trains them one by one
     by_flwr = sweep.run(s, tmp_path / "flwr", engine="flwr-run", progress=False)["cells"][0]
     in_process = sweep.run(s, tmp_path / "inprocess", progress=False)["cells"][0]
     assert by_flwr["status"] == in_process["status"] == "completed", by_flwr.get("error")

@@ -127,6 +127,9 @@ class ExperimentConfig:
     allow_empty_client_state: bool = False
     #: keep Flower's round-by-round console lines (false: only the run's own progress lines)
     verbose: bool = False
+    #: in-process runs (``server_apps.inprocess``): a round's clients train as one computation where their
+    #: client algorithm allows (``flower_pfl.engine.batched``), with the numbers of training them one by one
+    batch_clients: bool = True
     #: live trackers, comma-separated: "tensorboard", "mlflow", "wandb" ("": none; ``flower_pfl.run.trackers``)
     tracker: str = ""
     #: MLflow's experiment and W&B's project

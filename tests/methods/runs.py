@@ -25,7 +25,10 @@ from tests.floats import isclose
 
 RECORDED = Path(__file__).with_name("recorded.json")
 #: 12 clients of Synthetic(0.5, 0.5), 6 of them per round, the DNN (every method has a layer to share), 6 rounds
-SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0, "model": "dnn"}
+#: (the clients train one by one, as a ``flwr run`` simulation trains them: the recording is that path's;
+#: ``test_recorded_runs`` runs each entry's clients as one computation too)
+SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0, "model": "dnn",
+           "batch-clients": False}
 NUM_NODES = 12
 #: the summary's figures compared (accuracy as a fraction), to ``ABS_TOL``: fractions of right answers,
 #: which a reordered float sum changes only where two classes' scores tie to the last bit

@@ -1,0 +1,185 @@
+"""A round's clients trained as one computation: ``train_together`` runs the clients' local SGD
+(``train_locally``, client by client) with their parameters stacked, one ``torch.func.vmap`` of the
+client algorithm's own step per SGD step.
+
+Each client draws its minibatches from its own generator, as ``train_locally`` does, so the batched
+path trains on the same minibatches in the same order; the step is the algorithm's ``loss``,
+``gradients`` and ``gradient_terms``, written once, with the per-client tensors they read
+(``ClientAlgorithm.batched_state``) stacked. Clients whose minibatches differ in size (fewer examples
+than a batch) train in groups of one size. ``begin`` and ``finish`` run client by client, as they do
+in ``train_locally``. What cannot run this way (``unbatched`` says why) trains client by client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from flower_pfl.engine.client_algorithm import ClientAlgorithm, Extras, LocalResult, TrainData, changes_gradients, trainable
+from flower_pfl.engine.minibatches import MinibatchStream
+
+#: why a convolutional model trains one client at a time on the CPU (``benchmarks.client_speed``: a round of
+#: McMahan et al.'s CNN took 1.46x as long batched as one by one, 2 cores, one torch thread)
+CPU_CONVOLUTIONS = ("on the CPU, PyTorch's convolutions run slower for a round's clients at once (as one grouped "
+                    "convolution) than one client at a time")
+
+
+@dataclass
+class ClientRound:
+    """One client's local training of a round: its client algorithm (made with the received model), its
+    training split, and how ``train_locally`` would train it (``steps``, ``lr``, ``batch_size``, ``generator``)."""
+
+    algorithm: ClientAlgorithm
+    data: TrainData
+    steps: int
+    lr: float
+    batch_size: int
+    generator: torch.Generator
+    #: the client's received model, as its ``state_dict``'s tensors (loaded into the model before ``begin``)
+    received: list[torch.Tensor]
+
+
+def unbatched(algorithm: type[ClientAlgorithm], model: nn.Module) -> str | None:
+    """Why clients of ``algorithm`` training ``model`` (on its device) do not train as one computation, or
+    ``None``: the algorithm cannot, the model has buffers, or a convolutional model is on the CPU, where
+    batching it is slower."""
+    if algorithm.unbatched_because is not None:
+        return algorithm.unbatched_because
+    if algorithm.train_step is not ClientAlgorithm.train_step:
+        return "it trains a second model or takes a second minibatch per step (its own train_step)"
+    if any(True for _ in model.buffers()):
+        return "the model has buffers (batch normalization's statistics)"
+    if _on_cpu(model) and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()):
+        return CPU_CONVOLUTIONS
+    return None
+
+
+def _on_cpu(model: nn.Module) -> bool:
+    return all(p.device.type == "cpu" for p in model.parameters())
+
+
+def train_together(model: nn.Module, rounds: Sequence[ClientRound]) -> list[tuple[list[torch.Tensor], LocalResult, Extras]]:
+    """Each client's trained model (its ``state_dict``'s tensors), mean training loss and extras, as
+    ``train_locally`` gives them, for clients of one client algorithm that ``unbatched`` allows;
+    ``model`` is a model of their architecture (its tensors are overwritten)."""
+    if not rounds:
+        return []
+    starts, datas = [], []
+    for r in rounds:  # ``begin`` on each client's received model, as ``train_locally`` does
+        _load(model, r.received)
+        model.train()
+        datas.append(r.algorithm.begin(model, r.data))
+        starts.append([p.detach().clone() for p in trainable(model)])
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (r, d) in enumerate(zip(rounds, datas)):
+        groups.setdefault((min(r.batch_size, len(d.y)), r.steps, r.lr, _settings(r.algorithm)), []).append(i)
+    trained: list[list[torch.Tensor]] = [[] for _ in rounds]
+    losses: list[float] = [0.0] * len(rounds)
+    for members in groups.values():
+        params, mean_losses = _train_group(model, [rounds[i] for i in members], [datas[i] for i in members],
+                                           [starts[i] for i in members])
+        for j, i in enumerate(members):
+            trained[i], losses[i] = [p[j] for p in params], mean_losses[j]
+    out = []
+    for r, d, params, loss in zip(rounds, datas, trained, losses):  # ``finish`` on each client's trained model
+        with torch.no_grad():
+            for p, value in zip(trainable(model), params):
+                p.copy_(value)
+        r.algorithm.steps = r.steps
+        extras = r.algorithm.finish(model, d.x)
+        out.append(([t.detach().clone() for t in model.state_dict().values()], LocalResult(loss=loss, steps=r.steps), extras))
+    return out
+
+
+def _load(model: nn.Module, tensors: Sequence[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for target, value in zip(model.state_dict().values(), tensors):
+            target.copy_(value)
+
+
+def _settings(algorithm: ClientAlgorithm) -> tuple[Any, ...]:
+    """What of ``algorithm``'s state must agree across a batch: everything but its own tensors."""
+    own = {"config", "state", "received", "steps", "step_loss", "loss_fn", *algorithm.batched_state}
+    return tuple(sorted((k, repr(v)) for k, v in vars(algorithm).items()
+                        if k not in own and not isinstance(v, torch.Tensor | list | tuple | nn.Module)))
+
+
+def _train_group(model: nn.Module, rounds: Sequence[ClientRound], datas: Sequence[TrainData],
+                 starts: Sequence[Sequence[torch.Tensor]]) -> tuple[list[torch.Tensor], list[float]]:
+    """Train clients whose minibatches have one size together; their stacked trained parameters and
+    mean losses."""
+    proto, steps, lr = rounds[0].algorithm, rounds[0].steps, rounds[0].lr
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [torch.stack(ps) for ps in zip(*starts)]
+    state = {name: _stack([getattr(r.algorithm, name) for r in rounds]) for name in proto.batched_state}
+    x_all, y_all, picks = _minibatches(rounds, datas, steps)
+
+    def client_loss(ps: list[torch.Tensor], own: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with _bound(proto, own):
+            return proto.loss(functional_call(model, dict(zip(names, ps)), (x,)), y)
+
+    def client_gradients(ps: list[torch.Tensor], grads: list[torch.Tensor], own: dict[str, Any], x: torch.Tensor,
+                         y: torch.Tensor) -> list[torch.Tensor]:
+        with _bound(proto, own):
+            new = proto.gradients(ps, grads, (x, y))
+        return [torch.zeros_like(p) if g is None else g for p, g in zip(ps, new)]
+
+    losses_of, gradients_of = vmap(client_loss), vmap(client_gradients)
+    adjusts = changes_gradients(type(proto))  # plain SGD's gradients are the loss's: no second vmap per step
+    totals = torch.zeros(len(rounds), dtype=torch.float64, device=params[0].device)  # summed where computed: no sync per step
+    for k in range(steps):
+        x, y = x_all[picks[k]], y_all[picks[k]]
+        proto.steps = k
+        leaves = [p.detach().requires_grad_(True) for p in params]
+        loss = losses_of(leaves, state, x, y)
+        # the clients' losses are independent: the gradient of their sum is each client's gradient
+        grads = list(torch.autograd.grad(loss.sum(), leaves))
+        with torch.no_grad():
+            new = gradients_of(params, grads, state, x, y) if adjusts else grads
+            params = [p - lr * g for p, g in zip(params, new)]
+        totals += loss.detach().to(torch.float64)
+    return params, (totals.cpu() / max(steps, 1)).tolist()
+
+
+def _minibatches(rounds: Sequence[ClientRound], datas: Sequence[TrainData],
+                 steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The clients' examples in one tensor each (``x``, ``y``) and, for every step, the ``(clients,
+    batch)`` rows of each client's minibatch in them: each client's own stream, drawn as
+    ``train_locally`` draws it."""
+    picks, start = [], 0
+    for r, d in zip(rounds, datas):
+        stream = MinibatchStream(len(d.y), r.batch_size, r.generator)
+        picks.append(torch.stack([stream.next() for _ in range(steps)]) + start)
+        start += len(d.y)
+    device = datas[0].y.device
+    return torch.cat([d.x for d in datas]), torch.cat([d.y for d in datas]), torch.stack(picks, 1).to(device)
+
+
+def _stack(values: Sequence[Any]) -> Any:
+    """The clients' values of one attribute stacked: tensors into one, lists of tensors element by element."""
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(list(values))
+    if isinstance(first, list | tuple):
+        return [torch.stack(list(parts)) for parts in zip(*values)]
+    raise TypeError(f"batched_state holds tensors or lists of them, got {type(first).__name__}")
+
+
+@contextmanager
+def _bound(algorithm: ClientAlgorithm, values: dict[str, Any]) -> Iterator[None]:
+    """``algorithm``'s attributes set to one client's ``values`` (under vmap: the batch's) while inside."""
+    saved = {name: getattr(algorithm, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(algorithm, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(algorithm, name, value)
+

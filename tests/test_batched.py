@@ -1,0 +1,160 @@
+"""A round's clients trained as one computation (``flower_pfl.engine.batched``): the same minibatches
+and models as training them one by one (``train_locally``), clients of other batch sizes or settings
+in groups of their own, what cannot be batched named with its reason, and the in-process grid's
+replies and report. Every registry entry's whole run, batched against its recording:
+``tests/methods/test_recorded_runs.py``."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from floats import ABS, REL, assert_same_math, same_math
+
+from flower_pfl.engine.batched import CPU_CONVOLUTIONS, ClientRound, _bound, train_together, unbatched
+from flower_pfl.engine.client_algorithm import LR, PROXIMAL_MU, ClientAlgorithm, Proximal, TrainData, train_locally
+from flower_pfl.experiment.models import DNN, build_model
+from flower_pfl.methods.ditto import DittoClient
+from flower_pfl.methods.igfl import IGFLCorrection
+from flower_pfl.methods.moon import MoonClient
+
+SIZES = (50, 12, 80, 40)  # the second client has fewer examples than a batch: a group of its own
+
+
+def _clients(seed: int = 0, model: torch.nn.Module | None = None,
+             shape: tuple[int, ...] = (6,)) -> tuple[torch.nn.Module, list[TrainData], list[list[torch.Tensor]]]:
+    torch.manual_seed(seed)
+    model = model if model is not None else DNN(6, 3, 5)
+    datas = [TrainData(torch.randn(n, *shape), torch.randint(0, 3, (n,))) for n in SIZES]
+    starts = [[t + 0.01 * i for t in model.state_dict().values()] for i in range(len(SIZES))]
+    return model, datas, starts
+
+
+def _load(model: torch.nn.Module, tensors: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for t, v in zip(model.state_dict().values(), tensors):
+            t.copy_(v)
+
+
+def _one_by_one(model, datas, starts, make) -> list[tuple[list[torch.Tensor], float, dict]]:
+    out = []
+    for i, d in enumerate(datas):
+        m = copy.deepcopy(model)
+        _load(m, starts[i])
+        result, extras = train_locally(make(m, i), m, d, steps=7, lr=0.05, batch_size=20, generator=torch.Generator().manual_seed(i))
+        out.append(([t.clone() for t in m.state_dict().values()], result.loss, extras))
+    return out
+
+
+def _together(model, datas, starts, make) -> list[tuple[list[torch.Tensor], float, dict]]:
+    shared, rounds = copy.deepcopy(model), []
+    for i, d in enumerate(datas):
+        _load(shared, starts[i])
+        rounds.append(ClientRound(make(shared, i), d, 7, 0.05, 20, torch.Generator().manual_seed(i), [t.clone() for t in starts[i]]))
+    return [(tensors, result.loss, extras) for tensors, result, extras in train_together(shared, rounds)]
+
+
+@pytest.mark.parametrize("make", [
+    lambda m, i: ClientAlgorithm(m, {LR: 0.05}),
+    lambda m, i: Proximal(m, {LR: 0.05, PROXIMAL_MU: 2.0}),
+    lambda m, i: Proximal(m, {LR: 0.05, PROXIMAL_MU: 0.5 + i}),  # another μ each: groups of their own
+], ids=["sgd", "proximal", "proximal-other-mu-each"])
+def test_together_is_one_by_one_on_the_same_minibatches(make):
+    model, datas, starts = _clients()
+    for (a, loss_a, extras_a), (b, loss_b, extras_b) in zip(_one_by_one(model, datas, starts, make),
+                                                            _together(model, datas, starts, make)):
+        for x, y in zip(a, b):
+            assert_same_math(y, x)
+        assert loss_b == same_math(loss_a) and extras_b == extras_a
+    moved = _together(model, datas, starts, make)[0][0]
+    assert not torch.allclose(moved[0], starts[0][0], atol=1e-3)  # it trained
+
+
+def test_a_convolutional_model_batches_to_the_same_models_where_it_is_batched():
+    """On CUDA a CNN's clients train together (one grouped convolution per layer); the math is checked
+    here, on the CPU, where the engine trains them one by one (``CPU_CONVOLUTIONS``)."""
+    torch.manual_seed(3)
+    model, datas, starts = _clients(3, build_model("cnn", (1, 28, 28), 3), (1, 28, 28))
+    make = lambda m, i: Proximal(m, {LR: 0.05, PROXIMAL_MU: 0.1})
+    for (a, loss_a, _), (b, loss_b, _) in zip(_one_by_one(model, datas, starts, make), _together(model, datas, starts, make)):
+        for x, y in zip(a, b):  # a convolution's weight gradient sums 20 x 24 x 24 products an element: sqrt of
+            # 11,520 terms, ~100x the reordering error of the short sums ``floats.ABS`` is made for
+            torch.testing.assert_close(y, x, rtol=REL, atol=100 * ABS)
+        assert loss_b == same_math(loss_a)
+    assert unbatched(Proximal, model) == CPU_CONVOLUTIONS
+
+
+def test_an_algorithm_that_replaces_the_gradient_and_keeps_state_batches_too():
+    """IGFL-C: the gradient replaced by its corrected one, each client's previous delta its own."""
+    from flwr.app import RecordDict
+
+    from client_apps.own_loop import RecordState
+    from flower_pfl.engine.wire import encode_vector
+
+    model, datas, starts = _clients(1)
+    dim = sum(p.numel() for p in model.parameters())
+    states = [RecordState(RecordDict()) for _ in SIZES]
+    for i, s in enumerate(states):  # another previous delta each
+        s["igfl-delta"] = [torch.full_like(p, 0.01 * (i + 1)) for p in model.parameters()]
+    config = {LR: 0.05, "local-steps": 7, "igfl-participants": 4, "igfl-global-delta": encode_vector(torch.full((dim,), 0.02))}
+    one = _one_by_one(model, datas, starts, lambda m, i: IGFLCorrection(m, config, copy.deepcopy(states[i])))
+    two = _together(model, datas, starts, lambda m, i: IGFLCorrection(m, config, copy.deepcopy(states[i])))
+    for (a, _, _), (b, _, _) in zip(one, two):
+        for x, y in zip(a, b):
+            assert_same_math(y, x)
+
+
+def test_what_cannot_be_batched_is_named():
+    assert unbatched(ClientAlgorithm, DNN(6, 3, 5)) is None and unbatched(Proximal, DNN(6, 3, 5)) is None
+    assert "previous models" in unbatched(MoonClient, DNN(6, 3, 5))
+    assert "train_step" in unbatched(DittoClient, DNN(6, 3, 5))
+    assert "batch normalization" in unbatched(ClientAlgorithm, build_model("dnn-bn", (6,), 3))
+
+
+def test_a_client_s_own_tensors_are_bound_only_inside():
+    model, _, _ = _clients()
+    algorithm = Proximal(model, {LR: 0.1, PROXIMAL_MU: 1.0})
+    anchor = algorithm.anchor
+    with _bound(algorithm, {"anchor": [torch.zeros(1)]}):
+        assert algorithm.anchor[0].shape == (1,)
+    assert algorithm.anchor is anchor
+
+
+# --- in process: the grid trains a round's clients together and says so ---------------------------------
+
+def _summary(tmp_path, **settings) -> dict:
+    from server_apps.inprocess import run_in_process
+
+    folder = run_in_process({"num-rounds": 2, "clients-per-round": 3, "local-steps": 3, "eval-every": 2, "model": "dnn",
+                             "output-dir": str(tmp_path), **settings}, num_nodes=4)
+    return json.loads((folder / "summary.json").read_text())
+
+
+def test_an_in_process_run_says_how_its_clients_trained(tmp_path):
+    from server_apps.inprocess import LEGACY_ONE_BY_ONE
+
+    batched = _summary(tmp_path / "a", method="fedmcsa")
+    assert (batched["clients_trained_together"], batched["clients_trained_one_by_one"]) == (6, 0)
+    off = _summary(tmp_path / "b", method="fedmcsa", **{"batch-clients": False})
+    assert (off["clients_trained_together"], off["clients_trained_one_by_one"]) == (0, 6) and "one_by_one_because" not in off
+    assert off["bmta"] == same_math(batched["bmta"])
+    moon = _summary(tmp_path / "c", method="moon")
+    assert moon["clients_trained_together"] == 0 and list(moon["one_by_one_because"]) == [
+        f"MoonClient: {MoonClient.unbatched_because}"]
+    legacy = _summary(tmp_path / "d", method="fedmcsa", api="legacy")
+    assert legacy["one_by_one_because"] == {LEGACY_ONE_BY_ONE: 6}
+
+
+def test_a_batched_run_repeats_to_the_last_bit(tmp_path):
+    """Same seed, same numbers, with a round's clients as one computation too (in process)."""
+    from local_runs import numbers
+
+    from server_apps.inprocess import run_in_process
+
+    settings = {"method": "scaffold", "num-rounds": 3, "clients-per-round": 3, "local-steps": 3, "eval-every": 1,
+                "model": "dnn"}
+    first, second = (run_in_process({**settings, "output-dir": str(tmp_path / name)}, num_nodes=5) for name in "ab")
+    assert json.loads((first / "summary.json").read_text())["clients_trained_together"] == 9
+    assert numbers(first) == numbers(second)
