@@ -24,7 +24,9 @@ from server_apps.inprocess import run_in_process
 
 #: (method, aggregation) of every registry entry
 RUNS = [(e.method, e.aggregation) for e in entries()]
-SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0, "model": "dnn"}
+#: the clients train one by one (the path of ``flwr run``); ``--batch-clients`` records them as one computation
+SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0, "model": "dnn",
+           "batch-clients": False}
 NUM_NODES = 12
 
 
@@ -66,8 +68,10 @@ if __name__ == "__main__":
     parser.add_argument("--compare", type=Path)
     parser.add_argument("--api", nargs="+", default=["message", "legacy"])
     parser.add_argument("--full-participation", action="store_true", help="every node trains every round")
+    parser.add_argument("--batch-clients", action="store_true", help="a round's clients as one computation")
     args = parser.parse_args()
     extra = {"clients-per-round": NUM_NODES} if args.full_participation else {}
+    extra |= {"batch-clients": True} if args.batch_clients else {}
     result = record(RUNS, args.api, extra)
     args.out.write_text(json.dumps(result, indent=1))
     if args.compare:

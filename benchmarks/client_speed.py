@@ -1,0 +1,167 @@
+"""A round's local training, four ways, side by side: the bare sequential loop and the bare batched
+loop (``benchmarks/client_floor.py``: PyTorch alone), and the package's in-process run with its clients
+one by one and as one computation (``batch-clients``).
+
+    python -m benchmarks.client_speed                        # MLR, DNN, CNN; CPU, and CUDA when present
+    python -m benchmarks.client_speed --models dnn --devices cpu --rounds 12
+    python -m benchmarks.client_speed --models cnn --repeats 1             # a CNN round takes seconds on a CPU
+
+The workload: FedAvg on 100 clients, 20 per round, 20 local SGD steps of 20 samples at lr 0.02, every
+client evaluated every 5 rounds; MLR and the DNN on Synthetic(0.5, 0.5), the CNN (McMahan et al.'s,
+``model = "cnn"``) on 28x28x1 images (random pixels in Fashion-MNIST's files, written to a temporary
+folder), Dirichlet(0.5) label skew. It prints the steady seconds per round (rounds 3 to ``--rounds``;
+the package's from its ``metrics.jsonl``), the median of ``--repeats`` runs of each way taken in turn,
+and clients trained per second, with one torch thread on the CPU. ``--out DIR`` writes ``table.md``
+and ``results.json`` (every run's figure) there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.client_floor import Federation, batched_round, evaluate, sequential_round
+from flower_pfl.experiment.build import load_client_data, make_model
+from flower_pfl.experiment.config import ExperimentConfig
+from server_apps.inprocess import run_in_process
+
+NODES, PER_ROUND, STEPS, BATCH, LR, EVAL_EVERY = 100, 20, 20, 20, 0.02, 5
+SETTINGS = {"method": "fedavg", "clients-per-round": PER_ROUND, "local-steps": STEPS, "batch-size": BATCH, "lr": LR,
+            "eval-every": EVAL_EVERY, "seed": 0, "checkpoint-every": 0}
+
+
+def write_images(folder: Path, n_train: int = 40_000, n_test: int = 10_000) -> None:
+    """Fashion-MNIST's files with random pixels and labels (what the CNN's time depends on: shapes)."""
+    rng = np.random.default_rng(0)
+    raw = folder / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">iiii", 2051, n, 28, 28)
+                                                          + rng.integers(0, 256, (n, 28, 28), dtype=np.uint8).tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">ii", 2049, n) + rng.integers(0, 10, n, dtype=np.uint8).tobytes())
+
+
+def run_config(model: str, device: str, data_dir: Path) -> dict[str, Any]:
+    image = {"dataset": "fmnist", "partition": "dirichlet", "data-dir": str(data_dir)} if model == "cnn" else {}
+    return {**SETTINGS, "model": model, "device": device, **image}
+
+
+def federation(config: dict[str, Any], device: str) -> Federation:
+    """The package's own clients of ``config``, held in memory for the bare loops."""
+    cfg = ExperimentConfig.from_mapping({**ExperimentConfig().to_run_config(), **config})
+    clients = [load_client_data(cfg, i, NODES) for i in range(NODES)]
+    return Federation([c.x_train.to(device) for c in clients], [c.y_train.to(device) for c in clients],
+                      [c.x_test.to(device) for c in clients], [c.y_test.to(device) for c in clients],
+                      lambda: make_model(cfg).to(device))
+
+
+def bare(fed: Federation, rounds: int, batched: bool) -> float:
+    """Steady seconds per round of a bare loop (rounds 3 to ``rounds``)."""
+    model, generator = fed.make_model(), torch.Generator().manual_seed(0)
+    train = batched_round if batched else sequential_round
+    times = []
+    for r in range(1, rounds + 1):
+        start = time.perf_counter()
+        clients = torch.randperm(NODES, generator=generator)[:PER_ROUND].tolist()
+        train(fed, model, clients, steps=STEPS, batch=BATCH, lr=LR, generator=generator)
+        if r == 1 or r % EVAL_EVERY == 0 or r == rounds:
+            evaluate(model, fed)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return float(np.mean(times[2:]))
+
+
+def package(config: dict[str, Any], rounds: int, batched: bool, out: Path) -> float:
+    """Steady seconds per round of the package's in-process run (from its ``metrics.jsonl``)."""
+    folder = run_in_process({**config, "num-rounds": rounds, "batch-clients": batched, "output-dir": str(out)}, num_nodes=NODES)
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    ends = {r["round"]: r["elapsed_s"] for r in rows}  # the last row of each round
+    return (ends[rounds] - ends[2]) / (rounds - 2)
+
+
+def measure(config: dict[str, Any], device: str, rounds: int, repeats: int, runs: Path) -> dict[str, Any]:
+    """The four ways' median steady seconds per round (``all``: every run's), ``repeats`` runs of each
+    taken in turn, so that a change in the machine's load hits all four."""
+    fed = federation(config, device)
+    ways = {"bare_sequential": lambda: bare(fed, rounds, batched=False),
+            "bare_batched": lambda: bare(fed, rounds, batched=True),
+            "package_sequential": lambda: package(config, rounds, False, runs),
+            "package_batched": lambda: package(config, rounds, True, runs)}
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(repeats):
+        for way, run in ways.items():
+            times[way].append(run())
+    return {**{way: float(np.median(t)) for way, t in times.items()}, "all": times}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mlr", "dnn", "cnn"], choices=["mlr", "dnn", "cnn"])
+    parser.add_argument("--devices", nargs="+", default=["cpu", "cuda"], choices=["cpu", "cuda"])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each way, in turn; their median is printed")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    devices = [d for d in args.devices if d == "cpu" or torch.cuda.is_available()]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if "cnn" in args.models:
+            write_images(Path(tmp) / "data")
+        for device in devices:
+            for model in args.models:
+                config = run_config(model, device, Path(tmp) / "data")
+                row = {"model": model, "device": device, **measure(config, device, args.rounds, args.repeats, Path(tmp) / "runs")}
+                rows.append(row)
+                print(line(row), flush=True)
+    table = "\n".join([HEADER, *(line(r) for r in rows)])
+    result = {"machine": machine(), "rounds": args.rounds, "repeats": args.repeats, "rows": rows, "table": table}
+    print(f"\n{result['machine']}\n{table}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "table.md").write_text(f"{result['machine']}\n\n{table}\n")
+        (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+HEADER = ("| model | device | bare sequential s/round | bare batched | package one by one (× bare sequential) | "
+          "package batched (× bare batched) | package batched: clients/s | speed-up of batching |\n|---|---|---:|---:|---:|---:|---:|---:|")
+
+
+def line(r: dict[str, Any]) -> str:
+    return (f"| {r['model']} | {r['device']} | {r['bare_sequential']:.4f} | {r['bare_batched']:.4f} | "
+            f"{r['package_sequential']:.4f} ({r['package_sequential'] / r['bare_sequential']:.2f}×) | "
+            f"{r['package_batched']:.4f} ({r['package_batched'] / r['bare_batched']:.2f}×) | "
+            f"{PER_ROUND / r['package_batched']:.0f} | {r['package_sequential'] / r['package_batched']:.2f}× |")
+
+
+def machine() -> str:
+    """The processor (``/proc/cpuinfo``'s model name where there is one), cores, GPU, torch and the load."""
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    return f"{processor()}, {os.cpu_count()} cores{gpu}; torch {torch.__version__}; load {load}"
+
+
+def processor() -> str:
+    try:
+        for entry in Path("/proc/cpuinfo").read_text().splitlines():
+            if entry.startswith("model name"):
+                return entry.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
