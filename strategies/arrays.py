@@ -52,8 +52,11 @@ def numpy_array(a: np.ndarray) -> Array:
     format 1.0 go through ``Array(a)``."""
     if not a.flags.c_contiguous or a.dtype.hasobject or a.dtype.fields is not None:
         return Array(a)
+    descr = np.lib.format.dtype_to_descr(a.dtype)
+    if not isinstance(descr, str):
+        return Array(a)
     try:
-        header = _npy_header(np.lib.format.dtype_to_descr(a.dtype), tuple(a.shape))
+        header = _npy_header(descr, tuple(a.shape))
     except ValueError:  # too long for format 1.0: np.save writes another
         return Array(a)
     return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype="numpy.ndarray", data=header + a.tobytes())

@@ -111,10 +111,10 @@ def sgd_update(model: nn.Module, lr: float) -> None:
 
 def sgd_step(params: Sequence[torch.Tensor], lr: float) -> None:
     """``p ← p − lr · p.grad`` for each of ``params`` that has a gradient, in one fused call."""
-    with torch.no_grad():
-        stepped = [p for p in params if p.grad is not None]
-        if stepped:
-            torch._foreach_add_(stepped, [p.grad for p in stepped], alpha=-lr)
+    pairs = [(p, p.grad) for p in params if p.grad is not None]
+    if pairs:
+        with torch.no_grad():
+            torch._foreach_add_([p for p, _ in pairs], [g for _, g in pairs], alpha=-lr)
 
 
 @dataclass(frozen=True)
