@@ -18,6 +18,10 @@ of the replies, ``get`` of the next participants), which the limit does not. Eve
 median over repeats after a warm-up call (the limit's over its timings before and after the
 methods), with torch's threads as set by ``--threads`` (default: torch's own).
 
+``--device cuda`` puts the server (its per-client store and aggregation) on a GPU. The replies still
+arrive on the host and the instructions leave from it, so there the limit includes moving the
+round's ``(m, d)`` models onto the device (through pinned memory) and the results back.
+
 FedAMP's precision: its weights ξ (``flower_pfl.methods.attention.fedamp_weights``) from float32 models
 against the same function on float64 models and against a float64 ``torch.cdist`` reference, with
 the aggregated models ``u_i = Σ_j ξ_ij w_j``, on the benchmark's models and on the models of short
@@ -25,6 +29,7 @@ in-process FedAMP runs.
 
     python -m benchmarks.aggregation_speed                       # small sizes
     python -m benchmarks.aggregation_speed --sizes paper --out benchmarks/results/aggregation_speed
+    python -m benchmarks.aggregation_speed --sizes paper --device cuda
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import torch
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import Reply
+from flower_pfl.engine.store import to_device, to_host
 from flower_pfl.methods.attention import fedamp_weights
 from flower_pfl.methods.igfl import ATTENTION_MODES
 from flower_pfl.methods.registry import method_classes
@@ -59,6 +65,7 @@ SIZES: dict[str, list[tuple[int, int]]] = {
     "paper": [(20, 100_000), (100, 100_000), (500, 100_000), (100, 1_000_000)],
 }
 LIMIT = "two-GEMM limit"
+CPU = torch.device("cpu")
 FLOWER_FEDAVG = "FedAvg (Flower's mean)"
 #: the classes of the MLP layout
 CLASSES = 10
@@ -112,6 +119,22 @@ def two_gemm(u: torch.Tensor) -> torch.Tensor:
     return torch.softmax(xn @ xn.T, dim=1) @ u
 
 
+def limit_round(u: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The two-GEMM limit on ``device`` for the host's models ``u``: on a GPU it includes moving the
+    round's models in (through pinned memory) and the results out, as a server must."""
+    if device.type == "cpu":
+        return two_gemm(u)
+    out = to_host(two_gemm(to_device(u, device)))
+    synchronize(device)
+    return out
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a timing on a GPU must include it)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 # ---------------------------------------------------------------- the methods
 
 
@@ -143,13 +166,15 @@ def fabricated_replies(server: MethodServer, ids: Sequence[int], u: torch.Tensor
     return replies
 
 
-def time_method(cls: type, kwargs: Mapping[str, Any], layout: ParamLayout, u: torch.Tensor, repeats: int) -> dict[str, float]:
-    """One round of ``cls``'s server work on ``u`` (``aggregate``, then the next ``plan_training``):
+def time_method(cls: type, kwargs: Mapping[str, Any], layout: ParamLayout, u: torch.Tensor, repeats: int,
+                device: torch.device = CPU) -> dict[str, float]:
+    """One round of ``cls``'s server work on ``u`` (``aggregate``, then the next ``plan_training``) with
+    the server on ``device`` (the replies arrive on the host, the instructions leave from it):
     medians in ms of the whole and of both parts, and the one-off costs (``initialize`` with the
     first plan, and the warm-up round that fills the method's state)."""
     m = u.shape[0]
     ids = list(range(m))
-    server = MethodServer(cls(**kwargs), clients_per_round=m, seed=0)
+    server = MethodServer(cls(**kwargs), clients_per_round=m, seed=0, device=device)
     t0 = time.perf_counter()
     server.initialize(named_arrays(layout, u[0]))
     server.plan_training(1, ids)
@@ -159,8 +184,10 @@ def time_method(cls: type, kwargs: Mapping[str, Any], layout: ParamLayout, u: to
     for r in range(1, repeats + 2):
         t0 = time.perf_counter()
         server.aggregate(r, replies)
+        synchronize(device)
         t1 = time.perf_counter()
         server.plan_training(r + 1, ids)
+        synchronize(device)
         rounds.append((t1 - t0, time.perf_counter() - t1))
     first, timed = rounds[0], rounds[1:]
     return {"ms": 1e3 * statistics.median(a + p for a, p in timed),
@@ -183,7 +210,7 @@ def time_flower_fedavg(layout: ParamLayout, u: torch.Tensor, repeats: int) -> di
 
 
 def aggregation_table(sizes: Iterable[tuple[int, int]] = SIZES["paper"], repeats: int = 5, seed: int = 0,
-                      progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+                      progress: Callable[[str], None] | None = None, device: torch.device = CPU) -> list[dict[str, Any]]:
     """The table at ``sizes`` (default: the paper sizes), one dict per (row, size): ``method`` (row label), ``name`` (run-config method, ``None`` for the
     reference rows), ``m``, ``d``, ``ms``, ``ratio`` (to the two-GEMM limit at that size) and, for
     methods, ``aggregate_ms``, ``plan_ms``, ``setup_ms``, ``first_round_ms``. The limit is timed
@@ -192,13 +219,13 @@ def aggregation_table(sizes: Iterable[tuple[int, int]] = SIZES["paper"], repeats
     out: list[dict[str, Any]] = []
     for m, d in sizes:
         layout, u = mlp_layout(d), participant_models(m, d, seed)
-        limit_times = times_ms(lambda u=u: two_gemm(u), repeats)
+        limit_times = times_ms(lambda u=u: limit_round(u, device), repeats)
         rows: list[dict[str, Any]] = [{"method": FLOWER_FEDAVG, "name": None, **time_flower_fedavg(layout, u, repeats)}]
         for label, cls, kwargs in configurations(m):
-            rows.append({"method": label, "name": cls.name, **time_method(cls, kwargs, layout, u, repeats)})
+            rows.append({"method": label, "name": cls.name, **time_method(cls, kwargs, layout, u, repeats, device)})
             if progress:
                 progress(f"m={m} d={d} {label}: {rows[-1]['ms']:.1f} ms")
-        limit_times += times_ms(lambda u=u: two_gemm(u), repeats)
+        limit_times += times_ms(lambda u=u: limit_round(u, device), repeats)
         limit = statistics.median(limit_times)
         rows.append({"method": LIMIT, "name": None, "ms": limit})
         out += [{**row, "m": m, "d": d, "ratio": row["ms"] / limit} for row in rows]
@@ -305,26 +332,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--sizes", choices=sorted(SIZES), default="small", help="small (default, quick), paper, or tiny")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (their median is reported)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    ap.add_argument("--device", default="cpu", help="the server's device: cpu (default), cuda or cuda:<i>")
     ap.add_argument("--run-rounds", type=int, nargs="*", default=[3, 10],
                     help="rounds of the in-process FedAMP runs whose models the precision check uses (none: skip)")
     ap.add_argument("--out", type=Path, default=None, help="write table.md and results.json here")
     args = ap.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: no CUDA device is visible")
     sizes = SIZES[args.sizes]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores, "
+    gpu = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores{gpu}, "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}; median of {args.repeats} after a warm-up", flush=True)
-    rows = aggregation_table(sizes, args.repeats, progress=lambda s: print("  " + s, flush=True))
+    rows = aggregation_table(sizes, args.repeats, progress=lambda s: print("  " + s, flush=True), device=device)
     table = format_table(rows)
     precision = [random_precision(m, d) for m, d in sizes] + (run_precision(args.run_rounds) if args.run_rounds else [])
-    text = (f"Server aggregation per round, time (ratio to the two-GEMM limit), {torch.get_num_threads()} torch threads:\n\n"
+    text = (f"Server aggregation per round on {device}{gpu}, time (ratio to the two-GEMM limit), "
+            f"{torch.get_num_threads()} torch threads:\n\n"
             f"{table}\n\nFedAMP's weights ξ and models u from float32 models, largest absolute differences:\n\n"
             f"{format_precision(precision)}")
     print("\n" + text)
     if args.out is not None:
         from benchmarks.common import save
 
-        save(args.out, text, {"sizes": sizes, "repeats": args.repeats, "threads": torch.get_num_threads(),
+        save(args.out, text, {"sizes": sizes, "repeats": args.repeats, "threads": torch.get_num_threads(), "device": str(device),
                               "load": os.getloadavg(), "rows": rows, "fedamp_precision": precision})
 
 

@@ -36,6 +36,14 @@ def test_every_method_class_is_timed_with_a_positive_finite_ratio(written):
         assert f"| {r['method']} | {cell} |" in table or f"| **{r['method']}** | {cell} |" in table
     assert "| method | m=4, d=1,000 |" in table
     assert results["fedamp_precision"][0]["data"] == "random m=4, d=1,000"
+    assert results["device"] == "cpu" and "on cpu" in table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible")
+def test_a_gpu_asked_for_where_there_is_none_is_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        agg.main(["--sizes", "tiny", "--device", "cuda"])
+    assert stop.value.code == 2 and "no CUDA device is visible" in capsys.readouterr().err
 
 
 def test_a_method_round_is_split_into_its_parts_and_its_one_off_costs(written):

@@ -1,10 +1,13 @@
+import itertools
+
 import numpy as np
 import pytest
 import torch
 
+from flower_pfl.engine import store as store_module
 from flower_pfl.engine.disk_store import DiskClientModelStore, make_store
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
-from flower_pfl.engine.store import ClientModelStore
+from flower_pfl.engine.store import ClientModelStore, fits_on_device, to_device, to_host
 from flower_pfl.experiment.models import DNN
 
 
@@ -68,12 +71,18 @@ def test_store_get_returns_a_copy_and_put_checks_shape():
 # -- both stores: in memory (CPU, CUDA when there) and on disk ---------------------------------
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+#: on a GPU also: a store whose device holds only every other block (the rest in pinned host memory),
+#: and the disk store handing its rows to the GPU
+GPU_KINDS = [("overflowing", "cuda"), ("disk", "cuda")] if torch.cuda.is_available() else []
 
 
-@pytest.fixture(params=[("memory", d) for d in DEVICES] + [("disk", "cpu")], ids=lambda p: "-".join(p))
-def make(request, tmp_path):
+@pytest.fixture(params=[("memory", d) for d in DEVICES] + [("disk", "cpu")] + GPU_KINDS, ids=lambda p: "-".join(p))
+def make(request, tmp_path, monkeypatch):
     """``make(initial)``: an empty store of the kind under test."""
     kind, device = request.param
+    if kind == "overflowing":
+        fits = itertools.cycle([True, False])
+        monkeypatch.setattr(store_module, "fits_on_device", lambda _device, _nbytes: next(fits))
     folders = iter(tmp_path / f"store{i}" for i in range(100))
     return lambda initial: make_store(initial, device, next(folders) if kind == "disk" else None)
 
@@ -270,3 +279,13 @@ def test_release_drops_the_logs_of_older_snapshots_and_rollback_rekeys_the_clien
         store.rollback(second, ["a", "b", "c"])
     store.rollback(second, ["x", "y"])  # the same clients under new ids (a new flwr run's node ids), in the store's order
     assert store.ids() == ["x", "y"] and torch.equal(store.get(["x", "y"]), torch.tensor([[0.0] * 3, [1.0] * 3]))
+
+
+def test_a_cpu_store_keeps_every_row_in_ordinary_memory():
+    """Nothing of the GPU's paths on the CPU: every block where the store is, no copy on the way in or out."""
+    store = ClientModelStore(torch.zeros(4))
+    rows = torch.arange(8.0).reshape(2, 4)
+    store.put([1, 2], rows)
+    assert fits_on_device(torch.device("cpu"), 1 << 60) and store.rows_on_device == store.capacity
+    assert all(not block.is_pinned() for block in store._blocks)
+    assert to_host(rows) is rows and to_device(rows, torch.device("cpu")) is rows

@@ -9,6 +9,10 @@ the rows it holds to grow, and keeps its rows in the order clients were added. `
 and ``put`` scatters across the blocks touched: a slice copy per run of consecutive rows when
 the runs are long (large models: every row copied once, no temporary), else one indexed copy
 per block.
+
+On a CUDA device, ``ClientModelStore`` keeps a block on the device while it fits (``fits_on_device``:
+it leaves at least half the device's free memory to the aggregation), and in pinned host memory
+beyond; rows move between the two through pinned buffers (``pinned``), one copy per block touched.
 """
 
 from __future__ import annotations
@@ -26,6 +30,37 @@ _RUN_BYTES = {"cpu": 1 << 18, "cuda": 1 << 24}
 #: what ``get``/``put`` do block by block: ``(block, positions, rows in the block, runs)``,
 #: ``runs`` a list of ``(position, row in the block, length)`` when copied run by run, else ``None``
 Plan = list[tuple[int, np.ndarray, np.ndarray, "list[tuple[int, int, int]] | None"]]
+
+
+def pinned(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An empty host tensor in page-locked memory (what a CUDA copy reads and writes at full speed, and
+    can overlap), or in ordinary memory where no CUDA device is visible."""
+    return torch.empty(shape, dtype=dtype, pin_memory=torch.cuda.is_available())
+
+
+def fits_on_device(device: torch.device, nbytes: int) -> bool:
+    """Whether ``nbytes`` more on ``device`` leave it at least half of its free memory (the rest is for
+    the round's work: a personalized method's ``(m, d)`` matrices and their products)."""
+    if device.type != "cuda":
+        return True
+    free, _total = torch.cuda.mem_get_info(device)
+    return nbytes <= free // 2
+
+
+def to_device(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``rows`` on ``device``: from the host through a pinned buffer (one asynchronous copy)."""
+    if rows.device == device:
+        return rows
+    if device.type == "cuda" and rows.device.type == "cpu" and not rows.is_pinned():
+        rows = pinned(tuple(rows.shape), rows.dtype).copy_(rows)
+    return rows.to(device, non_blocking=True)
+
+
+def to_host(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` on the host, from a device in one copy into pinned memory."""
+    if rows.device.type == "cpu":
+        return rows
+    return pinned(tuple(rows.shape), rows.dtype).copy_(rows)
 
 
 def _next_capacity(capacity: int, need: int) -> int:
@@ -108,11 +143,14 @@ class ModelStore:
         """The ``(m, d)`` models of ``ids`` (a copy); unseen clients get their starting model
         (``initial_rows``, else ``initial``)."""
         rows, added = self._ensure(ids, fill=True)
-        out = torch.empty((len(rows), self.dim), dtype=torch.float32, device=self._work_device())
+        work = self._work_device()
+        shape = (len(rows), self.dim)
+        # rows gathered on the host for a device: into pinned memory, then one asynchronous copy
+        out = pinned(shape) if work.type == "cpu" and self.device.type == "cuda" else torch.empty(shape, device=work)
         self._gather(out, self._plan(rows))
         if added:
             self._clients_added()
-        return out.to(self.device)
+        return out.to(self.device, non_blocking=True)
 
     def put(self, ids: Sequence[Hashable], rows: torch.Tensor | Sequence[torch.Tensor]) -> None:
         """Overwrite the models of ``ids`` with ``rows``: a ``(len(ids), d)`` matrix, or ``len(ids)``
@@ -121,11 +159,16 @@ class ModelStore:
         if isinstance(rows, torch.Tensor):
             if rows.shape != (len(ids), self.dim):
                 raise ValueError(f"expected rows of shape {(len(ids), self.dim)}, got {tuple(rows.shape)}")
-            source = rows.detach().to(device=self._work_device(), dtype=torch.float32)
+            source = to_device(rows.detach().to(torch.float32), self._work_device())
         else:
-            source = [r.detach().to(device=self._work_device(), dtype=torch.float32) for r in rows]
+            source = [r.detach().to(dtype=torch.float32) for r in rows]
             if len(source) != len(ids) or any(r.shape != (self.dim,) for r in source):
                 raise ValueError(f"expected {len(ids)} rows of shape {(self.dim,)}, got {[tuple(r.shape) for r in source]}")
+            work = self._work_device()
+            if work.type != "cpu" and source:  # rows from the replies (on the host): stacked, then one copy
+                source = to_device(torch.stack([r.to(source[0].device) for r in source]), work)
+            else:
+                source = [r.to(work) for r in source]
         if len(set(ids)) != len(ids):
             raise ValueError("ids must be unique")
         index, added = self._ensure(ids, fill=False)  # new clients' rows are written right below
@@ -238,10 +281,19 @@ class ClientModelStore(ModelStore):
         self._blocks: list[torch.Tensor] = []
 
     def _add_block(self, rows: int) -> None:
-        self._blocks.append(torch.empty((rows, self.dim), dtype=torch.float32, device=self.device))
+        if fits_on_device(self.device, 4 * rows * self.dim):
+            self._blocks.append(torch.empty((rows, self.dim), dtype=torch.float32, device=self.device))
+        else:  # beyond what the device holds: pinned host rows
+            self._blocks.append(pinned((rows, self.dim)))
+
+    @property
+    def rows_on_device(self) -> int:
+        """Rows allocated on the store's device (the others are in pinned host memory)."""
+        return sum(len(b) for b in self._blocks if b.device == self.device)
 
     def _fill(self, block: int, lo: int, hi: int) -> None:
-        self._blocks[block][lo:hi] = self.initial
+        blk = self._blocks[block]
+        blk[lo:hi] = self.initial.to(blk.device)
 
     def _indices(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
@@ -252,7 +304,11 @@ class ClientModelStore(ModelStore):
             return
         for b, pos, off, runs in plan:
             blk = self._blocks[b]
-            if runs is not None:
+            if blk.device != out.device:  # a host block: its rows gathered into pinned memory, then one copy
+                staged = torch.index_select(blk, 0, torch.from_numpy(np.ascontiguousarray(off, dtype=np.int64)),
+                                            out=pinned((len(off), self.dim)))
+                out.index_copy_(0, self._indices(pos), staged.to(out.device, non_blocking=True))
+            elif runs is not None:
                 for p, o, n in runs:
                     out[p:p + n].copy_(blk[o:o + n])
             elif len(pos) == len(out):  # one block holds them all (pos is 0..m-1)
@@ -269,7 +325,10 @@ class ClientModelStore(ModelStore):
             source = torch.stack(source)
         for b, pos, off, runs in plan:
             blk = self._blocks[b]
-            if runs is not None:
+            if blk.device != source.device:  # a host block: the rows copied out once, through pinned memory
+                blk.index_copy_(0, torch.from_numpy(np.ascontiguousarray(off, dtype=np.int64)),
+                                to_host(source.index_select(0, self._indices(pos))))
+            elif runs is not None:
                 for p, o, n in runs:
                     blk[o:o + n].copy_(source[p:p + n])
             elif len(pos) == len(source):  # pos is 0..m-1
