@@ -27,6 +27,8 @@ from flower_pfl.experiment.config import ExperimentConfig
 CLIENT_APP_EXCEPTION = 1  # error code in replies of a ClientApp that raised
 #: why the legacy API's clients train one by one in process
 LEGACY_ONE_BY_ONE = "Flower's legacy server sends each client's training message on its own"
+#: why the clients of a grid around another ClientApp than the package's train one by one
+OTHER_CLIENT_APP = "the grid's ClientApp is not the package's: each message goes to it"
 
 
 class InProcessGrid:
@@ -73,11 +75,13 @@ class InProcessGrid:
     def _train_together(self, messages: list[Message]) -> dict[int, Message]:
         """The replies to the round's Message-API training messages, trained as one computation, by the
         messages' positions (none where they cannot be; the reason is counted)."""
-        from client_apps.app import is_legacy, train_round
+        from client_apps.app import app, is_legacy, train_round
 
         train = [i for i, m in enumerate(messages) if m.metadata.message_type == MessageType.TRAIN]
         if not self.batch_clients or not train:
             return {}
+        if self.client_app is not app:  # another ClientApp (a user's, a wrapper): it answers its own messages
+            return self._refused(OTHER_CLIENT_APP, len(train))
         if any(is_legacy(messages[i]) for i in train):
             return self._refused(LEGACY_ONE_BY_ONE, len(train))
         try:

@@ -64,21 +64,25 @@ def test_same_seed_same_numbers_even_with_random_node_ids(tmp_path, method):
 
 
 def test_failing_client_does_not_stop_the_round(tmp_path, monkeypatch):
-    """A ClientApp that raises for one partition: the round goes on and that client's model is kept."""
+    """A ClientApp that raises for one partition: the round goes on and that client's model is kept. The
+    round's clients then train one by one (they could not start as one computation), each with its own
+    reply."""
     import client_apps.app as capp
 
-    original = capp.Node.fit
+    original = capp.Node.start_fit
 
     def flaky(self, config):
         if self.partition_id == 0:
             raise RuntimeError("device lost")
         return original(self, config)
 
-    monkeypatch.setattr(capp.Node, "fit", flaky)
+    monkeypatch.setattr(capp.Node, "start_fit", flaky)
     out = run_in_process({**SMALL, "num-rounds": 2, "clients-per-round": 4, "output-dir": str(tmp_path)}, num_nodes=4)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["phase"] == "train"]
     assert [r["clients-failed"] for r in train] == [1, 1] and [r["clients-accepted"] for r in train] == [3, 3]
+    (why,) = json.loads((out / "summary.json").read_text())["one_by_one_because"]
+    assert "device lost" in why
 
 
 def test_data_scarce_dirichlet_run_with_partial_participation(tmp_path):

@@ -272,7 +272,9 @@ def test_flowers_own_fedavg_is_guarded_in_the_package_app(tmp_path, monkeypatch)
         return honest_fit(self, config)
 
     honest_fit = capp.Node.fit
-    base = {"method": "fedavg", "num-rounds": 3, "clients-per-round": 4, "local-steps": 5, "eval-every": 3, "seed": 2}
+    # one by one: the ClientApp's own path (what flwr run runs), where Node.arrays makes the reply
+    base = {"method": "fedavg", "num-rounds": 3, "clients-per-round": 4, "local-steps": 5, "eval-every": 3, "seed": 2,
+            "batch-clients": False}
     with monkeypatch.context() as m:
         m.setattr(capp.Node, "arrays", poisoned)
         poisoned_run = run_in_process({**base, "output-dir": str(tmp_path / "a")}, num_nodes=4)
