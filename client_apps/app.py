@@ -130,7 +130,8 @@ def run_settings(run_config: Mapping[str, Any]) -> ExperimentConfig:
 
 @lru_cache(maxsize=4)
 def _parsed(items: tuple[tuple[str, Any], ...]) -> ExperimentConfig:
-    return ExperimentConfig.from_mapping(dict(items))
+    # the ServerApp refuses unknown keys; under another ServerApp the run config carries that app's own
+    return ExperimentConfig.from_mapping(dict(items), ignore_unknown=True)
 
 
 @lru_cache(maxsize=8)

@@ -11,6 +11,7 @@ TOOLS = {
     "superlink": "status or stop of the local SuperLink that flwr run started",
     "credentials": "TLS certificates and SuperNode keys for a deployment",
     "methods": "the method table: every run-config method and its hyperparameters",
+    "check": "check a run config before flwr run starts it",
 }
 
 

@@ -41,6 +41,9 @@ AT_LEAST_ONE = Rule(lambda v: isinstance(v, numbers.Integral) and not isinstance
 NON_NEGATIVE_INT = Rule(lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 0, "an integer >= 0")
 UNIT_INTERVAL = Rule(lambda v: 0 <= v <= 1, "a number in [0, 1]")
 HALF_OPEN_UNIT = Rule(lambda v: 0 <= v < 1, "a number in [0, 1)")
+#: a percent (FedALA's ``s``): other libraries write some of these as fractions, so a value in (0, 1] is
+#: allowed but said (``flower_pfl.experiment.config``)
+PERCENT = Rule(lambda v: 0 < v <= 100, "a number in (0, 100]")
 
 
 def one_of(*choices: Any) -> Rule:

@@ -10,12 +10,14 @@ turns a Flower run config (kebab-case keys) into a validated, typed object, and 
 
 from __future__ import annotations
 
+import difflib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from flower_pfl.engine.params import PERCENT
 from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
 from flower_pfl.experiment.data.hub import HUB
 from flower_pfl.experiment.data.images import EMNIST_CLASSES
@@ -172,6 +174,7 @@ class ExperimentConfig:
             value = _coerce(key, options[key], spec.type) if spec.type is not object else options[key]
             if (must := spec.check(value)) is not None:
                 _fail(key, value, must)
+        _say_plausible_units(options, specs)
         if self.data_source == "flwr-datasets" and self.dataset not in HUB and self.dataset != "synthetic":
             _fail("dataset", self.dataset, f"one of {', '.join(HUB)} with data-source 'flwr-datasets'")
         if self.dataset == "femnist" and self.data_source != "flwr-datasets":
@@ -261,8 +264,12 @@ class ExperimentConfig:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
-    def from_mapping(cls, run_config: Mapping[str, Any]) -> ExperimentConfig:
-        """Build from a run config; unknown keys are ignored, missing keys take defaults."""
+    def from_mapping(cls, run_config: Mapping[str, Any], ignore_unknown: bool = False) -> ExperimentConfig:
+        """Build from a run config: missing keys take defaults, a key no run config has is refused
+        (``ConfigError``, naming the nearest known keys) unless ``ignore_unknown`` (the package's
+        ClientApp under another ServerApp, whose own keys the run config carries)."""
+        if not ignore_unknown and (unknown := sorted(set(run_config) - known_keys())):
+            raise ConfigError("; ".join(unknown_key_message(key) for key in unknown))
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
             key = _key(f.name)
@@ -278,6 +285,36 @@ class ExperimentConfig:
         """The kebab-case run config (e.g. for ``config.json``)."""
         general = {_key(f.name): getattr(self, f.name) for f in fields(self) if f.name != "options"}
         return general | dict(self.options)
+
+
+def known_keys() -> set[str]:
+    """Every key a run config may have: the general settings, every method's keys and their old names."""
+    general = {_key(f.name) for f in fields(ExperimentConfig) if f.name != "options"}
+    return general | set(registry.option_specs()) | set(registry.renamed_keys())
+
+
+def unknown_key_message(key: str) -> str:
+    """What is said of run-config key ``key`` that no run config has, with the nearest known keys."""
+    return f"run config key '{key}' is not a key of flower-pfl{nearest_keys(key)}"
+
+
+def nearest_keys(key: str) -> str:
+    """``"; did you mean 'num-rounds'?"``: the known keys nearest ``key`` (or where to find them all)."""
+    known = known_keys()
+    spelled = key.strip().lower().replace("_", "-")
+    near = [spelled] if spelled in known else difflib.get_close_matches(spelled, sorted(known), n=3, cutoff=0.6)
+    if not near:
+        return " (python -m flower_pfl methods lists every method's keys)"
+    return f"; did you mean {' or '.join(repr(k) for k in near)}?"
+
+
+def _say_plausible_units(options: Mapping[str, Any], specs: Mapping[str, Any]) -> None:
+    """Warn of a percent set to a value that reads as a fraction (0.8 for 80 %, as other libraries write it)."""
+    for key, spec in specs.items():
+        value = options[key]
+        if spec.must is PERCENT and value != spec.default and 0 < value <= 1:
+            warnings.warn(f"run config '{key}' = {value!r} is a percent: {value} % (write {100 * value:g} for "
+                          f"{100 * value:g} %, which other libraries write as the fraction {value})", UserWarning, stacklevel=4)
 
 
 #: the value of a renamed key in ``pyproject.toml`` (Flower accepts only keys listed there): not set

@@ -27,7 +27,7 @@ from flower_pfl.engine.client_algorithm import (
     stored,
 )
 from flower_pfl.engine.layout import ParamLayout, flatten_module
-from flower_pfl.engine.params import AT_LEAST_ONE, POSITIVE, Rule, param
+from flower_pfl.engine.params import AT_LEAST_ONE, PERCENT, POSITIVE, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
 
@@ -39,7 +39,6 @@ LOCAL_STATE, WEIGHTS_STATE = "fedala-local", "fedala-weights"
 #: the first weight learning runs until the std of the last ``CONVERGED_WINDOW`` epoch losses is under
 #: ``CONVERGED_STD`` (the authors' code), at most ``MAX_START_EPOCHS`` epochs
 CONVERGED_WINDOW, CONVERGED_STD, MAX_START_EPOCHS = 10, 0.1, 100
-PERCENT = Rule(lambda v: 0 < v <= 100, "a number in (0, 100]")
 
 
 def higher_layers(model: nn.Module, layers: int) -> list[str]:

@@ -1,0 +1,82 @@
+"""``python -m flower_pfl check [APP] --run-config "key=value ..."``: the run config ``flwr run`` would
+start, checked as the package's ServerApp checks it, before anything starts.
+
+Flower refuses a ``--run-config`` key that the app's ``pyproject.toml`` does not list with only
+``Invalid run configuration`` (the key is named in the SuperLink's log), and the ServerApp refuses a
+bad value only once the run has started. This reads the app's defaults and the overrides as ``flwr
+run`` reads them, and says every problem at once: a key no run config has (with the nearest known
+keys), a value out of range, a device this machine lacks; a percent written as a fraction is said as a
+warning. Exit status 0 when the run config is good, 2 when it is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from client_apps.flower_internals import parse_config_args
+from flower_pfl.experiment.build import check_device
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig, nearest_keys
+
+
+def app_config(app: Path) -> dict[str, Any]:
+    """The run config's defaults in ``app``'s ``pyproject.toml`` (``[tool.flwr.app.config]``, flattened as
+    Flower flattens its tables: ``a.b``)."""
+    with (app / "pyproject.toml").open("rb") as file:
+        table = tomllib.load(file)["tool"]["flwr"]["app"].get("config", {})
+
+    def flat(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in values.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {f"{prefix}{key}": value})
+        return out
+
+    return flat(table)
+
+
+def problems(run_config: Mapping[str, Any], defaults: Mapping[str, Any], app: str) -> tuple[list[str], list[str], ExperimentConfig | None]:
+    """What is wrong with ``run_config`` (the app's ``defaults`` with the overrides), what is worth a
+    warning, and the parsed config when nothing is wrong."""
+    errors = [f"run config key '{key}' is not in {app}/pyproject.toml's [tool.flwr.app.config], so flwr run refuses it"
+              f"{nearest_keys(key)}" for key in run_config if key not in defaults]
+    cfg = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            cfg = ExperimentConfig.from_mapping({k: v for k, v in run_config.items() if k in defaults})
+            check_device(cfg.device)
+        except ConfigError as err:
+            errors.append(str(err))
+    return errors, [str(w.message) for w in caught], (None if errors else cfg)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flower_pfl check", description=__doc__.splitlines()[0])
+    parser.add_argument("app", nargs="?", default=".", help="the Flower app's folder, as flwr run takes it (default: .)")
+    parser.add_argument("--run-config", action="append", help='"key=value ..." or a .toml file, as flwr run takes it')
+    args = parser.parse_args(argv)
+    try:
+        defaults = app_config(Path(args.app))
+        overrides = parse_config_args(args.run_config)
+    except Exception as err:  # no pyproject, no [tool.flwr.app], a malformed --run-config: Flower's own words
+        print(f"flower-pfl: cannot read the run config: {getattr(err, 'message', None) or err}", file=sys.stderr)
+        return 2
+    errors, warned, cfg = problems({**defaults, **overrides}, defaults, args.app)
+    for message in warned:
+        print(f"flower-pfl: warning: {message}", file=sys.stderr)
+    for message in errors:
+        print(f"flower-pfl: {message}", file=sys.stderr)
+    if cfg is None:
+        return 2
+    print(f"flower-pfl: the run config is good: {cfg.label} on {cfg.dataset} ({cfg.model}), {cfg.num_rounds} rounds, "
+          f"{cfg.clients_per_round} clients per round")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

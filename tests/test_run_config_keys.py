@@ -1,0 +1,72 @@
+"""A run config's keys, refused where they are unknown and said where they look like another library's
+unit: in process (``ExperimentConfig.from_mapping``, which every path reads the run config with) and
+from ``python -m flower_pfl check`` before ``flwr run`` starts."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.tools import check
+from server_apps.inprocess import run_in_process
+
+
+@pytest.mark.parametrize("key,nearest", [
+    ("num-round", "'num-rounds'"), ("feddyn_alpha", "'feddyn-alpha'"), ("Clients-Per-Round", "'clients-per-round'"),
+    ("apple-plr", "'apple-p-lr'"),
+])
+def test_a_misspelt_key_is_refused_naming_the_nearest(key, nearest):
+    with pytest.raises(ConfigError, match=f"run config key '{key}' is not a key of flower-pfl; did you mean {nearest}"):
+        ExperimentConfig.from_mapping({key: 1})
+
+
+def test_an_in_process_run_refuses_a_typo_before_it_starts(tmp_path):
+    with pytest.raises(ConfigError, match="'apple-dlr'.*did you mean"):
+        run_in_process({"method": "apple", "apple-dlr": 0.01, "output-dir": str(tmp_path)}, num_nodes=2)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_percent_written_as_a_fraction_is_said_once_set():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ExperimentConfig.from_mapping({"method": "fedala", "fedala-rand-percent": 0.8})
+        ExperimentConfig.from_mapping({"method": "fedala", "fedala-rand-percent": 80.0})
+        ExperimentConfig.from_mapping({"method": "fedala"})
+    assert [str(w.message) for w in caught] == [
+        "run config 'fedala-rand-percent' = 0.8 is a percent: 0.8 % (write 80 for 80 %, which other libraries write "
+        "as the fraction 0.8)"]
+
+
+def test_check_says_every_problem_before_flwr_run(capsys):
+    assert check.main(["--run-config", "num-round=5 method='fedala' lr=-1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "flower-pfl: run config key 'num-round' is not in ./pyproject.toml's [tool.flwr.app.config], so flwr run "
+        "refuses it; did you mean 'num-rounds'?",
+        "flower-pfl: run config 'lr' = -1.0 is invalid: must be a number > 0"]
+    assert check.main(["--run-config", "method='fedala' fedala-rand-percent=0.5"]) == 0  # a warning is no refusal
+    assert capsys.readouterr().err == (
+        "flower-pfl: warning: run config 'fedala-rand-percent' = 0.5 is a percent: 0.5 % (write 50 for 50 %, which "
+        "other libraries write as the fraction 0.5)\n")
+
+
+def test_check_passes_a_good_run_config_and_reads_flowers_format(capsys, tmp_path):
+    overrides = tmp_path / "run.toml"
+    overrides.write_text('method = "ditto"\nnum-rounds = 3\n')
+    assert check.main(["--run-config", str(overrides)]) == 0
+    assert capsys.readouterr().out == "flower-pfl: the run config is good: ditto on synthetic (mlr), 3 rounds, 20 clients per round\n"
+    assert check.main([str(tmp_path), "--run-config", "lr=0.1"]) == 2  # no pyproject.toml there
+    assert "cannot read the run config" in capsys.readouterr().err
+
+
+def test_the_documentations_check_commands_pass(capsys):
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    commands = [line.strip() for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+                for line in page.read_text().splitlines() if line.strip().startswith("python -m flower_pfl check")]
+    assert commands
+    for command in commands:
+        assert check.main(shlex.split(command)[4:]) == 0, f"{command}: {capsys.readouterr().err}"
