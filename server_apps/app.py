@@ -33,7 +33,7 @@ from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.reports.diagnostics import save_run_diagnostics
 from flower_pfl.reports.figures import run_title
 from flower_pfl.run.quiet import silence_runtime_noise
-from flower_pfl.run.results import MODELS, SERVER_STATE, RunFailed, RunRecorder, save_models, save_state
+from flower_pfl.run.results import MODELS, SERVER_STATE, Coverage, RunFailed, RunRecorder, save_models, save_state
 from flower_pfl.run.trackers import RunTrackers, TrackerSettings, require_trackers
 from server_apps.checkpoints import Checkpointer, Resumption, set_flower_state
 from server_apps.cluster import check_cluster_paths
@@ -190,12 +190,14 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
     trackers = RunTrackers(TrackerSettings(cfg.trackers, cfg.tracker_experiment, cfg.tracker_uri or _default_uri(cfg),
                                            cfg.tracker_group), out, out.name, settings,
                            resumed.round if resumed is not None else None) if cfg.trackers else None
+    coverage = Coverage(clients=len(info), share=cfg.min_evaluated_share)  # what a round must reach to count
     if resumed is not None:
-        recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=say, trackers=trackers)
+        recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=say, trackers=trackers,
+                                      coverage=coverage)
         log(INFO, "flower-pfl: resuming %s after round %d", out, resumed.round)
         instructions: dict[str, Any] = {RUN_KEY: resumed.meta["run-key"], RESUMED_AFTER: resumed.round}
     else:
-        recorder = RunRecorder(out, settings, cfg.num_rounds, log=say, trackers=trackers)
+        recorder = RunRecorder(out, settings, cfg.num_rounds, log=say, trackers=trackers, coverage=coverage)
         instructions = {RUN_KEY: f"{out.name}-{secrets.token_hex(4)}"}  # unique per run
     ranks = {node: i["partition-id"] for node, i in info.items()}
     run = _Run(cfg, RankedGrid(grid, ranks), initial, resumed, info, out, recorder, instructions)  # type: ignore[arg-type]

@@ -121,6 +121,10 @@ class ExperimentConfig:
     node_wait_timeout: float = 120.0
     #: the run fails when more than this share of its rounds accepted no update (1: never)
     max_idle_rounds: float = 0.5
+    #: an evaluated round counts in BMTA, the last-10% mean and the final accuracy only when at least this
+    #: share of the federation's clients reported an accuracy; a training round is short when fewer than
+    #: this share of its sampled clients replied
+    min_evaluated_share: float = 0.8
     #: the clients' folder for their persisted state (an absolute path on shared storage in a Ray cluster;
     #: "": each node's own choice: its node config's ``client-state-dir``, else ``FLOWER_PFL_CLIENT_STATE_DIR``,
     #: else ``~/.cache/flower-pfl/client-state``); a node config's ``client-state-dir`` wins
@@ -204,6 +208,8 @@ class ExperimentConfig:
             _fail("node_wait_timeout", self.node_wait_timeout, "a number of seconds >= 0")
         if not 0 <= self.max_idle_rounds <= 1:
             _fail("max_idle_rounds", self.max_idle_rounds, "a share in [0, 1] (1: never fail)")
+        if not 0 <= self.min_evaluated_share <= 1:
+            _fail("min_evaluated_share", self.min_evaluated_share, "a share in [0, 1] (0: every evaluated round counts)")
         if not self.output_dir:
             _fail("output_dir", self.output_dir, "a non-empty path")
         try:

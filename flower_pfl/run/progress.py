@@ -37,6 +37,11 @@ def progress_line(server_round: int, num_rounds: int, row: Mapping[str, Any], el
             f"{clock(elapsed)} elapsed, ETA {clock(eta(server_round, num_rounds, elapsed))}")
 
 
+def short_round_note(row: Mapping[str, Any], needed: int, clients: int) -> str:
+    """What follows an evaluated round's line when it reached too few clients to count."""
+    return f"  [{int(row.get('clients-evaluated', 0))} of {clients} clients evaluated, fewer than {needed}: not counted]"
+
+
 def no_accuracy_line(server_round: int, num_rounds: int, elapsed: float) -> str:
     """An evaluated round in which no client reported a usable accuracy."""
     return f"{PREFIX} round {server_round}/{num_rounds}  no client accuracy (see the warnings above)  {clock(elapsed)} elapsed"
@@ -49,8 +54,11 @@ def summary_lines(summary: Mapping[str, Any], out: str | Path) -> list[str]:
     per_round = f", {summary['seconds_per_round']:.2f} s/round" if "seconds_per_round" in summary else ""
     if status == "completed":
         lines = [f"{PREFIX} run completed: {rounds} rounds in {clock(wall)}{per_round}"]
+    elif status == "degraded":
+        lines = [f"{PREFIX} run degraded: {rounds} rounds in {clock(wall)}{per_round}, some of them short of clients"]
     else:
         lines = [f"{PREFIX} run {status} after {clock(wall)} (of {rounds} rounds)"]
+    lines += shortfall_lines(summary)
     if "bmta" in summary:
         lines += [
             f"  BMTA           {summary['bmta']:.4f} at round {summary['bmta_round']} "
@@ -62,4 +70,16 @@ def summary_lines(summary: Mapping[str, Any], out: str | Path) -> list[str]:
     if summary.get("error"):
         lines.append(f"  error          {summary['error']}")
     lines.append(f"  results        {out}")
+    return lines
+
+
+def shortfall_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The closing block's lines on short rounds (``flower_pfl.run.results.Coverage``)."""
+    lines = []
+    if n := summary.get("short_evaluated_rounds", 0):
+        lines.append(f"  not counted    {n} evaluated round{'s' * (n != 1)} from round {summary['short_evaluated_since']} "
+                     f"reached fewer than {summary['min_clients_evaluated']} of {summary['federation_clients']} clients")
+    if n := summary.get("short_training_rounds", 0):
+        lines.append(f"  short rounds   {n} training round{'s' * (n != 1)} from round {summary['short_training_since']}: "
+                     "fewer of the sampled clients replied than min-evaluated-share asks (see clients-failed in metrics.jsonl)")
     return lines

@@ -7,12 +7,14 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flower_pfl.engine.client_metrics import CLIENTS_EVALUATED
 from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.reports.figures import client_accuracies, plot_learning_curve
-from flower_pfl.run.progress import no_accuracy_line, progress_line, summary_lines
+from flower_pfl.run.progress import no_accuracy_line, progress_line, short_round_note, summary_lines
 from flower_pfl.run.summary import summarize_run
 from flower_pfl.run.trackers import RunTrackers
 
@@ -31,21 +33,49 @@ ACCURACY = "accuracy"
 MEAN = "accuracy-mean"
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """How many clients a round must reach to count: an evaluated round enters the summary's figures
+    only when at least ``share`` of the federation's ``clients`` reported an accuracy; a training round
+    is *short* when fewer than ``share`` of its sampled clients replied (the others failed)."""
+
+    clients: int = 0
+    share: float = 0.0
+
+    @property
+    def evaluated(self) -> int:
+        """The clients an evaluated round must reach to count."""
+        return math.ceil(self.share * self.clients - 1e-9)
+
+    def short_evaluation(self, row: Mapping[str, Any]) -> bool:
+        return float(row.get(CLIENTS_EVALUATED, math.inf)) < self.evaluated
+
+    def short_training(self, row: Mapping[str, Any]) -> bool:
+        replied = float(row.get("clients-accepted", 0)) + float(row.get("clients-rejected", 0))
+        sampled = replied + float(row.get("clients-failed", 0))
+        return replied < math.ceil(self.share * sampled - 1e-9)
+
+
 class RunRecorder:
     """Writes results as a run goes, so an interrupted run keeps what it had.
 
     ``metrics.jsonl`` holds one JSON object per line: ``{"round", "phase", ...}``
-    with ``phase`` ``"train"`` or ``"evaluate"``.
+    with ``phase`` ``"train"`` or ``"evaluate"``. Evaluated rounds that reached too few clients
+    (``Coverage``) are written but left out of the summary's figures, and the run then ends ``degraded``.
     """
 
     def __init__(self, out_dir: str | Path, config: Mapping[str, Any], num_rounds: int, log: Any = None,
-                 trackers: RunTrackers | None = None) -> None:
+                 trackers: RunTrackers | None = None, coverage: Coverage = Coverage()) -> None:
         self.out_dir = Path(out_dir)
         self.trackers = trackers
         self._last_elapsed = 0.0
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.num_rounds = num_rounds
+        self.coverage = coverage
+        #: the evaluated rounds that count (they reached enough clients), and the rounds that fell short
         self.evaluations: list[dict[str, Any]] = []
+        self.short_evaluations: list[int] = []
+        self.short_trainings: list[int] = []
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter()
         #: rounds in which no client update was accepted
@@ -55,12 +85,12 @@ class RunRecorder:
 
     @classmethod
     def resume(cls, out_dir: str | Path, num_rounds: int, last_round: int, elapsed: float, log: Any = None,
-               trackers: RunTrackers | None = None) -> RunRecorder:
+               trackers: RunTrackers | None = None, coverage: Coverage = Coverage()) -> RunRecorder:
         """Continue writing into an existing results folder after round ``last_round``: rows of later
         rounds (written before a crash) are dropped, so none is duplicated or half-written, and the
         clock continues from ``elapsed``."""
         self = cls.__new__(cls)
-        self.out_dir, self.num_rounds, self.trackers = Path(out_dir), num_rounds, trackers
+        self.out_dir, self.num_rounds, self.trackers, self.coverage = Path(out_dir), num_rounds, trackers, coverage
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter() - elapsed
         for name in (METRICS, CLIENTS):
@@ -71,8 +101,11 @@ class RunRecorder:
                 tmp.write_text("".join(line + "\n" for line in kept))
                 tmp.replace(path)
         rows = list(map(json.loads, _complete_lines(self.out_dir / METRICS)))
-        self.evaluations = [{k: v for k, v in row.items() if k not in ("phase", "elapsed_s")} for row in rows
-                            if row["phase"] == "evaluate" and MEAN in row]
+        evaluated = [{k: v for k, v in row.items() if k not in ("phase", "elapsed_s")} for row in rows
+                     if row["phase"] == "evaluate" and MEAN in row]
+        self.evaluations = [row for row in evaluated if not coverage.short_evaluation(row)]
+        self.short_evaluations = [row["round"] for row in evaluated if coverage.short_evaluation(row)]
+        self.short_trainings = [row["round"] for row in rows if row["phase"] == "train" and coverage.short_training(row)]
         self.idle_rounds = sum(1 for row in rows if row["phase"] == "train" and _idle(row))
         self._last_elapsed = max((row["elapsed_s"] for row in rows if row["phase"] == "train"), default=0.0)
         return self
@@ -91,6 +124,8 @@ class RunRecorder:
     def on_train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         """A training round's metrics; with ``clients-accepted`` = 0 it counts as idle."""
         self.idle_rounds += _idle(metrics)
+        if self.coverage.short_training(metrics):
+            self.short_trainings.append(server_round)
         elapsed = self.elapsed
         self._append({"round": server_round, "phase": "train", "elapsed_s": elapsed, **{k: float(v) for k, v in metrics.items()}})
         if self.trackers is not None:
@@ -106,6 +141,11 @@ class RunRecorder:
             self.trackers.on_evaluate(server_round, metrics)
         if MEAN not in row:
             self._log(no_accuracy_line(server_round, self.num_rounds, self.elapsed))
+            return
+        if self.coverage.short_evaluation(row):  # written, but not a figure of the run
+            self.short_evaluations.append(server_round)
+            self._log(progress_line(server_round, self.num_rounds, row, self.elapsed, self.best_mean)
+                      + short_round_note(row, self.coverage.evaluated, self.coverage.clients))
             return
         self.evaluations.append(row)
         self._log(progress_line(server_round, self.num_rounds, row, self.elapsed, self.best_mean))
@@ -124,9 +164,12 @@ class RunRecorder:
         ``clients.jsonl``, see ``flower_pfl.reports.figures.spread_band``); returns the summary."""
         if self.evaluations:
             summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds)
+        elif self.short_evaluations:
+            summary = {"evaluated_rounds": 0, "error": f"no evaluated round reached {self.coverage.evaluated} of the "
+                       f"{self.coverage.clients} clients (min-evaluated-share {self.coverage.share:g}); see the run's log"}
         else:
             summary = {"evaluated_rounds": 0, "error": "no client evaluation succeeded; see the run's log"}
-        summary.update({"status": "completed" if self.evaluations else "failed", "idle_rounds": self.idle_rounds,
+        summary.update({"status": self._status(), "idle_rounds": self.idle_rounds, **self._shortfalls(),
                         "num_rounds": self.num_rounds, "wall_time_s": self.elapsed,
                         "seconds_per_round": self.elapsed / max(self.num_rounds, 1), **(extra or {})})
         (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
@@ -142,10 +185,27 @@ class RunRecorder:
         self._report(summary)
         return summary
 
+    def _status(self) -> str:
+        """``failed`` without a counted evaluation, ``degraded`` with short rounds, else ``completed``."""
+        if not self.evaluations:
+            return "failed"
+        return "degraded" if self.short_evaluations or self.short_trainings else "completed"
+
+    def _shortfalls(self) -> dict[str, Any]:
+        """The summary's account of short rounds: how many, from when, and what a round had to reach."""
+        out: dict[str, Any] = {"federation_clients": self.coverage.clients, "min_clients_evaluated": self.coverage.evaluated,
+                               "short_evaluated_rounds": len(self.short_evaluations),
+                               "short_training_rounds": len(self.short_trainings)}
+        if self.short_evaluations:
+            out["short_evaluated_since"] = min(self.short_evaluations)
+        if self.short_trainings:
+            out["short_training_since"] = min(self.short_trainings)
+        return out
+
     def fail(self, reason: str) -> None:
         """Write ``summary.json`` for a run that stopped because it could not achieve anything."""
-        summary = {"status": "failed", "error": reason, "idle_rounds": self.idle_rounds, "num_rounds": self.num_rounds,
-                   "wall_time_s": self.elapsed}
+        summary = {"status": "failed", "error": reason, "idle_rounds": self.idle_rounds, **self._shortfalls(),
+                   "num_rounds": self.num_rounds, "wall_time_s": self.elapsed}
         (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
         self._report(summary)
 

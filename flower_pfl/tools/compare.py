@@ -89,7 +89,8 @@ def fmt(values: Iterable[float]) -> str:
 
 
 def completed(summary: Mapping[str, Any]) -> bool:
-    """A summary with figures (older summaries have no ``status``)."""
+    """A summary with figures from rounds that reached enough clients: ``degraded`` runs are left out
+    (``flower_pfl.run.results.Coverage``; older summaries have no ``status``)."""
     return summary.get("status", "completed") == "completed" and "bmta" in summary
 
 

@@ -81,6 +81,7 @@ from flower_pfl.tools.sweep_grid import (
     finished,
     from_toml,
     parse_set,
+    unfinished_reason,
 )
 
 
@@ -99,7 +100,7 @@ def run_cell_in_process(cell: Cell) -> dict[str, Any]:
     except Exception as err:
         return {"status": "failed", "error": f"{type(err).__name__}: {err} (log: {log})"}
     folder = finished(cell)
-    return {"status": "completed", "results_dir": str(folder)} if folder else {"status": "failed", "error": f"no completed summary (log: {log})"}
+    return {"status": "completed", "results_dir": str(folder)} if folder else {"status": "failed", "error": f"{unfinished_reason(cell)} (log: {log})"}
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flower_pfl.tools import superlink
-from flower_pfl.tools.sweep_grid import Cell, SweepError, finished
+from flower_pfl.tools.sweep_grid import Cell, SweepError, finished, unfinished_reason
 
 #: this project's Flower app (``pyproject.toml`` with ``[tool.flwr.app]``)
 PROJECT = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ class FlwrRunEngine:
         if folder is not None:
             return {"status": "completed", "results_dir": str(folder)}
         tail = log.read_text()[-1500:].strip().splitlines()
-        return {"status": "failed", "error": f"no completed summary; see {log}: " + " | ".join(tail[-5:])}
+        return {"status": "failed", "error": f"{unfinished_reason(cell)}; see {log}: " + " | ".join(tail[-5:])}
 
     def stop(self) -> None:
         """End this engine's SuperLink and what it started (by PID, ``flower_pfl.tools.superlink.stop``:

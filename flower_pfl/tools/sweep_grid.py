@@ -244,5 +244,22 @@ def finished(cell: Cell) -> Path | None:
     return None
 
 
+def unfinished_reason(cell: Cell) -> str:
+    """Why ``finished(cell)`` found nothing: the newest summary's status and error, or that none was written.
+    A ``degraded`` run (rounds short of clients, ``flower_pfl.run.results.Coverage``) is not a finished
+    cell: its figures would not be comparable, so the sweep retries it."""
+    summaries = sorted(cell.folder.glob(f"*/{SUMMARY}"), reverse=True) if cell.folder.is_dir() else []
+    try:
+        summary = json.loads(summaries[0].read_text()) if summaries else None
+    except (OSError, json.JSONDecodeError):
+        summary = None
+    if summary is None:
+        return "no summary written"
+    if summary.get("status") == "degraded":
+        return (f"run degraded: {summary.get('short_evaluated_rounds', 0)} evaluated and "
+                f"{summary.get('short_training_rounds', 0)} training rounds short of clients")
+    return f"run {summary.get('status', '?')}: {summary.get('error', 'see its log')}"
+
+
 def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in json.loads(json.dumps(dict(config))).items() if k not in ("output-dir", "client-state-dir")}
