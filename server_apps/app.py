@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -32,12 +34,12 @@ from flower_pfl.experiment.build import check_device, has_hidden_layers, initial
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.reports.diagnostics import save_run_diagnostics
 from flower_pfl.reports.figures import run_title
-from flower_pfl.run.quiet import silence_runtime_noise
-from flower_pfl.run.results import MODELS, SERVER_STATE, Coverage, RunFailed, RunRecorder, save_models, save_state
+from flower_pfl.run.quiet import DivertRecords, silence_runtime_noise
+from flower_pfl.run.results import FAILURES, MODELS, SERVER_STATE, Coverage, RunFailed, RunRecorder, save_models, save_state
 from flower_pfl.run.trackers import RunTrackers, TrackerSettings, require_trackers
 from server_apps.checkpoints import Checkpointer, Resumption, set_flower_state
 from server_apps.cluster import check_cluster_paths
-from server_apps.console import quiet_round_loop
+from server_apps.console import divert_client_failures, quiet_round_loop
 from server_apps.factory import build_legacy_strategy, build_message_strategy, participants
 from server_apps.guard import ReplyGuard
 from server_apps.node_order import RankedGrid, query_nodes
@@ -45,6 +47,7 @@ from server_apps.recording import RecordedLegacyStrategy, RecordedStrategy
 from server_apps.seeded import SeededClientManager
 from strategies.aggregated_metrics import PersonalizedMetrics
 from strategies.arrays import numpy_record
+from strategies.failures import NodeFailures
 from strategies.nodes import NodeWatch
 
 silence_runtime_noise()  # before Ray starts in a simulation (flower_pfl.run.quiet)
@@ -110,11 +113,26 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     unless ``verbose`` (``flower_pfl.run.quiet``): the run's own progress lines say how it goes."""
     with _logged(ConfigError):
         cfg = ExperimentConfig.from_mapping(run_config)
-    with quiet_round_loop(enabled=not cfg.verbose):
-        run = _open(grid, cfg)
+    with quiet_round_loop(enabled=not cfg.verbose), divert_client_failures() as tracebacks:
+        try:
+            run = _open(grid, cfg)
+        except ConfigError:
+            _keep_tracebacks(tracebacks)
+            raise
+        if tracebacks is not None:  # the simulation's per-message tracebacks: in the results folder
+            tracebacks.write_to(run.out / FAILURES)
         strategy, sampler = _build(run)
         final = _train(run, strategy, sampler)
         return _finish(run, strategy, final)
+
+
+def _keep_tracebacks(tracebacks: DivertRecords | None) -> None:
+    """A refused run has no results folder: the nodes' tracebacks go to a file of their own, named on the console."""
+    if tracebacks is not None and tracebacks.held:
+        handle, path = tempfile.mkstemp(prefix="flower-pfl-refused-", suffix=".log")
+        os.close(handle)
+        tracebacks.write_to(path)
+        log(ERROR, "flower-pfl: the nodes' %d error records (tracebacks) are in %s", tracebacks.count, path)
 
 
 @contextmanager
@@ -280,8 +298,11 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
     remaining = cfg.num_rounds - run.offset
     if cfg.api == "message":
         flower_k = participants(cfg, len(run.ranks)) if cfg.entry.builtin else None
+        nodes = strategy.nodes if isinstance(getattr(strategy, "nodes", None), NodeWatch) else \
+            NodeWatch(cfg.node_wait_timeout, lost_after=cfg.lost_node_rounds)  # ours watch their own nodes
+        _account_failures(run, nodes.failures)
         wrapper: Any = RecordedStrategy(strategy, run.recorder, cfg.eval_every, sampler, flower_k, checkpointer, run.offset,
-                                        guard=guard, max_idle_rounds=cfg.max_idle_rounds, nodes=NodeWatch(cfg.node_wait_timeout))
+                                        guard=guard, max_idle_rounds=cfg.max_idle_rounds, nodes=nodes)
         if remaining > 0:
             wrapper.start(grid=run.grid, initial_arrays=numpy_record({k: np.asarray(v) for k, v in arrays.items()}),
                           num_rounds=remaining, train_config=ConfigRecord({**training_config(cfg), **run.instructions}),
@@ -290,7 +311,9 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
     else:
         wrapper = RecordedLegacyStrategy(strategy, run.recorder, cfg.eval_every, sampler, checkpointer, run.offset,
                                          initial_parameters=ndarrays_to_parameters(list(arrays.values())),
-                                         guard=guard, max_idle_rounds=cfg.max_idle_rounds)
+                                         guard=guard, max_idle_rounds=cfg.max_idle_rounds,
+                                         failures=getattr(strategy, "failures", None) or NodeFailures(cfg.lost_node_rounds))
+        _account_failures(run, wrapper.failures)
         if remaining > 0:
             start_grid(grid=run.grid, strategy=wrapper, config=ServerConfig(num_rounds=remaining),
                        client_manager=SeededClientManager(sampler))
@@ -298,6 +321,12 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
     if remaining > 0 or run.resumed is None:
         checkpointer.save(cfg.num_rounds, final)
     return final
+
+
+def _account_failures(run: _Run, failures: NodeFailures) -> None:
+    """The run's failing clients: full reasons in ``failures.log``, the account in the summary."""
+    failures.log_file = run.out / FAILURES
+    run.recorder.failures = failures
 
 
 def training_line(report: Mapping[str, Any]) -> str:

@@ -38,7 +38,8 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping
         return cls(fraction_train=min(1.0, k / max(num_nodes, 1)), min_train_nodes=k, min_available_nodes=k,
                    fraction_evaluate=1.0, evaluate_metrics_aggr_fn=PersonalizedMetrics(), **cfg.method_arguments())
     strategy = cls(**cfg.method_arguments(), clients_per_round=k, min_available_nodes=k, seed=cfg.seed,
-                   device=resolve_device(cfg.device), store_dir=store_dir, node_wait_timeout=cfg.node_wait_timeout, **cfg.bounds())
+                   device=resolve_device(cfg.device), store_dir=store_dir, node_wait_timeout=cfg.node_wait_timeout,
+                   lost_node_rounds=cfg.lost_node_rounds, **cfg.bounds())
     strategy.server.node_rank = dict(ranks or {})
     return strategy
 
@@ -61,6 +62,7 @@ def build_legacy_strategy(
                    evaluate_metrics_aggregation_fn=PersonalizedMetrics().legacy, **cfg.method_arguments())
     strategy = cls(**cfg.method_arguments(), initial_parameters=initial, clients_per_round=k, min_available_clients=k,
                    on_fit_config_fn=fit_config, on_evaluate_config_fn=evaluate_config, seed=cfg.seed,
-                   device=resolve_device(cfg.device), store_dir=store_dir, node_wait_timeout=cfg.node_wait_timeout, **cfg.bounds())
+                   device=resolve_device(cfg.device), store_dir=store_dir, node_wait_timeout=cfg.node_wait_timeout,
+                   lost_node_rounds=cfg.lost_node_rounds, **cfg.bounds())
     strategy.server.node_rank = dict(ranks or {})
     return strategy

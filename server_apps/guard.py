@@ -30,6 +30,7 @@ from flower_pfl.engine.reply_checks import (
     screen,
 )
 from strategies.aggregated_metrics import reply_counts
+from strategies.failures import NodeFailures
 from strategies.message.method_strategy import raw_reply
 from strategies.nodes import split_replies
 from strategies.replies import log_rejected
@@ -57,9 +58,10 @@ class ReplyGuard:
         return batch
 
     def messages(self, server_round: int, replies: Iterable[Message], sent_arrays: Mapping[str, np.ndarray],
-                 outbox: Sequence[Message]) -> tuple[list[Message], dict[str, float]]:
-        """The Message-API replies that pass, and the round's reply counts as metrics."""
-        good, failed = split_replies(server_round, replies, outbox)
+                 outbox: Sequence[Message], failures: NodeFailures | None = None) -> tuple[list[Message], dict[str, float]]:
+        """The Message-API replies that pass, and the round's reply counts as metrics (failed nodes are
+        recorded in ``failures``, ``strategies.failures``)."""
+        good, failed = split_replies(server_round, replies, outbox, failures)
         batch, raws, by_node = RoundReplies(failed=failed), [], {}
         for node, msg in good:
             try:

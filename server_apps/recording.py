@@ -23,7 +23,8 @@ from server_apps.guard import ReplyGuard
 from server_apps.seeded import SampledGrid, in_rank_order, node_id
 from strategies.aggregated_metrics import ACCURACY
 from strategies.arrays import record_numpy
-from strategies.nodes import NodeWatch
+from strategies.failures import NodeFailures
+from strategies.nodes import NodeWatch, split_replies
 
 
 def _usable(metrics: Any) -> dict[str, Any] | None:
@@ -42,12 +43,29 @@ class _Schedule:
     stop it with ``RunFailed``."""
 
     def __init__(self, recorder: RunRecorder, eval_every: int, checkpointer: Checkpointer | None, offset: int,
-                 max_idle_rounds: float = 1.0) -> None:
+                 max_idle_rounds: float = 1.0, failures: NodeFailures | None = None) -> None:
         self.recorder, self.eval_every, self.checkpointer, self.offset = recorder, eval_every, checkpointer, offset
-        self.max_idle_rounds = max_idle_rounds
+        self.max_idle_rounds, self.failures = max_idle_rounds, failures
+
+    def check_losses(self, server_round: int) -> None:
+        """Stop the run when the nodes lost (``strategies.failures``) leave too few clients for an evaluated
+        round that counts (``flower_pfl.run.results.Coverage``): the rounds left could not change its figures."""
+        lost, coverage = (self.failures.lost if self.failures is not None else {}), self.recorder.coverage
+        left = coverage.clients - len(lost)
+        if not lost or not coverage.clients or left >= coverage.evaluated:
+            return
+        causes = ", ".join(sorted({s.cause for s in lost.values()}))
+        reason = (f"{len(lost)} of the federation's {coverage.clients} nodes lost since round "
+                  f"{min(s.since for s in lost.values())} ({causes}): the {left} left cannot make an evaluated round that "
+                  f"counts (min-evaluated-share {coverage.share:g} asks for {coverage.evaluated}). A lost Ray worker or "
+                  "SuperNode is not replaced during a run: bring the nodes back and continue from the last checkpoint "
+                  f"with resume-from = '{self.recorder.out_dir}'")
+        self.recorder.fail(reason)
+        raise RunFailed(f"round {server_round}: {reason}")
 
     def after_train(self, server_round: int, metrics: dict[str, Any]) -> None:
         self.recorder.on_train(server_round, metrics)
+        self.check_losses(server_round)
         idle, total = self.recorder.idle_rounds, self.recorder.num_rounds
         if idle > self.max_idle_rounds * total:
             reason = (f"{idle} of the run's {total} rounds accepted no client update, more than max-idle-rounds = "
@@ -74,9 +92,9 @@ class RecordedStrategy(MessageStrategy, _Schedule):
     def __init__(self, inner: MessageStrategy, recorder: RunRecorder, eval_every: int, sampler: Sampler,
                  clients_per_round: int | None = None, checkpointer: Checkpointer | None = None, offset: int = 0,
                  guard: ReplyGuard | None = None, max_idle_rounds: float = 1.0, nodes: NodeWatch | None = None) -> None:
-        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds)
-        self.inner, self.sampler, self.clients_per_round = inner, sampler, clients_per_round
         self.guard, self.nodes = guard, nodes or NodeWatch()
+        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds, self.nodes.failures)
+        self.inner, self.sampler, self.clients_per_round = inner, sampler, clients_per_round
         self.arrays: dict[str, Any] | None = None  # the global arrays Flower's loop holds
         self._outbox: list[Message] = []
 
@@ -100,7 +118,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         server_round += self.offset
         counts: dict[str, float] = {}
         if self.guard is not None and self.arrays is not None:  # Flower's own strategy: check its replies first
-            replies, counts = self.guard.messages(server_round, replies, self.arrays, self._outbox)
+            replies, counts = self.guard.messages(server_round, replies, self.arrays, self._outbox, self.nodes.failures)
         replies = self._ordered(replies)
         arrays, metrics = self.inner.aggregate_train(server_round, replies) if replies or self.guard is None else (None, None)
         if arrays is not None:
@@ -110,10 +128,18 @@ class RecordedStrategy(MessageStrategy, _Schedule):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         server_round += self.offset
-        return self.inner.configure_evaluate(server_round, arrays, config, grid) if self.evaluate_now(server_round) else []
+        if not self.evaluate_now(server_round):
+            return []
+        if self.guard is not None and (lost := self.nodes.failures.lost):  # Flower's own strategy: not the lost nodes
+            grid = SampledGrid(grid, [n for n in grid.get_node_ids() if n not in lost])  # type: ignore[assignment]
+        self._outbox = list(self.inner.configure_evaluate(server_round, arrays, config, grid))
+        return self._outbox
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         server_round += self.offset
+        if self.guard is not None:  # Flower's own strategy: its failed nodes counted (ours count their own)
+            good, _ = split_replies(server_round, replies, self._outbox, self.nodes.failures)
+            replies = [msg for _, msg in good]
         replies = self._ordered(replies)
         usable = {id(msg): row for msg in replies if not msg.has_error() and (records := msg.content.metric_records)
                   and (row := _usable(next(iter(records.values())))) is not None}
@@ -124,6 +150,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         metrics = self.inner.aggregate_evaluate(server_round, replies) if replies else None
         if metrics:
             self.recorder.on_evaluate(server_round, dict(metrics))
+        self.check_losses(server_round)
         return metrics
 
 
@@ -134,8 +161,8 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
 
     def __init__(self, inner: LegacyStrategy, recorder: RunRecorder, eval_every: int, sampler: Sampler,
                  checkpointer: Checkpointer | None = None, offset: int = 0, initial_parameters: Parameters | None = None,
-                 guard: ReplyGuard | None = None, max_idle_rounds: float = 1.0) -> None:
-        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds)
+                 guard: ReplyGuard | None = None, max_idle_rounds: float = 1.0, failures: NodeFailures | None = None) -> None:
+        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds, failures or NodeFailures(0))
         self.inner, self.sampler, self.initial, self.guard = inner, sampler, initial_parameters, guard
         self.arrays: list[Any] | None = None
 
@@ -161,6 +188,8 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
     def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
         server_round += self.offset
         counts: dict[str, float] = {}
+        if self.guard is not None and self.failures is not None:  # Flower's own: its failed clients counted (ours count theirs)
+            self.failures.record_legacy(server_round, failures, "train")
         if self.guard is not None and self.arrays is not None:  # Flower's own strategy: check its results first
             results, counts = self.guard.results(server_round, results, self.arrays, failures)
         results = self._ordered(results)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from logging import DEBUG, INFO, WARNING
 from typing import Any, ClassVar, TypedDict
@@ -50,6 +50,7 @@ from strategies.aggregated_metrics import (
     reply_counts,
     round_replies_metrics,
 )
+from strategies.failures import LOST_AFTER, NodeFailures
 from strategies.nodes import NODE_WAIT_TIMEOUT
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
@@ -94,6 +95,7 @@ class LegacyOptions(TypedDict, total=False):
     lr: float | None
     local_steps: int | None
     node_wait_timeout: float
+    lost_node_rounds: int
     rank_key: str | None
     tracker: TrackerArg
     tracker_dir: str
@@ -135,6 +137,9 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                        "``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.",
         "max_weight_ratio": "Count a reply's ``num_examples`` at most this multiple of the lower median of the clients' first claims, and never more than its own client's first count (``flower_pfl.engine.reply_checks.WeightBook``); ``math.inf``: off.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.",
+        "lost_node_rounds": "A client that failed in this many consecutive rounds it was sent work is lost: named once, "
+                            "with the round since which it fails and the error's name, and not sampled any more "
+                            "(``strategies.failures``); 0: never. Every failure is still counted, one log line per client and cause.",
         "rank_key": "The metric (or property) under which clients report a stable rank (e.g. their partition id) that orders "
                     "them for sampling and aggregation, as node ids change from run to run; learned from fit and evaluate "
                     "metrics and, before a draw, from one ``get_properties`` call to each client without one. None: clients "
@@ -176,6 +181,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         lr: float | None = None,
         local_steps: int | None = None,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
+        lost_node_rounds: int = LOST_AFTER,
         rank_key: str | None = "partition-id",
         tracker: TrackerArg = None,
         tracker_dir: str = "runs",
@@ -189,6 +195,8 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                                    seed=seed, device=device, store_dir=store_dir,
                                    bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio), rank_key=rank_key)
         self.node_wait_timeout = node_wait_timeout
+        #: the clients' failures; the lost ones are not sampled (``strategies.failures``)
+        self.failures = NodeFailures(lost_node_rounds)
         self.initial_parameters: Parameters | None = None
         if initial_parameters is not None:
             self._initialize(initial_parameters)
@@ -232,7 +240,16 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         if not client_manager.wait_for(self.min_available_clients, timeout=int(self.node_wait_timeout)):
             log(WARNING, "%d clients connected, %d wanted; going on with them after %.0f s", client_manager.num_available(),
                 self.min_available_clients, self.node_wait_timeout)
-        return {client_id(proxy): proxy for proxy in client_manager.all().values()}
+        lost = self.failures.lost
+        return {cid: proxy for proxy in client_manager.all().values() if (cid := client_id(proxy)) not in lost}
+
+    def _account(self, server_round: int, results: Sequence[tuple[ClientProxy, Any]], failures: Sequence[Any], phase: str) -> None:
+        """The round's failed clients recorded (one log line per client and cause, ``strategies.failures``), the
+        ones that answered cleared, and the clients that keep failing declared lost."""
+        self.failures.record_legacy(server_round, failures, phase)
+        for proxy, _ in results:
+            self.failures.answered(client_id(proxy))
+        self.failures.end_round(server_round)
 
     def _prepare_draw(self, clients: Mapping[Any, ClientProxy], k: int, server_round: int) -> None:
         """Before ``k`` of ``clients`` are drawn: ask the unranked ones for their rank (``strategies.ranks``)."""
@@ -263,10 +280,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         learn_ranks(self.server, [(client_id(proxy), res.metrics) for proxy, res in results])
         batch, raws = RoundReplies(failed=len(failures)), []
-        for failure in failures:
-            who = f"client {failure[0].cid}" if isinstance(failure, tuple) else "a client"
-            log(WARNING, "round %s: %s failed (%r); its stored model is unchanged", server_round, who,
-                failure if isinstance(failure, BaseException) else failure[1].status)
+        self._account(server_round, results, failures, "train")
         for proxy, res in results:
             try:
                 metrics = dict(res.metrics)
@@ -302,6 +316,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
     ) -> tuple[float | None, dict[str, Scalar]]:
+        self._account(server_round, results, failures, "evaluate")
         rows = ranked_rows(self.server, [(client_id(proxy), {**res.metrics, NUM_EXAMPLES: res.num_examples}) for proxy, res in results])
         losses = {client_id(proxy): res.loss for proxy, res in results}
         kept_rows, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)

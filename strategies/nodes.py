@@ -10,6 +10,8 @@ from typing import Any
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 
+from strategies.failures import LOST_AFTER, NO_REPLY, NodeFailures
+
 #: seconds a round waits for missing nodes before it goes on with those connected (run config ``node-wait-timeout``)
 NODE_WAIT_TIMEOUT = 120.0
 
@@ -25,18 +27,23 @@ class NodeWatch:
     authenticates; it is then a new client to the strategy.
     """
 
-    def __init__(self, timeout: float = NODE_WAIT_TIMEOUT, poll: float = 1.0) -> None:
+    def __init__(self, timeout: float = NODE_WAIT_TIMEOUT, poll: float = 1.0, lost_after: int = LOST_AFTER) -> None:
         if not timeout >= 0:
             raise ValueError(f"node_wait_timeout must be >= 0 seconds, got {timeout!r}")
         self.timeout, self.poll = timeout, poll
+        #: the nodes' failures; the lost ones are not returned by ``wait`` (``strategies.failures``)
+        self.failures = NodeFailures(lost_after)
         self.seen: set[int] = set()
         #: how many nodes the last wait that timed out went on with (None: no shortfall accepted)
         self.settled: int | None = None
 
     def wait(self, grid: Any, needed: int) -> list[int]:
+        lost = self.failures.lost
         enough = needed if self.settled is None else min(needed, self.settled)
+        if lost:  # lost nodes are not waited for
+            enough = min(enough, max(len(self.seen - set(lost)), 1))
         deadline, shown = time.monotonic() + self.timeout, -1.0
-        while len(nodes := list(grid.get_node_ids())) < enough:
+        while len(nodes := [n for n in grid.get_node_ids() if n not in lost]) < enough:
             now = time.monotonic()
             if now >= deadline:
                 missing = sorted(self.seen - set(nodes))
@@ -48,7 +55,7 @@ class NodeWatch:
                 log(INFO, "Waiting for nodes: %d connected, %d needed (at most %.0f s more)", len(nodes), enough, deadline - now)
                 shown = now
             time.sleep(self.poll)
-        if len(nodes) >= needed:
+        if len(nodes) >= needed and not lost:
             self.settled = None
         self.seen.update(nodes)
         return nodes
@@ -75,10 +82,15 @@ def query(grid: Any, node_ids: Iterable[int], timeout: float, config: ConfigReco
     return [(sender(reply, sent_to), reply) for reply in replies]
 
 
-def split_replies(server_round: int, replies: Iterable[Message], sent: Iterable[Message]) -> tuple[list[tuple[int, Message]], int]:
+def split_replies(server_round: int, replies: Iterable[Message], sent: Iterable[Message],
+                  failures: NodeFailures | None = None) -> tuple[list[tuple[int, Message]], int]:
     """``(node, reply)`` for the replies that carry content, and how many of the nodes ``sent``
-    went to failed or never answered (each logged by its node id)."""
+    went to failed or never answered, each recorded in ``failures`` (``strategies.failures``: one line per
+    node and cause; without ``failures``, every failure is logged)."""
+    failures = failures if failures is not None else NodeFailures(lost_after=0)
+    sent = list(sent)
     sent_to = senders(sent)
+    phase = str(sent[0].metadata.message_type) if sent else ""
     answered: set[int] = set()
     good: list[tuple[int, Message]] = []
     failed = 0
@@ -87,10 +99,12 @@ def split_replies(server_round: int, replies: Iterable[Message], sent: Iterable[
         answered.add(node_id)
         if msg.has_error():
             failed += 1
-            log(WARNING, "round %s: node %s failed (%s); its stored model is unchanged", server_round, node_id, msg.error.reason)
+            failures.record(server_round, node_id, msg.error.reason or "", msg.error.code, phase)
         else:
             good.append((node_id, msg))
+            failures.answered(node_id)
     silent = sorted(set(sent_to.values()) - answered)
-    if silent:
-        log(WARNING, "round %s: no reply from nodes %s; their stored models are unchanged", server_round, silent)
+    for node_id in silent:
+        failures.record(server_round, node_id, NO_REPLY, phase=phase)
+    failures.end_round(server_round)
     return good, failed + len(silent)

@@ -125,6 +125,9 @@ class ExperimentConfig:
     #: share of the federation's clients reported an accuracy; a training round is short when fewer than
     #: this share of its sampled clients replied
     min_evaluated_share: float = 0.8
+    #: a node that failed in this many consecutive rounds it was sent work is lost: named once and not sampled
+    #: any more; the run stops when the nodes left cannot make an evaluated round that counts (0: never)
+    lost_node_rounds: int = 3
     #: the clients' folder for their persisted state (an absolute path on shared storage in a Ray cluster;
     #: "": each node's own choice: its node config's ``client-state-dir``, else ``FLOWER_PFL_CLIENT_STATE_DIR``,
     #: else ``~/.cache/flower-pfl/client-state``); a node config's ``client-state-dir`` wins
@@ -208,6 +211,8 @@ class ExperimentConfig:
             _fail("node_wait_timeout", self.node_wait_timeout, "a number of seconds >= 0")
         if not 0 <= self.max_idle_rounds <= 1:
             _fail("max_idle_rounds", self.max_idle_rounds, "a share in [0, 1] (1: never fail)")
+        if self.lost_node_rounds < 0:
+            _fail("lost_node_rounds", self.lost_node_rounds, "an integer >= 0 (0: never declare a node lost)")
         if not 0 <= self.min_evaluated_share <= 1:
             _fail("min_evaluated_share", self.min_evaluated_share, "a share in [0, 1] (0: every evaluated round counts)")
         if not self.output_dir:

@@ -74,7 +74,8 @@ def summary_lines(summary: Mapping[str, Any], out: str | Path) -> list[str]:
 
 
 def shortfall_lines(summary: Mapping[str, Any]) -> list[str]:
-    """The closing block's lines on short rounds (``flower_pfl.run.results.Coverage``)."""
+    """The closing block's lines on short rounds (``flower_pfl.run.results.Coverage``) and failing clients
+    (``strategies.failures.NodeFailures.summary``)."""
     lines = []
     if n := summary.get("short_evaluated_rounds", 0):
         lines.append(f"  not counted    {n} evaluated round{'s' * (n != 1)} from round {summary['short_evaluated_since']} "
@@ -82,4 +83,7 @@ def shortfall_lines(summary: Mapping[str, Any]) -> list[str]:
     if n := summary.get("short_training_rounds", 0):
         lines.append(f"  short rounds   {n} training round{'s' * (n != 1)} from round {summary['short_training_since']}: "
                      "fewer of the sampled clients replied than min-evaluated-share asks (see clients-failed in metrics.jsonl)")
+    lines += [f"  failures       {line}" for line in summary.get("failures_by_cause", [])]
+    if "failures_log" in summary:
+        lines.append(f"  failures log   {summary['failures_log']}")
     return lines

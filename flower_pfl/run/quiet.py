@@ -66,6 +66,55 @@ def dropping(sources: Iterable[str], enabled: bool = True, logger: str = FLOWER_
         logging.getLogger(logger).removeFilter(drop)
 
 
+class DivertRecords(logging.Filter):
+    """ERROR records logged by ``sources`` (``(file, function)`` pairs: a simulation's per-message error
+    handlers and their tracebacks) go to a file, not the console: held in memory (at most ``limit``)
+    until ``write_to`` names the file. The package's own one line per node and cause
+    (``strategies.failures``) says what failed."""
+
+    def __init__(self, sources: Iterable[tuple[str, str]], limit: int = 2000) -> None:
+        super().__init__()
+        self.sources = {(os.path.normcase(path), function) for path, function in sources}
+        self.limit, self.count = limit, 0
+        self.path: str | None = None
+        self.held: list[str] = []
+        self._format = logging.Formatter("%(asctime)s %(levelname)s %(message)s").format
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or (os.path.normcase(record.pathname), record.funcName) not in self.sources:
+            return True
+        self.count += 1
+        text = self._format(record)
+        if self.path is not None:
+            with open(self.path, "a") as fh:
+                fh.write(text + "\n")
+        elif len(self.held) < self.limit:
+            self.held.append(text)
+        return False
+
+    def write_to(self, path: str | os.PathLike[str]) -> None:
+        """From now on into ``path``, and what was held so far."""
+        self.path = os.fspath(path)
+        with open(self.path, "a") as fh:
+            fh.writelines(text + "\n" for text in self.held)
+        self.held.clear()
+
+
+@contextmanager
+def diverting(sources: Iterable[tuple[str, str]], logger: str = FLOWER_LOGGER) -> Iterator[DivertRecords | None]:
+    """Inside the block, ERROR records from ``sources`` go to ``DivertRecords`` (None, and nothing
+    diverted, with ``FLOWER_PFL_VERBOSE`` set)."""
+    if verbose_env():
+        yield None
+        return
+    divert = DivertRecords(sources)
+    logging.getLogger(logger).addFilter(divert)
+    try:
+        yield divert
+    finally:
+        logging.getLogger(logger).removeFilter(divert)
+
+
 _silenced = False
 
 

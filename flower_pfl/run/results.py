@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from flower_pfl.engine.client_metrics import CLIENTS_EVALUATED
 from flower_pfl.engine.extras import MissingExtra
@@ -31,6 +31,8 @@ CLIENTS = "clients.jsonl"
 ACCURACY = "accuracy"
 #: an evaluated round's mean client accuracy (``flower_pfl.engine.client_metrics.round_metrics``)
 MEAN = "accuracy-mean"
+#: every failed client message's full reason, and a simulation's tracebacks (``strategies.failures``)
+FAILURES = "failures.log"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,12 @@ class Coverage:
         return replied < math.ceil(self.share * sampled - 1e-9)
 
 
+class FailureAccount(Protocol):
+    """What the summary reports of clients that failed (``strategies.failures.NodeFailures``)."""
+
+    def summary(self) -> Mapping[str, Any]: ...
+
+
 class RunRecorder:
     """Writes results as a run goes, so an interrupted run keeps what it had.
 
@@ -76,6 +84,8 @@ class RunRecorder:
         self.evaluations: list[dict[str, Any]] = []
         self.short_evaluations: list[int] = []
         self.short_trainings: list[int] = []
+        #: the run's failing clients, reported in the summary (set by the ServerApp)
+        self.failures: FailureAccount | None = None
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter()
         #: rounds in which no client update was accepted
@@ -91,6 +101,7 @@ class RunRecorder:
         clock continues from ``elapsed``."""
         self = cls.__new__(cls)
         self.out_dir, self.num_rounds, self.trackers, self.coverage = Path(out_dir), num_rounds, trackers, coverage
+        self.failures = None
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter() - elapsed
         for name in (METRICS, CLIENTS):
@@ -192,10 +203,12 @@ class RunRecorder:
         return "degraded" if self.short_evaluations or self.short_trainings else "completed"
 
     def _shortfalls(self) -> dict[str, Any]:
-        """The summary's account of short rounds: how many, from when, and what a round had to reach."""
+        """The summary's account of short rounds (how many, from when, what a round had to reach) and of
+        the clients that failed."""
         out: dict[str, Any] = {"federation_clients": self.coverage.clients, "min_clients_evaluated": self.coverage.evaluated,
                                "short_evaluated_rounds": len(self.short_evaluations),
-                               "short_training_rounds": len(self.short_trainings)}
+                               "short_training_rounds": len(self.short_trainings),
+                               **(self.failures.summary() if self.failures is not None else {})}
         if self.short_evaluations:
             out["short_evaluated_since"] = min(self.short_evaluations)
         if self.short_trainings:

@@ -38,6 +38,7 @@ from strategies.aggregated_metrics import (
     round_replies_metrics,
 )
 from strategies.arrays import array_numpy, numpy_record, record_numpy
+from strategies.failures import LOST_AFTER
 from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
@@ -72,6 +73,7 @@ class MessageOptions(TypedDict, total=False):
     lr: float | None
     local_steps: int | None
     node_wait_timeout: float
+    lost_node_rounds: int
     rank_key: str | None
     tracker: TrackerArg
     tracker_dir: str
@@ -106,6 +108,9 @@ class MethodStrategy(PerMethodDocs, Strategy):
                                     "of ``accuracy_key`` (``strategies.aggregated_metrics.PersonalizedMetrics``) is added either way.",
         "max_weight_ratio": "Count a reply's ``num-examples`` at most this multiple of the lower median of the clients' first claims, and never more than its own client's first count (``flower_pfl.engine.reply_checks.WeightBook``); ``math.inf``: off.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_nodes`` before it goes on with the nodes connected.",
+        "lost_node_rounds": "A node that failed in this many consecutive rounds it was sent work is lost: named once, "
+                            "with the round since which it fails and the error's name, and not sampled any more "
+                            "(``strategies.failures``); 0: never. Every failure is still counted, one log line per node and cause.",
         "rank_key": "The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them "
                     "for sampling and aggregation, as node ids change from run to run; learned from replies and, before a "
                     "draw, from one QUERY message to each node without one. None: nodes are ordered by node id.",
@@ -143,6 +148,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         lr: float | None = None,
         local_steps: int | None = None,
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
+        lost_node_rounds: int = LOST_AFTER,
         rank_key: str | None = "partition-id",
         tracker: TrackerArg = None,
         tracker_dir: str = "runs",
@@ -152,7 +158,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_train,
                                    min_train_clients=min_train_nodes, seed=seed, device=device, store_dir=store_dir,
                                    bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio), rank_key=rank_key)
-        self.nodes = NodeWatch(node_wait_timeout)
+        self.nodes = NodeWatch(node_wait_timeout, lost_after=lost_node_rounds)
         self._outbox: list[Message] = []
         self.min_available_nodes = min_available_nodes
         self.fraction_evaluate, self.min_evaluate_nodes = fraction_evaluate, min_evaluate_nodes
@@ -220,7 +226,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         return self._outbox
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        good, failed = split_replies(server_round, replies, self._outbox)
+        good, failed = split_replies(server_round, replies, self._outbox, self.nodes.failures)
         learn_ranks(self.server, [(node_id, _metrics(msg)) for node_id, msg in good])
         batch, raws = RoundReplies(failed=failed), []
         for node_id, msg in good:
@@ -255,7 +261,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         """The clients' evaluation metrics aggregated by ``evaluate_metrics_aggr_fn``; replies without a
         usable ``num-examples``, or with an ``accuracy_key`` outside [0, 1] (``check_evaluation``), are
         left out with a logged reason."""
-        good, _ = split_replies(server_round, replies, self._outbox)
+        good, _ = split_replies(server_round, replies, self._outbox, self.nodes.failures)
         rows = ranked_rows(self.server, [(node_id, _metrics(msg, self.weighted_by_key)) for node_id, msg in good])
         kept, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
