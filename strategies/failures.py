@@ -26,6 +26,8 @@ from flwr.common.logger import log
 LOST_AFTER = 3
 #: the cause of a node that received an instruction and sent nothing back
 NO_REPLY = "no reply"
+#: the cause of a node the SuperLink stopped listing without a failure recorded first
+DISCONNECTED = "disconnected"
 #: Flower's wrappers around the error a client raised: the cause is the error inside
 _WRAPPERS = frozenset({"ClientAppException", "Exception", "BaseException"})
 _NAMES = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit|Interrupt))\b")
@@ -81,6 +83,8 @@ class NodeFailures:
         #: the nodes declared lost, and their streak when they were
         self.lost: dict[Any, Streak] = {}
         self._told: set[tuple[Any, str]] = set()
+        #: the latest round whose replies were recorded
+        self.round = 0
 
     def record(self, server_round: int, node: Any, reason: str, code: int | None = None, phase: str = "") -> None:
         """A node that failed (``reason``: Flower's error reason) or never answered (``NO_REPLY``)."""
@@ -116,6 +120,7 @@ class NodeFailures:
     def end_round(self, server_round: int) -> list[Any]:
         """Declare the nodes whose streak reached ``lost_after`` rounds lost (one warning per cause);
         returns them."""
+        self.round = max(self.round, server_round)
         if not self.lost_after:
             return []
         new = {n: s for n, s in self.streaks.items() if s.rounds >= self.lost_after and n not in self.lost}
@@ -128,6 +133,18 @@ class NodeFailures:
                 "it" if len(nodes) == 1 else "each", self.lost_after, "it" if len(nodes) == 1 else "they", since, cause,
                 self.lost_after)
         return sorted(new)
+
+    def disconnected(self, nodes: Iterable[Any]) -> None:
+        """Nodes the SuperLink no longer lists after a round waited ``node-wait-timeout`` for them (a SuperNode
+        gone): lost, with the cause and round of their last failure if they failed, else ``disconnected``."""
+        new = sorted(n for n in nodes if n not in self.lost)
+        if not self.lost_after or not new:
+            return
+        for node in new:
+            seen = self.history.get(node)
+            self.lost[node] = Streak(seen.cause, seen.since) if seen is not None else Streak(DISCONNECTED, self.round + 1)
+        log(WARNING, "%s lost: no longer connected (%s); not sampled from now on", _nodes(new),
+            ", ".join(f"{n}: {self.lost[n].cause} since round {self.lost[n].since}" for n in new))
 
     def report(self) -> list[str]:
         """The run's failures, one line per cause: how many nodes, failures and since which round."""

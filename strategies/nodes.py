@@ -23,8 +23,10 @@ class NodeWatch:
     ``timeout`` seconds, the ones that are (logging which nodes seen before are missing), so a
     lost node never stalls a run for ever. Having gone on with ``n`` nodes, later rounds go on
     without waiting while at least ``n`` are connected (a node lost for good costs one wait, not one
-    per round); fewer start a new wait. A node that comes back gets a new node id unless it
-    authenticates; it is then a new client to the strategy.
+    per round); fewer start a new wait. The nodes missing after such a wait, and the nodes that kept
+    failing (``failures``, ``strategies.failures``), are lost: never returned again in this run, nor
+    waited for. A node that comes back gets a new node id unless it authenticates; it is then a new
+    client to the strategy.
     """
 
     def __init__(self, timeout: float = NODE_WAIT_TIMEOUT, poll: float = 1.0, lost_after: int = LOST_AFTER) -> None:
@@ -46,9 +48,10 @@ class NodeWatch:
         while len(nodes := [n for n in grid.get_node_ids() if n not in lost]) < enough:
             now = time.monotonic()
             if now >= deadline:
-                missing = sorted(self.seen - set(nodes))
+                missing = sorted(self.seen - set(nodes) - set(lost))
                 log(WARNING, "%d nodes connected, %d wanted; going on with them after %.0f s%s", len(nodes), needed,
                     self.timeout, f" (missing since an earlier round: {missing})" if missing else "")
+                self.failures.disconnected(missing)
                 self.settled = len(nodes)
                 break
             if now - shown >= 10:

@@ -89,12 +89,13 @@ def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path):
     wants all three every round. The run goes on with the two left: the round the lost node was
     in answers once the SuperLink declares it offline (Flower's heartbeat patience), one wait for
     the third node ends after ``node-wait-timeout`` and later rounds do not wait for it again; the
-    log names the lost node by its id. The SuperNodes declare Flower's shortest heartbeat interval,
+    log names the lost node by its id, once as lost, and the summary lists it with Flower's error. With
+    ``min-evaluated-share = 0.5`` the two left still make rounds that count. The SuperNodes declare Flower's shortest heartbeat interval,
     10 s, so the SuperLink notices the loss after 20 s instead of 60."""
     timeout, rounds, victim, interval = 10, 4, 2, 10.0  # victim: the partition whose SuperNode is lost
     out, stream = tmp_path / "results", tmp_path / "flwr-run.log"
     settings = (f"method='fedmcsa' num-rounds={rounds} clients-per-round=3 eval-every=1 node-wait-timeout={timeout} "
-                f"output-dir='{out}'")
+                f"min-evaluated-share=0.5 output-dir='{out}'")
 
     def rows(name):
         found = list(out.glob(f"*/{name}"))
@@ -158,6 +159,11 @@ def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path):
     assert not re.search(r"\bnode 1\b|nodes \[1\]|\[1\]\)", log), log[-3000:]
     named = [line for line in log.splitlines() if str(lost) in line and ("failed" in line or "no reply" in line or "missing" in line)]
     assert named, f"the log never names the lost node {lost}\n" + log[-3000:]
+    declared = [line for line in log.splitlines() if " lost: " in line]
+    assert len(declared) == 1 and str(lost) in declared[0], log[-3000:]
+    (summary,) = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
+    assert summary["status"] == "completed" and list(summary["lost_nodes"]) == [str(lost)], summary
+    assert summary["lost_nodes"][str(lost)]["cause"] in ("NODE_UNAVAILABLE", "disconnected"), summary
     waits = [line for line in log.splitlines() if "going on with them after" in line]
     # one bounded wait for the lost node, then later rounds go on with the two without waiting again
     assert len(waits) == 1 and f"missing since an earlier round: [{lost}]" in waits[0], log[-3000:]

@@ -223,10 +223,18 @@ def test_a_round_waits_for_missing_nodes_only_up_to_the_timeout_and_names_them(c
     assert any("missing since an earlier round: [2]" in r.getMessage() for r in caplog.records)
     waited = clock.now  # node 2 lost for good: later rounds do not wait for it again
     assert watch.wait(grid, 3) == [1, 3] and clock.now == waited
+    assert list(watch.failures.lost) == [2] and watch.failures.lost[2].cause == "disconnected"
     grid.nodes = [1]  # another loss: a new wait
     assert watch.wait(grid, 3) == [1] and clock.now - waited >= 0.3
+    grid.nodes = [1, 2, 3, 4]  # 2 and 3 back under their old ids: lost for this run; 4 is new
+    assert watch.wait(grid, 3) == [1, 4] and list(watch.failures.lost) == [2, 3]
+    fresh = NodeWatch(timeout=0.3, poll=0.05, lost_after=0)  # 0: nothing is ever lost
+    grid.nodes = [1, 2, 3]
+    fresh.wait(grid, 3)
+    grid.nodes = [1, 3]
+    assert fresh.wait(grid, 3) == [1, 3]
     grid.nodes = [1, 2, 3, 4]  # back to full strength: the full number is wanted again
-    assert watch.wait(grid, 3) == [1, 2, 3, 4] and watch.settled is None
+    assert fresh.wait(grid, 3) == [1, 2, 3, 4] and fresh.settled is None and not fresh.failures.lost
 
 
 def test_message_strategy_goes_on_without_a_lost_node(caplog):
