@@ -22,9 +22,10 @@ Row = TypeVar("Row", bound=tuple)
 #: asks the given nodes for their rank; ``(node, what it reported)`` for those that answered
 Ask = Callable[[list[ClientId]], Iterable[tuple[ClientId, Mapping[str, Any]]]]
 
-MESSAGE_ADVICE = ("return '{key}' in a MetricRecord from your ClientApp's query function (@app.query()), "
-                  "or in the MetricRecords of its training and evaluation replies")
-LEGACY_ADVICE = "return '{key}' from your client's get_properties, or in its fit and evaluate metrics"
+MESSAGE_ADVICE = ("to rank them from the first draw, return '{key}' in a MetricRecord from your ClientApp's query "
+                  "function (@app.query()); training and evaluation replies whose MetricRecord carries it rank their nodes from then on")
+LEGACY_ADVICE = ("to rank them from the first draw, return '{key}' from your client's get_properties; fit and evaluate "
+                 "metrics that carry it rank their clients from then on")
 
 
 def learn_ranks(server: MethodServer, rows: Iterable[tuple[ClientId, Mapping[str, Any]]]) -> None:
@@ -49,6 +50,12 @@ def prepare_draw(server: MethodServer, available: Sequence[ClientId], k: int, as
     if k >= len(available):
         return
     if unasked := server.unasked(available):
-        learn_ranks(server, ask(unasked))
+        probe = list(ask(unasked[:1]))  # one node first: an app that does not answer is asked once, not once per node
+        if not probe:
+            server.rank_query_unanswered()
+        else:
+            learn_ranks(server, probe)
+            if len(unasked) > 1:
+                learn_ranks(server, ask(unasked[1:]))
     if (problem := server.rank_problem(available, advice.format(key=server.rank_key))) is not None:
         log(WARNING, "%s", problem)

@@ -24,7 +24,7 @@ from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm
 PARTITIONS = [0, 1, 2, 3, 4, 5]
 #: two runs' node ids for the same partitions: ordered by node id, the partitions come in other orders
 RUNS = ([101, 102, 103, 104, 105, 106], [906, 17, 530, 44, 805, 3])
-WARNS_UNRANKED = "did not report 'partition-id'"
+WARNS_UNRANKED = "have not reported 'partition-id'"
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +86,7 @@ def test_message_api_runs_with_other_node_ids_sample_the_same_partitions_via_the
         grid = fb.FakeGrid(nodes, answers={n: {"partition-id": p} for n, p in pid.items()})
         strategy = _message()
         rounds = [_message_round(strategy, grid, rnd, pid) for rnd in (1, 2, 3)]
-        assert grid.queried == [nodes]  # every node asked once, before round 1's draw
+        assert grid.queried == [nodes[:1], nodes[1:]]  # every node asked once, before round 1's draw (one first)
         seen.append(([[pid[n] for n in train] for train, _ in rounds], [[pid[n] for n in ev] for _, ev in rounds],
                      [[pid[n] for n in order] for order in strategy.method.orders], strategy.method.global_model()))
     (train_a, eval_a, order_a, model_a), (train_b, eval_b, order_b, model_b) = seen
@@ -118,16 +118,23 @@ def test_ranks_learned_from_replies_order_aggregation_with_full_participation_wi
     assert strategy.server.node_rank == pid
 
 
-def test_message_api_without_ranks_warns_once_and_asks_each_node_once(caplog):
+def test_an_app_that_does_not_answer_the_query_is_asked_once_and_warned_about_once(caplog):
+    """A ClientApp without @app.query(): one node is asked, once in the run, and one warning says what follows.
+    When its replies carry partition-id, later draws use it."""
     nodes = RUNS[0]
-    grid = fb.FakeGrid(nodes)  # a ClientApp without @app.query(): every query is an error
-    strategy = _message()
-    for rnd in (1, 2, 3):
-        _message_round(strategy, grid, rnd, {}, report=False)
-    assert grid.queried == [nodes]
-    (warning,) = _warnings(caplog, WARNS_UNRANKED)
-    assert "6 of 6 nodes" in warning and "changes from run to run" in warning and "@app.query()" in warning
-    assert strategy.server.node_rank == {}
+    pid = dict(zip(nodes, PARTITIONS))
+    for report in (False, True):
+        caplog.clear()
+        grid = fb.FakeGrid(nodes)  # every query is an error
+        strategy = _message()
+        for rnd in (1, 2, 3):
+            _message_round(strategy, grid, rnd, pid, report=report)
+        assert grid.queried == [nodes[:1]]
+        (warning,) = _warnings(caplog, WARNS_UNRANKED)
+        assert "6 of 6 nodes have not reported 'partition-id'" in warning and "does not answer" in warning
+        assert "until a reply of theirs carries it" in warning and "@app.query()" in warning
+        replied = {n for order in strategy.method.orders for n in order}
+        assert strategy.server.node_rank == ({n: pid[n] for n in replied} if report else {})
 
 
 def test_a_node_whose_query_fails_is_unranked_the_run_goes_on_and_a_later_reply_ranks_it(caplog):
@@ -142,7 +149,7 @@ def test_a_node_whose_query_fails_is_unranked_the_run_goes_on_and_a_later_reply_
     replied = set()
     for rnd in (2, 3, 4, 5):
         replied.update(*_message_round(strategy, grid, rnd, {**pid, 77: 6}))  # replies now say who they are
-    assert grid.queried == [nodes + [77]]  # node 77 was not asked again
+    assert grid.queried == [nodes[:1], nodes[1:] + [77]]  # node 77 was not asked again
     assert 77 in replied and strategy.server.node_rank[77] == 6
 
 
@@ -219,7 +226,7 @@ def test_legacy_clients_without_get_properties_or_failing_it_are_unranked_warned
     assert len(_legacy_round(strategy, cm, 1, pid, report=False)[0]) == 3
     for rnd in (2, 3):
         _legacy_round(strategy, cm, rnd, pid)
-    assert all(proxy.asked == 1 for proxy in cm.all().values())
+    assert [proxy.asked for proxy in cm.all().values()] == [1, 0, 0, 0, 0, 0]  # the first did not answer: nobody else is asked
     (warning,) = _warnings(caplog, WARNS_UNRANKED)
     assert "6 of 6 nodes" in warning and "get_properties" in warning
     trained = {n for order in strategy.method.orders[1:] for n in order}

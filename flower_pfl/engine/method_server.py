@@ -73,7 +73,7 @@ class MethodServer:
         self.rank_key = rank_key
         self._claims: dict[int, ClientId] = {}  # rank -> the first client that has it
         self._rank_asked: set[ClientId] = set()
-        self._duplicate_reported = self._unranked_reported = False
+        self._duplicate_reported = self._unranked_reported = self._rank_query_unanswered = False
         self.layout: ParamLayout | None = None
         #: the clients sampled in the last round, in the method's row order
         self.last_participants: list[ClientId] = []
@@ -122,11 +122,16 @@ class MethodServer:
     def unasked(self, available: Iterable[ClientId]) -> list[ClientId]:
         """The clients of ``available`` without a rank that were not asked for one yet, now marked asked
         (a strategy asks each client at most once per run); none when ranks are not learned."""
-        if self.rank_key is None:
+        if self.rank_key is None or self._rank_query_unanswered:
             return []
         out = [c for c in available if c not in self.sampler.rank and c not in self._rank_asked]
         self._rank_asked.update(out)
         return out
+
+    def rank_query_unanswered(self) -> None:
+        """The app's clients do not answer the question for their rank (the first one asked did not): no
+        client is asked again in this run; ranks still come from the replies that carry one."""
+        self._rank_query_unanswered = True
 
     def rank_problem(self, available: Iterable[ClientId], advice: str) -> str | None:
         """Once per run, when a draw from ``available`` meets clients without a rank: what follows and
@@ -136,9 +141,10 @@ class MethodServer:
         if not missing or self.rank_key is None or self._unranked_reported:
             return None
         self._unranked_reported = True
-        return (f"{missing} of {len(pool)} nodes did not report '{self.rank_key}', the rank that orders nodes for "
-                "sampling: those nodes are ordered by node id, which changes from run to run: the same seed then "
-                f"samples other clients; {advice}")
+        unanswered = " (their app does not answer the question for it, which is not asked again)" if self._rank_query_unanswered else ""
+        return (f"{missing} of {len(pool)} nodes have not reported '{self.rank_key}', the rank that orders nodes for "
+                f"sampling{unanswered}: until a reply of theirs carries it, draws order them by node id, which changes "
+                f"from run to run, so the same seed may sample other clients; {advice}")
 
     @property
     def initialized(self) -> bool:
