@@ -13,10 +13,12 @@ import sys
 
 import fabricate as fb
 import pytest
+import torch
 from conftest import ROOT
 from flwr.server import ServerConfig
 
 from client_apps.flower_internals import start_grid
+from client_apps.own_loop import algorithm_for
 from flower_pfl.engine.reply_checks import ClientAlgorithmNotRun
 from server_apps.inprocess import InProcessGrid
 
@@ -91,8 +93,20 @@ def test_a_strategy_runs_in_a_plain_app_under_the_apps_metric_names(api, name, f
 @pytest.mark.parametrize("api", ["message", "legacy"])
 @pytest.mark.parametrize("name", FAILS)
 def test_a_method_that_cannot_work_without_its_client_algorithm_ends_the_run_saying_so(api, name):
-    with pytest.raises(ClientAlgorithmNotRun, match="algorithm_for"):
+    """The error names the fix that works: the user's own loop through ``algorithm_for`` where the client
+    algorithm is a hook on one, else the package's ClientApp (``algorithm_for`` refuses those)."""
+    with pytest.raises(ClientAlgorithmNotRun) as stopped:
         _run(api, _ours(api, name), {"accuracy_key": "eval-acc"})
+    import strategies.message
+
+    client = getattr(strategies.message, name).method_class.client
+    if client.hookable:
+        assert "train with client_apps.own_loop.algorithm_for(config, model, context.state)" in str(stopped.value)
+    else:
+        assert 'use the package\'s ClientApp (clientapp = "client_apps.app:app"' in str(stopped.value)
+        assert "train with client_apps.own_loop" not in str(stopped.value)
+        with pytest.raises(ValueError, match="use client_apps.app's ClientApp"):
+            algorithm_for({"client-algorithm": client.name, "lr": 0.1, "local-steps": 1}, torch.nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize("api", ["message", "legacy"])

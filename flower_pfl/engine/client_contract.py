@@ -48,20 +48,28 @@ def settings_problem(method: ServerAlgorithm, settings: Mapping[str, Any]) -> st
     return None
 
 
+def _fix(algorithm: type[ClientAlgorithm], send: str = "") -> str:
+    """How a user runs ``algorithm``: through their own loop where it is a hook on one (``send``: what to
+    add to the reply), else only with the package's ClientApp (``algorithm_for`` refuses it)."""
+    if algorithm.hookable:
+        return f"train with {_USER_LOOP}{send} (or use the package's ClientApp)"
+    return (f"use the package's ClientApp (clientapp = \"client_apps.app:app\" in your app's pyproject.toml): "
+            f"{algorithm.__name__} trains a second model or takes a second minibatch per step, so it is not a hook on "
+            "a user's loop (algorithm_for refuses it)")
+
+
 def missing_algorithm_message(method: ServerAlgorithm, algorithm: str, count: int) -> str:
     """``count`` replies lacked what ``method``'s client algorithm ``algorithm`` returns (their clients do not run it)."""
     name = type(method).__name__
     return (f"{count} clients' replies lack what {name}'s client algorithm {algorithm} returns: their ClientApp does not "
-            f"run it. {name} cannot work without it; train with {_USER_LOOP} (or the package's ClientApp), {_DOCS}")
+            f"run it. {name} cannot work without it; {_fix(method.client_algorithm())}; {_DOCS}")
 
 
 def ignored_algorithm_message(method: ServerAlgorithm, algorithm: type[ClientAlgorithm], ignored: int, accepted: int) -> str:
     """``ignored`` of ``accepted`` replies lacked the receipt of ``algorithm``, the client algorithm their
     instructions named: their clients trained without it, so the method ran as another one."""
     name = type(method).__name__
-    fix = (f"train with {_USER_LOOP} and send what its finish() returns with the reply (or use the package's ClientApp)"
-           if algorithm.hookable else
-           f"use the package's ClientApp (client_apps.app): {algorithm.__name__} is not a hook on a user's loop")
+    fix = _fix(algorithm, " and send what its finish() returns with the reply")
     return (f"{ignored} of {accepted} clients' replies lack the receipt '{CLIENT_ALGORITHM}' = '{algorithm.name}': their "
             f"ClientApp ignored the training config's '{CLIENT_ALGORITHM}' = '{algorithm.name}', which names {name}'s "
             f"client algorithm {algorithm.__name__}. {name} then {method.ignored_algorithm_consequence(algorithm)}. "
