@@ -68,9 +68,12 @@ class _Schedule:
         self.check_losses(server_round)
         idle, total = self.recorder.idle_rounds, self.recorder.num_rounds
         if idle > self.max_idle_rounds * total:
+            if metrics.get("clients-failed", 0) and not metrics.get("clients-rejected", 0) and self.failures is not None:
+                why = f"their clients failed ({'; '.join(self.failures.report())}; full reasons in failures.log)"
+            else:
+                why = "every update failed or was refused (the warnings above say why, e.g. a learning rate that makes training diverge)"
             reason = (f"{idle} of the run's {total} rounds accepted no client update, more than max-idle-rounds = "
-                      f"{self.max_idle_rounds:g} of them: every update failed or was refused (the warnings above say why, "
-                      "e.g. a learning rate that makes training diverge)")
+                      f"{self.max_idle_rounds:g} of them: {why}")
             self.recorder.fail(reason)
             raise RunFailed(f"round {server_round}: {reason}")
 

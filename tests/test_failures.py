@@ -202,3 +202,24 @@ def test_a_simulations_per_message_tracebacks_go_to_a_file(tmp_path):
     assert seen == ["a warning stays", "an error of the engine itself stays", "a warning stays"]
     assert (tmp_path / "failures.log").read_text().count("ActorDiedError") == 2 and not divert.held
     assert divert.count == 2
+
+
+def test_a_run_whose_clients_all_fail_says_they_failed_not_that_the_learning_rate_diverged(tmp_path):
+    recorder = RunRecorder(tmp_path, {}, 10, log=lambda _: None)
+    failures = NodeFailures(lost_after=0)
+    schedule = _Schedule(recorder, 5, None, 0, max_idle_rounds=0.1, failures=failures)
+    failed = {"clients-accepted": 0, "clients-rejected": 0, "clients-failed": 2}
+    for rnd in (1, 2):
+        for node in (1, 2):
+            failures.record(rnd, node, "RuntimeError('device lost')")
+        if rnd == 1:
+            schedule.after_train(rnd, failed)
+    with pytest.raises(RunFailed) as stopped:
+        schedule.after_train(2, failed)
+    assert "their clients failed (RuntimeError: 4 failures of 2 nodes [1, 2] since round 1; full reasons in" in str(stopped.value)
+    assert "learning rate" not in str(stopped.value)
+    refused = _Schedule(RunRecorder(tmp_path / "r", {}, 10, log=lambda _: None), 5, None, 0, max_idle_rounds=0.1,
+                        failures=NodeFailures())
+    refused.after_train(1, {"clients-accepted": 0, "clients-rejected": 2, "clients-failed": 0})
+    with pytest.raises(RunFailed, match="every update failed or was refused .* learning rate"):
+        refused.after_train(2, {"clients-accepted": 0, "clients-rejected": 2, "clients-failed": 0})
