@@ -136,7 +136,7 @@ def test_runtime_noise_goes_other_warnings_stay(flower_lines, monkeypatch):
         FLOWER_LOGGER.warning("Manually terminating %s", "ClientAppActor")
         FLOWER_LOGGER.warning("Manually terminating the run because %s", "of this")
         FLOWER_LOGGER.error("ClientApp raised an exception")
-        assert len(FLOWER_LOGGER.filters) == len(before) + 1
+        assert len(FLOWER_LOGGER.filters) == len(before) + 2  # the runtime noise, and refusals without a traceback
     finally:
         for added in [f for f in FLOWER_LOGGER.filters if f not in before]:
             FLOWER_LOGGER.removeFilter(added)
@@ -156,3 +156,19 @@ def test_a_run_prints_its_progress_and_flowers_loop_only_when_verbose(flower_lin
     narrated = [m for m in messages if m.startswith("[ROUND")]
     assert narrated == (["[ROUND 1/2]", "[ROUND 2/2]"] if verbose else [])
     assert not [f for f in FLOWER_LOGGER.filters if isinstance(f, quiet.DropRecords) and f.sources]  # removed after the run
+
+
+def test_a_run_stopped_by_the_packages_own_error_is_logged_without_a_traceback():
+    from flower_pfl.experiment.config import ConfigError
+    from flower_pfl.run.results import RunFailed
+
+    plain = quiet.PlainRefusals()
+    for error in (ConfigError("run config 'lr' = -1 is invalid"), RunFailed("round 4: 3 of 12 nodes lost")):
+        record = logging.LogRecord("flwr", logging.ERROR, "app.py", 1, "%s raised an exception", ("Simulation",),
+                                   (type(error), error, None))
+        assert plain.filter(record) and record.exc_info is None
+        assert record.getMessage() == f"Simulation raised an exception: {type(error).__name__}: {error}"
+    bug = ValueError("a bug")
+    record = logging.LogRecord("flwr", logging.ERROR, "app.py", 1, "%s raised an exception", ("Simulation",),
+                               (ValueError, bug, None))
+    assert plain.filter(record) and record.exc_info is not None  # anything else keeps its traceback

@@ -133,6 +133,23 @@ def test_bad_run_config_stops_the_run_with_a_clear_message(simulation, tmp_path)
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+@pytest.mark.xdist_group("flwr-run-b")
+def test_a_run_no_node_can_serve_is_one_message_and_its_tracebacks_go_to_a_file(simulation, tmp_path):
+    """A data set none of the nodes has: one message naming the key and the fix, no traceback on the
+    console; the nodes' tracebacks are kept in a file the console names, and no results folder is made."""
+    run = simulation.run({"dataset": "fmnist", "partition": "iid", "model": "cnn", "data-dir": str(tmp_path / "no-data"),
+                          "output-dir": str(tmp_path / "results")}, nodes=3)
+    assert run["status"] == "finished:failed", run["status"]
+    log = run["log"]
+    assert log.count("no node could serve this run config") >= 1 and "set 'data-dir' or 'download = true'" in log, log[-3000:]
+    assert "Traceback" not in log and len(log.splitlines()) < 40, f"{len(log.splitlines())} lines\n" + log[-3000:]
+    kept = re.search(r"error records \(tracebacks\) are in (\S+)", log)
+    assert kept, log[-3000:]
+    assert Path(kept.group(1)).read_text().count("Traceback") >= 3  # one per node at least
+    Path(kept.group(1)).unlink()
+    assert not (tmp_path / "results").exists()
+
+
 @pytest.mark.xdist_group("flwr-run-c")
 def test_a_run_that_accepts_no_update_ends_failed_and_says_why(simulation, tmp_path):
     """lr = 1e30: every update is refused by the update bound; the run must not report success."""

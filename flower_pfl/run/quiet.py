@@ -6,7 +6,9 @@ DEBUG records of Flower's strategy loops (both APIs: ``[ROUND n]``, ``configure_
 strategies. Dropped in every process that loads the apps (``silence_runtime_noise``): Ray's
 ``FutureWarning`` tip about accelerator variables (the setting it suggests would change which GPUs
 clients see, so only the message goes) and the ``Manually terminating ClientAppActor`` warning each
-Ray actor logs when a simulation ends. No other warning or error is dropped.
+Ray actor logs when a simulation ends; a run stopped by one of the package's own errors is logged
+without its traceback (``PlainRefusals``). No other warning or error is dropped. A simulation's
+per-message error tracebacks go to the run's ``failures.log`` (``DivertRecords``).
 
 Run config ``verbose = true`` keeps Flower's round loop; the environment variable
 ``FLOWER_PFL_VERBOSE=1`` (in the environment the SuperLink was started with) keeps everything.
@@ -115,6 +117,19 @@ def diverting(sources: Iterable[tuple[str, str]], logger: str = FLOWER_LOGGER) -
         logging.getLogger(logger).removeFilter(divert)
 
 
+class PlainRefusals(logging.Filter):
+    """A run stopped by one of the package's own errors (``ConfigError``, ``RunFailed``, ...: an exception
+    class defined in ``flower_pfl``) is one message: the record Flower logs with the exception keeps the
+    message and loses the traceback. Any other exception keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and type(error).__module__.split(".")[0] == "flower_pfl":
+            record.msg, record.args = f"{record.getMessage()}: {type(error).__name__}: {error}", None
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 _silenced = False
 
 
@@ -128,3 +143,4 @@ def silence_runtime_noise() -> None:
     _silenced = True
     warnings.filterwarnings("ignore", message=RAY_ACCELERATOR_TIP, category=FutureWarning)
     logging.getLogger(FLOWER_LOGGER).addFilter(DropRecords(templates=HARMLESS))
+    logging.getLogger(FLOWER_LOGGER).addFilter(PlainRefusals())
