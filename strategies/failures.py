@@ -19,7 +19,6 @@ from logging import WARNING
 from pathlib import Path
 from typing import Any
 
-from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 #: a node that failed in this many consecutive rounds is lost (run config ``lost-node-rounds``)
@@ -31,17 +30,19 @@ DISCONNECTED = "disconnected"
 #: Flower's wrappers around the error a client raised: the cause is the error inside
 _WRAPPERS = frozenset({"ClientAppException", "Exception", "BaseException"})
 _NAMES = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit|Interrupt))\b")
-_CODES = {v: k for k, v in vars(ErrorCode).items() if k.isupper() and isinstance(v, int)}
+#: an error the SuperLink makes itself: ``Error: Node Unavailable — ...``
+_SUPERLINK = re.compile(r"Error: ([A-Z][\w ]*?) [-—]")
 
 
-def failure_cause(reason: str, code: int | None = None) -> str:
+def failure_cause(reason: str) -> str:
     """The error's name in a failed reply's reason: the innermost error Flower or Ray names there
-    (``ActorDiedError``, ``RuntimeError``), else Flower's error code (``NODE_UNAVAILABLE``)."""
+    (``ActorDiedError``, ``RuntimeError``), else the SuperLink's own error (``Node Unavailable``), else the
+    reason's first line."""
     names = [n for n in _NAMES.findall(reason) if n not in _WRAPPERS]
     if names:
         return names[0]
-    if code is not None and code in _CODES:
-        return _CODES[code]
+    if superlink := _SUPERLINK.match(reason.strip()):
+        return superlink.group(1)
     return (reason.strip().splitlines() or ["unknown error"])[0][:60]
 
 
@@ -86,9 +87,9 @@ class NodeFailures:
         #: the latest round whose replies were recorded
         self.round = 0
 
-    def record(self, server_round: int, node: Any, reason: str, code: int | None = None, phase: str = "") -> None:
+    def record(self, server_round: int, node: Any, reason: str, phase: str = "") -> None:
         """A node that failed (``reason``: Flower's error reason) or never answered (``NO_REPLY``)."""
-        cause = NO_REPLY if reason == NO_REPLY else failure_cause(reason, code)
+        cause = NO_REPLY if reason == NO_REPLY else failure_cause(reason)
         streak = self.streaks.get(node)
         if streak is None:
             self.streaks[node] = Streak(cause, server_round, last=server_round)

@@ -102,7 +102,7 @@ def split_replies(server_round: int, replies: Iterable[Message], sent: Iterable[
         answered.add(node_id)
         if msg.has_error():
             failed += 1
-            failures.record(server_round, node_id, msg.error.reason or "", msg.error.code, phase)
+            failures.record(server_round, node_id, msg.error.reason or "", phase)
         else:
             good.append((node_id, msg))
             failures.answered(node_id)

@@ -144,7 +144,7 @@ CASES = [  # strategy, constructor arguments, client algorithm, its name, what t
     ("IGFL", {}, "IGFLCorrection", "igfl", "runs as IGFL-S (server attention only", "algorithm_for"),
     ("IGFL", {"attention": None}, "IGFLCorrection", "igfl", "runs as FedAvg (no IGFL-C client correction", "algorithm_for"),
     ("PFedMe", {}, "PFedMeClient", "pfedme", "runs as FedAvg with server mixing β", "algorithm_for"),
-    ("Ditto", {}, "DittoClient", "ditto", "runs as FedAvg: no personal model", "package's ClientApp (client_apps.app)"),
+    ("Ditto", {}, "DittoClient", "ditto", "runs as FedAvg: no personal model", "package's ClientApp (clientapp = \"client_apps.app:app\""),
 ]
 
 

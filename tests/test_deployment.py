@@ -163,7 +163,7 @@ def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path):
     assert len(declared) == 1 and str(lost) in declared[0], log[-3000:]
     (summary,) = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
     assert summary["status"] == "completed" and list(summary["lost_nodes"]) == [str(lost)], summary
-    assert summary["lost_nodes"][str(lost)]["cause"] in ("NODE_UNAVAILABLE", "disconnected"), summary
+    assert summary["lost_nodes"][str(lost)]["cause"] in ("Node Unavailable", "disconnected"), summary
     waits = [line for line in log.splitlines() if "going on with them after" in line]
     # one bounded wait for the lost node, then later rounds go on with the two without waiting again
     assert len(waits) == 1 and f"missing since an earlier round: [{lost}]" in waits[0], log[-3000:]

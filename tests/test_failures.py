@@ -12,7 +12,6 @@ import fabricate as fb
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.common import Error
-from flwr.common.constant import ErrorCode
 
 from flower_pfl.run.quiet import DivertRecords
 from flower_pfl.run.results import Coverage, RunFailed, RunRecorder
@@ -36,7 +35,8 @@ def test_the_cause_is_the_errors_name():
                "Message: ValueError: No query function registered with name 'default''>")
     assert failure_cause(wrapped) == "ValueError"  # Flower's wrapper is not the cause
     assert failure_cause("RuntimeError('device lost')") == "RuntimeError"  # an in-process grid's reply
-    assert failure_cause("Error: Node Unavailable - the node failed to report", ErrorCode.NODE_UNAVAILABLE) == "NODE_UNAVAILABLE"
+    assert failure_cause("Error: Node Unavailable — The destination node failed to report a heartbeat") == "Node Unavailable"
+    assert failure_cause("Error: Message Unavailable - The requested message could not be found") == "Message Unavailable"
     assert failure_cause("client crashed") == "client crashed"  # nothing better: the reason's first line
 
 

@@ -260,7 +260,7 @@ def test_an_error_the_superlink_makes_for_an_unreachable_node_names_that_node(ca
     good, failed = split_replies(3, [lost], sent)
     assert lost.metadata.src_node_id == 1 and good == [] and failed == 2  # one failed, one never answered
     text = " ".join(r.getMessage() for r in caplog.records)
-    assert "node 7 failed (NODE_UNAVAILABLE: " in text and "node 8 sent no reply" in text and "node 1 " not in text
+    assert "node 7 failed (Node Unavailable: Error: Node Unavailable" in text and "node 8 sent no reply" in text and "node 1 " not in text
 
 
 def test_flowers_own_fedavg_is_guarded_in_the_package_app(tmp_path, monkeypatch):
