@@ -184,6 +184,10 @@ def _node_id(cid: str) -> int | str:
     return int(cid) if str(cid).isdigit() else cid
 
 
-def _nodes(nodes: Iterable[Any]) -> str:
+def _nodes(nodes: Iterable[Any], shown: int = 5) -> str:
+    """``node 7``, ``2 nodes [7, 9]``, or ``12 nodes [1, 2, 3, 4, 5, ...]``: at most ``shown`` ids."""
     nodes = list(nodes)
-    return f"node {nodes[0]}" if len(nodes) == 1 else f"{len(nodes)} nodes {nodes}"
+    if len(nodes) == 1:
+        return f"node {nodes[0]}"
+    ids = ", ".join(map(str, nodes[:shown])) + (", ..." if len(nodes) > shown else "")
+    return f"{len(nodes)} nodes [{ids}]"
