@@ -86,3 +86,25 @@ def test_partition_config_is_validated():
         ExperimentConfig.from_mapping({"dirichlet-alpha": 0.0})
     with pytest.raises(ConfigError, match="'train-samples-per-client'"):
         ExperimentConfig.from_mapping({"train-samples-per-client": -5})
+
+
+def _same(a, b) -> bool:
+    return all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip((a.x_train, a.y_train, a.x_test, a.y_test),
+                                                                     (b.x_train, b.y_train, b.x_test, b.y_test)))
+
+
+@pytest.mark.parametrize("partition", ["natural", "dirichlet"])
+def test_data_seed_fixes_the_data_and_leaves_the_training_seed_free(partition):
+    """Three training seeds on one data set: with ``data-seed`` fixed, every seed gets the same clients' data
+    (Synthetic's generation, the partition, the splits); -1 is the run's seed, as before the key existed."""
+    fixed = [ExperimentConfig(partition=partition, seed=s, data_seed=5) for s in (0, 1, 2)]
+    clients = [[load_client_data(cfg, pid, 10) for pid in (0, 9)] for cfg in fixed]
+    assert all(_same(a, b) for other in clients[1:] for a, b in zip(clients[0], other))
+    follows = [load_client_data(ExperimentConfig(partition=partition, seed=5), pid, 10) for pid in (0, 9)]
+    assert all(_same(a, b) for a, b in zip(clients[0], follows))  # data-seed 5 is the data of seed 5
+    other = [load_client_data(ExperimentConfig(partition=partition, seed=1), pid, 10) for pid in (0, 9)]
+    assert not all(_same(a, b) for a, b in zip(clients[0], other))  # without it, each seed draws its own data
+    assert ExperimentConfig(seed=1, data_seed=5).run_name.endswith("-seed1-data5")
+    assert ExperimentConfig(seed=1).run_name.endswith("-seed1")
+    with pytest.raises(ConfigError, match="'data-seed' = -2 is invalid"):
+        ExperimentConfig.from_mapping({"data-seed": -2})

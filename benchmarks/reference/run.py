@@ -162,19 +162,13 @@ def _evaluate_ala_output() -> None:
 def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -> None:
     """(In a child process) run this package in-process and write the accuracies to ``out``."""
     import logging
-    from dataclasses import replace
 
     import torch
 
-    import flower_pfl.experiment.build as build
     from server_apps.inprocess import run_in_process
 
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    # The exported data are those of the setting's seed; a run with another seed (client sample, initial
-    # model, minibatches) keeps them, as PFLlib's and FL-bench's seeds do: pin the seed of the data.
-    data_seed, data_config = run_config(setting)["seed"], build.data_config
-    build.data_config = lambda cfg: data_config(replace(cfg, seed=data_seed))
     overrides = dict(overrides)
     if (diagnostic := overrides.pop("_diagnostic", None)) == "fedproto-unweighted":
         # diagnostic only: FedProto's global prototypes as the unweighted mean over the clients holding a class
@@ -185,7 +179,10 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
         fedproto.aggregate_prototypes = lambda w, protos: weighted((w > 0).to(w.dtype), protos)
     if diagnostic == "fedala-eval-ala":
         _evaluate_ala_output()
-    rc = run_config(setting) | {"seed": seed, "output-dir": str(out.parent / "package-results"), "checkpoint-every": 0}
+    # The exported data are those of the setting's seed; a run with another seed (client sample, initial
+    # model, minibatches) keeps them, as PFLlib's and FL-bench's seeds do: the data has the setting's seed.
+    rc = run_config(setting) | {"seed": seed, "data-seed": run_config(setting)["seed"],
+                                "output-dir": str(out.parent / "package-results"), "checkpoint-every": 0}
     n = SETTINGS[setting]["num_nodes"]
     computed = {"=lr": rc["lr"], "=1+n/4": int(1 + n / 4), "=all": n,  # values that follow the setting
                 "=train-samples": rc["train-samples-per-client"]}

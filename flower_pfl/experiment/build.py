@@ -88,8 +88,9 @@ def _hub_client(data: ExperimentConfig, num_partitions: int, partition_id: int) 
 
 @lru_cache(maxsize=8)
 def data_config(cfg: ExperimentConfig) -> ExperimentConfig:
-    """``cfg`` with everything but the data fields at their defaults (the cache key of the data)."""
-    return replace(ExperimentConfig(), **{name: getattr(cfg, name) for name in DATA_FIELDS})
+    """``cfg`` with everything but the data fields at their defaults (the cache key of the data); its ``seed``
+    is the data's (``ExperimentConfig.data_rng_seed``)."""
+    return replace(ExperimentConfig(), **{name: getattr(cfg, name) for name in DATA_FIELDS}, seed=cfg.data_rng_seed)
 
 
 def load_client_data(cfg: ExperimentConfig, partition_id: int, num_partitions: int) -> ClientData:

@@ -36,10 +36,11 @@ TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "wandb")
 INITS: tuple[str, ...] = ("shared", "zero", "independent")
 #: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
 PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
-#: fields that decide a client's data (runs that share them share the generated data)
+#: fields that decide a client's data besides its seed (``ExperimentConfig.data_rng_seed``; runs that share them
+#: share the generated data)
 DATA_FIELDS: tuple[str, ...] = (
     "dataset", "synthetic_alpha", "synthetic_beta", "train_fraction", "partition", "dirichlet_alpha",
-    "classes_per_client", "shards_per_client", "paired_clients", "train_samples_per_client", "seed",
+    "classes_per_client", "shards_per_client", "paired_clients", "train_samples_per_client",
     "data_dir", "download", "emnist_split", "data_source", "hub_dataset",
 )
 
@@ -101,6 +102,9 @@ class ExperimentConfig:
     local_steps: int = 20
     eval_every: int = 5
     seed: int = 0
+    #: the seed of the data alone: Synthetic's generation, the partition, each client's train/test split and
+    #: data scarcity (-1: ``seed``, so each seed draws its own data); fixed, runs with other seeds share the data
+    data_seed: int = -1
     device: str = "auto"
     output_dir: str = "results"
     #: where the server keeps the per-client models: "memory", or "disk" (memory-mapped files in the results folder)
@@ -202,6 +206,8 @@ class ExperimentConfig:
         self._check_init()
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
+        if self.data_seed < -1:
+            _fail("data_seed", self.data_seed, "an integer >= 0, or -1 (the data follows seed)")
         if self.checkpoint_every < 0:
             _fail("checkpoint_every", self.checkpoint_every, "an integer >= 0 (0: only after the last round)")
         for name in ("max_update_ratio", "max_weight_ratio", "max_median_ratio"):
@@ -249,11 +255,18 @@ class ExperimentConfig:
         return self.entry.label
 
     @property
+    def data_rng_seed(self) -> int:
+        """The seed the data is drawn with: ``data-seed``, or ``seed`` when that is -1."""
+        return self.seed if self.data_seed < 0 else self.data_seed
+
+    @property
     def run_name(self) -> str:
         """The results folder's name before its time stamp: ``<label>-<dataset>-<model>-seed<seed>``,
-        with ``-legacy`` after the label for runs on Flower's legacy API (``fedavg-legacy-...``)."""
+        with ``-legacy`` after the label for runs on Flower's legacy API (``fedavg-legacy-...``) and
+        ``-data<data-seed>`` after the seed when the data has a seed of its own."""
         api = "-legacy" if self.api == "legacy" else ""
-        return f"{self.label}{api}-{self.dataset}-{self.model}-seed{self.seed}"
+        data = f"-data{self.data_seed}" if self.data_seed >= 0 else ""
+        return f"{self.label}{api}-{self.dataset}-{self.model}-seed{self.seed}{data}"
 
     def bounds(self) -> dict[str, float]:
         """The reply bounds as strategy arguments (0 in the run config: ``math.inf``, off)."""

@@ -58,8 +58,9 @@ def run_title(cfg: ExperimentConfig, num_nodes: int | None = None) -> str:
     extra += ["paired-clients"] if cfg.paired_clients else []
     data = f"{cfg.dataset}, {partition} partition" + (f" ({', '.join(extra)})" if extra else "")
     clients = f"{cfg.clients_per_round} of {num_nodes} clients per round" if num_nodes else f"{cfg.clients_per_round} clients per round"
+    seed = f"seed {cfg.seed}" + (f" (data {cfg.data_seed})" if cfg.data_seed >= 0 else "")
     tail = (f"{data} · {cfg.model} · {clients} · {cfg.num_rounds} rounds · lr={format_value(cfg.lr)}, "
-            f"{cfg.local_steps} local steps of batch {cfg.batch_size} · seed {cfg.seed} · {cfg.api} API")
+            f"{cfg.local_steps} local steps of batch {cfg.batch_size} · {seed} · {cfg.api} API")
     return f"{head}\n{tail}"
 
 
