@@ -296,9 +296,9 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         parameters = None if model is None else ndarrays_to_parameters(self.server.to_arrays(model))
         if self.fit_metrics_aggregation_fn is not None and batch.accepted:
             own = self.fit_metrics_aggregation_fn([(r.num_examples, dict(r.metrics)) for r in batch.accepted])
-            metrics = {**own, **reply_counts(batch)}
+            metrics = {**own, **reply_counts(batch), **self.method.round_metrics()}
         else:
-            metrics = dict(round_replies_metrics(batch))
+            metrics = {**round_replies_metrics(batch), **self.method.round_metrics()}
         if self.tracking is not None:
             self.tracking.train(server_round, metrics)
         return parameters, metrics

@@ -114,6 +114,11 @@ class ServerAlgorithm:
         """What the method learned besides the models, saved with the results (``server_state.safetensors``)."""
         return {}
 
+    def round_metrics(self) -> dict[str, float]:
+        """Numbers the method reports with each training round, after ``aggregate`` (in the round's metrics:
+        ``metrics.jsonl``'s training rows and the trackers), e.g. CFL's cluster count."""
+        return {}
+
     def checkpoint_written(self) -> None:
         """Called once a checkpoint holding ``get_state`` is durably written."""
 

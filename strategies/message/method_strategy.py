@@ -240,9 +240,10 @@ class MethodStrategy(PerMethodDocs, Strategy):
         if self.train_metrics_aggr_fn is not None and batch.accepted:
             records = [RecordDict({"metrics": MetricRecord({**_plain(r.metrics), self.weighted_by_key: r.num_examples})})
                        for r in batch.accepted]
-            metrics = MetricRecord({**dict(self.train_metrics_aggr_fn(records, self.weighted_by_key)), **reply_counts(batch)})
+            metrics = MetricRecord({**dict(self.train_metrics_aggr_fn(records, self.weighted_by_key)), **reply_counts(batch),
+                                    **self.method.round_metrics()})
         else:
-            metrics = MetricRecord(round_replies_metrics(batch, self.weighted_by_key))
+            metrics = MetricRecord({**round_replies_metrics(batch, self.weighted_by_key), **self.method.round_metrics()})
         if self.tracking is not None:
             self.tracking.train(server_round, dict(metrics))
         return arrays, metrics

@@ -2,6 +2,7 @@
 cluster updates with fabricated replies, non-participating members, bad hyperparameters, whole runs."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -46,7 +47,9 @@ def _arrays(values) -> dict[str, np.ndarray]:
 
 
 def _server(**kwargs) -> MethodServer:
-    server = MethodServer(CFL(**kwargs), clients_per_round=4)
+    """CFL splitting from round 1 on clusters of two or more (the split's math; the paper's warm-up and minimum
+    size are tested on their own)."""
+    server = MethodServer(CFL(**{"warmup": 0, "min_members": 2, **kwargs}), clients_per_round=4)
     server.initialize(_arrays([0.0, 0.0, 0.0]))
     return server
 
@@ -92,16 +95,38 @@ def test_non_participating_members_join_the_side_most_like_their_last_update():
     assert server.method.assignment == {5: 0, 6: 1, 1: 0, 2: 1}  # 5 is most like 1, 6 like 2
 
 
-@pytest.mark.parametrize("bad", [{"eps1": -1.0}, {"eps2": -0.1}, {"gamma_max": 1.0}])
+def test_no_split_before_the_warm_up_round_nor_on_fewer_members_than_the_minimum():
+    """The authors' code: splits from round 20 on, of clusters with more than 2 participating members."""
+    apart = {1: [2.0, 0.0, 0.0], 2: [2.0, 0.0, 0.0], 3: [-2.0, 0.0, 0.0], 4: [-2.0, 0.0, 0.0]}
+    server = _server(eps1=0.5, eps2=1.0, warmup=3, min_members=3)
+    for rnd in (1, 2):
+        _round(server, rnd, apart)
+        assert server.method.round_metrics() == {"cfl-clusters": 1.0}  # before round 3: FedAvg
+    _round(server, 3, {1: apart[1], 3: apart[3]})  # two members took part: fewer than 3
+    assert len(server.method.models) == 1
+    _round(server, 4, apart)
+    assert server.method.round_metrics() == {"cfl-clusters": 2.0}
+    assert server.method.assignment == {1: 0, 2: 0, 3: 1, 4: 1}
+    defaults = CFL()
+    assert (defaults.eps1, defaults.eps2, defaults.warmup, defaults.min_members) == (0.4, 1.6, 20, 3)  # the paper's
+
+
+@pytest.mark.parametrize("bad", [{"eps1": -1.0}, {"eps2": -0.1}, {"gamma_max": 1.0}, {"warmup": -1}, {"min_members": 0}])
 def test_bad_hyperparameters_are_refused(bad):
     with pytest.raises(ValueError, match=f"{next(iter(bad))} = .* is invalid"):
         CFL(**bad)
 
 
-def test_short_run_as_recorded_splits_and_beats_fedavg_which_it_is_until_a_split(short_runs, tmp_path):
+def test_short_run_as_recorded_is_fedavg_until_a_split_and_splits_beat_it_here(short_runs, tmp_path):
+    """With the paper's defaults nothing splits in the short run (round < 20, and its ε's are for larger updates):
+    CFL is FedAvg. With small ε's, from round 1 and on two members, it splits and beats FedAvg on these
+    clients, which fit their own data better than a shared model; the cluster count is in every training row."""
     cfl, fedavg = short_runs("cfl"), short_runs("fedavg")
-    assert cfl["bmta"] > fedavg["bmta"] + 0.2  # updates here: mean ~0.14, max ~0.37; observed 0.666 vs 0.306
-    unsplit = short_run("cfl", tmp_path, **{"cfl-eps1": 0.4, "cfl-eps2": 1.6})  # the paper's ε's: no split in 6 rounds
     for key in ("bmta", "final_accuracy", "train_loss", "client_loss"):
-        assert unsplit[key] == same_math(fedavg[key])
+        assert cfl[key] == same_math(fedavg[key])
+    split = short_run("cfl", tmp_path, **{"cfl-eps1": 0.2, "cfl-eps2": 0.3, "cfl-warmup": 0, "cfl-min-members": 2})
+    assert split["bmta"] > fedavg["bmta"] + 0.2  # updates here: mean ~0.14, max ~0.37; observed 0.666 vs 0.306
+    clusters = [json.loads(line).get("cfl-clusters") for line in (split["folder"] / "metrics.jsonl").read_text().splitlines()
+                if '"phase": "train"' in line]
+    assert clusters[0] >= 1 and clusters[-1] > 1 and clusters == sorted(clusters), clusters  # clusters only split
     assert_as_recorded("cfl", cfl)
