@@ -25,11 +25,15 @@ from flwr.common.logger import log
 LOST_AFTER = 3
 #: the cause of a node that received an instruction and sent nothing back
 NO_REPLY = "no reply"
+#: the client of a legacy-API failure that names none (Flower's legacy loop passes the exception alone)
+UNNAMED = None
 #: the cause of a node the SuperLink stopped listing without a failure recorded first
 DISCONNECTED = "disconnected"
 #: Flower's wrappers around the error a client raised: the cause is the error inside
 _WRAPPERS = frozenset({"ClientAppException", "Exception", "BaseException"})
 _NAMES = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit|Interrupt))\b")
+#: how Flower's legacy API wraps a failed reply: ``ValueError('Message contains an Error (reason: ...)')``
+_COMPAT = re.compile(r"Message contains an Error \(reason: (.*)\)", re.DOTALL)
 #: an error the SuperLink makes itself: ``Error: Node Unavailable — ...``
 _SUPERLINK = re.compile(r"Error: ([A-Z][\w ]*?) [-—]")
 
@@ -38,6 +42,8 @@ def failure_cause(reason: str) -> str:
     """The error's name in a failed reply's reason: the innermost error Flower or Ray names there
     (``ActorDiedError``, ``RuntimeError``), else the SuperLink's own error (``Node Unavailable``), else the
     reason's first line."""
+    if inner := _COMPAT.search(reason):  # the legacy API's wrapping of a failed reply: the error inside it
+        return failure_cause(inner.group(1))
     names = [n for n in _NAMES.findall(reason) if n not in _WRAPPERS]
     if names:
         return names[0]
@@ -91,7 +97,9 @@ class NodeFailures:
         """A node that failed (``reason``: Flower's error reason) or never answered (``NO_REPLY``)."""
         cause = NO_REPLY if reason == NO_REPLY else failure_cause(reason)
         streak = self.streaks.get(node)
-        if streak is None:
+        if node is UNNAMED:  # counted, never declared lost: it may be any client
+            pass
+        elif streak is None:
             self.streaks[node] = Streak(cause, server_round, last=server_round)
         else:
             streak.rounds += streak.last != server_round
@@ -101,18 +109,19 @@ class NodeFailures:
         if (node, cause) not in self._told:  # one line per node and cause; repeats are counted
             self._told.add((node, cause))
             what = "sent no reply" if cause == NO_REPLY else f"failed ({cause}: {_first_line(reason)})"
-            log(WARNING, "round %s: node %s %s; its stored model is unchanged%s", server_round, node, what,
+            who = "a client (the legacy API does not say which)" if node is UNNAMED else f"node {node}"
+            log(WARNING, "round %s: %s %s; its stored model is unchanged%s", server_round, who, what,
                 "" if self.log_file is None else f" (repeats are counted; full reasons in {self.log_file})")
         self._write(server_round, node, phase, reason)
 
     def record_legacy(self, server_round: int, failures: Iterable[Any], phase: str = "") -> None:
         """The legacy API's ``failures``: ``(proxy, result)`` pairs with a failed status, or exceptions
-        that name no client (recorded as node ``"?"``)."""
+        that name no client (``UNNAMED``: counted, never declared lost)."""
         for failure in failures:
             if isinstance(failure, tuple):
                 self.record(server_round, _node_id(failure[0].cid), f"{failure[1].status!r}", phase=phase)
             else:
-                self.record(server_round, "?", f"{failure!r}", phase=phase)
+                self.record(server_round, UNNAMED, f"{failure!r}", phase=phase)
 
     def answered(self, node: Any) -> None:
         """A node that replied: its failing streak ends (a lost node stays lost)."""
@@ -151,7 +160,7 @@ class NodeFailures:
         """The run's failures, one line per cause: how many nodes, failures and since which round."""
         lines = []
         for cause in sorted({s.cause for s in self.history.values()}):
-            nodes = sorted(n for n, s in self.history.items() if s.cause == cause)
+            nodes = sorted((n for n, s in self.history.items() if s.cause == cause), key=str)
             total = sum(self.history[n].total for n in nodes)
             since = min(self.history[n].since for n in nodes)
             lost = [n for n in nodes if n in self.lost]
@@ -187,6 +196,8 @@ def _node_id(cid: str) -> int | str:
 def _nodes(nodes: Iterable[Any], shown: int = 5) -> str:
     """``node 7``, ``2 nodes [7, 9]``, or ``12 nodes [1, 2, 3, 4, 5, ...]``: at most ``shown`` ids."""
     nodes = list(nodes)
+    if nodes == [UNNAMED]:
+        return "clients the legacy API did not name"
     if len(nodes) == 1:
         return f"node {nodes[0]}"
     ids = ", ".join(map(str, nodes[:shown])) + (", ..." if len(nodes) > shown else "")

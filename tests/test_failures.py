@@ -223,3 +223,17 @@ def test_a_run_whose_clients_all_fail_says_they_failed_not_that_the_learning_rat
     refused.after_train(1, {"clients-accepted": 0, "clients-rejected": 2, "clients-failed": 0})
     with pytest.raises(RunFailed, match="every update failed or was refused .* learning rate"):
         refused.after_train(2, {"clients-accepted": 0, "clients-rejected": 2, "clients-failed": 0})
+
+
+def test_a_legacy_failure_that_names_no_client_is_counted_with_its_inner_cause_and_never_lost(caplog):
+    """Flower's legacy loop passes some failures as bare exceptions, wrapping the client's error."""
+    failures = NodeFailures(lost_after=1)
+    error = ValueError("Message contains an Error (reason: RuntimeError('device lost')). It originated during "
+                       "client-side execution of a message.")
+    for rnd in (1, 2, 3):
+        failures.record_legacy(rnd, [error], "train")
+        failures.end_round(rnd)
+    assert failures.lost == {}  # it may be any client: nothing is excluded
+    (line,) = [m for m in _lines(caplog) if "failed" in m]
+    assert line.startswith("round 1: a client (the legacy API does not say which) failed (RuntimeError: ")
+    assert failures.report() == ["RuntimeError: 3 failures of clients the legacy API did not name since round 1"]
