@@ -312,7 +312,7 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
         wrapper = RecordedLegacyStrategy(strategy, run.recorder, cfg.eval_every, sampler, checkpointer, run.offset,
                                          initial_parameters=ndarrays_to_parameters(list(arrays.values())),
                                          guard=guard, max_idle_rounds=cfg.max_idle_rounds,
-                                         failures=getattr(strategy, "failures", None) or NodeFailures(cfg.lost_node_rounds))
+                                         failures=getattr(strategy, "failures", None))  # Flower's own: it samples, none lost
         _account_failures(run, wrapper.failures)
         if remaining > 0:
             start_grid(grid=run.grid, strategy=wrapper, config=ServerConfig(num_rounds=remaining),

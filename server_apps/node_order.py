@@ -11,7 +11,6 @@ only to group clients in diagnostic plots.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from logging import WARNING
 from typing import Any
@@ -22,6 +21,7 @@ from flwr.serverapp import Grid
 
 from client_apps.persisted_state import CLIENT_STATE
 from flower_pfl.experiment.config import ConfigError
+from strategies.failures import listed, unwrap
 from strategies.nodes import query
 
 #: how Flower's simulation wraps a ClientApp's exception message
@@ -55,10 +55,10 @@ def query_nodes(grid: Grid, timeout: float = 120.0, config: Mapping[str, Any] | 
 def _gist(reason: str) -> str:
     """A node's error without its wrapping: a SuperNode's ``<class 'pkg.Error'>:<'message'>`` becomes
     ``Error: message``; a simulation's (Ray's traceback, which names its worker process) only the message."""
-    wrapped = re.fullmatch(r"<class '([^']+)'>:<'(.*)'>", reason, re.DOTALL)
+    wrapped = unwrap(reason)
     if wrapped is None:
         return reason
-    kind, message = wrapped.groups()
+    kind, message = wrapped
     if RAY_MESSAGE in message:
         return message.rsplit(RAY_MESSAGE, 1)[1].strip()
     return f"{kind.rsplit('.', 1)[-1]}: {message}"
@@ -67,7 +67,7 @@ def _gist(reason: str) -> str:
 def _nodes(ids: list[int], shown: int = 5) -> str:
     """``node 3``, ``nodes 3, 8``, or the first ``shown`` and how many more: ``nodes 1, 2, 3, 4, 5 and 12 more``."""
     ids = sorted(ids)
-    text = ", ".join(map(str, ids[:shown])) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+    text = listed(ids, shown)
     return f"node{'s' if len(ids) > 1 else ''} {text}"
 
 

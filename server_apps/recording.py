@@ -24,6 +24,7 @@ from server_apps.seeded import SampledGrid, in_rank_order, node_id
 from strategies.aggregated_metrics import ACCURACY
 from strategies.arrays import record_numpy
 from strategies.failures import NodeFailures
+from strategies.legacy import record_failures
 from strategies.nodes import NodeWatch, split_replies
 
 
@@ -133,8 +134,8 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         server_round += self.offset
         if not self.evaluate_now(server_round):
             return []
-        if self.guard is not None and (lost := self.nodes.failures.lost):  # Flower's own strategy: not the lost nodes
-            grid = SampledGrid(grid, [n for n in grid.get_node_ids() if n not in lost])  # type: ignore[assignment]
+        if self.guard is not None and self.nodes.failures.lost:  # Flower's own strategy: not the lost nodes
+            grid = SampledGrid(grid, self.nodes.alive(grid.get_node_ids()))  # type: ignore[assignment]
         self._outbox = list(self.inner.configure_evaluate(server_round, arrays, config, grid))
         return self._outbox
 
@@ -192,7 +193,7 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         server_round += self.offset
         counts: dict[str, float] = {}
         if self.guard is not None and self.failures is not None:  # Flower's own: its failed clients counted (ours count theirs)
-            self.failures.record_legacy(server_round, failures, "train")
+            record_failures(self.failures, server_round, failures, "train")
         if self.guard is not None and self.arrays is not None:  # Flower's own strategy: check its results first
             results, counts = self.guard.results(server_round, results, self.arrays, failures)
         results = self._ordered(results)

@@ -52,10 +52,23 @@ def failure_cause(reason: str) -> str:
     return (reason.strip().splitlines() or ["unknown error"])[0][:60]
 
 
+def unwrap(reason: str) -> tuple[str, str] | None:
+    """``(error class, message)`` of a reason a SuperNode or simulation wraps as ``<class 'pkg.Error'>:<'message'>``,
+    else ``None``."""
+    wrapped = re.fullmatch(r"<class '([^']+)'>:<'(.*)'>", reason.strip(), re.DOTALL)
+    return None if wrapped is None else (wrapped.group(1), wrapped.group(2))
+
+
+def listed(ids: Iterable[Any], shown: int = 5) -> str:
+    """``3, 8``, or the first ``shown`` ids and how many more: ``1, 2, 3, 4, 5 and 12 more``."""
+    ids = list(ids)
+    return ", ".join(map(str, ids[:shown])) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+
+
 def _first_line(reason: str, limit: int = 160) -> str:
     """The reason's message, without Flower's ``<class '...'>:<'...'>`` or a ``repr``'s ``Error('...')`` around it."""
-    if wrapped := re.fullmatch(r"<class '[^']+'>:<'(.*)'>", reason.strip(), re.DOTALL):
-        reason = wrapped.group(1)
+    if wrapped := unwrap(reason):
+        reason = wrapped[1]
     elif quoted := re.fullmatch(r"\w+\((['\"])(.*)\1\)", reason.strip(), re.DOTALL):
         reason = quoted.group(2)
     lines = [line.strip() for line in reason.splitlines() if line.strip()]
@@ -97,7 +110,7 @@ class NodeFailures:
         """A node that failed (``reason``: Flower's error reason) or never answered (``NO_REPLY``)."""
         cause = NO_REPLY if reason == NO_REPLY else failure_cause(reason)
         streak = self.streaks.get(node)
-        if node is UNNAMED:  # counted, never declared lost: it may be any client
+        if node is UNNAMED:  # a legacy failure that names no client: counted, never declared lost
             pass
         elif streak is None:
             self.streaks[node] = Streak(cause, server_round, last=server_round)
@@ -113,15 +126,6 @@ class NodeFailures:
             log(WARNING, "round %s: %s %s; its stored model is unchanged%s", server_round, who, what,
                 "" if self.log_file is None else f" (repeats are counted; full reasons in {self.log_file})")
         self._write(server_round, node, phase, reason)
-
-    def record_legacy(self, server_round: int, failures: Iterable[Any], phase: str = "") -> None:
-        """The legacy API's ``failures``: ``(proxy, result)`` pairs with a failed status, or exceptions
-        that name no client (``UNNAMED``: counted, never declared lost)."""
-        for failure in failures:
-            if isinstance(failure, tuple):
-                self.record(server_round, _node_id(failure[0].cid), f"{failure[1].status!r}", phase=phase)
-            else:
-                self.record(server_round, UNNAMED, f"{failure!r}", phase=phase)
 
     def answered(self, node: Any) -> None:
         """A node that replied: its failing streak ends (a lost node stays lost)."""
@@ -189,16 +193,9 @@ class NodeFailures:
             fh.write(f"{stamp} round {server_round} node {node}{f' {phase}' if phase else ''}: {reason}\n")
 
 
-def _node_id(cid: str) -> int | str:
-    return int(cid) if str(cid).isdigit() else cid
-
-
-def _nodes(nodes: Iterable[Any], shown: int = 5) -> str:
-    """``node 7``, ``2 nodes [7, 9]``, or ``12 nodes [1, 2, 3, 4, 5, ...]``: at most ``shown`` ids."""
+def _nodes(nodes: Iterable[Any]) -> str:
+    """``node 7``, ``2 nodes [7, 9]``, or ``12 nodes [1, 2, 3, 4, 5 and 7 more]`` (``listed``)."""
     nodes = list(nodes)
     if nodes == [UNNAMED]:
         return "clients the legacy API did not name"
-    if len(nodes) == 1:
-        return f"node {nodes[0]}"
-    ids = ", ".join(map(str, nodes[:shown])) + (", ..." if len(nodes) > shown else "")
-    return f"{len(nodes)} nodes [{ids}]"
+    return f"node {nodes[0]}" if len(nodes) == 1 else f"{len(nodes)} nodes [{listed(nodes)}]"

@@ -50,7 +50,7 @@ from strategies.aggregated_metrics import (
     reply_counts,
     round_replies_metrics,
 )
-from strategies.failures import LOST_AFTER, NodeFailures
+from strategies.failures import LOST_AFTER, UNNAMED, NodeFailures
 from strategies.nodes import NODE_WAIT_TIMEOUT
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
@@ -65,6 +65,16 @@ EvaluateFn = Callable[[int, list[np.ndarray], dict[str, Scalar]], "tuple[float, 
 def client_id(proxy: ClientProxy) -> int | str:
     """The client's node id (legacy proxies carry it as a string; the Message API as an int)."""
     return int(proxy.cid) if proxy.cid.isdigit() else proxy.cid
+
+
+def record_failures(failures: NodeFailures, server_round: int, failed: Sequence[Any], phase: str) -> None:
+    """A legacy round's ``failures`` in ``failures``: ``(proxy, result)`` pairs with a failed status, or
+    exceptions Flower's legacy loop passes without their client (``UNNAMED``: counted, never declared lost)."""
+    for failure in failed:
+        if isinstance(failure, tuple):
+            failures.record(server_round, client_id(failure[0]), f"{failure[1].status!r}", phase=phase)
+        else:
+            failures.record(server_round, UNNAMED, f"{failure!r}", phase=phase)
 
 
 class LegacyOptions(TypedDict, total=False):
@@ -246,7 +256,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
     def _account(self, server_round: int, results: Sequence[tuple[ClientProxy, Any]], failures: Sequence[Any], phase: str) -> None:
         """The round's failed clients recorded (one log line per client and cause, ``strategies.failures``), the
         ones that answered cleared, and the clients that keep failing declared lost."""
-        self.failures.record_legacy(server_round, failures, phase)
+        record_failures(self.failures, server_round, failures, phase)
         for proxy, _ in results:
             self.failures.answered(client_id(proxy))
         self.failures.end_round(server_round)

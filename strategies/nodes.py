@@ -39,13 +39,17 @@ class NodeWatch:
         #: how many nodes the last wait that timed out went on with (None: no shortfall accepted)
         self.settled: int | None = None
 
+    def alive(self, node_ids: Iterable[int]) -> list[int]:
+        """``node_ids`` without the lost nodes."""
+        return [n for n in node_ids if n not in self.failures.lost]
+
     def wait(self, grid: Any, needed: int) -> list[int]:
         lost = self.failures.lost
         enough = needed if self.settled is None else min(needed, self.settled)
         if lost:  # lost nodes are not waited for
             enough = min(enough, max(len(self.seen - set(lost)), 1))
         deadline, shown = time.monotonic() + self.timeout, -1.0
-        while len(nodes := [n for n in grid.get_node_ids() if n not in lost]) < enough:
+        while len(nodes := self.alive(grid.get_node_ids())) < enough:
             now = time.monotonic()
             if now >= deadline:
                 missing = sorted(self.seen - set(nodes) - set(lost))

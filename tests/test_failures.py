@@ -18,6 +18,7 @@ from flower_pfl.run.results import Coverage, RunFailed, RunRecorder
 from server_apps.inprocess import run_in_process
 from server_apps.recording import _Schedule
 from strategies.failures import NO_REPLY, NodeFailures, failure_cause
+from strategies.legacy import record_failures
 from strategies.nodes import NodeWatch, split_replies
 
 SMALL = {"num-rounds": 6, "clients-per-round": 4, "local-steps": 5, "eval-every": 2, "seed": 1}
@@ -231,7 +232,7 @@ def test_a_legacy_failure_that_names_no_client_is_counted_with_its_inner_cause_a
     error = ValueError("Message contains an Error (reason: RuntimeError('device lost')). It originated during "
                        "client-side execution of a message.")
     for rnd in (1, 2, 3):
-        failures.record_legacy(rnd, [error], "train")
+        record_failures(failures, rnd, [error], "train")
         failures.end_round(rnd)
     assert failures.lost == {}  # it may be any client: nothing is excluded
     (line,) = [m for m in _lines(caplog) if "failed" in m]
