@@ -126,6 +126,10 @@ class APPLE(Method, PersonalizedAlgorithm):
     per round, a client's mixture starts with weight 1/N on its own core, which also scales that
     core's gradient step, and holds the initial cores of clients that have not trained yet, so it
     learns slowly until ``p_i`` moves (the reference check's ``apple`` and ``apple-all-clients`` rows).
+
+    Default personal learning rate: ``apple-p-lr = 0.001``, the authors' code's step for ``p_i``
+    (``lr_coef``). PFLlib's ``dr_learning_rate`` defaults to 0, under which ``p_i`` never moves and
+    APPLE is a fixed uniform mixture; FL-bench has no APPLE. The reference check gives PFLlib 0.001.
     """
 
     name = "apple"
