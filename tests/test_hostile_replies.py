@@ -76,8 +76,8 @@ CASES = [
     Case("extras-missing", ("lacks", EXTRA), extras=lambda e: {}),
     Case("extras-nan", ("NaN", EXTRA), extras=_every_extra(lambda v: np.full(len(v) // 4, np.nan, "<f4").tobytes())),
     # free vectors are bounded by the round's median; structured ones (IFCA's one-hot choice, FedProto's
-    # class shares) are refused by their own check first
-    Case("extras-huge", ("max-median-ratio | not a one-hot vector | class shares", EXTRA),
+    # class shares, FedCAC's 0/1 mask) are refused by their own check first
+    Case("extras-huge", ("max-median-ratio | not a one-hot vector | class shares | not a 0/1 mask", EXTRA),
          extras=_every_extra(lambda v: np.full(len(v) // 4, 1e30, "<f4").tobytes())),
 ]
 
