@@ -1,0 +1,152 @@
+"""FedPHP (Li et al., ECML-PKDD 2021): FedAvg whose clients keep an inherited private model (HPM), a
+moving average of their trained local models that supervises the next local training and is evaluated."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flower_pfl.engine.client_algorithm import (
+    Batch,
+    ClientAlgorithm,
+    ClientState,
+    LossFn,
+    keep,
+    load_stored,
+    setting,
+    sgd_step,
+    stored,
+    trainable,
+)
+from flower_pfl.engine.layout import flatten_module
+from flower_pfl.engine.model_split import forward_with_features
+from flower_pfl.engine.params import AT_LEAST_ONE, UNIT_INTERVAL, param
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
+from flower_pfl.methods.base import Method
+
+#: config keys: the largest inheritance μ, the transfer weight λ and the participations μ ramps over
+MU, LAMBDA, RAMP = "fedphp-mu", "fedphp-lambda", "fedphp-ramp"
+#: client-state keys: the HPM (flat) and how often the client has trained (one value)
+HPM_STATE, COUNT_STATE = "fedphp-hpm", "fedphp-participations"
+#: the official code's MMD kernels: ``KERNELS`` Gaussian bandwidths, ``KERNEL_MUL`` apart, around the mean distance
+KERNELS, KERNEL_MUL = 5, 2.0
+
+
+def mmd_rbf(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The (biased) squared MMD between the ``(n, d)`` samples ``x`` and ``y``, with a sum of ``KERNELS``
+    Gaussian kernels ``exp(−||a − b||² / h_k)``, ``h_k = h · KERNEL_MUL^(k − ⌊KERNELS/2⌋)``, ``h`` the mean
+    squared distance between distinct points of ``x ∪ y`` (held constant in the gradient):
+    ``mean(K_xx + K_yy − K_xy − K_yx)``."""
+    z = torch.cat([x, y])
+    n = z.shape[0]
+    distances = (z[:, None, :] - z[None, :, :]).pow(2).sum(-1)
+    base = distances.detach().sum() / (n * n - n) + 1e-8
+    base = base / KERNEL_MUL ** (KERNELS // 2)
+    kernel = sum(torch.exp(-distances / (base * KERNEL_MUL ** k)) for k in range(KERNELS))
+    m = x.shape[0]
+    return (kernel[:m, :m] + kernel[m:, m:] - kernel[:m, m:] - kernel[m:, :m]).mean()  # type: ignore[index]
+
+
+def inheritance(mu: float, participations: int, ramp: int) -> float:
+    """``μ_k = μ · min(c_k / R, 1)``: how much of its HPM a client keeps, ``c_k`` its earlier participations
+    and ``R`` the participations over which the weight grows to ``μ`` (0 at its first participation)."""
+    return mu * min(participations / ramp, 1.0)
+
+
+def inherit(hpm: torch.Tensor, local: torch.Tensor, mu: float) -> torch.Tensor:
+    """The new HPM: ``μ · HPM + (1 − μ) · w``, ``w`` the trained local model."""
+    return mu * hpm + (1 - mu) * local
+
+
+class FedPHPClient(ClientAlgorithm):
+    """FedPHP's client: local SGD on ``(1 − λ) CE + λ MMD(h(x; w), h(x; HPM))`` from the received global
+    model (``h``: the representation, the head's input; the HPM's is a constant), then the HPM inherits the
+    trained model. The HPM and the participation count live in the client state; before the first
+    participation the HPM is the received model. The client evaluates its HPM."""
+
+    name = "fedphp"
+    needs_state = keeps_state = True
+    hookable = False
+    evaluated_state = HPM_STATE
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        self.mu, self.lam = float(setting(config, MU, "FedPHP")), float(setting(config, LAMBDA, "FedPHP"))
+        self.ramp = int(setting(config, RAMP, "FedPHP"))
+        if not (0 <= self.mu <= 1 and 0 <= self.lam <= 1 and self.ramp >= 1):
+            raise ValueError(f"FedPHP needs 0 <= {MU} <= 1, 0 <= {LAMBDA} <= 1 and {RAMP} >= 1, got {self.mu}, {self.lam}, {self.ramp}")
+        self.hpm = copy.deepcopy(model)
+        load_stored(self.hpm, state, HPM_STATE)
+        self.hpm.requires_grad_(False)
+        count = stored(state, COUNT_STATE)
+        self.participations = 0 if count is None else int(count[0].item())
+
+    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
+        x, y = next_batch()
+        params = trainable(model)
+        for p in params:
+            p.grad = None
+        logits, features = forward_with_features(model, x)
+        ce = self.loss(logits, y)
+        loss = (1 - self.lam) * ce
+        if self.lam > 0:
+            with torch.no_grad():
+                teacher = forward_with_features(self.hpm, x)[1]
+            loss = loss + self.lam * mmd_rbf(features, teacher)
+        loss.backward()
+        sgd_step(params, lr)
+        return float(ce.detach())
+
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        mu = inheritance(self.mu, self.participations, self.ramp)
+        keep(self.state, HPM_STATE, [inherit(flatten_module(self.hpm), flatten_module(model), mu)])
+        keep(self.state, COUNT_STATE, [torch.tensor([self.participations + 1])])
+        return {}
+
+
+@dataclass
+class FedPHP(Method, GlobalModelAlgorithm):
+    """FedPHP (Li et al. 2021): FedAvg, and on every client an inherited private model (HPM), a moving
+    average of its trained local models that guides local training by MMD and is the model it evaluates.
+
+    Client ``k`` starts from the global model ``w`` and takes SGD steps on
+    ``(1 − λ) CE(f(x; w), y) + λ MMD²(h(x; w), h(x; w̄_k))``, ``h`` the representation (the head's input)
+    and ``w̄_k`` its HPM, a fixed teacher; it then inherits the trained ``w_k``:
+    ``w̄_k ← μ_k w̄_k + (1 − μ_k) w_k`` with ``μ_k = μ · min(c_k / R, 1)``, ``c_k`` its earlier
+    participations (0 the first time: the HPM becomes its local model) and ``R`` the participations over
+    which the inheritance grows to ``μ``. Server: FedAvg of the local models. Clients evaluate their HPM
+    (one that never trained: the global model). λ = 0 trains as FedAvg.
+
+    As the authors' code (FedRepo ``fedphp.py``): ``μ = 0.9``, ``μ_k = 0.9 · c_k / ⌊Q T⌋`` capped at 0.9
+    (``R = ⌊Q T⌋`` the expected participations of a client, Q the sampled fraction and T the rounds: 20
+    in the package's Synthetic benchmark), MMD over the representations with five Gaussian kernels around
+    the batch's mean squared distance; λ = 0.1 is the default of FLGo's port of that code (the authors'
+    code reads it from its command line).
+    Differences: before its first participation the HPM is the model the client receives (the authors'
+    code and PFLlib start it from the initial model, the same in round 1); no gradient clipping.
+    PFLlib's ``clientphp`` grows μ with the round, ``μ · t / T``, uses four fixed bandwidths
+    (10, 15, 20, 50), and evaluates the local model, not the HPM.
+    """
+
+    name = "fedphp"
+    strategy = "FedPHP"
+    client = FedPHPClient
+    group = "baseline"
+    default_clients_per_round = 10
+    without_client_algorithm = "runs as FedAvg: no HPM is kept, transferred or evaluated"
+
+    mu: float = param(0.9, key="fedphp-mu", must=UNIT_INTERVAL, doc="μ: largest weight of the HPM in its moving average")
+    lam: float = param(0.1, key="fedphp-lambda", must=UNIT_INTERVAL,
+                       doc="λ: weight of the MMD transfer from the HPM (1 − λ: of the cross-entropy)")
+    ramp: int = param(20, key="fedphp-ramp", must=AT_LEAST_ONE,
+                      doc="R: participations over which μ_k grows from 0 to μ (the authors' ⌊Q·T⌋; 20 = 0.2 · 100 rounds)")
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {MU: self.mu, LAMBDA: self.lam, RAMP: self.ramp}
