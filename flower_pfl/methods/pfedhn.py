@@ -10,40 +10,12 @@ import torch
 from torch import nn
 
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
+from flower_pfl.engine.hypernetwork import HyperNetwork, hypernetwork_gradients
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import AT_LEAST_ONE, HALF_OPEN_UNIT, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_algorithm import ClientId, Instruction, ServerAlgorithm
 from flower_pfl.methods.base import Method
-
-
-class HyperNetwork(nn.Module):
-    """``h(v; φ)``: an MLP from a client embedding ``v`` to a hidden code, and one linear head per
-    tensor of the target model; the heads' outputs, concatenated, are the flat model ``θ``."""
-
-    def __init__(self, embed_dim: int, hidden: int, hidden_layers: int, sizes: Sequence[int]) -> None:
-        super().__init__()
-        layers: list[nn.Module] = [nn.Linear(embed_dim, hidden)]
-        for _ in range(hidden_layers):
-            layers += [nn.ReLU(), nn.Linear(hidden, hidden)]
-        self.mlp = nn.Sequential(*layers)
-        self.heads = nn.ModuleList(nn.Linear(hidden, size) for size in sizes)
-
-    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """``(m, embed_dim)`` embeddings -> ``(m, d)`` flat models."""
-        code = self.mlp(embeddings)
-        return torch.cat([head(code) for head in self.heads], dim=1)
-
-
-def hypernetwork_gradients(hnet: HyperNetwork, embeddings: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
-    """Put ``Σ_i (∇_φ θ_i)ᵀ (θ_i − θ̃_i)`` into the hypernetwork's ``.grad`` (Algorithm 1's update
-    direction, summed over the round's clients) and return the embeddings' rows of
-    ``(∇_{v_i} θ_i)ᵀ (θ_i − θ̃_i)``; ``θ_i = h(v_i; φ)``, ``θ̃_i`` the client's trained model (rows)."""
-    v = embeddings.detach().clone().requires_grad_(True)
-    generated = hnet(v)
-    hnet.zero_grad()
-    (generated * (generated.detach() - trained)).sum().backward()
-    return v.grad  # type: ignore[return-value]
 
 
 @dataclass
