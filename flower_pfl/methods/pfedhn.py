@@ -33,6 +33,10 @@ class PFedHN(Method, ServerAlgorithm):
     ``embed_lr``, start N(0, 1) and are made for a client when it is first seen. The authors' embedding
     size is 1 + n/4 for n clients, unknown when the server starts: here a hyperparameter. Every
     tensor of the model is generated (FL-bench keeps batch-norm buffers on the clients).
+
+    Default embedding size: 16, the authors' rule for 60 clients, so that the hypernetwork's input
+    does not change with the federation's size. FL-bench applies the rule (``embed_dim = -1``: 26 for
+    100 clients); give ``pfedhn-embed-dim = 1 + n/4`` to follow it, as the reference check does.
     """
 
     name = "pfedhn"
