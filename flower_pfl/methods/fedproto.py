@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
+from flower_pfl.engine.feature_stats import aggregate_prototypes, prototype_loss
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import forward_with_features, head_module
 from flower_pfl.engine.params import NON_NEGATIVE, param
@@ -38,23 +39,6 @@ def decode_prototypes(data: Any, classes: int, dim: int, name: str = "") -> tupl
     """``encode_prototypes``' bytes back as ``(C,)`` weights and ``(C, d)`` prototypes (``ValueError`` otherwise)."""
     flat = decode_flat(data, classes * (1 + dim), name)
     return flat[:classes], flat[classes:].view(classes, dim)
-
-
-def aggregate_prototypes(weights: torch.Tensor, prototypes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``C̄^(j) = Σ_i w_ij C_i^(j) / Σ_i w_ij`` over the clients ``i`` that hold class ``j`` (``weights
-    (m, C)``: their sample counts of ``j``; ``prototypes (m, C, d)``). Returns the ``(C, d)``
-    prototypes and which classes have one."""
-    total = weights.sum(0)
-    known = total > 0
-    mean = torch.einsum("mc,mcd->cd", weights, prototypes) / total.clamp_min(1e-12)[:, None]
-    return torch.where(known[:, None], mean, 0.0), known
-
-
-def prototype_loss(z: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
-    """``mean_n ||z_n − C̄^(y_n)||² / d``, the mean squared error over the batch and the ``d`` features
-    (samples of a class without a global prototype add 0)."""
-    targets, mask = prototypes[y], known[y].to(z.dtype)
-    return (((z - targets) ** 2).mean(1) * mask).mean()
 
 
 class PrototypeClassifier(nn.Module):
