@@ -1,0 +1,209 @@
+"""FedCP (Zhang et al., KDD 2023): separating feature information via a conditional policy."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flower_pfl.engine.client_algorithm import (
+    SERVER_ROUND,
+    Batch,
+    ClientAlgorithm,
+    ClientState,
+    LossFn,
+    setting,
+    sgd_step,
+    trainable,
+)
+from flower_pfl.engine.layout import ParamLayout, load_flat_
+from flower_pfl.engine.model_split import body_slice, forward_with_features, head_module, head_slice
+from flower_pfl.engine.params import NON_NEGATIVE, param
+from flower_pfl.engine.server_algorithm import Settings
+from flower_pfl.engine.side_modules import SideModules, WithSideModules, received_modules, reply_entry
+from flower_pfl.engine.wire import fingerprint
+from flower_pfl.methods.base import Method, one_layer_refusal
+from flower_pfl.methods.fedper import SharedPart
+
+#: config keys: the MMD weight λ, and the global head and CPN (float32 bytes, ``cpn_modules``' layout)
+LAMBDA, MODULES = "fedcp-lambda", "fedcp-modules"
+#: reply key: the client's global head to upload and its trained CPN
+LOCAL_MODULES = "fedcp-local-modules"
+#: the RBF kernels' bandwidths of the MMD (the authors' code)
+BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
+
+
+def cpn_modules(features: int, classes: int) -> nn.ModuleDict:
+    """FedCP's side modules: the global head ``W^hd`` (a linear layer like the model's own) and the
+    Conditional Policy Network ``Θ``: ``Linear(d, 2d)``, ``LayerNorm(2d)``, ``ReLU``."""
+    return nn.ModuleDict({
+        "head": nn.Linear(features, classes),
+        "cpn": nn.Sequential(nn.Linear(features, 2 * features), nn.LayerNorm(2 * features), nn.ReLU()),
+    })
+
+
+def mmd(x: torch.Tensor, y: torch.Tensor, bandwidths: Sequence[float] = BANDWIDTHS) -> torch.Tensor:
+    """The (biased) squared maximum mean discrepancy of two equal-sized batches, with the kernel
+    ``k(a, b) = Σ_σ exp(−||a − b||² / (2σ))``: ``mean(K_xx + K_yy − 2 K_xy)``."""
+    def kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T
+        return sum((torch.exp(-0.5 * d2 / s) for s in bandwidths), torch.zeros_like(d2))
+    return (kernel(x, x) + kernel(y, y) - 2 * kernel(x, y)).mean()
+
+
+def policy(cpn: nn.Module, h: torch.Tensor, context: torch.Tensor,
+           noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conditional policy ``(r_i, s_i)``, each ``(n, d)`` with ``r + s = 1``: the CPN on ``h ⊙ v̂_i``
+    (``v̂_i``: the client's conditional input, unit length) gives two logits per feature, softmaxed
+    across the pair; ``noise`` (Gumbel samples, training) makes it a Gumbel-Softmax with τ = 1."""
+    z = cpn(h * F.normalize(context, dim=0)).view(len(h), 2, -1)
+    p = torch.softmax(z if noise is None else z + noise, dim=1)
+    return p[:, 0], p[:, 1]
+
+
+def gumbel(shape: torch.Size, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Standard Gumbel samples ``−log E``, ``E ~ Exp(1)``."""
+    return -torch.empty(shape, device=device).exponential_(generator=generator).log()
+
+
+def conditional_input(model: nn.Module) -> torch.Tensor:
+    """``v_i``: the sum of the rows of the client's personalized head's weight (one per class)."""
+    return head_module(model).weight.detach().sum(0)
+
+
+def separated_logits(model: nn.Module, modules: nn.ModuleDict, x: torch.Tensor, context: torch.Tensor,
+                     noise: Callable[[torch.Size], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``W^hd_i(r ⊙ h) + W^hd(s ⊙ h)``, ``h`` the model's representation (returned too): the personalized
+    part through the model's own head, the global part through the global head."""
+    h = forward_with_features(model, x)[1]
+    shape = torch.Size((len(h), 2, h.shape[1]))
+    r, s = policy(modules["cpn"], h, context, None if noise is None else noise(shape))
+    return head_module(model)(h * r) + modules["head"](h * s), h
+
+
+class Separated(nn.Module):
+    """FedCP's predictor for evaluation: the deterministic policy (no Gumbel noise)."""
+
+    def __init__(self, model: nn.Module, modules: nn.ModuleDict) -> None:
+        super().__init__()
+        self.model, self.modules_ = model, modules
+        self.context = conditional_input(model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return separated_logits(self.model, self.modules_, x, self.context)[0]
+
+
+class FedCPClient(ClientAlgorithm):
+    """FedCP's client: per minibatch one SGD step of the feature extractor, the personalized head and the
+    CPN on ``CE(W^hd_i(r ⊙ h) + W^hd(s ⊙ h), y) + λ MMD²(h, h^g)`` (``h^g``: the received extractor's
+    features, frozen; the global head frozen); then it returns the head ``(W^hd_i + W^hd) / 2`` and its
+    CPN. Gumbel noise from a generator seeded by the received model and the round."""
+
+    name = "fedcp"
+    hookable = False
+    reply_keys = (LOCAL_MODULES,)
+    unbatched_because = "its step trains the policy network beside the model"
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        self.lam = float(setting(config, LAMBDA, "FedCP"))
+        if not self.lam >= 0:
+            raise ValueError(f"FedCP's lambda must be >= 0, got {self.lam}")
+        self.modules = received_modules(cpn_modules, model, config, MODULES, "FedCP")
+        self.modules["head"].requires_grad_(False)
+        self.global_head = [p.detach().clone() for p in self.modules["head"].parameters()]
+        self.extractor = copy.deepcopy(model).requires_grad_(False).eval()
+        self.context = conditional_input(model)
+        device = self.context.device
+        seed = fingerprint(self.received) ^ int(config.get(SERVER_ROUND, 0))
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.noise = lambda shape: gumbel(shape, self.generator, device)
+
+    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
+        x, y = next_batch()
+        params = trainable(model) + list(self.modules["cpn"].parameters())
+        for p in params:
+            p.grad = None
+        logits, h = separated_logits(model, self.modules, x, self.context, self.noise)
+        loss = self.loss_fn(logits, y)
+        total = loss
+        if self.lam:
+            with torch.no_grad():
+                h_global = forward_with_features(self.extractor, x)[1]
+            total = loss + self.lam * mmd(h, h_global)
+        total.backward()
+        self.steps += 1
+        sgd_step(params, lr)
+        return float(loss.detach())
+
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        with torch.no_grad():
+            for mine, received, upload in zip(head_module(model).parameters(), self.global_head, self.modules["head"].parameters()):
+                upload.copy_(0.5 * (mine + received))
+        return reply_entry(self.modules, LOCAL_MODULES)
+
+    @classmethod
+    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: Any,
+                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
+        return Separated(model, received_modules(cpn_modules, model, config, MODULES, "FedCP")), {}
+
+
+@dataclass
+class FedCP(Method, WithSideModules, SharedPart):
+    """FedCP (Zhang et al. 2023): a conditional policy network splits each sample's features into a
+    global part, for a shared global head, and a personalized part, for the client's own head.
+
+    Client i's model is the shared feature extractor ``W^fe`` with its personalized head ``W^hd_i`` (kept
+    on the server, as FedPer's head); beside it the global head ``W^hd`` and the Conditional Policy
+    Network ``Θ`` (CPN) travel as side modules. The conditional input ``v_i`` is the sum of the rows of
+    ``W^hd_i``; for a feature ``h = f(x; W^fe)``, ``{r_i, s_i} = GumbelSoftmax(CPN(h ⊙ v_i/||v_i||; Θ))``
+    (τ = 1, two logits per feature, ``r_i + s_i = 1``), and the output is
+    ``W^hd_i(r_i ⊙ h) + W^hd(s_i ⊙ h)``. Local loss ``CE + λ MMD²(h, h^g)``, ``h^g`` the features of the
+    received (frozen) extractor, RBF kernels of bandwidths 10, 15, 20, 50; the global head is frozen
+    while the extractor, ``W^hd_i`` and ``Θ`` train. Server: sample-weighted means of the extractors, of
+    the CPNs and of the uploaded heads ``(W^hd_i + W^hd)/2``; each ``W^hd_i`` stays its client's.
+
+    λ = 5 as the authors' run script (PFLlib's general default is 1). Against PFLlib: ``v_i`` comes from the
+    client's head from the first round on (PFLlib draws it at random until the client's first
+    aggregation); evaluation takes the policy without Gumbel noise (PFLlib samples it in evaluation too), so that
+    a client's accuracy does not vary with the draw; every participant gets the current global head and
+    CPN (PFLlib updates them only on the round's participants, which is the same for the next participants).
+    The upload ``(W^hd_i + W^hd)/2`` is PFLlib's and the authors' code.
+    """
+
+    name = "fedcp"
+    strategy = "FedCP"
+    client = FedCPClient
+    group = "baseline"
+    without_client_algorithm = "runs as FedPer: no policy network, no global head, no MMD"
+
+    lam: float = param(5.0, key="fedcp-lambda", must=NON_NEGATIVE,
+                       doc="λ, the weight of the MMD between the local and the received extractor's features (authors' script: 5)")
+
+    @classmethod
+    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        return one_layer_refusal(options, "a feature extractor before the head", "FedCP splits features from an extractor")
+
+    def shared_columns(self, layout: ParamLayout) -> slice:
+        """The feature extractor: every module before the last linear layer."""
+        return body_slice(layout, 1)
+
+    def side_modules(self) -> SideModules:
+        return SideModules(cpn_modules, MODULES, LOCAL_MODULES, FedCPClient.__name__)
+
+    def initial_side_modules(self, modules: nn.ModuleDict, layout: ParamLayout, initial: torch.Tensor) -> nn.ModuleDict:
+        """The global head starts as the model's head (the personalized heads' start too)."""
+        load_flat_(modules["head"], initial.to(torch.float32).cpu()[head_slice(layout, 1)])
+        return modules
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {LAMBDA: self.lam, **self.side_settings()}
+
+    def evaluation_config(self) -> Settings:
+        return self.side_settings()
