@@ -86,7 +86,7 @@ def test_a_server_algorithm_with_side_modules_averages_them_after_the_model():
     assert torch.allclose(method.side.vector, v + (1 * 10 + 2 * 30) / 40)
 
 
-@pytest.mark.parametrize("method", ["fedcp"])
+@pytest.mark.parametrize("method", ["fedcp", "gpfl"])
 def test_the_methods_built_on_side_modules_run_a_round_with_the_cnn(method):
     torch.manual_seed(0)
     make = lambda: ConvNet((1, 16, 16), 3, channels=(2, 3), hidden=(8,))

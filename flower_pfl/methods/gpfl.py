@@ -1,0 +1,187 @@
+"""GPFL (Zhang et al., ICCV 2023): global and personalized feature information learned together."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting, sgd_step, trainable
+from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_split import body_slice, forward_with_features, head_module
+from flower_pfl.engine.params import NON_NEGATIVE, param
+from flower_pfl.engine.server_algorithm import Settings
+from flower_pfl.engine.side_modules import SideModules, WithSideModules, received_modules, reply_entry
+from flower_pfl.methods.base import Method, one_layer_refusal
+from flower_pfl.methods.fedper import SharedPart
+
+#: config keys: the weights λ (magnitude-level guidance) and μ (regularization of the GCE and CoV), and
+#: the GCE and CoV (float32 bytes, ``gpfl_modules``' layout)
+LAMBDA, MU, MODULES = "gpfl-lambda", "gpfl-mu", "gpfl-modules"
+#: reply key: the client's trained GCE and CoV
+LOCAL_MODULES = "gpfl-local-modules"
+
+
+class ConditionalValve(nn.Module):
+    """CoV: ``ReLU(h ⊙ (γ(c) + 1) + β(c))``, ``γ`` and ``β`` each ``Linear(d, d)``, ``ReLU``, ``LayerNorm(d)``
+    of the conditional input ``c``."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.gamma = nn.Sequential(nn.Linear(features, features), nn.ReLU(), nn.LayerNorm(features))
+        self.beta = nn.Sequential(nn.Linear(features, features), nn.ReLU(), nn.LayerNorm(features))
+
+    def forward(self, h: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        return F.relu(h * (self.gamma(condition) + 1) + self.beta(condition))
+
+
+def gpfl_modules(features: int, classes: int) -> nn.ModuleDict:
+    """GPFL's side modules: the Global Category Embedding layer (GCE, one ``d``-vector per class) and the CoV."""
+    return nn.ModuleDict({"gce": nn.Embedding(classes, features), "cov": ConditionalValve(features)})
+
+
+def conditional_inputs(embeddings: torch.Tensor, shares: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global ``g = (1/C) Σ_c e_c`` and the client's personalized ``p_i = Σ_c α_ic e_c`` conditional
+    inputs (``α_i``: the client's class shares)."""
+    return embeddings.mean(0), shares.to(embeddings) @ embeddings
+
+
+def angle_loss(features: torch.Tensor, embeddings: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Angle-level guidance: the cross-entropy of the cosine similarities between the global features and
+    every class's embedding."""
+    return F.cross_entropy(F.normalize(features) @ F.normalize(embeddings).T, y)
+
+
+def magnitude_loss(features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Magnitude-level guidance: ``||f^G − e_y||₂`` over the batch (the norm of the whole difference)."""
+    return torch.linalg.vector_norm(features - targets)
+
+
+def class_shares(y: torch.Tensor, classes: int) -> torch.Tensor:
+    """The client's share of each class in its training split."""
+    counts = torch.bincount(y, minlength=classes).to(torch.float32)
+    return counts / counts.sum().clamp_min(1)
+
+
+class Valved(nn.Module):
+    """GPFL's personalized predictor: the model's head on ``CoV(h, p_i)``."""
+
+    def __init__(self, model: nn.Module, cov: nn.Module, personalized: torch.Tensor) -> None:
+        super().__init__()
+        self.model, self.cov, self.personalized = model, cov, personalized
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return head_module(self.model)(self.cov(forward_with_features(self.model, x)[1], self.personalized))
+
+
+class GPFLClient(ClientAlgorithm):
+    """GPFL's client: per minibatch one SGD step of the model, the GCE and the CoV on
+    ``CE(φ(CoV(h, p_i)), y) + L_alg + λ L_mlg`` plus ``μ/2 ||θ||²`` on the GCE and CoV (weight decay);
+    ``p_i`` and ``g`` from the received GCE and the class shares of the client's training split
+    (``begin``), so only the package's ClientApp runs it. Returns its GCE and CoV."""
+
+    name = "gpfl"
+    hookable = False
+    reply_keys = (LOCAL_MODULES,)
+    unbatched_because = "its step trains the category embeddings and the valve beside the model"
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        self.lam, self.mu = float(setting(config, LAMBDA, "GPFL")), float(setting(config, MU, "GPFL"))
+        for key, value in ((LAMBDA, self.lam), (MU, self.mu)):
+            if not value >= 0:
+                raise ValueError(f"GPFL needs {key} >= 0, got {value}")
+        self.modules = received_modules(gpfl_modules, model, config, MODULES, "GPFL")
+        self.gce, self.cov = cast(nn.Embedding, self.modules["gce"]), cast(ConditionalValve, self.modules["cov"])
+        self.embeddings = self.gce.weight.detach().clone()  # the received GCE, frozen
+        self.global_input, self.personal_input = conditional_inputs(self.embeddings, torch.zeros(len(self.embeddings)))
+
+    def begin(self, model: nn.Module, data: TrainData) -> TrainData:
+        shares = class_shares(data.y, len(self.embeddings))
+        self.global_input, self.personal_input = conditional_inputs(self.embeddings, shares)
+        return data
+
+    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
+        x, y = next_batch()
+        side = list(self.modules.parameters())
+        params = trainable(model) + side
+        for p in params:
+            p.grad = None
+        h = forward_with_features(model, x)[1]
+        loss = self.loss_fn(head_module(model)(self.cov(h, self.personal_input)), y)
+        global_features = self.cov(h, self.global_input)
+        guidance = angle_loss(global_features, self.gce.weight, y) + self.lam * magnitude_loss(global_features, self.embeddings[y])
+        (loss + guidance).backward()
+        if self.mu:
+            with torch.no_grad():
+                for p in side:
+                    p.grad.add_(p, alpha=self.mu)  # type: ignore[union-attr]
+        self.steps += 1
+        sgd_step(params, lr)
+        return float(loss.detach())
+
+    def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        return reply_entry(self.modules, LOCAL_MODULES)
+
+    @classmethod
+    def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
+                         test: Callable[[nn.Module], Any]) -> tuple[nn.Module, dict[str, float]]:
+        modules = received_modules(gpfl_modules, model, config, MODULES, "GPFL")
+        embeddings = cast(nn.Embedding, modules["gce"]).weight.detach()
+        personal = conditional_inputs(embeddings, class_shares(train.y, len(embeddings)).to(embeddings.device))[1]
+        return Valved(model, modules["cov"], personal), {}
+
+
+@dataclass
+class GPFL(Method, WithSideModules, SharedPart):
+    """GPFL (Zhang et al. 2023): a Global Category Embedding layer and a Conditional Valve draw a global
+    and a personalized feature from each sample's feature, guided toward shared class embeddings.
+
+    Client i's model is the shared feature extractor ``φ`` with its personalized head (kept on the server,
+    as FedPer's head); beside it the GCE (an embedding ``e_c`` per class) and the CoV travel as side
+    modules. From the received GCE, the global conditional input ``g = (1/C) Σ_c e_c`` and the personalized
+    ``p_i = Σ_c α_ic e_c`` (``α_i``: the client's class shares); for a feature ``h = φ(x)``, the CoV gives
+    ``f^P = CoV(h, p_i)``, classified by the personal head, and ``f^G = CoV(h, g)``, guided by the GCE.
+    Local loss ``CE(head(f^P), y) + L_alg + λ L_mlg + μ/2 (||θ_GCE||² + ||θ_CoV||²)``: the angle-level guidance
+    ``L_alg = CE(cos(f^G, e_c)_c, y)`` trains the GCE, the magnitude-level guidance ``L_mlg = ||f^G − ē_y||₂``
+    pulls toward the received (frozen) embedding of the label. Server: sample-weighted means of the
+    extractors, the GCEs and the CoVs; each head stays its client's. Clients evaluate ``head(CoV(φ(x), p_i))``.
+
+    λ = 0.01 and μ = 0.1, the authors' settings for the 4-layer CNN and 3-layer MLP (PFLlib's general
+    defaults: 1 and 0). Against PFLlib and the authors' code: ``g`` and ``p_i`` come from the GCE the client
+    receives, from the first round on (they compute them from the client's previous GCE on arrival, zero
+    until its first aggregation). ``L_mlg`` is the norm of the whole batch's difference, as in their code.
+    """
+
+    name = "gpfl"
+    strategy = "GPFL"
+    client = GPFLClient
+    group = "baseline"
+    without_client_algorithm = "runs as FedPer: no category embeddings, no valve, no guidance"
+
+    lam: float = param(0.01, key="gpfl-lambda", must=NON_NEGATIVE,
+                       doc="λ, the weight of the magnitude-level guidance (authors' CNN/MLP setting: 0.01)")
+    mu: float = param(0.1, key="gpfl-mu", must=NON_NEGATIVE,
+                      doc="μ, the weight decay of the GCE and CoV parameters (authors' CNN/MLP setting: 0.1)")
+
+    @classmethod
+    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
+        return one_layer_refusal(options, "a feature extractor before the head", "GPFL conditions the extractor's features")
+
+    def shared_columns(self, layout: ParamLayout) -> slice:
+        """The feature extractor: every module before the last linear layer."""
+        return body_slice(layout, 1)
+
+    def side_modules(self) -> SideModules:
+        return SideModules(gpfl_modules, MODULES, LOCAL_MODULES, GPFLClient.__name__)
+
+    def train_config(self, num_participants: int) -> Settings:
+        return {LAMBDA: self.lam, MU: self.mu, **self.side_settings()}
+
+    def evaluation_config(self) -> Settings:
+        return self.side_settings()
