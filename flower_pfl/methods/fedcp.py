@@ -23,16 +23,17 @@ from flower_pfl.engine.client_algorithm import (
 )
 from flower_pfl.engine.layout import ParamLayout, load_flat_
 from flower_pfl.engine.model_split import body_slice, forward_with_features, head_module, head_slice
-from flower_pfl.engine.params import NON_NEGATIVE, param
+from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import Settings
 from flower_pfl.engine.side_modules import SideModules, WithSideModules, received_modules, reply_entry
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.methods.base import Method, one_layer_refusal
 from flower_pfl.methods.fedper import SharedPart
 
-#: config keys: the MMD weight λ, and the global head and CPN (float32 bytes, ``cpn_modules``' layout)
-LAMBDA, MODULES = "fedcp-lambda", "fedcp-modules"
-#: reply key: the client's global head to upload and its trained CPN
+#: config keys: the MMD weight λ, the received global head's share in the uploaded head, and the global
+#: head and CPN (float32 bytes, ``cpn_modules``' layout)
+LAMBDA, HEAD_MIX, MODULES = "fedcp-lambda", "fedcp-head-mix", "fedcp-modules"
+#: reply key: the client's head to upload (into the global head) and its trained CPN
 LOCAL_MODULES = "fedcp-local-modules"
 #: the RBF kernels' bandwidths of the MMD (the authors' code)
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
@@ -101,8 +102,9 @@ class Separated(nn.Module):
 class FedCPClient(ClientAlgorithm):
     """FedCP's client: per minibatch one SGD step of the feature extractor, the personalized head and the
     CPN on ``CE(W^hd_i(r ⊙ h) + W^hd(s ⊙ h), y) + λ MMD²(h, h^g)`` (``h^g``: the received extractor's
-    features, frozen; the global head frozen); then it returns the head ``(W^hd_i + W^hd) / 2`` and its
-    CPN. Gumbel noise from a generator seeded by the received model and the round."""
+    features, frozen; the global head frozen); then it returns the head ``(1 − m) W^hd_i + m W^hd``
+    (``m``: ``fedcp-head-mix``) and its CPN. Gumbel noise from a generator seeded by the received model
+    and the round."""
 
     name = "fedcp"
     hookable = False
@@ -115,6 +117,9 @@ class FedCPClient(ClientAlgorithm):
         self.lam = float(setting(config, LAMBDA, "FedCP"))
         if not self.lam >= 0:
             raise ValueError(f"FedCP's lambda must be >= 0, got {self.lam}")
+        self.mix = float(setting(config, HEAD_MIX, "FedCP"))
+        if not 0 <= self.mix <= 1:
+            raise ValueError(f"FedCP's head mix must lie in [0, 1], got {self.mix}")
         self.modules = received_modules(cpn_modules, model, config, MODULES, "FedCP")
         self.modules["head"].requires_grad_(False)
         self.global_head = [p.detach().clone() for p in self.modules["head"].parameters()]
@@ -145,7 +150,7 @@ class FedCPClient(ClientAlgorithm):
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         with torch.no_grad():
             for mine, received, upload in zip(head_module(model).parameters(), self.global_head, self.modules["head"].parameters()):
-                upload.copy_(0.5 * (mine + received))
+                upload.copy_((1 - self.mix) * mine + self.mix * received)
         return reply_entry(self.modules, LOCAL_MODULES)
 
     @classmethod
@@ -167,14 +172,16 @@ class FedCP(Method, WithSideModules, SharedPart):
     ``W^hd_i(r_i ⊙ h) + W^hd(s_i ⊙ h)``. Local loss ``CE + λ MMD²(h, h^g)``, ``h^g`` the features of the
     received (frozen) extractor, RBF kernels of bandwidths 10, 15, 20, 50; the global head is frozen
     while the extractor, ``W^hd_i`` and ``Θ`` train. Server: sample-weighted means of the extractors, of
-    the CPNs and of the uploaded heads ``(W^hd_i + W^hd)/2``; each ``W^hd_i`` stays its client's.
+    the CPNs and of the uploaded personalized heads, which make the next global head; each ``W^hd_i``
+    stays its client's.
 
     λ = 5 as the authors' run script (PFLlib's general default is 1). Against PFLlib: ``v_i`` comes from the
     client's head from the first round on (PFLlib draws it at random until the client's first
     aggregation); evaluation takes the policy without Gumbel noise (PFLlib samples it in evaluation too), so that
     a client's accuracy does not vary with the draw; every participant gets the current global head and
     CPN (PFLlib updates them only on the round's participants, which is the same for the next participants).
-    The upload ``(W^hd_i + W^hd)/2`` is PFLlib's and the authors' code.
+    Against PFLlib and the authors' code, which upload ``(W^hd_i + W^hd)/2``, the paper's clients upload their
+    personalized head (``fedcp-head-mix`` = 0, the default; 0.5 is their code).
     """
 
     name = "fedcp"
@@ -185,6 +192,9 @@ class FedCP(Method, WithSideModules, SharedPart):
 
     lam: float = param(5.0, key="fedcp-lambda", must=NON_NEGATIVE,
                        doc="λ, the weight of the MMD between the local and the received extractor's features (authors' script: 5)")
+    head_mix: float = param(0.0, key="fedcp-head-mix", must=UNIT_INTERVAL,
+                            doc="share of the received global head in the head a client uploads (0: its personalized "
+                                "head, as the paper; 0.5: PFLlib and the authors' code)")
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -203,7 +213,7 @@ class FedCP(Method, WithSideModules, SharedPart):
         return modules
 
     def train_config(self, num_participants: int) -> Settings:
-        return {LAMBDA: self.lam, **self.side_settings()}
+        return {LAMBDA: self.lam, HEAD_MIX: self.head_mix, **self.side_settings()}
 
     def evaluation_config(self) -> Settings:
         return self.side_settings()

@@ -24,6 +24,7 @@ from flower_pfl.engine.wire import decode_flat, encode_vector, fingerprint
 from flower_pfl.experiment.models import DNN
 from flower_pfl.methods.fedcp import (
     BANDWIDTHS,
+    HEAD_MIX,
     LAMBDA,
     LOCAL_MODULES,
     MODULES,
@@ -65,8 +66,8 @@ def _modules() -> nn.ModuleDict:
     return built(cpn_modules, 4, 3, seed=3)
 
 
-def _config(lam: float = 2.0) -> dict:
-    return {CLIENT_ALGORITHM: "fedcp", LAMBDA: lam, MODULES: encode_vector(flatten_module(_modules())), LR: 0.1,
+def _config(lam: float = 2.0, mix: float = 0.25) -> dict:
+    return {CLIENT_ALGORITHM: "fedcp", LAMBDA: lam, HEAD_MIX: mix, MODULES: encode_vector(flatten_module(_modules())), LR: 0.1,
             "local-steps": 3, "batch-size": 8, SERVER_ROUND: 4}
 
 
@@ -75,7 +76,7 @@ def _data() -> TrainData:
     return TrainData(torch.randn(24, 6), torch.randint(0, 3, (24,)))
 
 
-def test_the_clients_steps_follow_the_papers_loss_and_it_uploads_the_mean_head():
+def test_the_clients_steps_follow_the_papers_loss_and_it_uploads_its_head_mixed():
     data, config, model, ref = _data(), _config(), _model(), _model()
     _, extras = train_locally(FedCPClient(model, config), model, data, steps=3, lr=0.1, batch_size=8,
                               generator=torch.Generator().manual_seed(5))
@@ -100,9 +101,9 @@ def test_the_clients_steps_follow_the_papers_loss_and_it_uploads_the_mean_head()
     assert torch.allclose(flatten_module(model), flatten_module(ref), atol=1e-6)
     returned = decode_flat(extras[LOCAL_MODULES], len(flatten_module(modules)))
     with torch.no_grad():
-        modules["head"].weight.copy_(0.5 * (ref.fc2.weight + global_head[0]))
-        modules["head"].bias.copy_(0.5 * (ref.fc2.bias + global_head[1]))
-    assert torch.allclose(returned, flatten_module(modules), atol=1e-6)  # (W_i + W)/2 and the trained CPN
+        modules["head"].weight.copy_(0.75 * ref.fc2.weight + 0.25 * global_head[0])
+        modules["head"].bias.copy_(0.75 * ref.fc2.bias + 0.25 * global_head[1])
+    assert torch.allclose(returned, flatten_module(modules), atol=1e-6)  # (1 − m) W_i + m W and the trained CPN
     assert extras[CLIENT_ALGORITHM] == "fedcp"
 
 
@@ -123,12 +124,16 @@ def test_a_users_loop_and_bad_values_are_refused():
         algorithm_for(_config(), _model())
     with pytest.raises(ValueError, match="lambda"):
         FedCPClient(_model(), _config(-1.0))
+    with pytest.raises(ValueError, match="head mix"):
+        FedCPClient(_model(), _config(mix=1.5))
     with pytest.raises(ValueError, match="'fedcp-modules'"):
         FedCPClient(_model(), {k: v for k, v in _config().items() if k != MODULES})
     with pytest.raises(ValueError, match="fedcp-lambda"):
         FedCPClient(_model(), {CLIENT_ALGORITHM: "fedcp", LR: 0.1})
     with pytest.raises(ValueError, match="lam"):
         FedCP(lam=-0.5)
+    with pytest.raises(ValueError, match="head_mix"):
+        FedCP(head_mix=2.0)
 
 
 def _arrays(body: float, head: float) -> dict:
@@ -146,7 +151,7 @@ def test_the_server_shares_the_extractor_and_side_modules_and_keeps_each_head():
     server.initialize({k: v.numpy() for k, v in model.state_dict().items()})
     plan = server.plan_training(1, [1, 2])
     side = server.method.side
-    assert all(ins.config[LAMBDA] == 2.0 and ins.config[CLIENT_ALGORITHM] == "fedcp" for ins in plan)
+    assert all(ins.config[LAMBDA] == 2.0 and ins.config[HEAD_MIX] == 0.0 and ins.config[CLIENT_ALGORITHM] == "fedcp" for ins in plan)
     sent = decode_flat(plan[0].config[MODULES], side.dim)
     assert torch.equal(sent[:15], flatten_module(model)[head_slice(layout)])  # the global head starts as the model's
     with pytest.raises(AlgorithmOutputMissing, match=LOCAL_MODULES):
