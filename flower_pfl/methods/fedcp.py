@@ -175,13 +175,14 @@ class FedCP(Method, WithSideModules, SharedPart):
     the CPNs and of the uploaded personalized heads, which make the next global head; each ``W^hd_i``
     stays its client's.
 
-    λ = 5 as the authors' run script (PFLlib's general default is 1). Against PFLlib: ``v_i`` comes from the
-    client's head from the first round on (PFLlib draws it at random until the client's first
-    aggregation); evaluation takes the policy without Gumbel noise (PFLlib samples it in evaluation too), so that
-    a client's accuracy does not vary with the draw; every participant gets the current global head and
-    CPN (PFLlib updates them only on the round's participants, which is the same for the next participants).
-    Against PFLlib and the authors' code, which upload ``(W^hd_i + W^hd)/2``, the paper's clients upload their
-    personalized head (``fedcp-head-mix`` = 0, the default; 0.5 is their code).
+    The paper's roles: extractor and CPN "upload, overwrite, train", global head "overwrite, freeze",
+    personalized head "upload, train". λ = 5 as the authors' run script (PFLlib's general default is 1).
+    Against PFLlib and the authors' code, which upload ``(W^hd_i + W^hd)/2``, the paper's clients upload
+    their personalized head (``fedcp-head-mix`` = 0, the default; 0.5 is their code). Against PFLlib: ``v_i``
+    comes from the client's head from the first round on (PFLlib draws it at random until the client's
+    first aggregation); a participant starts from the current global head and CPN (PFLlib's clients keep
+    those of the last round they took part in); evaluation takes the policy without Gumbel noise (PFLlib
+    samples it in evaluation too), so that a client's accuracy does not vary with the draw.
     """
 
     name = "fedcp"

@@ -142,20 +142,23 @@ class GPFL(Method, WithSideModules, SharedPart):
     """GPFL (Zhang et al. 2023): a Global Category Embedding layer and a Conditional Valve draw a global
     and a personalized feature from each sample's feature, guided toward shared class embeddings.
 
-    Client i's model is the shared feature extractor ``φ`` with its personalized head (kept on the server,
-    as FedPer's head); beside it the GCE (an embedding ``e_c`` per class) and the CoV travel as side
-    modules. From the received GCE, the global conditional input ``g = (1/C) Σ_c e_c`` and the personalized
-    ``p_i = Σ_c α_ic e_c`` (``α_i``: the client's class shares); for a feature ``h = φ(x)``, the CoV gives
-    ``f^P = CoV(h, p_i)``, classified by the personal head, and ``f^G = CoV(h, g)``, guided by the GCE.
-    Local loss ``CE(head(f^P), y) + L_alg + λ L_mlg + μ/2 (||θ_GCE||² + ||θ_CoV||²)``: the angle-level guidance
-    ``L_alg = CE(cos(f^G, e_c)_c, y)`` trains the GCE, the magnitude-level guidance ``L_mlg = ||f^G − ē_y||₂``
-    pulls toward the received (frozen) embedding of the label. Server: sample-weighted means of the
-    extractors, the GCEs and the CoVs; each head stays its client's. Clients evaluate ``head(CoV(φ(x), p_i))``.
+    Client i shares the feature extractor ``W^fe``, the CoV ``V`` and the GCE ``C`` and keeps its head
+    ``W^h_i`` (here on the server, as FedPer's head); ``V`` and ``C`` travel as side modules. From the
+    received GCE, the global conditional input ``g = (1/C) Σ_c e_c`` and the personalized
+    ``p_i = Σ_c α_ic e_c`` (``α_i``: the client's class shares). For a feature ``f_i = W^fe(x)``, eq. (1)-(2):
+    ``f^G_i = ReLU((γ + 1) ⊙ f_i + β)`` with ``{γ, β} = CoV(g; V)`` and ``f^P_i`` likewise with
+    ``CoV(p_i; V)``. Local loss ``L^P_i + L^alg_i + λ L^mlg_i + μ/2 (||C||² + ||V||²)``: the personalized task
+    ``L^P_i = CE(W^h_i(f^P_i), y)`` (5), the angle-level guidance ``L^alg_i = −log softmax_u(cos(f^G_i, e_u))_y``
+    (3), which trains the GCE, and the magnitude-level guidance ``L^mlg_i = ||f^G_i − ê_y||₂`` (4), toward
+    the received, frozen embedding ``Ĉ`` of the label. Server: sample-weighted means of the extractors, the
+    GCEs and the CoVs; each head stays its client's. Clients evaluate ``W^h_i(f^P_i)``.
 
     λ = 0.01 and μ = 0.1, the authors' settings for the 4-layer CNN and 3-layer MLP (PFLlib's general
-    defaults: 1 and 0). Against PFLlib and the authors' code: ``g`` and ``p_i`` come from the GCE the client
-    receives, from the first round on (they compute them from the client's previous GCE on arrival, zero
-    until its first aggregation). ``L_mlg`` is the norm of the whole batch's difference, as in their code.
+    defaults: 1 and 0); μ is the GCE's and CoV's SGD weight decay, as in their code. Against PFLlib and the
+    authors' code: ``g`` and ``p_i`` come from the GCE the client receives, from the first round on (they
+    compute them from the client's previous GCE on arrival, zero until its first aggregation). The paper
+    writes ``L^mlg`` per sample without saying how a batch sums it; this is the authors' code's norm of the
+    whole batch's difference, for which their λ was chosen.
     """
 
     name = "gpfl"
