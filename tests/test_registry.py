@@ -81,9 +81,9 @@ def test_only_flowers_own_instructions_are_read_by_their_keys():
 
 
 def test_an_unknown_client_algorithm_is_refused_naming_it_and_what_to_install():
-    with pytest.raises(UnknownClientAlgorithm, match=r"method \('fedcp'\) asks this client to run its client algorithm 'fedcp'"
+    with pytest.raises(UnknownClientAlgorithm, match=r"method \('fednext'\) asks this client to run its client algorithm 'fednext'"
                                                      r".*install the flower-pfl release the server runs"):
-        client_algorithm_for({CLIENT_ALGORITHM: "fedcp"})
+        client_algorithm_for({CLIENT_ALGORITHM: "fednext"})
 
 
 def test_no_module_outside_the_methods_lists_method_names():
