@@ -29,6 +29,7 @@ from flower_pfl.engine.model_split import forward_with_features
 from flower_pfl.engine.params import AT_LEAST_ONE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
+from flower_pfl.methods.moon import frozen_features
 
 #: config keys: the largest inheritance μ, the transfer weight λ and the participations μ ramps over
 MU, LAMBDA, RAMP = "fedphp-mu", "fedphp-lambda", "fedphp-ramp"
@@ -66,9 +67,10 @@ def inherit(hpm: torch.Tensor, local: torch.Tensor, mu: float) -> torch.Tensor:
 
 class FedPHPClient(ClientAlgorithm):
     """FedPHP's client: local SGD on ``(1 − λ) CE + λ MMD(h(x; w), h(x; HPM))`` from the received global
-    model (``h``: the representation, the head's input; the HPM's is a constant), then the HPM inherits the
-    trained model. The HPM and the participation count live in the client state; before the first
-    participation the HPM is the received model. The client evaluates its HPM."""
+    model (``h``: the representation, the head's input; the HPM's is a constant, computed in evaluation
+    mode as the authors' code does, so that its batch-norm statistics stay the moving average's), then
+    the HPM inherits the trained model. The HPM and the participation count live in the client state;
+    before the first participation the HPM is the received model. The client evaluates its HPM."""
 
     name = "fedphp"
     needs_state = keeps_state = True
@@ -97,9 +99,7 @@ class FedPHPClient(ClientAlgorithm):
         ce = self.loss(logits, y)
         loss = (1 - self.lam) * ce
         if self.lam > 0:
-            with torch.no_grad():
-                teacher = forward_with_features(self.hpm, x)[1]
-            loss = loss + self.lam * mmd_rbf(features, teacher)
+            loss = loss + self.lam * mmd_rbf(features, frozen_features(self.hpm, x))
         loss.backward()
         sgd_step(params, lr)
         return float(ce.detach())

@@ -107,6 +107,18 @@ def test_two_rounds_by_hand_with_the_hpm_kept_in_the_state():
     assert state[COUNT_STATE][0].item() == 2
 
 
+def test_the_hpm_teaches_in_evaluation_mode_so_its_batch_norm_statistics_are_only_inherited():
+    torch.manual_seed(0)
+    model, hpm = DNN(5, 4, 3, batch_norm=True), DNN(5, 4, 3, batch_norm=True)
+    with torch.no_grad():
+        hpm.bn1.running_mean.fill_(0.5)
+        hpm.bn1.running_var.fill_(2.0)
+    old = flatten_module(hpm)
+    state = {HPM_STATE: [old.clone()], COUNT_STATE: [torch.tensor([2])]}
+    _train(model, state, seed=6, ramp=2)  # μ_k = 0.9
+    assert torch.allclose(state[HPM_STATE][0], inherit(old, flatten_module(model), 0.9), atol=1e-6)
+
+
 def test_the_transfer_changes_training_and_without_it_training_is_plain_sgd():
     received = _model()
     plain, transferred, sgd = copy.deepcopy(received), copy.deepcopy(received), copy.deepcopy(received)
