@@ -27,6 +27,7 @@ from flower_pfl.engine.server_algorithm import ClientId, Settings
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method, one_layer_refusal
 from flower_pfl.methods.fedper import SharedPart
+from flower_pfl.methods.knnper import features_of
 
 #: config keys: the global body (bytes, ``encode_vector``), the alignment's step size, passes and batch size
 GLOBAL_BODY, ALIGN_LR, ALIGN_EPOCHS, ALIGN_BATCH = ("fedas-global-body", "fedas-alignment-lr", "fedas-alignment-epochs",
@@ -108,12 +109,11 @@ class FedASClient(ClientAlgorithm):
         self.align(model, data, prototypes, present)
         return data
 
-    @torch.no_grad()
     def prototypes(self, model: nn.Module, data: TrainData) -> tuple[torch.Tensor, torch.Tensor]:
         """The class prototypes of the client's own model, ``z̄_c = mean_{y_n = c} f_i(x_n)`` (evaluation mode)."""
         was_training = model.training
         model.eval()
-        features = torch.cat([forward_with_features(model, data.x[s:s + 4096])[1] for s in range(0, len(data.y), 4096)])
+        features = features_of(model, data.x)
         model.train(was_training)
         return class_prototypes(features, data.y, head_module(model).out_features)
 
