@@ -32,8 +32,8 @@ from flower_pfl.methods.knnper import features_of
 #: config keys: the global body (bytes, ``encode_vector``), the alignment's step size, passes and batch size
 GLOBAL_BODY, ALIGN_LR, ALIGN_EPOCHS, ALIGN_BATCH = ("fedas-global-body", "fedas-alignment-lr", "fedas-alignment-epochs",
                                                     "fedas-alignment-batch-size")
-#: reply key: the trace of the Fisher information of each tensor of the trained model's ``state_dict``
-#: (bytes, ``encode_vector``; 0 for buffers)
+#: reply key: the trace of the Fisher information of each tensor of the trained model's ``state_dict``, a
+#: mean over minibatches (bytes, ``encode_vector``; 0 for buffers)
 FISHER = "fedas-fisher-traces"
 
 
@@ -56,9 +56,9 @@ def alignment_loss(features: torch.Tensor, y: torch.Tensor, prototypes: torch.Te
 
 def fisher_traces(model: nn.Module, data: TrainData, batch_size: int) -> torch.Tensor:
     """The trace of the empirical Fisher information of each tensor of ``model``'s ``state_dict`` (0 for
-    buffers): ``Σ_b ||∇_θ NLL_b||²`` over consecutive minibatches ``b`` of ``batch_size`` examples,
-    ``NLL_b`` the batch's mean negative log-likelihood of its labels (as PFLlib and FL-bench compute it),
-    with the model in evaluation mode."""
+    buffers): ``mean_b ||∇_θ NLL_b||²`` over consecutive minibatches ``b`` of ``batch_size`` examples,
+    ``NLL_b`` the batch's mean negative log-likelihood of its labels (PFLlib and FL-bench sum over the
+    minibatches instead), with the model in evaluation mode."""
     was_training = model.training
     model.eval()
     named = {name: p for name, p in model.named_parameters() if p.requires_grad}
@@ -71,7 +71,8 @@ def fisher_traces(model: nn.Module, data: TrainData, batch_size: int) -> torch.T
             if g is not None:
                 sums[i] += (g.detach() ** 2).sum()
     model.train(was_training)
-    by_name = dict(zip(named, sums))
+    batches = -(-len(data.y) // batch_size)
+    by_name = {name: total / batches for name, total in zip(named, sums)}
     return torch.stack([by_name.get(name, torch.zeros(())).float().cpu() for name in model.state_dict()])
 
 
@@ -149,17 +150,21 @@ class FedAS(Method, SharedPart):
     (step ``η_a``, minibatches of ``B_a``) on the body alone on
     ``L_align = Σ_c mean_{y_n = c} ||f(x_n; φ_g) − z̄_c||² / h``, then trains the whole model with local
     SGD. Client-synchronization: it returns the traces of the empirical Fisher information of its
-    trained model's tensors, summing to ``tr(F_i) = Σ_b ||∇_θ NLL_b(θ_i)||²`` over minibatches ``b`` of its split, and the
-    server makes ``φ_g = Σ_i tr(F_i) φ_i / Σ_j tr(F_j)`` over the round's participants (a round whose
-    traces are all 0 falls back to sample counts). Clients evaluate the model they trained last.
+    trained model's tensors, summing to ``tr(F_i) = mean_b ||∇_θ NLL_b(θ_i)||²`` over the minibatches
+    ``b`` of its split, and the server makes ``φ_g = Σ_i n_i tr(F_i) φ_i / Σ_j n_j tr(F_j)`` over the
+    round's participants, ``n_i`` their sample counts (a round whose traces are all 0 falls back to
+    sample counts). Clients evaluate the model they trained last.
 
     As PFLlib's: the loss is each class's mean squared error to its prototype (FL-bench:
     the error of the class's mean feature), one pass of step 0.01 in minibatches of 16 (FL-bench: the
     training batch size), the head kept by the client (FL-bench sends the global head too), and a client that
-    never trained starts from the initial model (FL-bench: from the global one). Both references average
-    the whole model with the traces; only the body of that average is ever used, so only the body is
-    kept. The minibatches of the alignment and of the traces are consecutive slices of the split (the
-    references shuffle).
+    never trained starts from the initial model (FL-bench: from the global one); PFLlib averages the
+    whole model with the traces but only ever uses the body of that average, so only the body is kept.
+    Both references weight by ``Σ_b ||∇_θ NLL_b||²``, the sum over the minibatches: ``n_i tr(F_i)`` is
+    the same weight up to the batch size (exactly, with full minibatches), but the trace a client
+    returns does not grow with its data, so the round's median bounds it whatever the clients' sizes
+    (``ReplyBounds``), and its sample count is capped as every count is. The minibatches of the
+    alignment and of the traces are consecutive slices of the split (the references shuffle).
     """
 
     name = "fedas"
@@ -215,6 +220,7 @@ class FedAS(Method, SharedPart):
         return {**super().update_norms(reply, sent), FISHER: (norm(reply.extras), 0.0)}
 
     def share_weights(self, replies: Sequence[Reply]) -> list[float]:
-        """``tr(F_i)``: each participant's summed traces (sample counts without Fisher weights, or when all are 0)."""
-        traces = [float(r.extras.double().sum()) for r in replies]
+        """``n_i tr(F_i)``: each participant's summed traces times its sample count (sample counts without
+        Fisher weights, or when all traces are 0)."""
+        traces = [float(r.extras.double().sum()) * r.num_examples for r in replies]
         return traces if self.fisher_weights and sum(traces) > 0 else super().share_weights(replies)

@@ -64,7 +64,7 @@ def test_prototypes_are_class_means_and_the_alignment_loss_sums_each_classs_mean
     assert float(alignment_loss(z, y, targets, torch.tensor([True, False, False]))) == pytest.approx(1.5)  # no prototype: no term
 
 
-def test_fisher_traces_are_the_summed_squared_gradients_of_each_batchs_nll_by_hand():
+def test_fisher_traces_are_the_mean_squared_gradients_of_each_batchs_nll_by_hand():
     torch.manual_seed(1)
     model, data = MLR(4, 3), _data(10)
     traces = fisher_traces(model, data, batch_size=4)
@@ -75,7 +75,9 @@ def test_fisher_traces_are_the_summed_squared_gradients_of_each_batchs_nll_by_ha
             error = torch.softmax(model(x), 1) - F.one_hot(y, 3)
         weight += ((error.T @ x / len(y)) ** 2).sum()
         bias += (error.mean(0) ** 2).sum()
-    assert torch.allclose(traces, torch.stack([weight, bias]), rtol=1e-5)
+    assert torch.allclose(traces, torch.stack([weight, bias]) / 3, rtol=1e-5)  # a mean over the 3 batches
+    twice = TrainData(torch.cat([data.x[:8]] * 2), torch.cat([data.y[:8]] * 2))  # more data, same batches
+    assert torch.allclose(fisher_traces(model, twice, 4), fisher_traces(model, TrainData(data.x[:8], data.y[:8]), 4))
 
 
 # --- the client -----------------------------------------------------------------------------------
@@ -167,11 +169,11 @@ def test_server_sends_each_client_its_own_model_and_the_global_body_weighted_by_
     assert {k: v for k, v in plan[0].config.items() if k != GLOBAL_BODY} == {
         CLIENT_ALGORITHM: "fedas", ALIGN_LR: 0.02, ALIGN_EPOCHS: 2, ALIGN_BATCH: 4}
     assert torch.equal(decode_flat(plan[0].config[GLOBAL_BODY], BODY), torch.zeros(BODY))
-    replies = [server.check(_reply(1, _arrays(1.0), 10, [1.0, 0.5, 0.0, 0.5])),   # tr(F_1) = 2
-               server.check(_reply(2, _arrays(4.0), 30, [3.0, 2.0, 1.0, 0.0]))]   # tr(F_2) = 6
+    replies = [server.check(_reply(1, _arrays(1.0), 10, [1.0, 0.5, 0.0, 0.5])),   # tr(F_1) = 2, n_1 = 10
+               server.check(_reply(2, _arrays(4.0), 30, [3.0, 2.0, 1.0, 1.0]))]   # tr(F_2) = 7, n_2 = 30
     server.aggregate(1, replies)
     sent = {ins.client_id: ins for ins in server.plan_training(2, [1, 2])}
-    expected = (2 * 1.0 + 6 * 4.0) / 8  # the traces, not the sample counts (which would give 3.25)
+    expected = (20 * 1.0 + 210 * 4.0) / 230  # n_i tr(F_i), not the sample counts alone (which would give 3.25)
     assert torch.allclose(decode_flat(sent[1].config[GLOBAL_BODY], BODY), torch.full((BODY,), expected))
     assert torch.all(sent[1].model == 1.0) and torch.all(sent[2].model == 4.0)  # their own models
     evaluated = {ins.client_id: ins.model for ins in server.plan_evaluation(2, [1, 2, 3], 1.0)}
