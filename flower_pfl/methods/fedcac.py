@@ -30,7 +30,7 @@ ZERO_THRESHOLD, ZERO_SENSITIVITY = 1e-10, 1e-20
 def critical_mask(start: torch.Tensor, end: torch.Tensor, tau: float) -> torch.Tensor:
     """One layer's (parameter tensor's) critical parameters: the ``⌊τ n⌋`` of largest sensitivity
     ``|θ ⊙ (θ − θ_start)|`` (ties at the threshold included); where that threshold is ``≤ 1e-10``, every
-    parameter of sensitivity ``> 1e-20``. ``⌊τ n⌋ = 0``: none."""
+    parameter of sensitivity ``> 1e-20`` (none if no parameter moved). ``⌊τ n⌋ = 0``: none."""
     sensitivity = (end * (end - start)).abs().flatten()
     k = int(tau * sensitivity.numel())
     if k == 0:
@@ -119,9 +119,10 @@ class FedCAC(Method, PersonalizedAlgorithm):
     is FedAvg.
 
     As PFLlib's ``clientcac``/``servercac``: a layer whose threshold is ``≤ 1e-10`` takes every parameter
-    that moved as critical; the mean and maximum are over the participants, whose customized models
-    are made each round. A client without critical parameters overlaps 0 with every other (PFLlib
-    divides by zero there). PFLlib has no usable defaults (``-tau`` 1.0 shared with MOON, ``-bt`` 0, which
+    that moved as critical (a layer none of whose parameters moved has none; PFLlib takes all of its
+    parameters, its threshold being 0); the mean and maximum are over the participants, whose
+    customized models are made each round. A client without critical parameters overlaps 0 with
+    every other (PFLlib divides by zero there). PFLlib has no usable defaults (``-tau`` 1.0 shared with MOON, ``-bt`` 0, which
     it refuses); τ = 0.5 (the paper's) and β = 170 are the defaults that ports of the authors' code
     carry (the paper tunes β per data set).
     """

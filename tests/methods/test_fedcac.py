@@ -43,6 +43,7 @@ def test_a_layers_critical_parameters_are_its_top_tau_by_sensitivity():
     assert critical_mask(start, end, 0.2).tolist() == [False] * 4  # ⌊0.2 · 4⌋ = 0
     tiny = torch.tensor([1.0, 1.0 + 1e-6, 1.0, 1.0])  # the 3rd largest is 0: every parameter that moved
     assert critical_mask(start, tiny, 0.75).tolist() == [False, True, False, False]
+    assert critical_mask(start, start, 0.75).tolist() == [False] * 4  # nothing moved: nothing is critical
 
 
 def test_masks_travel_as_zeros_and_ones_and_other_values_are_refused():
