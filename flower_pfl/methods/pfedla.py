@@ -131,7 +131,8 @@ class PFedLA(Method, PersonalizedAlgorithm):
         n = len(self.clients)
 
         def to_model(raw: torch.Tensor) -> torch.Tensor:
-            return combine_layers(layer_weights(raw.view(len(self.layers), n), own, self.k), models, self.layers)[None]
+            weights = layer_weights(raw.view(len(self.layers), n), own, self.k).to(models.device)  # the hypernetworks live on the CPU
+            return combine_layers(weights, models, self.layers)[None]
 
         return self.hypernetwork(cid), to_model
 
@@ -153,7 +154,7 @@ class PFedLA(Method, PersonalizedAlgorithm):
         for reply in replies:
             hnet, to_model = self.personalized(reply.client_id, models)
             v = self.embeddings[reply.client_id]
-            grad = hypernetwork_gradients(hnet, v[None], reply.model[None], to_model)
+            grad = hypernetwork_gradients(hnet, v[None], reply.model[None].to(models.device), to_model)
             sgd_step(list(hnet.parameters()), self.hn_lr)
             self.embeddings[reply.client_id] = v - self.hn_lr * grad[0]
         super().aggregate(server_round, replies)
