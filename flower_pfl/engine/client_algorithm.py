@@ -33,6 +33,7 @@ from torch import nn
 
 from flower_pfl.engine.layout import load_flat_
 from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.wire import fingerprint
 
 #: settings every training instruction carries (the package's ServerApp sends them from the run config)
 LR, LOCAL_STEPS, BATCH_SIZE, SERVER_ROUND = "lr", "local-steps", "batch-size", "server-round"
@@ -97,6 +98,13 @@ def setting(config: Mapping[str, Any], key: str, who: str) -> Any:
     if key not in config:
         raise ValueError(f"{who}'s client needs '{key}' in the training config (send it with the strategy's train config)")
     return config[key]
+
+
+def batch_seeded_generator(x: torch.Tensor, y: torch.Tensor, config: Mapping[str, Any]) -> torch.Generator:
+    """A CPU generator for a client's own draws in a round (noise, generated labels), seeded by its first
+    minibatch's data and the round: a run repeats, and the draws are the same on every device (the
+    data's bits are; a model's are not)."""
+    return torch.Generator().manual_seed(fingerprint([x, y]) * 1_000_003 + int(config.get(SERVER_ROUND, 0)))
 
 
 def proximal_mu(config: Mapping[str, Any]) -> float:

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from flower_pfl.engine.client_algorithm import (
-    SERVER_ROUND,
     Batch,
     ClientAlgorithm,
     ClientState,
     LossFn,
+    batch_seeded_generator,
     setting,
     sgd_step,
     trainable,
@@ -26,7 +26,6 @@ from flower_pfl.engine.model_split import body_slice, forward_with_features, hea
 from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import Settings
 from flower_pfl.engine.side_modules import SideModules, WithSideModules, received_modules, reply_entry
-from flower_pfl.engine.wire import fingerprint
 from flower_pfl.methods.base import Method, one_layer_refusal
 from flower_pfl.methods.fedper import SharedPart
 
@@ -68,8 +67,9 @@ def policy(cpn: nn.Module, h: torch.Tensor, context: torch.Tensor,
 
 
 def gumbel(shape: torch.Size, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Standard Gumbel samples ``−log E``, ``E ~ Exp(1)``."""
-    return -torch.empty(shape, device=device).exponential_(generator=generator).log()
+    """Standard Gumbel samples ``−log E``, ``E ~ Exp(1)``, drawn from a CPU ``generator`` (the same
+    numbers whatever the model's device) and moved to ``device``."""
+    return (-torch.empty(shape, device="cpu").exponential_(generator=generator).log()).to(device)
 
 
 def conditional_input(model: nn.Module) -> torch.Tensor:
@@ -103,8 +103,8 @@ class FedCPClient(ClientAlgorithm):
     """FedCP's client: per minibatch one SGD step of the feature extractor, the personalized head and the
     CPN on ``CE(W^hd_i(r ⊙ h) + W^hd(s ⊙ h), y) + λ MMD²(h, h^g)`` (``h^g``: the received extractor's
     features, frozen; the global head frozen); then it returns the head ``(1 − m) W^hd_i + m W^hd``
-    (``m``: ``fedcp-head-mix``) and its CPN. Gumbel noise from a generator seeded by the received model
-    and the round."""
+    (``m``: ``fedcp-head-mix``) and its CPN. Gumbel noise from a generator seeded by its first minibatch and
+    the round (the same on every device)."""
 
     name = "fedcp"
     hookable = False
@@ -125,17 +125,15 @@ class FedCPClient(ClientAlgorithm):
         self.global_head = [p.detach().clone() for p in self.modules["head"].parameters()]
         self.extractor = copy.deepcopy(model).requires_grad_(False).eval()
         self.context = conditional_input(model)
-        device = self.context.device
-        seed = fingerprint(self.received) ^ int(config.get(SERVER_ROUND, 0))
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.noise = lambda shape: gumbel(shape, self.generator, device)
+        self.generator: torch.Generator | None = None  # from the first minibatch (``batch_seeded_generator``)
 
     def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
         x, y = next_batch()
+        generator = self.generator = self.generator or batch_seeded_generator(x, y, self.config)
         params = trainable(model) + list(self.modules["cpn"].parameters())
         for p in params:
             p.grad = None
-        logits, h = separated_logits(model, self.modules, x, self.context, self.noise)
+        logits, h = separated_logits(model, self.modules, x, self.context, lambda shape: gumbel(shape, generator, x.device))
         loss = self.loss_fn(logits, y)
         total = loss
         if self.lam:

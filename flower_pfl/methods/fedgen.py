@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import SERVER_ROUND, Batch, ClientAlgorithm, ClientState, LossFn, setting
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, batch_seeded_generator, setting
 from flower_pfl.engine.feature_generator import FeatureGenerator, GeneratorTrainer, decode_generator, encode_generator, linear_heads
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import head_module
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Rule, param
 from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
-from flower_pfl.engine.wire import decode_flat, encode_vector, fingerprint
+from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 from flower_pfl.methods.moon import needs_batch, representation_gradient
 
@@ -96,8 +96,7 @@ class FedGenClient(ClientAlgorithm):
         if self.generator is None:
             return []
         if self.rng is None:  # the client's draws: seeded by the round and its first minibatch, so a run repeats
-            seed = fingerprint([x, y]) * 1_000_003 + int(self.config.get(SERVER_ROUND, 0))
-            self.rng = torch.Generator().manual_seed(seed)
+            self.rng = batch_seeded_generator(x, y, self.config)
         loss = regularization(self.model, x, y, self.generator, self.labels, self.alpha, self.beta, self.batch_size, self.rng)
         return representation_gradient(self.model, x, loss)
 
