@@ -206,8 +206,8 @@ def test_missing_or_malformed_settings_are_clear_errors():
         algorithm_for({**TRAINING, CLIENT_ALGORITHM: "scaffold", CONTROL: _vector(model, 0.0)[:-4]}, model, RecordDict())
     with pytest.raises(ValueError, match="pfedme-personal-lr"):
         algorithm_for({**TRAINING, CLIENT_ALGORITHM: "pfedme", LAMBDA: 15.0, INNER_STEPS: 3}, model)
-    with pytest.raises(ValueError, match="'fedcp'.*install the flower-pfl release"):
-        algorithm_for({**TRAINING, CLIENT_ALGORITHM: "fedcp"}, model, RecordDict())
+    with pytest.raises(ValueError, match="'fednext'.*install the flower-pfl release"):
+        algorithm_for({**TRAINING, CLIENT_ALGORITHM: "fednext"}, model, RecordDict())
     with pytest.raises(ValueError, match="'lr'"):  # a step that assumes SGD of size lr needs to know it
         algorithm_for({CLIENT_ALGORITHM: "scaffold", CONTROL: _vector(model, 0.0)}, model, RecordDict(),
                                optimizer=torch.optim.SGD(model.parameters(), lr=LR))
