@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from flower_pfl.engine.client_algorithm import (
     trainable,
 )
 from flower_pfl.engine.layout import ParamLayout, load_flat_
+from flower_pfl.engine.mmd import squared_mmd
 from flower_pfl.engine.model_split import body_slice, forward_with_features, head_module, head_slice
 from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import Settings
@@ -47,13 +48,9 @@ def cpn_modules(features: int, classes: int) -> nn.ModuleDict:
     })
 
 
-def mmd(x: torch.Tensor, y: torch.Tensor, bandwidths: Sequence[float] = BANDWIDTHS) -> torch.Tensor:
-    """The (biased) squared maximum mean discrepancy of two equal-sized batches, with the kernel
-    ``k(a, b) = Σ_σ exp(−||a − b||² / (2σ))``: ``mean(K_xx + K_yy − 2 K_xy)``."""
-    def kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T
-        return sum((torch.exp(-0.5 * d2 / s) for s in bandwidths), torch.zeros_like(d2))
-    return (kernel(x, x) + kernel(y, y) - 2 * kernel(x, y)).mean()
+def mmd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """FedCP's squared MMD: kernels ``exp(−||a − b||² / (2σ))`` for the authors' ``σ`` in ``BANDWIDTHS``."""
+    return squared_mmd(x, y, [2 * s for s in BANDWIDTHS])
 
 
 def policy(cpn: nn.Module, h: torch.Tensor, context: torch.Tensor,

@@ -25,6 +25,7 @@ from flower_pfl.engine.client_algorithm import (
     trainable,
 )
 from flower_pfl.engine.layout import flatten_module
+from flower_pfl.engine.mmd import squared_mmd, widths_around_mean_distance
 from flower_pfl.engine.model_split import forward_with_features
 from flower_pfl.engine.params import AT_LEAST_ONE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
@@ -39,19 +40,10 @@ HPM_STATE, COUNT_STATE = "fedphp-hpm", "fedphp-participations"
 KERNELS, KERNEL_MUL = 5, 2.0
 
 
-def mmd_rbf(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The (biased) squared MMD between the ``(n, d)`` samples ``x`` and ``y``, with a sum of ``KERNELS``
-    Gaussian kernels ``exp(−||a − b||² / h_k)``, ``h_k = h · KERNEL_MUL^(k − ⌊KERNELS/2⌋)``, ``h`` the mean
-    squared distance between distinct points of ``x ∪ y`` (held constant in the gradient):
-    ``mean(K_xx + K_yy − K_xy − K_yx)``."""
-    z = torch.cat([x, y])
-    n = z.shape[0]
-    distances = (z[:, None, :] - z[None, :, :]).pow(2).sum(-1)
-    base = distances.detach().sum() / (n * n - n) + 1e-8
-    base = base / KERNEL_MUL ** (KERNELS // 2)
-    kernel = sum(torch.exp(-distances / (base * KERNEL_MUL ** k)) for k in range(KERNELS))
-    m = x.shape[0]
-    return (kernel[:m, :m] + kernel[m:, m:] - kernel[:m, m:] - kernel[m:, :m]).mean()  # type: ignore[index]
+def transfer_mmd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The transfer term: the squared MMD of the local and the HPM's features with the official code's
+    ``KERNELS`` Gaussian kernels, ``KERNEL_MUL`` apart around the batch's mean squared distance."""
+    return squared_mmd(x, y, widths_around_mean_distance(x, y, KERNELS, KERNEL_MUL))
 
 
 def inheritance(mu: float, participations: int, ramp: int) -> float:
@@ -99,7 +91,7 @@ class FedPHPClient(ClientAlgorithm):
         ce = self.loss(logits, y)
         loss = (1 - self.lam) * ce
         if self.lam > 0:
-            loss = loss + self.lam * mmd_rbf(features, frozen_features(self.hpm, x))
+            loss = loss + self.lam * transfer_mmd(features, frozen_features(self.hpm, x))
         loss.backward()
         sgd_step(params, lr)
         return float(ce.detach())

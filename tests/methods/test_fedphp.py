@@ -29,7 +29,7 @@ from flower_pfl.methods.fedphp import (
     FedPHPClient,
     inherit,
     inheritance,
-    mmd_rbf,
+    transfer_mmd,
 )
 
 from .runs import assert_as_recorded, short_run
@@ -39,9 +39,9 @@ def test_the_mmd_by_hand_on_two_points():
     x, y = torch.tensor([[0.0]]), torch.tensor([[2.0]])
     # the mean squared distance between distinct points is 4: bandwidths 4 · 2^(k−2), k = 0..4
     kernel = sum(math.exp(-4.0 / (4.0 * 2.0 ** (k - 2))) for k in range(5))
-    assert float(mmd_rbf(x, y)) == pytest.approx(5 + 5 - 2 * kernel)
+    assert float(transfer_mmd(x, y)) == pytest.approx(5 + 5 - 2 * kernel)
     same = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
-    assert float(mmd_rbf(same, same)) == pytest.approx(0.0, abs=1e-6)
+    assert float(transfer_mmd(same, same)) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_the_inheritance_grows_with_participations_to_mu():
@@ -73,7 +73,7 @@ def _by_hand(model, hpm, data, seed, lam, steps=3):
     for _ in range(steps):
         idx = stream.next()
         x, y = data.x[idx], data.y[idx]
-        loss = (1 - lam) * F.cross_entropy(model(x), y) + lam * mmd_rbf(_features(model, x), _features(hpm, x).detach())
+        loss = (1 - lam) * F.cross_entropy(model(x), y) + lam * transfer_mmd(_features(model, x), _features(hpm, x).detach())
         grads = torch.autograd.grad(loss, list(model.parameters()))
         with torch.no_grad():
             for p, g in zip(model.parameters(), grads):
