@@ -82,6 +82,37 @@ def register(native_rescale: bool) -> None:
         ds.DATASETS["synthetic"] = SyntheticAsIs
 
 
+def record_client_accuracies() -> dict[int, dict[str, list[float | None]]]:
+    """Wrap FL-bench's serial ``FLbenchTrainer._serial_test`` (``test_client_models``: one ``worker.test`` per
+    client, whose metrics it pools) to keep every client's own test accuracy, before and after fine-tuning, by
+    the epoch ``test_results`` files them under (``current_epoch + 1``): the returned dict, filled as it runs."""
+    from src.utils.trainer import FLbenchTrainer
+
+    per_client: dict[int, dict[str, list[float | None]]] = {}
+    original = FLbenchTrainer._serial_test
+
+    def _serial_test(self, clients, results):
+        worker, accs = self.worker, {"before": [], "after": []}
+        inner = worker.test
+
+        def test(package):
+            metrics = inner(package)
+            for stage, series in accs.items():
+                split = metrics[stage]["test"]
+                series.append(float(split.accuracy) / 100 if split.size else None)
+            return metrics
+
+        worker.test = test
+        try:
+            return original(self, clients, results)
+        finally:
+            del worker.test
+            per_client[int(self.server.current_epoch) + 1] = accs
+
+    FLbenchTrainer._serial_test = _serial_test
+    return per_client
+
+
 def verify(manifest_path: Path) -> dict:
     import data.utils.datasets as ds
 
@@ -128,6 +159,7 @@ def main() -> None:
 
     from src.server.fedavg import FedAvgServer
 
+    per_client = record_client_accuracies()
     kept = {}
     original = FedAvgServer.run_experiment
 
@@ -145,7 +177,7 @@ def main() -> None:
 
     server = kept["server"]
     run_dir = Path(server.output_dir)
-    rounds, before, after = [], [], []
+    rounds, before, after, means = [], [], [], {"before": [], "after": []}
     for epoch, groups in sorted(server.test_results.items()):
         metrics = groups.get("all_clients") or groups.get("test_clients")
         if metrics is None:
@@ -153,16 +185,27 @@ def main() -> None:
         rounds.append(int(epoch))
         before.append(float(metrics["before"]["test"].accuracy) / 100)
         after.append(float(metrics["after"]["test"].accuracy) / 100 if metrics["after"]["test"].size else None)
+        clients = per_client.get(int(epoch), {})
+        for stage, series in means.items():
+            accs = [x for x in clients.get(stage, []) if x is not None]
+            series.append(float(np.mean(accs)) if accs else None)
     # with common.test.client.finetune_epoch > 0 FL-bench's figure is the one after fine-tuning
     finetuned = server.args.common.test.client.finetune_epoch > 0 and all(x is not None for x in after)
     acc = after if finetuned else before
+    mean = means["after" if finetuned else "before"]
     result = {
         "library": "flbench", "overrides": overrides, "native_rescale": a.native_rescale, "seconds": round(seconds, 1),
         "rounds": rounds, "accuracy_weighted": acc, "accuracy_before_finetune": before,
         "accuracy_after_finetune": after, "figure": "after fine-tuning" if finetuned else "before fine-tuning",
+        "accuracy_mean": mean,
         "final_weighted": acc[-1] if acc else None, "best_weighted": max(acc) if acc else None,
         "log": str(run_dir / "main.log"),
     }
+    if mean and None not in mean:
+        result |= {"final_mean": mean[-1], "best_mean": max(mean)}
+    if alphas := getattr(server, "client_alphas", None):  # APFL: each client's α at the end (as run.py's package side)
+        s = sorted(float(v) for v in alphas.values())
+        result["alpha"] = {"clients": len(s), "mean": sum(s) / len(s), "min": s[0], "median": s[len(s) // 2], "max": s[-1]}
     if out:
         out.write_text(json.dumps(result, indent=1))
     else:

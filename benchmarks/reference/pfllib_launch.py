@@ -52,6 +52,51 @@ def verify(manifest_path: Path) -> dict:
     return {"library": "pfllib", "setting": m["setting"], "clients": len(ok), "identical": sum(ok)}
 
 
+def record_client_accuracies(system: Path) -> list[tuple[float, float]]:
+    """Wrap ``test_metrics`` of every PFLlib server class that defines it (it returns ``ids, num_samples,
+    tot_correct, tot_auc``, one entry per client): each call appends (pooled accuracy, unweighted mean of
+    the clients' accuracies) to the returned list. ``Server.evaluate`` records only the pooled figure."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from flcore.servers.serverbase import Server
+
+    calls: list[tuple[float, float]] = []
+
+    def wrap(method):
+        def test_metrics(self, *args, **kwargs):
+            stats = method(self, *args, **kwargs)
+            num, correct = stats[1], stats[2]
+            if sum(num) > 0:
+                calls.append((sum(correct) / sum(num), float(np.mean([c / n for c, n in zip(correct, num)]))))
+            return stats
+        return test_metrics
+
+    for info in pkgutil.iter_modules([str(system / "flcore" / "servers")]):
+        try:
+            module = importlib.import_module(f"flcore.servers.{info.name}")
+        except Exception:  # a server module whose optional dependencies are missing: main.py fails on it too
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Server) and "test_metrics" in cls.__dict__ and not getattr(cls.test_metrics, "_wrapped", False):
+                cls.test_metrics = wrap(cls.__dict__["test_metrics"])
+                cls.test_metrics._wrapped = True
+    return calls
+
+
+def client_means(pooled: list[float], calls: list[tuple[float, float]]) -> list[float | None]:
+    """For each entry of ``rs_test_acc``, the client mean of the ``test_metrics`` call that produced it (the
+    next recorded call, in order, with the same pooled accuracy); ``None`` where none matches (a server that
+    computes its figure otherwise)."""
+    out, k = [], 0
+    for acc in pooled:
+        j = next((j for j in range(k, len(calls)) if abs(calls[j][0] - acc) < 1e-9), None)
+        out.append(None if j is None else calls[j][1])
+        k = k if j is None else j + 1
+    return out
+
+
 def arg(argv: list[str], flag: str, default: str) -> str:
     return argv[argv.index(flag) + 1] if flag in argv else default
 
@@ -87,6 +132,7 @@ def main() -> None:
             return self.fc(F.relu(self.fc1(torch.flatten(x, 1))))
 
         models.DNN.forward = forward
+    calls = record_client_accuracies(system)
     random.seed(a.seed)
     np.random.seed(a.seed)
     goal = f"ref{os.getpid()}"
@@ -105,11 +151,14 @@ def main() -> None:
     with h5py.File(h5, "r") as hf:
         acc = [float(v) for v in hf["rs_test_acc"][:]]
     h5.unlink()
+    mean = client_means(acc, calls)
     result = {
         "library": "pfllib", "argv": argv, "seed": a.seed, "dnn_logits": a.dnn_logits, "seconds": round(seconds, 1),
-        "rounds": [i * gap for i in range(len(acc))], "accuracy_weighted": acc,
+        "rounds": [i * gap for i in range(len(acc))], "accuracy_weighted": acc, "accuracy_mean": mean,
         "final_weighted": acc[-1], "best_weighted": max(acc), "log": str(log),
     }
+    if mean and None not in mean:
+        result |= {"final_mean": mean[-1], "best_mean": max(mean)}
     a.out.write_text(json.dumps(result, indent=1))
 
 
