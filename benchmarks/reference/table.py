@@ -12,7 +12,10 @@ REFERENCES = LIBS[1:]
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ORDER = ["fedavg", "local", "fedrep", "lgfedavg", "fedrod", "fedbabu", "fedbn", "fedfomo", "apple", "fedala", "pfedhn",
-         "ifca", "ifca-full-batch", "cfl", "fedproto", "feddyn", "moon", "knnper"]
+         "ifca", "ifca-full-batch", "cfl", "fedproto", "feddyn", "moon", "knnper", "apfl",
+         "fedcp", "gpfl", "feddbe", "fedpac", "fedas", "pfedsim", "pfedla", "elastic", "fedcac", "fedphp", "fedlc", "fedgen"]
+#: a cell whose library has the method (an entry in ``run.py``'s ``METHODS``) but no recorded run yet
+PENDING = "pending"
 
 
 def pct(r: dict | None, key: str) -> str:
@@ -29,7 +32,10 @@ def cell(r: dict | None) -> str:
         return "–"
     if r.get("failed"):
         return "failed"
-    return f"{pct(r, 'final_weighted')} / {pct(r, 'best_weighted')}"
+    text = f"{pct(r, 'final_weighted')} / {pct(r, 'best_weighted')}"
+    if r.get("library") != "package" and r.get("final_mean") is not None:  # the launchers' client mean (README.md)
+        text += f" (mean {pct(r, 'final_mean')} / {pct(r, 'best_mean')})"
+    return text
 
 
 #: per method and reference: the package's figure that the reference reports (default: the model's accuracy)
@@ -79,12 +85,21 @@ def seeds_note(runs: dict) -> str:
     return ("final with seeds 1, 2 (same data): " + "; ".join(extra)) if extra else ""
 
 
-def write_table() -> str:
+def write_table(specs: dict[str, set[str]] | None = None) -> str:
+    """``specs``: per method, the libraries that have it (``run.py``'s ``METHODS``); their cells without a recorded
+    run read *pending* (a method whose package side, or a reference's run, is still to come)."""
+    specs = specs or {}
+
+    def expected(method: str, lib: str, text: str) -> str:
+        return PENDING if text == "–" and lib in specs.get(method, set()) else text
+
     lines = ["# This package vs PFLlib vs FL-bench on the same data", "",
              "Test accuracy in %, **sample-weighted** over all clients (correct / test samples pooled: the figure "
              "PFLlib and FL-bench report), *final* = last evaluation, *best* = best evaluation of the run; "
              "`pkg mean` = this package's unweighted mean over clients (the papers' figure), final / best. "
-             "*gap* = largest |final − final| between this package and a reference (points). One seed (0) per "
+             "In a reference's cell, *mean* = its unweighted mean over clients, final / best, where recorded. "
+             "*gap* = largest |final − final| between this package and a reference (points). *pending*: the library has "
+             "the method but its run is not recorded yet (a method still to be added to this package). One seed (0) per "
              "library unless noted; each library draws its own client sample and initial model. "
              "*IFCA authors' code*: Ghosh et al.'s `mnist/train_cluster_mnist.py` (neither PFLlib nor FL-bench has IFCA), "
              "every client's test split with the cluster its training data chose (the paper's protocol, as this package); "
@@ -106,12 +121,14 @@ def write_table() -> str:
             runs = methods[m]
             pkg = runs.get("package")
             mean = f"{pct(pkg, 'final_mean')} / {pct(pkg, 'best_mean')}" if pkg and not pkg.get("failed") else "–"
+            mean = expected(m, "package", mean)
             g = gap(runs, m)
             note = EXPLANATIONS.get((setting, m), "")
             if (s := seeds_note(runs)):
                 note = f"{note} ({s})" if note else s
-            lines.append(f"| {m} | {package_cell(pkg)} | {mean} | {cell(runs.get('pfllib'))} | {cell(runs.get('flbench'))} | "
-                          f"{authors_cell(runs.get('ifca-authors'))} | "
+            lines.append(f"| {m} | {expected(m, 'package', package_cell(pkg))} | {mean} | "
+                          f"{expected(m, 'pfllib', cell(runs.get('pfllib')))} | {expected(m, 'flbench', cell(runs.get('flbench')))} | "
+                          f"{expected(m, 'ifca-authors', authors_cell(runs.get('ifca-authors')))} | "
                           f"{'–' if g is None else f'{g:.1f}'} | {note} |")
         lines.append("")
     text = "\n".join(lines)
