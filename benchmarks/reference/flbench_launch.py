@@ -15,6 +15,8 @@ custom model or data set, from the outside:
   ``src.utils.constants`` / ``FedAvgCNN.feature_length``): ``data.npy`` / ``targets.npy`` as written by
   ``export.py``, already scaled as the package feeds them (x / 127.5 - 1), with no further transform;
   FL-bench's ``avgcnn`` (FedAvgCNN: conv 32, conv 64, 1024-512, 512-10) is then exactly the package's ``cnn``;
+* ``DATA_SHAPE["synthetic"]`` as a 1-tuple instead of FL-bench's int: its FedGen generator unpacks the shape
+  (``torch.zeros(1, *DATA_SHAPE[name])``) and fails on an int;
 * unless ``--native-rescale``: FL-bench's ``Synthetic`` loader without ``BaseDataset._rescale_data``,
   which divides the whole data set by 255 whenever its maximum exceeds 1 (meant for uint8 pixels; it
   fires on Synthetic's real-valued features, see the README of this folder).
@@ -58,6 +60,10 @@ def register(native_rescale: bool) -> None:
             self.classifier = nn.Linear(hidden, C.NUM_CLASSES[dataset])
 
     M.MODELS["pfl_dnn"] = PflDNN
+    # FL-bench gives Synthetic's shape as an int (its dimension); FedGen's generator builds its dummy input with
+    # ``torch.zeros(1, *DATA_SHAPE[name])``, which needs a tuple (read after this: FedGen, FedFed and PflDNN only)
+    if isinstance(C.DATA_SHAPE.get("synthetic"), int):
+        C.DATA_SHAPE["synthetic"] = (C.DATA_SHAPE["synthetic"],)
 
     class PflImages(ds.BaseDataset):
         """``data.npy`` (N, 1, 28, 28) float32 in [-1, 1] and ``targets.npy``, as export.py writes them."""

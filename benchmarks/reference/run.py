@@ -127,6 +127,54 @@ METHODS: dict[str, dict[str, Any]] = {
                "flbench": ["method=feddyn", "+feddyn.alpha=0.01"]},
     "moon": {"package": {"method": "moon", "moon-mu": 1.0, "moon-tau": 0.5}, "pfllib": ["-algo", "MOON", "-mu", "1", "-tau", "0.5"],
              "flbench": ["method=moon", "+moon.mu=1", "+moon.tau=0.5"]},
+    # α starts at 0.5 in all three (PFLlib's -al default is 1.0); α's step: this package's apfl-alpha-lr (0.02),
+    # the references step it with the lr (0.05) by their own rule (README.md)
+    "apfl": {"package": {"method": "apfl", "apfl-alpha-init": 0.5}, "pfllib": ["-algo", "APFL", "-al", "0.5"],
+             "flbench": ["method=apfl", "+apfl.alpha=0.5"]},
+    # diagnostics: this package's APFL step with FL-bench's reading of it, in parts (run.py ``_apfl_reading``):
+    # its optimizer steps (w stepped twice with one gradient; the mixture with w after its first step), its α rule
+    # (FedTorch's, step = lr), both; and α held at 0.5 in both (apfl-alpha-lr 0, FL-bench adaptive_alpha 0)
+    "apfl-pkg-flbench-steps": {"package": {"method": "apfl", "apfl-alpha-init": 0.5, "_diagnostic": "apfl-flbench-package"},
+                               "pfllib": None, "flbench": None},
+    "apfl-pkg-flbench-alpha": {"package": {"method": "apfl", "apfl-alpha-init": 0.5, "_diagnostic": "apfl-package-flbench"},
+                               "pfllib": None, "flbench": None},
+    "apfl-pkg-flbench-reading": {"package": {"method": "apfl", "apfl-alpha-init": 0.5, "_diagnostic": "apfl-flbench-flbench"},
+                                 "pfllib": None, "flbench": None},
+    "apfl-alpha-fixed": {"package": {"method": "apfl", "apfl-alpha-init": 0.5, "apfl-alpha-lr": 0.0}, "pfllib": None,
+                         "flbench": ["method=apfl", "+apfl.alpha=0.5", "+apfl.adaptive_alpha=0"]},
+    # --- methods whose package side comes later (run with --libs pfllib flbench until then). Hyperparameters that both
+    # sides have are set to the same values (the papers', which this package's defaults follow); PFLlib's main.py flags
+    # are shared by all its algorithms, and their defaults would crash FedCAC (-bt 0: serverCAC asserts beta >= 1),
+    # switch off FedDBE's regularizer (-klw 0) and FedPHP's supervised loss (-lam 1: CE x (1 - lamda)); the rest stay
+    # at each library's defaults (README.md)
+    "fedcp": {"package": {"method": "fedcp", "fedcp-lambda": 5.0}, "pfllib": ["-algo", "FedCP", "-lam", "5"], "flbench": None},
+    "gpfl": {"package": {"method": "gpfl", "gpfl-lambda": 0.01, "gpfl-mu": 0.1},
+             "pfllib": ["-algo", "GPFL", "-lam", "0.01", "-mu", "0.1"], "flbench": None},
+    "feddbe": {"package": {"method": "feddbe", "feddbe-kappa": 50.0, "feddbe-momentum": 0.1},
+               "pfllib": ["-algo", "FedDBE", "-klw", "50", "-mo", "0.1"], "flbench": None},
+    "fedpac": {"package": {"method": "fedpac", "fedpac-lambda": 1.0}, "pfllib": ["-algo", "FedPAC", "-lam", "1"],
+               "flbench": ["method=fedpac", "+fedpac.lamda=1"]},
+    "fedas": {"package": {"method": "fedas"}, "pfllib": ["-algo", "FedAS"], "flbench": ["method=fedas"]},
+    "pfedsim": {"package": {"method": "pfedsim"}, "pfllib": None, "flbench": ["method=pfedsim"]},
+    "pfedla": {"package": {"method": "pfedla"}, "pfllib": None, "flbench": ["method=pfedla"]},
+    "elastic": {"package": {"method": "elastic"}, "pfllib": None, "flbench": ["method=elastic"]},
+    "fedcac": {"package": {"method": "fedcac", "fedcac-tau": 0.5, "fedcac-beta": 170},
+               "pfllib": ["-algo", "FedCAC", "-tau", "0.5", "-bt", "170"], "flbench": None},
+    "fedphp": {"package": {"method": "fedphp", "fedphp-mu": 0.9, "fedphp-lambda": 0.1},
+               "pfllib": ["-algo", "FedPHP", "-mu", "0.9", "-lam", "0.1"], "flbench": None},
+    "fedlc": {"package": {"method": "fedlc", "fedlc-tau": 1.0}, "pfllib": ["-algo", "FedLC", "-tau", "1"],
+              "flbench": ["method=fedlc", "+fedlc.tau=1"]},
+    # generator: noise 32, hidden 256, Adam lr 3e-4, 50 steps per round in all three (PFLlib's defaults: 512, 512,
+    # 0.005, 1000)
+    "fedgen": {"package": {"method": "fedgen"},
+               "pfllib": ["-algo", "FedGen", "-nd", "32", "-hd", "256", "-glr", "0.0003", "-se", "50"],
+               "flbench": ["method=fedgen", "+fedgen.hidden_dim=256"]},
+    # diagnostics: μ = 0 in all three (MOON's code path without the contrastive term: FedAvg with each library's
+    # client sample stream), and the references at their own defaults (PFLlib main.py: -mu 0, -tau 1.0;
+    # FL-bench: mu 5, tau 0.5; this package's defaults are the moon row's μ 1, τ 0.5)
+    "moon-mu0": {"package": {"method": "moon", "moon-mu": 0.0, "moon-tau": 0.5}, "pfllib": ["-algo", "MOON", "-mu", "0", "-tau", "0.5"],
+                 "flbench": ["method=moon", "+moon.mu=0", "+moon.tau=0.5"]},
+    "moon-lib-defaults": {"package": None, "pfllib": ["-algo", "MOON"], "flbench": ["method=moon"]},
     "knnper": {"package": {"method": "knnper", "knnper-k": 5, "knnper-lambda": 0.5, "knnper-scale": 1.0}, "pfllib": None,
                "flbench": ["method=knnper", "+knnper.k=5", "+knnper.weight=0.5", "+knnper.scale=1"]},
 }
@@ -159,6 +207,57 @@ def _evaluate_ala_output() -> None:
     fedala.FedALAClient.evaluation_model = classmethod(evaluation_model)  # type: ignore[method-assign,assignment]
 
 
+def _apfl_reading(steps: str, alpha: str) -> None:
+    """Diagnostic only: this package's APFL client step with parts of FL-bench's reading (``src/client/apfl.py``):
+    ``steps == "flbench"``: one optimizer over both models, zeroed once per minibatch, stepped twice, so ``w`` takes
+    its step twice with the same gradient (``w ← w − 2η ∇f(w)``), and the mixture that trains ``v`` uses ``w``
+    after its first step; ``alpha == "flbench"``: α by FedTorch's rule as FL-bench writes it (after both steps,
+    ``α ← clip(α − lr (<v − w, α ∇_v + (1 − α) ∇_w> + 0.02 α), 0, 1)``, ``∇_v`` the mixture loss's gradient, ``∇_w``
+    the global loss's, the step size the setting's lr). ``"package"`` keeps this package's part."""
+    import torch
+
+    import flower_pfl.methods.apfl as apfl
+
+    def train_step(self: Any, model: Any, next_batch: Any, lr: float) -> float:
+        x, y = next_batch()
+        w_params, v_params = apfl.trainable(model), apfl.trainable(self.personal)
+        self.personal.train()
+        out_w = model(x)
+        loss = self.loss_fn(out_w, y)
+        grads = torch.autograd.grad(loss, w_params)
+        out_w = out_w.detach()  # this package: the mixture uses w before its step
+        with torch.no_grad():
+            for p, g in zip(w_params, grads):
+                p.sub_(lr * g)
+            if steps == "flbench":
+                out_w = model(x)  # FL-bench: w after its first step
+        a = torch.tensor(float(self.alpha), requires_grad=True)
+        mixed = self.loss_fn(a * self.personal(x) + (1 - a) * out_w, y)
+        *v_grads, a_grad = torch.autograd.grad(mixed, [*v_params, a])
+        with torch.no_grad():
+            for p, g in zip(v_params, v_grads):
+                p.sub_(lr * g)
+            if steps == "flbench":
+                for p, g in zip(w_params, grads):  # the second optimizer.step(): w's gradient is still there
+                    p.sub_(lr * g)
+        if alpha == "flbench":
+            with torch.no_grad():
+                inner = sum(float((v - w).flatten() @ (self.alpha * gv + (1 - self.alpha) * gw).flatten())
+                            for v, w, gv, gw in zip(v_params, w_params, v_grads, grads))
+            self.alpha = float(min(1.0, max(0.0, self.alpha - lr * (inner + 0.02 * self.alpha))))
+        else:
+            self.alpha = float(min(1.0, max(0.0, self.alpha - self.alpha_lr * float(a_grad))))
+        return float(loss.detach())
+
+    apfl.APFLClient.train_step = train_step  # type: ignore[method-assign]
+
+
+def alpha_summary(alphas: list[float]) -> dict[str, float]:
+    """APFL's mixing weights α at the end of a run, over the clients that trained (also in flbench_launch.py)."""
+    s = sorted(alphas)
+    return {"clients": len(s), "mean": sum(s) / len(s), "min": s[0], "median": s[len(s) // 2], "max": s[-1]}
+
+
 def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -> None:
     """(In a child process) run this package in-process and write the accuracies to ``out``."""
     import logging
@@ -179,6 +278,19 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
         fedproto.aggregate_prototypes = lambda w, protos: weighted((w > 0).to(w.dtype), protos)
     if diagnostic == "fedala-eval-ala":
         _evaluate_ala_output()
+    if diagnostic and diagnostic.startswith("apfl-"):  # apfl-<steps>-<alpha>, each "package" or "flbench"
+        _apfl_reading(*diagnostic.split("-")[1:])
+    alphas: dict[int, float] = {}  # APFL: each client's α after its last round (by its node's context.state)
+    if overrides.get("method") == "apfl":
+        import flower_pfl.methods.apfl as apfl
+
+        end_round = apfl.APFLClient.end_round
+
+        def keep_alpha(self: Any, model: Any, inputs: Any = None) -> dict[str, bytes]:
+            alphas[id(getattr(self.state, "records", self.state))] = self.alpha
+            return end_round(self, model, inputs)
+
+        apfl.APFLClient.end_round = keep_alpha  # type: ignore[method-assign]
     # The exported data are those of the setting's seed; a run with another seed (client sample, initial
     # model, minibatches) keeps them, as PFLlib's and FL-bench's seeds do: the data has the setting's seed.
     rc = run_config(setting) | {"seed": seed, "data-seed": run_config(setting)["seed"],
@@ -197,6 +309,8 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
         "rounds": [r["round"] for r in ev], "accuracy_weighted": [r["accuracy"] for r in ev],
         "accuracy_mean": [r["accuracy-mean"] for r in ev],
     }
+    if alphas:
+        result["alpha"] = alpha_summary(list(alphas.values()))
     # the method's other figures (global-accuracy, prototype-accuracy, ...), sample-weighted, per evaluation
     for key in sorted({k for r in ev for k in r if k.endswith("accuracy") and k != "accuracy"}):
         result[f"{key}_weighted"] = [r.get(key) for r in ev]
@@ -313,7 +427,7 @@ def main() -> None:
     if a.table:
         from benchmarks.reference.table import write_table
 
-        print(write_table())
+        print(write_table({m: {lib for lib in LIBS if spec.get(lib) is not None} for m, spec in METHODS.items()}))
         return
     for method in a.methods:
         print(f"{a.setting} / {method}", flush=True)
