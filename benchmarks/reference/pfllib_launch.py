@@ -17,6 +17,8 @@ outputs equals cross-entropy of the logits, and the argmax is the same), but ``m
 model for FedAvg, FedPer, FedRep, FedRoD, FedProto, MOON, FedBABU, LG-FedAvg, ... into
 ``BaseHeadSplit(base=model with fc = Identity, head=fc)``, and then the base's forward ends in a
 log-softmax over the 20 *hidden* features: a different network than DNN 60-20-10 (see README.md).
+FedAS's server calls ``avg_generalization_metrics``, which no PFLlib class defines, after its last round and
+before it saves its results: the launcher adds it (returning ``None``) where it is missing.
 ``--verify`` reads every client's data through PFLlib's ``read_client_data`` and compares it with the
 exporter's manifest.
 """
@@ -133,6 +135,11 @@ def main() -> None:
 
         models.DNN.forward = forward
     calls = record_client_accuracies(system)
+    from flcore.servers.serverbase import Server
+
+    if not hasattr(Server, "avg_generalization_metrics"):
+        # serveras.py (FedAS) prints it after the last round, before saving its results; PFLlib defines it nowhere
+        Server.avg_generalization_metrics = lambda self: None
     random.seed(a.seed)
     np.random.seed(a.seed)
     goal = f"ref{os.getpid()}"
