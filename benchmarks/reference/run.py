@@ -148,6 +148,10 @@ METHODS: dict[str, dict[str, Any]] = {
     # switch off FedDBE's regularizer (-klw 0) and FedPHP's supervised loss (-lam 1: CE x (1 - lamda)); the rest stay
     # at each library's defaults (README.md)
     "fedcp": {"package": {"method": "fedcp", "fedcp-lambda": 5.0}, "pfllib": ["-algo", "FedCP", "-lam", "5"], "flbench": None},
+    # like for like with PFLlib's FedCP, which uploads the mean of a client's personalized and the global head
+    # (clientcp.py, hard-coded 0.5); the package's default uploads the personalized head (the paper)
+    "fedcp-head-mix-half": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "fedcp-head-mix": 0.5}, "pfllib": None,
+                            "flbench": None},
     "gpfl": {"package": {"method": "gpfl", "gpfl-lambda": 0.01, "gpfl-mu": 0.1},
              "pfllib": ["-algo", "GPFL", "-lam", "0.01", "-mu", "0.1"], "flbench": None},
     "feddbe": {"package": {"method": "feddbe", "feddbe-kappa": 50.0, "feddbe-momentum": 0.1},
