@@ -19,6 +19,8 @@ model for FedAvg, FedPer, FedRep, FedRoD, FedProto, MOON, FedBABU, LG-FedAvg, ..
 log-softmax over the 20 *hidden* features: a different network than DNN 60-20-10 (see README.md).
 FedAS's server calls ``avg_generalization_metrics``, which no PFLlib class defines, after its last round and
 before it saves its results: the launcher adds it (returning ``None``) where it is missing.
+``--php-eval-hpm`` (diagnostic) makes FedPHP's clients (``clientPHP``) evaluate their HPM ``model_p`` instead of
+their ``model`` (the global model just received, or the local model of a client that trained this round).
 ``--verify`` reads every client's data through PFLlib's ``read_client_data`` and compares it with the
 exporter's manifest.
 """
@@ -112,6 +114,8 @@ def main() -> None:
     p.add_argument("--verify", type=Path, help="an export manifest: check the data only")
     p.add_argument("--dnn-logits", action="store_true",
                    help="DNN.forward without its final log_softmax (see the module docstring)")
+    p.add_argument("--php-eval-hpm", action="store_true",
+                   help="diagnostic: FedPHP's clients evaluate their HPM (model_p), not their model")
     p.add_argument("pfllib_args", nargs=argparse.REMAINDER)
     a = p.parse_args()
     argv = [x for x in a.pfllib_args if x != "--"]
@@ -134,6 +138,19 @@ def main() -> None:
             return self.fc(F.relu(self.fc1(torch.flatten(x, 1))))
 
         models.DNN.forward = forward
+    if a.php_eval_hpm:
+        from flcore.clients.clientphp import clientPHP
+
+        test_metrics = clientPHP.test_metrics
+
+        def test_hpm(self):  # the same evaluation, of model_p
+            model, self.model = self.model, self.model_p
+            try:
+                return test_metrics(self)
+            finally:
+                self.model = model
+
+        clientPHP.test_metrics = test_hpm
     calls = record_client_accuracies(system)
     from flcore.servers.serverbase import Server
 
@@ -160,7 +177,7 @@ def main() -> None:
     h5.unlink()
     mean = client_means(acc, calls)
     result = {
-        "library": "pfllib", "argv": argv, "seed": a.seed, "dnn_logits": a.dnn_logits, "seconds": round(seconds, 1),
+        "library": "pfllib", "argv": argv, "seed": a.seed, "dnn_logits": a.dnn_logits, "php_eval_hpm": a.php_eval_hpm, "seconds": round(seconds, 1),
         "rounds": [i * gap for i in range(len(acc))], "accuracy_weighted": acc, "accuracy_mean": mean,
         "final_weighted": acc[-1], "best_weighted": max(acc), "log": str(log),
     }

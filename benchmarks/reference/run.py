@@ -166,6 +166,14 @@ METHODS: dict[str, dict[str, Any]] = {
                "pfllib": ["-algo", "FedCAC", "-tau", "0.5", "-bt", "170"], "flbench": None},
     "fedphp": {"package": {"method": "fedphp", "fedphp-mu": 0.9, "fedphp-lambda": 0.1},
                "pfllib": ["-algo", "FedPHP", "-mu", "0.9", "-lam", "0.1"], "flbench": None},
+    # diagnostics: what each side evaluates. PFLlib's clients evaluate their `model` (serverphp.py: send_models gives
+    # every client the global model, the sampled ones train, then evaluate): pfllib_launch.py --php-eval-hpm makes
+    # them evaluate their HPM (model_p), as this package does; and this package's FedPHP evaluating the global model
+    # it receives instead of its HPM (harness-side patch, `_diagnostic`)
+    "fedphp-pfllib-eval-hpm": {"package": None, "pfllib": ["-algo", "FedPHP", "-mu", "0.9", "-lam", "0.1"],
+                               "pfllib_flags": ["--dnn-logits", "--php-eval-hpm"], "flbench": None},
+    "fedphp-pkg-eval-global": {"package": {"method": "fedphp", "fedphp-mu": 0.9, "fedphp-lambda": 0.1,
+                                           "_diagnostic": "fedphp-eval-global"}, "pfllib": None, "flbench": None},
     "fedlc": {"package": {"method": "fedlc", "fedlc-tau": 1.0}, "pfllib": ["-algo", "FedLC", "-tau", "1"],
               "flbench": ["method=fedlc", "+fedlc.tau=1"]},
     # generator: noise 32, hidden 256, Adam lr 3e-4, 50 steps per round in all three (PFLlib's defaults: 512, 512,
@@ -282,6 +290,12 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
         fedproto.aggregate_prototypes = lambda w, protos: weighted((w > 0).to(w.dtype), protos)
     if diagnostic == "fedala-eval-ala":
         _evaluate_ala_output()
+    if diagnostic == "fedphp-eval-global":
+        # diagnostic only: a FedPHP client evaluates the global model it receives (as PFLlib's clients do for the
+        # rounds they sit out), not its HPM
+        import flower_pfl.methods.fedphp as fedphp
+
+        fedphp.FedPHPClient.evaluated_state = None  # type: ignore[misc]
     if diagnostic and diagnostic.startswith("apfl-"):  # apfl-<steps>-<alpha>, each "package" or "flbench"
         _apfl_reading(*diagnostic.split("-")[1:])
     alphas: dict[int, float] = {}  # APFL: each client's α after its last round (by its node's context.state)
