@@ -162,6 +162,13 @@ METHODS: dict[str, dict[str, Any]] = {
     "pfedsim": {"package": {"method": "pfedsim"}, "pfllib": None, "flbench": ["method=pfedsim"]},
     "pfedla": {"package": {"method": "pfedla"}, "pfllib": None, "flbench": ["method=pfedla"]},
     "elastic": {"package": {"method": "elastic"}, "pfllib": None, "flbench": ["method=elastic"]},
+    # diagnostics (FL-bench only): on CPU every client's reply carries the same sensitivity tensor, so its ζ is τ for
+    # every tensor; τ = 1 makes ζ = 1 (FedAvg on the 70 % trained on), sample_ratio 0.01 holds out 1 sample of 100
+    "elastic-flbench-tau1": {"package": None, "pfllib": None, "flbench": ["method=elastic", "+elastic.tau=1"]},
+    "elastic-flbench-tau1-sr001": {"package": None, "pfllib": None,
+                                   "flbench": ["method=elastic", "+elastic.tau=1", "+elastic.sample_ratio=0.01"]},
+    "elastic-flbench-sr001": {"package": None, "pfllib": None,
+                              "flbench": ["method=elastic", "+elastic.sample_ratio=0.01"]},
     "fedcac": {"package": {"method": "fedcac", "fedcac-tau": 0.5, "fedcac-beta": 170},
                "pfllib": ["-algo", "FedCAC", "-tau", "0.5", "-bt", "170"], "flbench": None},
     "fedphp": {"package": {"method": "fedphp", "fedphp-mu": 0.9, "fedphp-lambda": 0.1},
