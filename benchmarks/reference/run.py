@@ -171,6 +171,10 @@ METHODS: dict[str, dict[str, Any]] = {
                               "flbench": ["method=elastic", "+elastic.sample_ratio=0.01"]},
     "fedcac": {"package": {"method": "fedcac", "fedcac-tau": 0.5, "fedcac-beta": 170},
                "pfllib": ["-algo", "FedCAC", "-tau", "0.5", "-bt", "170"], "flbench": None},
+    # diagnostic: τ = 0 (no critical parameter) in both: each library's FedCAC is then its own FedAvg (PFLlib: every
+    # mask 0, so `set_parameters` sends every client the global model; its overlaps are 0/0 = NaN and unused)
+    "fedcac-tau0": {"package": {"method": "fedcac", "fedcac-tau": 0.0, "fedcac-beta": 170},
+                    "pfllib": ["-algo", "FedCAC", "-tau", "0", "-bt", "170"], "flbench": None},
     "fedphp": {"package": {"method": "fedphp", "fedphp-mu": 0.9, "fedphp-lambda": 0.1},
                "pfllib": ["-algo", "FedPHP", "-mu", "0.9", "-lam", "0.1"], "flbench": None},
     # diagnostics: what each side evaluates. PFLlib's clients evaluate their `model` (serverphp.py: send_models gives
