@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -54,6 +54,12 @@ def forward_shifted(model: nn.Module, x: torch.Tensor, shift: torch.Tensor | Non
     finally:
         handle.remove()
     return logits, captured[0].flatten(1)
+
+
+def running_mean_scale(momentum: float, steps: int) -> float:
+    """``1 − (1 − m)^steps``: the share of a constant mean that a running mean with momentum ``m``, started
+    at 0, holds after ``steps`` minibatches (the scale of the client's ``z̄_i^g`` at the round's end)."""
+    return 1 - (1 - momentum) ** steps
 
 
 def mean_regularization(running: torch.Tensor, consensus: torch.Tensor, kappa: float) -> torch.Tensor:
@@ -140,7 +146,10 @@ class FedDBEClient(ClientAlgorithm):
         if self.data is None:
             raise ValueError("FedDBE's statistics are those of the whole training split: run it in client_apps.app's ClientApp")
         keep(self.state, PRBM, [self.prbm])
-        return {STATISTICS: class_statistics(model, self.data.x, self.data.y).encode()}
+        stats = class_statistics(model, self.data.x, self.data.y)
+        if self.consensus is None:  # these make the consensus: on the scale of the running mean MR compares it with
+            stats = replace(stats, means=stats.means * running_mean_scale(self.momentum, self.steps))
+        return {STATISTICS: stats.encode()}
 
     @classmethod
     def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
@@ -161,13 +170,16 @@ class FedDBE(Method, GlobalModelAlgorithm):
     client's loss, ``z̄_i^g`` the client's mean representation (a running mean over the round's minibatches
     with momentum ``m``, reset each round) and ``z̄^g`` the consensus. The consensus is computed once:
     the first round's participants train plain FedAvg (no PRBM, no MR) and send the feature statistics
-    of their trained models on their whole training splits; ``z̄^g`` is their mean representation weighted
-    by sample counts, fixed from then on. Server: FedAvg of the whole model (weighted by samples).
+    of their trained models on their whole training splits, their means scaled by ``1 − (1 − m)^E`` (``E``
+    the round's local steps: the scale a running mean started at 0 reaches, so that the consensus is on
+    the scale of the running means MR compares with it, as in the authors' code, whose consensus is made
+    of running means); ``z̄^g`` is their mean weighted by sample counts, fixed from then on. Server: FedAvg of the whole model (weighted by samples).
     Clients evaluate ``head(f(x) + z̄_i^p)``.
 
     Defaults: κ = 50, the authors' run script's (PFLlib's default, 0, turns MR off); ``m = 0.1``,
-    PFLlib's default (the authors' run script sets ``m = 1``, with a learning rate of 0.005: at this
-    package's 0.05, κ = 50 with ``m = 1`` diverges). MR as the authors' code writes it (with the ½).
+    PFLlib's default (the authors' run script sets ``m = 1``, each minibatch's mean; the reference
+    check's ``feddbe-mo1`` row: 79.7 in both libraries against 78.4-78.5 at 0.1). MR as the authors'
+    code writes it (with the ½).
     The authors' code and PFLlib compute the consensus in an initialisation period before round 1 in
     which every client trains (its models are discarded), from each client's running mean; here the
     first round's participants give it, from their exact means, and that round's models are aggregated.
