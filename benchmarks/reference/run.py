@@ -160,10 +160,6 @@ METHODS: dict[str, dict[str, Any]] = {
     # the last minibatch's mean, at the scale of the package's exact-mean consensus and of PFLlib's warm-up one)
     "feddbe-kappa0": {"package": {"method": "feddbe", "feddbe-kappa": 0.0, "feddbe-momentum": 0.1},
                       "pfllib": ["-algo", "FedDBE", "-klw", "0", "-mo", "0.1"], "flbench": None},
-    # diagnostic: the package's consensus at the scale of its clients' running means (PFLlib's reading, run.py
-    # ``_feddbe_running_scale_consensus``)
-    "feddbe-pkg-running-scale": {"package": {"method": "feddbe", "feddbe-kappa": 50.0, "feddbe-momentum": 0.1,
-                                             "_diagnostic": "feddbe-running-scale"}, "pfllib": None, "flbench": None},
     "feddbe-mo1": {"package": {"method": "feddbe", "feddbe-kappa": 50.0, "feddbe-momentum": 1.0},
                    "pfllib": ["-algo", "FedDBE", "-klw", "50", "-mo", "1"], "flbench": None},
     "fedpac": {"package": {"method": "fedpac", "fedpac-lambda": 1.0}, "pfllib": ["-algo", "FedPAC", "-lam", "1"],
@@ -285,28 +281,6 @@ def _apfl_reading(steps: str, alpha: str) -> None:
     apfl.APFLClient.train_step = train_step  # type: ignore[method-assign]
 
 
-def _feddbe_running_scale_consensus(steps: int) -> None:
-    """Diagnostic only: FedDBE's consensus z̄^g at the scale PFLlib's has (``serverdbe.py`` lines 30-32: the weighted
-    mean of the clients' *running* means after the warm-up epoch, ``clientdbe.py`` line 65, which start from 0 and
-    after the epoch's 5 minibatches carry the weight 1 − (1 − m)^5 = 0.41 at m = 0.1): this package's exact-mean
-    consensus times ``1 − (1 − m)^s``, ``s`` the local steps, the scale the client's running mean itself reaches
-    at the end of a round (``FedDBEClient.train_step``), so that MR no longer pulls the representation up."""
-    import flower_pfl.methods.feddbe as feddbe
-
-    aggregate = feddbe.FedDBE.aggregate
-
-    def scaled(self: Any, server_round: int, replies: Any) -> None:
-        known = bool(self.consensus_known)
-        aggregate(self, server_round, replies)
-        if not known and bool(self.consensus_known):
-            exact = self.consensus
-            self.consensus = exact * (1 - (1 - self.momentum) ** steps)
-            print(f"feddbe consensus: exact mean {[round(float(v), 4) for v in exact]}, "
-                  f"scaled by {1 - (1 - self.momentum) ** steps:.4f}", file=sys.stderr, flush=True)
-
-    feddbe.FedDBE.aggregate = scaled  # type: ignore[method-assign]
-
-
 def alpha_summary(alphas: list[float]) -> dict[str, float]:
     """APFL's mixing weights α at the end of a run, over the clients that trained (also in flbench_launch.py)."""
     s = sorted(alphas)
@@ -331,8 +305,6 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
 
         weighted = fedproto.aggregate_prototypes
         fedproto.aggregate_prototypes = lambda w, protos: weighted((w > 0).to(w.dtype), protos)
-    if diagnostic == "feddbe-running-scale":
-        _feddbe_running_scale_consensus(int(overrides.get("local-steps", run_config(setting)["local-steps"])))
     if diagnostic == "fedala-eval-ala":
         _evaluate_ala_output()
     if diagnostic == "fedphp-eval-global":
