@@ -198,6 +198,30 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedgen": {"package": {"method": "fedgen"},
                "pfllib": ["-algo", "FedGen", "-nd", "32", "-hd", "256", "-glr", "0.0003", "-se", "50"],
                "flbench": ["method=fedgen", "+fedgen.hidden_dim=256"]},
+    # diagnostics: FL-bench with every generator / client setting of this package's (the like-for-like flags of
+    # fedgen.py's docstring; its teacher logits still from the global model's head); both without the generator's
+    # terms on the clients (α = β = 0, FL-bench's floor 1e-4: FedAvg plus the server's generator training); this
+    # package without the generator's Adam weight decay (PFLlib's and FL-bench's generator optimizers have none)
+    "fedgen-flbench-like": {"package": None, "pfllib": None,
+                            "flbench": ["method=fedgen", "+fedgen.ensemble_lr=0.0003", "+fedgen.gen_batch_size=32",
+                                        "+fedgen.generative_alpha=10", "+fedgen.generative_beta=10",
+                                        "+fedgen.ensemble_alpha=1", "+fedgen.ensemble_beta=0", "+fedgen.ensemble_eta=1",
+                                        "+fedgen.noise_dim=32", "+fedgen.hidden_dim=256", "+fedgen.use_embedding=0",
+                                        "+fedgen.coef_decay=0.98", "+fedgen.coef_decay_epoch=1",
+                                        "+fedgen.train_generator_epoch=50", "+fedgen.min_samples_per_label=0"]},
+    "fedgen-ab0": {"package": {"method": "fedgen", "fedgen-alpha": 0.0, "fedgen-beta": 0.0}, "pfllib": None,
+                   "flbench": ["method=fedgen", "+fedgen.ensemble_lr=0.0003", "+fedgen.gen_batch_size=32",
+                               "+fedgen.generative_alpha=0", "+fedgen.generative_beta=0",
+                               "+fedgen.ensemble_alpha=1", "+fedgen.ensemble_beta=0", "+fedgen.ensemble_eta=1",
+                               "+fedgen.noise_dim=32", "+fedgen.hidden_dim=256", "+fedgen.use_embedding=0",
+                               "+fedgen.coef_decay=0.98", "+fedgen.coef_decay_epoch=1",
+                               "+fedgen.train_generator_epoch=50", "+fedgen.min_samples_per_label=0"]},
+    "fedgen-wd0": {"package": {"method": "fedgen", "fedgen-weight-decay": 0.0}, "pfllib": None, "flbench": None},
+    # diagnostic: this package with PFLlib's reading (clientgen.py / servergen.py): client loss CE + CE(h(G(ŷ)), ŷ) with
+    # weight 1, no decay, B̂ = 20, no latent (β) term; generator without weight decay or diversity loss
+    "fedgen-pkg-pfllib-reading": {"package": {"method": "fedgen", "fedgen-alpha": 1.0, "fedgen-beta": 0.0, "fedgen-decay": 1.0,
+                                              "fedgen-batch-size": 20, "fedgen-weight-decay": 0.0, "fedgen-diversity": 0.0},
+                                  "pfllib": None, "flbench": None},
     # diagnostics: μ = 0 in all three (MOON's code path without the contrastive term: FedAvg with each library's
     # client sample stream), and the references at their own defaults (PFLlib main.py: -mu 0, -tau 1.0;
     # FL-bench: mu 5, tau 0.5; this package's defaults are the moon row's μ 1, τ 0.5)
