@@ -33,19 +33,18 @@ from flower_pfl.methods.feddbe import (
     mean_regularization,
 )
 
+from .features import seeded_dnn, three_classes
 from .runs import assert_as_recorded
 
 C, D = 3, 2  # classes, representation size (DNN(4, 3, hidden=2))
 
 
 def _data():
-    x = torch.randn(40, 4, generator=torch.Generator().manual_seed(0))
-    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    return three_classes(40, 4)
 
 
 def _model(seed: int = 0) -> DNN:
-    torch.manual_seed(seed)
-    return DNN(4, C, hidden=D)
+    return seeded_dnn(4, C, D, seed)
 
 
 def _train(model, config, state, steps=3):

@@ -34,19 +34,18 @@ from flower_pfl.methods.fedgen import (
     coefficient,
 )
 
+from .features import seeded_dnn, three_classes
 from .runs import assert_as_recorded, short_run
 
 C, D, NOISE, WIDTH = 3, 4, 2, 6  # classes, representation (DNN(5, 3, hidden=4)), generator noise and width
 
 
 def _data():
-    x = torch.randn(40, 5, generator=torch.Generator().manual_seed(0))
-    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    return three_classes(40, 5)
 
 
 def _model(seed: int = 0) -> DNN:
-    torch.manual_seed(seed)
-    return DNN(5, C, hidden=D)
+    return seeded_dnn(5, C, D, seed)
 
 
 def _generator() -> FeatureGenerator:

@@ -36,6 +36,7 @@ from flower_pfl.methods.fedpac import (
 )
 from flower_pfl.methods.fedproto import decode_prototypes, encode_prototypes
 
+from .features import seeded_dnn, three_classes
 from .runs import assert_as_recorded, short_run
 
 C, D = 3, 2  # classes, representation size (DNN(4, 3, hidden=2))
@@ -93,13 +94,11 @@ def test_small_weights_are_dropped_and_the_rest_renormalized():
 # --- the client -----------------------------------------------------------------------------------
 
 def _data():
-    x = torch.randn(40, 4, generator=torch.Generator().manual_seed(0))
-    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    return three_classes(40, 4)
 
 
 def _model(seed: int = 0) -> DNN:
-    torch.manual_seed(seed)
-    return DNN(4, C, hidden=D)
+    return seeded_dnn(4, C, D, seed)
 
 
 GLOBAL, KNOWN = torch.tensor([[0.5, -0.5], [1.0, 1.0], [0.0, 0.0]]), torch.tensor([True, True, False])
