@@ -165,7 +165,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedpac": {"package": {"method": "fedpac", "fedpac-lambda": 1.0}, "pfllib": ["-algo", "FedPAC", "-lam", "1"],
                "flbench": ["method=fedpac", "+fedpac.lamda=1"]},
     "fedas": {"package": {"method": "fedas"}, "pfllib": ["-algo", "FedAS"], "flbench": ["method=fedas"]},
-    "pfedsim": {"package": {"method": "pfedsim"}, "pfllib": None, "flbench": ["method=pfedsim"]},
+    # FL-bench's warm-up is a fraction of the rounds (0.5); the package's is a count (50: half of Synthetic's 100)
+    "pfedsim": {"package": {"method": "pfedsim", "pfedsim-warmup-rounds": "=half-rounds"}, "pfllib": None,
+                "flbench": ["method=pfedsim"]},
     "pfedla": {"package": {"method": "pfedla"}, "pfllib": None, "flbench": ["method=pfedla"]},
     "elastic": {"package": {"method": "elastic"}, "pfllib": None, "flbench": ["method=elastic"]},
     # diagnostics (FL-bench only): on CPU every client's reply carries the same sensitivity tensor, so its ζ is τ for
@@ -356,7 +358,7 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
                                 "output-dir": str(out.parent / "package-results"), "checkpoint-every": 0}
     n = SETTINGS[setting]["num_nodes"]
     computed = {"=lr": rc["lr"], "=1+n/4": int(1 + n / 4), "=all": n,  # values that follow the setting
-                "=train-samples": rc["train-samples-per-client"]}
+                "=train-samples": rc["train-samples-per-client"], "=half-rounds": rc["num-rounds"] // 2}
     rc |= {k: computed.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
     t0 = time.time()
     folder = run_in_process(rc, num_nodes=SETTINGS[setting]["num_nodes"])
