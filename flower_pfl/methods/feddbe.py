@@ -92,8 +92,9 @@ class FedDBEClient(ClientAlgorithm):
     SGD step of the model and of the PRBM vector ``z̄_i^p`` on ``CE(head(f(x) + z̄_i^p), y) + κ mean_k ½
     (z̄_i,k^g − z̄_k^g)²``, ``z̄_i^g ← (1 − m) z̄_i^g + m mean_n f(x_n)`` the running mean of the round's
     minibatch representations (from 0, earlier steps' held fixed). Keeps ``z̄_i^p`` in the client state,
-    returns the feature statistics of the trained model on the whole training split
-    (``feddbe-statistics``), and evaluates ``head(f(x) + z̄_i^p)``."""
+    returns, while the consensus is unknown (its config lacks ``feddbe-consensus``), the feature statistics
+    of the trained model on the whole training split (``feddbe-statistics``), and evaluates
+    ``head(f(x) + z̄_i^p)``."""
 
     name = "feddbe"
     needs_state = keeps_state = True
@@ -143,12 +144,14 @@ class FedDBEClient(ClientAlgorithm):
         return float(loss.detach())
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        keep(self.state, PRBM, [self.prbm])
+        if self.consensus is not None:  # the server has its consensus and asks for no statistics
+            return {}
         if self.data is None:
             raise ValueError("FedDBE's statistics are those of the whole training split: run it in client_apps.app's ClientApp")
-        keep(self.state, PRBM, [self.prbm])
         stats = class_statistics(model, self.data.x, self.data.y)
-        if self.consensus is None:  # these make the consensus: on the scale of the running mean MR compares it with
-            stats = replace(stats, means=stats.means * running_mean_scale(self.momentum, self.steps))
+        # these make the consensus: on the scale of the running mean MR compares it with
+        stats = replace(stats, means=stats.means * running_mean_scale(self.momentum, self.steps))
         return {STATISTICS: stats.encode()}
 
     @classmethod
@@ -170,7 +173,8 @@ class FedDBE(Method, GlobalModelAlgorithm):
     client's loss, ``z̄_i^g`` the client's mean representation (a running mean over the round's minibatches
     with momentum ``m``, reset each round) and ``z̄^g`` the consensus. The consensus is computed once:
     the first round's participants train plain FedAvg (no PRBM, no MR) and send the feature statistics
-    of their trained models on their whole training splits, their means scaled by ``1 − (1 − m)^E`` (``E``
+    of their trained models on their whole training splits (only until the consensus is known: later
+    replies carry the model alone), their means scaled by ``1 − (1 − m)^E`` (``E``
     the round's local steps: the scale a running mean started at 0 reaches, so that the consensus is on
     the scale of the running means MR compares with it, as in the authors' code, whose consensus is made
     of running means); ``z̄^g`` is their mean weighted by sample counts, fixed from then on. Server: FedAvg of the whole model (weighted by samples).
@@ -211,15 +215,19 @@ class FedDBE(Method, GlobalModelAlgorithm):
         consensus = {CONSENSUS: encode_vector(self.consensus)} if bool(self.consensus_known) else {}
         return {KAPPA: self.kappa, MOMENTUM: self.momentum, **consensus}
 
-    def check_extras(self, extras: Mapping[str, Any]) -> Any:
+    def check_extras(self, extras: Mapping[str, Any]) -> FeatureStats | None:
+        """The feature statistics while the consensus is unknown; nothing once it is (they were not asked for)."""
+        if bool(self.consensus_known):
+            return None
         return received_statistics(extras, STATISTICS, self.classes, self.dim, FedDBEClient.__name__)
 
     def example_extras(self, generator: torch.Generator) -> dict[str, bytes]:
         return {STATISTICS: FeatureStats.example(self.classes, self.dim, generator).encode()}
 
     def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
-        """The model's change, and the client's mean representation against the round's median."""
-        return {**super().update_norms(reply, sent), STATISTICS: (norm(reply.extras.means), 0.0)}
+        """The model's change, and the client's mean representation (when sent) against the round's median."""
+        stats = {} if reply.extras is None else {STATISTICS: (norm(reply.extras.means), 0.0)}
+        return {**super().update_norms(reply, sent), **stats}
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         super().aggregate(server_round, replies)

@@ -1,5 +1,5 @@
 """FedDBE: MR and the shifted representation by hand, the first round's plain steps and statistics, a
-step with PRBM and MR by hand, the kept PRBM and its evaluation, FedAvg and the consensus (once) on the
+step with PRBM and MR by hand (no statistics then), the kept PRBM and its evaluation, FedAvg and the consensus (once) on the
 server with fabricated replies, what it refuses, a short run (its first round is FedAvg's)."""
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def test_with_a_consensus_each_step_trains_model_and_prbm_on_ce_plus_mr():
     config = {**CONFIG, CONSENSUS: encode_vector(G)}
     model, ref = _model(), _model()
     state = {PRBM: [torch.tensor([0.1, 0.2])]}
-    _train(model, config, state, steps=2)
+    _, extras = _train(model, config, state, steps=2)
+    assert STATISTICS not in extras  # the server has its consensus: no statistics, no pass over the split
     prbm, running = torch.tensor([0.1, 0.2]), torch.zeros(D)
     stream = MinibatchStream(40, 8, torch.Generator().manual_seed(1))
     for _ in range(2):
@@ -161,7 +162,10 @@ def test_server_is_fedavg_and_sets_the_consensus_once_from_the_first_rounds_mean
     consensus = torch.tensor([(10 * 2.0 + 30 * 4.0) / 40, (10 * 1.0 + 30 * 4.0) / 40])  # client means (2, 1) and (4, 4)
     sent = server.plan_training(2, [1, 3])
     assert all(torch.allclose(decode_flat(ins.config[CONSENSUS], D), consensus) for ins in sent)
-    server.aggregate(2, [server.check(_reply(3, 1.0, 10, [1.0, 0.0, 0.0], [[9.0, 9.0], [0.0, 0.0], [0.0, 0.0]]))])
+    # later replies carry the model alone (statistics sent anyway are not read)
+    new = server.aggregate(2, [server.check(_reply(3, 1.0, 10, [1.0, 0.0, 0.0], [[9.0, 9.0], [0.0, 0.0], [0.0, 0.0]])),
+                               server.check(_reply(1, 4.0, 30, None, None, extras={}))])
+    assert torch.allclose(new, torch.full_like(new, 3.25))
     assert torch.allclose(decode_flat(server.plan_training(3, [1])[0].config[CONSENSUS], D), consensus)  # fixed after round 1
     assert server.plan_evaluation(3, [1], 1.0)[0].config == {CLIENT_ALGORITHM: "feddbe"}
     assert torch.equal(server.method.get_state()["consensus"], server.method.consensus)
