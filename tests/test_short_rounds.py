@@ -1,5 +1,5 @@
 """A summary never overstates: evaluated rounds that reached too few clients are written but do not count,
-and a run with short rounds ends ``degraded`` and says which (``flower_pfl.run.results.Coverage``)."""
+and a run with short rounds, or rounds that accepted no update, ends ``degraded`` and says which (``flower_pfl.run.results.Coverage``)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,26 @@ def test_a_round_evaluated_on_one_client_never_makes_the_bmta(tmp_path):
     assert any(line.startswith("  short rounds   1 training round from round 6: ") for line in lines)
 
 
+def test_rounds_that_accepted_no_update_make_a_run_degraded(tmp_path):
+    """Every reply refused (a diverged method's updates, or hostile ones) for some rounds: the figures of
+    the rounds before stand, but the run does not end ``completed``."""
+    lines: list[str] = []
+    recorder = RunRecorder(tmp_path, {}, 10, log=lines.append, coverage=Coverage(clients=4, share=0.8))
+    recorder.on_train(1, _train(4))
+    recorder.on_evaluate(2, _evaluation(0.6, 4))
+    for rnd in (3, 4, 5):
+        recorder.on_train(rnd, _train(0, rejected=4))  # replies all came back: not short of clients
+    recorder.on_evaluate(10, _evaluation(0.5, 4))
+    summary = recorder.finish()
+    assert summary["status"] == "degraded" and (summary["idle_rounds"], summary["idle_since"]) == (3, 3)
+    assert summary["short_training_rounds"] == 0 and summary["bmta"] == 0.6
+    assert any(line.startswith("flower-pfl: run degraded: 10 rounds in ") and line.endswith("some of them without an accepted update")
+               for line in lines)
+    assert any(line.startswith("  idle rounds    3 training rounds from round 3 accepted no update") for line in lines)
+    resumed = RunRecorder.resume(tmp_path, 10, last_round=4, elapsed=1.0, log=lambda _: None)
+    assert resumed.idle == [3, 4] and resumed.idle_rounds == 2
+
+
 def test_a_run_whose_every_evaluation_fell_short_fails_and_says_why(tmp_path):
     recorder = RunRecorder(tmp_path, {}, 10, log=lambda _: None, coverage=Coverage(clients=12, share=0.5))
     recorder.on_evaluate(5, _evaluation(1.0, 1))
@@ -81,7 +101,7 @@ def test_a_full_run_stays_completed_and_share_zero_counts_everything(tmp_path):
     full.on_evaluate(5, _evaluation(0.5, 4))
     assert full.finish()["status"] == "completed"
     lax = RunRecorder(tmp_path / "b", {}, 5, log=lambda _: None, coverage=Coverage(clients=4, share=0.0))
-    lax.on_train(1, _train(0, failed=4))
+    lax.on_train(1, _train(1, failed=3))
     lax.on_evaluate(5, _evaluation(0.5, 1))
     summary = lax.finish()
     assert summary["status"] == "completed" and summary["bmta"] == 0.5 and summary["short_evaluated_rounds"] == 0
@@ -132,4 +152,6 @@ def test_sweeps_and_tables_take_no_degraded_run(tmp_path):
     (run / "summary.json").write_text(json.dumps(degraded))
     assert finished(cell) is None
     assert unfinished_reason(cell) == "run degraded: 2 evaluated and 5 training rounds short of clients"
+    (run / "summary.json").write_text(json.dumps({**degraded, "short_training_rounds": 0, "idle_rounds": 4}))
+    assert unfinished_reason(cell) == "run degraded: 2 evaluated and 0 training rounds short of clients, 4 without an accepted update"
     assert compare.load([run]) == [] and compare.completed({**degraded, "status": "completed"})

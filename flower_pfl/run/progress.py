@@ -55,7 +55,10 @@ def summary_lines(summary: Mapping[str, Any], out: str | Path) -> list[str]:
     if status == "completed":
         lines = [f"{PREFIX} run completed: {rounds} rounds in {clock(wall)}{per_round}"]
     elif status == "degraded":
-        lines = [f"{PREFIX} run degraded: {rounds} rounds in {clock(wall)}{per_round}, some of them short of clients"]
+        why = " and ".join(w for w, n in (("short of clients", summary.get("short_evaluated_rounds", 0)
+                                           + summary.get("short_training_rounds", 0)),
+                                          ("without an accepted update", summary.get("idle_rounds", 0))) if n)
+        lines = [f"{PREFIX} run degraded: {rounds} rounds in {clock(wall)}{per_round}, some of them {why or 'short'}"]
     else:
         lines = [f"{PREFIX} run {status} after {clock(wall)} (of {rounds} rounds)"]
     lines += shortfall_lines(summary)
@@ -83,6 +86,9 @@ def shortfall_lines(summary: Mapping[str, Any]) -> list[str]:
     if n := summary.get("short_training_rounds", 0):
         lines.append(f"  short rounds   {n} training round{'s' * (n != 1)} from round {summary['short_training_since']}: "
                      "fewer of the sampled clients replied than min-evaluated-share asks (see clients-failed in metrics.jsonl)")
+    if (n := summary.get("idle_rounds", 0)) and "idle_since" in summary:
+        lines.append(f"  idle rounds    {n} training round{'s' * (n != 1)} from round {summary['idle_since']} accepted no "
+                     "update: every reply was refused or failed (see the warnings in the log)")
     lines += [f"  failures       {line}" for line in summary.get("failures_by_cause", [])]
     if "failures_log" in summary:
         lines.append(f"  failures log   {summary['failures_log']}")

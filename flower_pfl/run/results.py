@@ -88,8 +88,8 @@ class RunRecorder:
         self.failures: FailureAccount | None = None
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter()
-        #: rounds in which no client update was accepted
-        self.idle_rounds = 0
+        #: training rounds in which no client update was accepted (every reply refused or failed)
+        self.idle: list[int] = []
         (self.out_dir / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True))
         (self.out_dir / METRICS).write_text("")
 
@@ -117,7 +117,7 @@ class RunRecorder:
         self.evaluations = [row for row in evaluated if not coverage.short_evaluation(row)]
         self.short_evaluations = [row["round"] for row in evaluated if coverage.short_evaluation(row)]
         self.short_trainings = [row["round"] for row in rows if row["phase"] == "train" and coverage.short_training(row)]
-        self.idle_rounds = sum(1 for row in rows if row["phase"] == "train" and _idle(row))
+        self.idle = [row["round"] for row in rows if row["phase"] == "train" and _idle(row)]
         self._last_elapsed = max((row["elapsed_s"] for row in rows if row["phase"] == "train"), default=0.0)
         return self
 
@@ -134,7 +134,8 @@ class RunRecorder:
 
     def on_train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         """A training round's metrics; with ``clients-accepted`` = 0 it counts as idle."""
-        self.idle_rounds += _idle(metrics)
+        if _idle(metrics):
+            self.idle.append(server_round)
         if self.coverage.short_training(metrics):
             self.short_trainings.append(server_round)
         elapsed = self.elapsed
@@ -196,11 +197,15 @@ class RunRecorder:
         self._report(summary)
         return summary
 
+    @property
+    def idle_rounds(self) -> int:
+        return len(self.idle)
+
     def _status(self) -> str:
-        """``failed`` without a counted evaluation, ``degraded`` with short rounds, else ``completed``."""
+        """``failed`` without a counted evaluation, ``degraded`` with short or idle rounds, else ``completed``."""
         if not self.evaluations:
             return "failed"
-        return "degraded" if self.short_evaluations or self.short_trainings else "completed"
+        return "degraded" if self.short_evaluations or self.short_trainings or self.idle else "completed"
 
     def _shortfalls(self) -> dict[str, Any]:
         """The summary's account of short rounds (how many, from when, what a round had to reach) and of
@@ -213,6 +218,8 @@ class RunRecorder:
             out["short_evaluated_since"] = min(self.short_evaluations)
         if self.short_trainings:
             out["short_training_since"] = min(self.short_trainings)
+        if self.idle:
+            out["idle_since"] = min(self.idle)
         return out
 
     def fail(self, reason: str) -> None:

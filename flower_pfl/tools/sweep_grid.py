@@ -256,8 +256,9 @@ def unfinished_reason(cell: Cell) -> str:
     if summary is None:
         return "no summary written"
     if summary.get("status") == "degraded":
+        idle = f", {n} without an accepted update" if (n := summary.get("idle_rounds", 0)) else ""
         return (f"run degraded: {summary.get('short_evaluated_rounds', 0)} evaluated and "
-                f"{summary.get('short_training_rounds', 0)} training rounds short of clients")
+                f"{summary.get('short_training_rounds', 0)} training rounds short of clients{idle}")
     return f"run {summary.get('status', '?')}: {summary.get('error', 'see its log')}"
 
 
