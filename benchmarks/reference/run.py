@@ -169,6 +169,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "pfedsim": {"package": {"method": "pfedsim", "pfedsim-warmup-rounds": "=half-rounds"}, "pfllib": None,
                 "flbench": ["method=pfedsim"]},
     "pfedla": {"package": {"method": "pfedla"}, "pfllib": None, "flbench": ["method=pfedla"]},
+    # diagnostic (FL-bench only): its hypernetworks never step (hn_lr 0); FL-bench's clients load their stored model
+    # over the aggregated one (all_model_params_personalized), so this run equals the pfedla row if they never mattered
+    "pfedla-flbench-hn-lr0": {"package": None, "pfllib": None, "flbench": ["method=pfedla", "+pfedla.hn_lr=0"]},
     "elastic": {"package": {"method": "elastic"}, "pfllib": None, "flbench": ["method=elastic"]},
     # diagnostics (FL-bench only): on CPU every client's reply carries the same sensitivity tensor, so its ζ is τ for
     # every tensor; τ = 1 makes ζ = 1 (FedAvg on the 70 % trained on), sample_ratio 0.01 holds out 1 sample of 100
