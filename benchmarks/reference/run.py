@@ -164,6 +164,14 @@ METHODS: dict[str, dict[str, Any]] = {
                    "pfllib": ["-algo", "FedDBE", "-klw", "50", "-mo", "1"], "flbench": None},
     "fedpac": {"package": {"method": "fedpac", "fedpac-lambda": 1.0}, "pfllib": ["-algo", "FedPAC", "-lam", "1"],
                "flbench": ["method=fedpac", "+fedpac.lamda=1"]},
+    # diagnostics: the local work of each reference's FedPAC. PFLlib's client trains the head for an epoch, then the
+    # body for `-ls` epochs (10 steps per round here, against the package's 5 with 1 head step); FL-bench's trains the
+    # classifier in its first `train_classifier_round` (1) epochs and the body in the rest, so at local_epoch 1 its body
+    # never trains. The package with PFLlib's steps, and FL-bench with a second (body) epoch
+    "fedpac-pkg-pfllib-steps": {"package": {"method": "fedpac", "fedpac-lambda": 1.0, "local-steps": 10, "fedpac-head-steps": 5},
+                                "pfllib": None, "flbench": None},
+    "fedpac-flbench-two-epochs": {"package": None, "pfllib": None,
+                                  "flbench": ["method=fedpac", "+fedpac.lamda=1", "common.local_epoch=2"]},
     "fedas": {"package": {"method": "fedas"}, "pfllib": ["-algo", "FedAS"], "flbench": ["method=fedas"]},
     # FL-bench's warm-up is a fraction of the rounds (0.5); the package's is a count (50: half of Synthetic's 100)
     "pfedsim": {"package": {"method": "pfedsim", "pfedsim-warmup-rounds": "=half-rounds"}, "pfllib": None,
