@@ -229,6 +229,8 @@ METHODS: dict[str, dict[str, Any]] = {
                                "+fedgen.noise_dim=32", "+fedgen.hidden_dim=256", "+fedgen.use_embedding=0",
                                "+fedgen.coef_decay=0.98", "+fedgen.coef_decay_epoch=1",
                                "+fedgen.train_generator_epoch=50", "+fedgen.min_samples_per_label=0"]},
+    # diagnostic: α = β = 1 (the authors' 10, a tenth): on the image setting's CNN at lr 0.05 the full terms diverge
+    "fedgen-ab1": {"package": {"method": "fedgen", "fedgen-alpha": 1.0, "fedgen-beta": 1.0}, "pfllib": None, "flbench": None},
     "fedgen-wd0": {"package": {"method": "fedgen", "fedgen-weight-decay": 0.0}, "pfllib": None, "flbench": None},
     # diagnostic: this package with PFLlib's reading (clientgen.py / servergen.py): client loss CE + CE(h(G(ŷ)), ŷ) with
     # weight 1, no decay, B̂ = 20, no latent (β) term; generator without weight decay or diversity loss
