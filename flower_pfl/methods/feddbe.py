@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,19 +22,19 @@ from flower_pfl.engine.client_algorithm import (
     stored,
     trainable,
 )
-from flower_pfl.engine.feature_stats import FeatureStats, class_statistics, pooled_mean, received_statistics, representation_size
+from flower_pfl.engine.feature_stats import representation_size
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import head_module
 from flower_pfl.engine.params import NON_NEGATIVE, Rule, param
-from flower_pfl.engine.reply_checks import Reply, norm
+from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method, one_layer_refusal
 
 #: config keys: MR's weight κ, the running mean's momentum, and the consensus mean z̄^g (bytes; absent until known)
 KAPPA, MOMENTUM, CONSENSUS = "feddbe-kappa", "feddbe-momentum", "feddbe-consensus"
-#: reply key: the feature statistics of the client's trained model on its training split (``FeatureStats``)
-STATISTICS = "feddbe-statistics"
+#: reply key: the client's running mean ``z̄_i^g`` of its round's minibatch representations (float32 bytes)
+RUNNING_MEAN = "feddbe-running-mean"
 #: client-state key: the client's PRBM vector z̄_i^p
 PRBM = "feddbe-prbm"
 
@@ -54,12 +54,6 @@ def forward_shifted(model: nn.Module, x: torch.Tensor, shift: torch.Tensor | Non
     finally:
         handle.remove()
     return logits, captured[0].flatten(1)
-
-
-def running_mean_scale(momentum: float, steps: int) -> float:
-    """``1 − (1 − m)^steps``: the share of a constant mean that a running mean with momentum ``m``, started
-    at 0, holds after ``steps`` minibatches (the scale of the client's ``z̄_i^g`` at the round's end)."""
-    return 1 - (1 - momentum) ** steps
 
 
 def mean_regularization(running: torch.Tensor, consensus: torch.Tensor, kappa: float) -> torch.Tensor:
@@ -88,18 +82,17 @@ def prbm_vector(model: nn.Module, state: ClientState | None) -> torch.Tensor:
 
 
 class FedDBEClient(ClientAlgorithm):
-    """FedDBE's client. Before the consensus exists (the first round): plain SGD. Then, per minibatch, one
-    SGD step of the model and of the PRBM vector ``z̄_i^p`` on ``CE(head(f(x) + z̄_i^p), y) + κ mean_k ½
-    (z̄_i,k^g − z̄_k^g)²``, ``z̄_i^g ← (1 − m) z̄_i^g + m mean_n f(x_n)`` the running mean of the round's
-    minibatch representations (from 0, earlier steps' held fixed). Keeps ``z̄_i^p`` in the client state,
-    returns, while the consensus is unknown (its config lacks ``feddbe-consensus``), the feature statistics
-    of the trained model on the whole training split (``feddbe-statistics``), and evaluates
-    ``head(f(x) + z̄_i^p)``."""
+    """FedDBE's client. Every step updates ``z̄_i^g ← (1 − m) z̄_i^g + m mean_n f(x_n)``, the running mean
+    of the round's minibatch representations (from 0, earlier steps' held fixed). Before the consensus
+    exists (the first round): plain SGD, and the reply carries ``z̄_i^g`` (``feddbe-running-mean``). Then,
+    per minibatch, one SGD step of the model and of the PRBM vector ``z̄_i^p`` on ``CE(head(f(x) + z̄_i^p),
+    y) + κ mean_k ½ (z̄_i,k^g − z̄_k^g)²`` and a reply with the model alone. Keeps ``z̄_i^p`` in the
+    client state and evaluates ``head(f(x) + z̄_i^p)``."""
 
     name = "feddbe"
     needs_state = keeps_state = True
     hookable = False
-    reply_keys = (STATISTICS,)
+    reply_keys = (RUNNING_MEAN,)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -114,17 +107,14 @@ class FedDBEClient(ClientAlgorithm):
         self.consensus = (decode_flat(config[CONSENSUS], head.in_features, CONSENSUS).to(self.prbm)
                           if CONSENSUS in config else None)
         self.running = torch.zeros_like(self.prbm)
-        self.data: TrainData | None = None
-
-    def begin(self, model: nn.Module, data: TrainData) -> TrainData:
-        self.data = data
-        return data
 
     def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
         x, y = next_batch()
         params = trainable(model)
-        if self.consensus is None:  # the first round: no PRBM and no MR yet
-            loss = self.loss(model(x), y)
+        if self.consensus is None:  # the first round: no PRBM and no MR yet, the running mean for the consensus
+            logits, z = forward_shifted(model, x, None)
+            self.running = ((1 - self.momentum) * self.running + self.momentum * z.mean(0)).detach()
+            loss = self.loss(logits, y)
             grads = torch.autograd.grad(loss, params, allow_unused=True)
         else:
             prbm = self.prbm.detach().requires_grad_(True)
@@ -145,14 +135,9 @@ class FedDBEClient(ClientAlgorithm):
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, PRBM, [self.prbm])
-        if self.consensus is not None:  # the server has its consensus and asks for no statistics
+        if self.consensus is not None:  # the server has its consensus and asks for nothing more
             return {}
-        if self.data is None:
-            raise ValueError("FedDBE's statistics are those of the whole training split: run it in client_apps.app's ClientApp")
-        stats = class_statistics(model, self.data.x, self.data.y)
-        # these make the consensus: on the scale of the running mean MR compares it with
-        stats = replace(stats, means=stats.means * running_mean_scale(self.momentum, self.steps))
-        return {STATISTICS: stats.encode()}
+        return {RUNNING_MEAN: encode_vector(self.running)}
 
     @classmethod
     def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,
@@ -172,21 +157,18 @@ class FedDBE(Method, GlobalModelAlgorithm):
     the client and never sent. Mean Regularization adds ``κ · mean_k ½ (z̄_i,k^g − z̄_k^g)²`` to the
     client's loss, ``z̄_i^g`` the client's mean representation (a running mean over the round's minibatches
     with momentum ``m``, reset each round) and ``z̄^g`` the consensus. The consensus is computed once:
-    the first round's participants train plain FedAvg (no PRBM, no MR) and send the feature statistics
-    of their trained models on their whole training splits (only until the consensus is known: later
-    replies carry the model alone), their means scaled by ``1 − (1 − m)^E`` (``E``
-    the round's local steps: the scale a running mean started at 0 reaches, so that the consensus is on
-    the scale of the running means MR compares with it, as in the authors' code, whose consensus is made
-    of running means); ``z̄^g`` is their mean weighted by sample counts, fixed from then on. Server: FedAvg of the whole model (weighted by samples).
-    Clients evaluate ``head(f(x) + z̄_i^p)``.
+    the first round's participants train plain FedAvg (no PRBM, no MR) and send their running means
+    ``z̄_i^g`` of that round (only then: later replies carry the model alone); ``z̄^g`` is their mean
+    weighted by sample counts, fixed from then on, as in the authors' code: the same quantity MR compares
+    it with, on the same scale. Server: FedAvg of the whole model (weighted by samples). Clients evaluate
+    ``head(f(x) + z̄_i^p)``.
 
     Defaults: κ = 50, the authors' run script's (PFLlib's default, 0, turns MR off); ``m = 0.1``,
     PFLlib's default (the authors' run script sets ``m = 1``, each minibatch's mean; the reference
-    check's ``feddbe-mo1`` row: 79.7 in both libraries against 78.4-78.5 at 0.1). MR as the authors'
-    code writes it (with the ½).
+    check's ``feddbe-mo1`` row). MR as the authors' code writes it (with the ½).
     The authors' code and PFLlib compute the consensus in an initialisation period before round 1 in
-    which every client trains (its models are discarded), from each client's running mean; here the
-    first round's participants give it, from their exact means, and that round's models are aggregated.
+    which every client trains (its models are discarded); here the first round's participants give it,
+    and that round's models are aggregated.
     """
 
     name = "feddbe"
@@ -215,22 +197,31 @@ class FedDBE(Method, GlobalModelAlgorithm):
         consensus = {CONSENSUS: encode_vector(self.consensus)} if bool(self.consensus_known) else {}
         return {KAPPA: self.kappa, MOMENTUM: self.momentum, **consensus}
 
-    def check_extras(self, extras: Mapping[str, Any]) -> FeatureStats | None:
-        """The feature statistics while the consensus is unknown; nothing once it is (they were not asked for)."""
+    def check_extras(self, extras: Mapping[str, Any]) -> torch.Tensor | None:
+        """The running mean ``z̄_i^g`` (finite, of the representation's size) while the consensus is
+        unknown; nothing once it is (it was not asked for)."""
         if bool(self.consensus_known):
             return None
-        return received_statistics(extras, STATISTICS, self.classes, self.dim, FedDBEClient.__name__)
+        if RUNNING_MEAN not in extras:
+            raise AlgorithmOutputMissing(f"the reply lacks '{RUNNING_MEAN}' (its running mean representation)",
+                                         FedDBEClient.__name__)
+        running = decode_flat(extras[RUNNING_MEAN], self.dim, RUNNING_MEAN)
+        if not torch.isfinite(running).all():
+            raise ValueError(f"'{RUNNING_MEAN}' holds NaN or Inf")
+        return running
 
     def example_extras(self, generator: torch.Generator) -> dict[str, bytes]:
-        return {STATISTICS: FeatureStats.example(self.classes, self.dim, generator).encode()}
+        return {RUNNING_MEAN: encode_vector(torch.rand(self.dim, generator=generator))}
 
     def update_norms(self, reply: Reply, sent: torch.Tensor) -> dict[str, tuple[float, float]]:
-        """The model's change, and the client's mean representation (when sent) against the round's median."""
-        stats = {} if reply.extras is None else {STATISTICS: (norm(reply.extras.means), 0.0)}
-        return {**super().update_norms(reply, sent), **stats}
+        """The model's change, and the client's running mean (when sent) against the round's median."""
+        running = {} if reply.extras is None else {RUNNING_MEAN: (norm(reply.extras), 0.0)}
+        return {**super().update_norms(reply, sent), **running}
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
+        """FedAvg; in the first round with replies, the consensus ``z̄^g = Σ_i n_i z̄_i^g / Σ_i n_i``."""
         super().aggregate(server_round, replies)
         if not bool(self.consensus_known):
-            self.consensus = pooled_mean([r.extras for r in replies], [r.num_examples for r in replies])
+            counts = torch.tensor([float(r.num_examples) for r in replies])
+            self.consensus = (counts @ torch.stack([r.extras.float().cpu() for r in replies])) / counts.sum()
             self.consensus_known = torch.tensor(True)
