@@ -132,6 +132,10 @@ class FedGen(Method, GlobalModelAlgorithm):
     from the whole data set's. FL-bench differs (5 generator steps, hidden 32, no weight decay or
     diversity term, clients' own classes, whole-split counts; its server's teacher logits come from
     the global model, not the clients'); PFLlib's client has neither α, β nor the latent term.
+
+    The authors ran α = β = 10 at a learning rate of 0.01. At larger steps they can diverge: on the
+    reference check's image setting (a CNN at lr 0.05) they do, here and in FL-bench, and the reply
+    bounds then refuse every update; α = β = 1 trains there (``fedgen-alpha``, ``fedgen-beta``).
     """
 
     name = "fedgen"
