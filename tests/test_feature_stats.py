@@ -10,7 +10,6 @@ from flower_pfl.engine.feature_stats import (
     FeatureStats,
     class_statistics,
     pooled_class_means,
-    pooled_mean,
     received_statistics,
     representation_size,
 )
@@ -69,8 +68,6 @@ def test_pooling_weights_each_clients_class_by_its_samples_of_it():
     means, known = pooled_class_means([a, b], [10, 30])  # class 0: 5 and 30 samples
     assert known.tolist() == [True, True, False]
     torch.testing.assert_close(means, torch.tensor([[(5 * 1 + 30 * 4) / 35, 30 * 4 / 35], [2.0, 2.0], [0.0, 0.0]]))
-    # all samples: client a's mean (1.5, 1) for 10 samples, b's (4, 4) for 30
-    torch.testing.assert_close(pooled_mean([a, b], [10, 30]), torch.tensor([(10 * 1.5 + 30 * 4) / 40, (10 * 1 + 30 * 4) / 40]))
 
 
 def test_representation_size_from_the_last_weight_matrix():

@@ -84,7 +84,7 @@ CASES = [
 
 
 #: methods whose clients send their extras only until the server has what it needs from them (FedDBE's
-#: statistics make its consensus in round 1): their extras cases are played in the first round
+#: running means make its consensus in round 1): their extras cases are played in the first round
 EXTRAS_UNTIL_KNOWN = {"feddbe"}
 
 

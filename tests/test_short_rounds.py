@@ -142,8 +142,9 @@ def test_min_evaluated_share_outside_zero_one_is_refused(value):
         ExperimentConfig(min_evaluated_share=value)
 
 
-def test_sweeps_and_tables_take_no_degraded_run(tmp_path):
-    """A degraded cell is retried by the sweep (the reason says why) and left out of compare's tables."""
+def test_sweeps_and_tables_take_no_run_short_of_clients(tmp_path):
+    """A cell degraded by short rounds is retried by the sweep (the reason says why) and left out of
+    compare's tables; one degraded by idle rounds alone keeps its figures."""
     cell = Cell("fedavg", "base", 0, {"method": "fedavg", "num-rounds": 3}, 10, tmp_path / "cell")
     run = cell.folder / "run-1"
     run.mkdir(parents=True)
@@ -152,6 +153,10 @@ def test_sweeps_and_tables_take_no_degraded_run(tmp_path):
     (run / "summary.json").write_text(json.dumps(degraded))
     assert finished(cell) is None
     assert unfinished_reason(cell) == "run degraded: 2 evaluated and 5 training rounds short of clients"
-    (run / "summary.json").write_text(json.dumps({**degraded, "short_training_rounds": 0, "idle_rounds": 4}))
-    assert unfinished_reason(cell) == "run degraded: 2 evaluated and 0 training rounds short of clients, 4 without an accepted update"
     assert compare.load([run]) == [] and compare.completed({**degraded, "status": "completed"})
+    # idle rounds alone (every reply came back and was refused): the run's own figures, kept, not retried
+    idle = {"status": "degraded", "bmta": 0.4, "short_evaluated_rounds": 0, "short_training_rounds": 0, "idle_rounds": 4}
+    (run / "summary.json").write_text(json.dumps(idle))
+    assert finished(cell) == run and compare.completed(idle)
+    assert not compare.completed({**idle, "short_training_rounds": 1})  # short of clients as well: retried
+    assert not compare.completed({k: v for k, v in idle.items() if k != "bmta"})  # no figure at all

@@ -1,13 +1,13 @@
 """Feature statistics sent up: what a client's representation looks like, class by class, on its
-training data, as the representation methods (FedDBE's mean, FedPAC's prototypes and classifier
-statistics, FedProto's prototypes) send it to the server.
+training data, as the representation methods (FedPAC's prototypes and classifier statistics,
+FedProto's prototypes) send it to the server.
 
 The representation is the input of the model's last ``nn.Linear`` (``model_split.forward_with_features``),
 of size ``d``; the classes are that layer's ``C`` outputs. A client computes ``class_statistics`` over
 its whole training split (each class's share of the samples, its mean representation and the trace
 of its covariance), sends them as bytes (``FeatureStats.encode``); the server reads them back with
 ``received_statistics`` (checked: the right size, finite, shares in [0, 1] summing to 1, variances
->= 0) and pools them over its clients (``pooled_class_means``, ``pooled_mean``), weighting each
+>= 0) and pools them over its clients (``pooled_class_means``), weighting each
 client's share of a class by its sample count.
 """
 
@@ -124,12 +124,6 @@ def pooled_class_means(stats: Sequence[FeatureStats], num_examples: Sequence[flo
     (``share × num_examples``), and which classes some client holds."""
     weights = torch.stack([s.shares * float(n) for s, n in zip(stats, num_examples)])
     return aggregate_prototypes(weights, torch.stack([s.means for s in stats]))
-
-
-def pooled_mean(stats: Sequence[FeatureStats], num_examples: Sequence[float]) -> torch.Tensor:
-    """The ``(d,)`` mean representation over all the clients' samples: their means weighted by sample counts."""
-    weights = torch.tensor([float(n) for n in num_examples])
-    return (weights / weights.sum()) @ torch.stack([s.mean() for s in stats])
 
 
 def prototype_loss(z: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor, known: torch.Tensor) -> torch.Tensor:

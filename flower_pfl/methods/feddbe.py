@@ -176,7 +176,7 @@ class FedDBE(Method, GlobalModelAlgorithm):
     client = FedDBEClient
     default_clients_per_round = 10
     state_attributes = ("consensus", "consensus_known")
-    without_client_algorithm = "cannot run: every reply lacks the feature statistics"
+    without_client_algorithm = "cannot run: every first-round reply lacks the running mean that makes the consensus"
 
     kappa: float = param(50.0, key="feddbe-kappa", must=NON_NEGATIVE,
                          doc="κ: weight of the mean regularization (the authors' run script: 50)")

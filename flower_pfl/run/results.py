@@ -69,7 +69,8 @@ class RunRecorder:
 
     ``metrics.jsonl`` holds one JSON object per line: ``{"round", "phase", ...}``
     with ``phase`` ``"train"`` or ``"evaluate"``. Evaluated rounds that reached too few clients
-    (``Coverage``) are written but left out of the summary's figures, and the run then ends ``degraded``.
+    (``Coverage``) are written but left out of the summary's figures, and the run then ends ``degraded``;
+    so does a run with idle rounds (no update accepted), whose figures stand (``figures_stand``).
     """
 
     def __init__(self, out_dir: str | Path, config: Mapping[str, Any], num_rounds: int, log: Any = None,
@@ -237,6 +238,16 @@ class RunRecorder:
 
 class RunFailed(RuntimeError):
     """A run that cannot achieve anything (no accepted updates, no finite accuracy); the message says why."""
+
+
+def figures_stand(summary: Mapping[str, Any]) -> bool:
+    """Whether a summary's figures are the run's own: ``completed``, or ``degraded`` by idle rounds alone.
+    An idle round whose every client replied was the method's own outcome (its updates were refused, a
+    diverged method's say), which a rerun repeats; rounds short of clients make the figures not
+    comparable (older summaries have no ``status``)."""
+    status = summary.get("status", "completed")
+    only_idle = not summary.get("short_evaluated_rounds", 0) and not summary.get("short_training_rounds", 0)
+    return "bmta" in summary and (status == "completed" or (status == "degraded" and only_idle))
 
 
 def _idle(train_metrics: Mapping[str, Any]) -> bool:

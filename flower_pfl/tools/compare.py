@@ -38,7 +38,7 @@ import numpy as np
 from flower_pfl.engine.extras import require
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.methods import registry
-from flower_pfl.run.results import CONFIG, MEAN, METRICS, SUMMARY
+from flower_pfl.run.results import CONFIG, MEAN, METRICS, SUMMARY, figures_stand
 
 #: where the sweep notes, beside a cell's results folder, what the cell was
 CELL = "cell.json"
@@ -89,9 +89,10 @@ def fmt(values: Iterable[float]) -> str:
 
 
 def completed(summary: Mapping[str, Any]) -> bool:
-    """A summary with figures from rounds that reached enough clients: ``degraded`` runs are left out
-    (``flower_pfl.run.results.Coverage``; older summaries have no ``status``)."""
-    return summary.get("status", "completed") == "completed" and "bmta" in summary
+    """A summary with figures from rounds that reached enough clients: runs ``degraded`` by short
+    rounds are left out (``flower_pfl.run.results.Coverage``), those with idle rounds alone kept
+    (``flower_pfl.run.results.figures_stand``)."""
+    return figures_stand(summary)
 
 
 def load_folder(folder: Path) -> Run | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.methods.registry import renamed_keys
-from flower_pfl.run.results import CONFIG, SUMMARY
+from flower_pfl.run.results import CONFIG, SUMMARY, figures_stand
 
 #: the sweep's own key (not a run-config key): how many clients the federation has
 NUM_NODES = "num-nodes"
@@ -229,7 +229,8 @@ def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, list[Any]
 # --- running ---------------------------------------------------------------------------------
 
 def finished(cell: Cell) -> Path | None:
-    """The newest results folder of ``cell`` with a completed summary and the cell's run config."""
+    """The newest results folder of ``cell`` whose figures stand (``figures_stand``: completed, or
+    degraded by idle rounds alone, which a rerun repeats) with the cell's run config."""
     if not cell.folder.is_dir():
         return None
     expected = _comparable(cell.run_config)
@@ -239,14 +240,14 @@ def finished(cell: Cell) -> Path | None:
             config = json.loads((folder / CONFIG).read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if summary.get("status") == "completed" and _comparable(config) == expected:
+        if figures_stand(summary) and _comparable(config) == expected:
             return folder
     return None
 
 
 def unfinished_reason(cell: Cell) -> str:
     """Why ``finished(cell)`` found nothing: the newest summary's status and error, or that none was written.
-    A ``degraded`` run (rounds short of clients, ``flower_pfl.run.results.Coverage``) is not a finished
+    A run ``degraded`` by rounds short of clients (``flower_pfl.run.results.Coverage``) is not a finished
     cell: its figures would not be comparable, so the sweep retries it."""
     summaries = sorted(cell.folder.glob(f"*/{SUMMARY}"), reverse=True) if cell.folder.is_dir() else []
     try:
@@ -256,9 +257,8 @@ def unfinished_reason(cell: Cell) -> str:
     if summary is None:
         return "no summary written"
     if summary.get("status") == "degraded":
-        idle = f", {n} without an accepted update" if (n := summary.get("idle_rounds", 0)) else ""
         return (f"run degraded: {summary.get('short_evaluated_rounds', 0)} evaluated and "
-                f"{summary.get('short_training_rounds', 0)} training rounds short of clients{idle}")
+                f"{summary.get('short_training_rounds', 0)} training rounds short of clients")
     return f"run {summary.get('status', '?')}: {summary.get('error', 'see its log')}"
 
 

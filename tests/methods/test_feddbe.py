@@ -161,7 +161,8 @@ def test_server_is_fedavg_and_sets_the_consensus_once_from_the_first_rounds_runn
     consensus = torch.tensor([(10 * 2.0 + 30 * 4.0) / 40, (10 * 1.0 + 30 * 4.0) / 40])  # by samples
     sent = server.plan_training(2, [1, 3])
     assert all(torch.allclose(decode_flat(ins.config[CONSENSUS], D), consensus) for ins in sent)
-    # later replies carry the model alone (a running mean sent anyway is not read)
+    # later replies carry the model alone (a running mean sent anyway is not read, nor refused)
+    assert server.check(_reply(4, 2.0, 10, None, extras={RUNNING_MEAN: b"junk"})).extras is None
     new = server.aggregate(2, [server.check(_reply(3, 1.0, 10, [9.0, 9.0])), server.check(_reply(1, 4.0, 30, None, extras={}))])
     assert torch.allclose(new, torch.full_like(new, 3.25))
     assert torch.allclose(decode_flat(server.plan_training(3, [1])[0].config[CONSENSUS], D), consensus)  # fixed after round 1
