@@ -428,11 +428,12 @@ EXPLANATIONS: dict[tuple[str, str], str] = {
     ("images", "fedcp"): (
         "not explained: the package is 4.2 points under PFLlib on each of three seeds (74.5 / 74.9 / 74.0 against "
         "78.7 / 78.9 / 78.4; on Synthetic they agree, −0.4). Not the uploaded head: with PFLlib's 0.5 mix "
-        "(fedcp-head-mix-half) 75.1. Differences of reading found and not yet measured: PFLlib's evaluation draws the "
-        "Gumbel policy too (`servercp.py:175` `F.gumbel_softmax` ignores eval mode; the package evaluates the "
-        "deterministic softmax), and its clients' conditional input is a random vector (`clientcp.py:17`) until the "
-        "first aggregation. λ 5 in both."
+        "(fedcp-head-mix-half) 75.1. Nor the Gumbel noise PFLlib's evaluation keeps (`servercp.py:175` "
+        "`F.gumbel_softmax` ignores eval mode; the package evaluates the deterministic softmax): the package evaluating "
+        "with it (fedcp-pkg-eval-gumbel) 74.6. Not yet measured: PFLlib's clients' conditional input is a random vector "
+        "(`clientcp.py:17`) until the first aggregation. λ 5 in both."
     ),
+    ("images", "fedcp-pkg-eval-gumbel"): "diagnostic: this package's FedCP evaluating with Gumbel noise in its policy, as PFLlib does; see fedcp.",
     ("images", "fedcp-head-mix-half"): "diagnostic: this package's FedCP uploading PFLlib's head mix (`fedcp-head-mix` 0.5); see fedcp.",
     ("images", "gpfl"): (
         "agree over seeds: 38.5 / 39.7 / 38.1 against PFLlib's 40.8 / 39.8 / 39.5 (means 38.7 and 40.0). Both far under "

@@ -152,6 +152,9 @@ METHODS: dict[str, dict[str, Any]] = {
     # (clientcp.py, hard-coded 0.5); the package's default uploads the personalized head (the paper)
     "fedcp-head-mix-half": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "fedcp-head-mix": 0.5}, "pfllib": None,
                             "flbench": None},
+    # diagnostic: this package's FedCP evaluating with Gumbel noise in its policy, as PFLlib (harness-side patch)
+    "fedcp-pkg-eval-gumbel": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "_diagnostic": "fedcp-eval-gumbel"},
+                              "pfllib": None, "flbench": None},
     "gpfl": {"package": {"method": "gpfl", "gpfl-lambda": 0.01, "gpfl-mu": 0.1},
              "pfllib": ["-algo", "GPFL", "-lam", "0.01", "-mu", "0.1"], "flbench": None},
     "feddbe": {"package": {"method": "feddbe", "feddbe-kappa": 50.0, "feddbe-momentum": 0.1},
@@ -346,6 +349,17 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
         fedproto.aggregate_prototypes = lambda w, protos: weighted((w > 0).to(w.dtype), protos)
     if diagnostic == "fedala-eval-ala":
         _evaluate_ala_output()
+    if diagnostic == "fedcp-eval-gumbel":
+        # diagnostic only: FedCP's clients evaluate with the Gumbel-Softmax policy, noise and all, as PFLlib's do
+        # (its `ConditionalSelection.forward` calls `F.gumbel_softmax` in eval mode too)
+        import flower_pfl.methods.fedcp as fedcp
+
+        def noisy(self, x):  # type: ignore[no-untyped-def]
+            generator = torch.Generator().manual_seed(len(x))
+            return fedcp.separated_logits(self.model, self.modules_, x, self.context,
+                                          lambda shape: fedcp.gumbel(shape, generator, x.device))[0]
+
+        fedcp.Separated.forward = noisy  # type: ignore[method-assign]
     if diagnostic == "fedphp-eval-global":
         # diagnostic only: a FedPHP client evaluates the global model it receives (as PFLlib's clients do for the
         # rounds they sit out), not its HPM
