@@ -430,9 +430,12 @@ EXPLANATIONS: dict[tuple[str, str], str] = {
         "78.7 / 78.9 / 78.4; on Synthetic they agree, −0.4). Not the uploaded head: with PFLlib's 0.5 mix "
         "(fedcp-head-mix-half) 75.1. Nor the Gumbel noise PFLlib's evaluation keeps (`servercp.py:175` "
         "`F.gumbel_softmax` ignores eval mode; the package evaluates the deterministic softmax): the package evaluating "
-        "with it (fedcp-pkg-eval-gumbel) 74.6. Not yet measured: PFLlib's clients' conditional input is a random vector "
+        "with it (fedcp-pkg-eval-gumbel) 74.6. Nor that PFLlib's server hands the aggregated global head and CPN only "
+        "to the round's participants (`servercp.py` `global_head`, `global_cs`), so a client holds those of the last "
+        "round it took part in: the package that way (fedcp-pkg-stale-modules) 74.2. Not yet measured: PFLlib's clients' conditional input is a random vector "
         "(`clientcp.py:17`) until the first aggregation. λ 5 in both."
     ),
+    ("images", "fedcp-pkg-stale-modules"): "diagnostic: each client of this package's FedCP gets the global head and CPN of the last round it took part in, as PFLlib's; see fedcp.",
     ("images", "fedcp-pkg-eval-gumbel"): "diagnostic: this package's FedCP evaluating with Gumbel noise in its policy, as PFLlib does; see fedcp.",
     ("images", "fedcp-head-mix-half"): "diagnostic: this package's FedCP uploading PFLlib's head mix (`fedcp-head-mix` 0.5); see fedcp.",
     ("images", "gpfl"): (

@@ -152,6 +152,9 @@ METHODS: dict[str, dict[str, Any]] = {
     # (clientcp.py, hard-coded 0.5); the package's default uploads the personalized head (the paper)
     "fedcp-head-mix-half": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "fedcp-head-mix": 0.5}, "pfllib": None,
                             "flbench": None},
+    # diagnostic: each client gets the global head and CPN of its last round, as PFLlib's (harness-side patch)
+    "fedcp-pkg-stale-modules": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "_diagnostic": "fedcp-stale-modules"},
+                                "pfllib": None, "flbench": None},
     # diagnostic: this package's FedCP evaluating with Gumbel noise in its policy, as PFLlib (harness-side patch)
     "fedcp-pkg-eval-gumbel": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "_diagnostic": "fedcp-eval-gumbel"},
                               "pfllib": None, "flbench": None},
@@ -323,6 +326,38 @@ def _apfl_reading(steps: str, alpha: str) -> None:
     apfl.APFLClient.train_step = train_step  # type: ignore[method-assign]
 
 
+def _fedcp_stale_modules() -> None:
+    """Diagnostic only: each FedCP client gets the global head and CPN of the last round it took part in (the
+    initial ones before), as PFLlib's server hands them only to the round's participants, after aggregating
+    (`servercp.py` `global_head`, `global_cs`), while every client gets each round's feature extractor."""
+    import dataclasses
+
+    import flower_pfl.methods.fedcp as fedcp
+
+    kept: dict[Any, bytes] = {}
+    train, evaluate, aggregate = fedcp.FedCP.train_instructions, fedcp.FedCP.evaluation_instructions, fedcp.FedCP.aggregate
+
+    def own(self, instructions):
+        kept.setdefault("initial", self.side_settings()[fedcp.MODULES])
+        return [dataclasses.replace(i, config={**i.config, fedcp.MODULES: kept.get(i.client_id, kept["initial"])})
+                for i in instructions]
+
+    def train_instructions(self, server_round, sampled, others):
+        return own(self, train(self, server_round, sampled, others))
+
+    def evaluation_instructions(self, server_round, ids):
+        return own(self, evaluate(self, server_round, ids))
+
+    def aggregated(self, server_round, replies):
+        aggregate(self, server_round, replies)
+        for reply in replies:
+            kept[reply.client_id] = self.side_settings()[fedcp.MODULES]
+
+    fedcp.FedCP.train_instructions = train_instructions  # type: ignore[method-assign]
+    fedcp.FedCP.evaluation_instructions = evaluation_instructions  # type: ignore[method-assign]
+    fedcp.FedCP.aggregate = aggregated  # type: ignore[method-assign]
+
+
 def alpha_summary(alphas: list[float]) -> dict[str, float]:
     """APFL's mixing weights α at the end of a run, over the clients that trained (also in flbench_launch.py)."""
     s = sorted(alphas)
@@ -349,12 +384,14 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
         fedproto.aggregate_prototypes = lambda w, protos: weighted((w > 0).to(w.dtype), protos)
     if diagnostic == "fedala-eval-ala":
         _evaluate_ala_output()
+    if diagnostic == "fedcp-stale-modules":
+        _fedcp_stale_modules()
     if diagnostic == "fedcp-eval-gumbel":
         # diagnostic only: FedCP's clients evaluate with the Gumbel-Softmax policy, noise and all, as PFLlib's do
         # (its `ConditionalSelection.forward` calls `F.gumbel_softmax` in eval mode too)
         import flower_pfl.methods.fedcp as fedcp
 
-        def noisy(self, x):  # type: ignore[no-untyped-def]
+        def noisy(self, x):
             generator = torch.Generator().manual_seed(len(x))
             return fedcp.separated_logits(self.model, self.modules_, x, self.context,
                                           lambda shape: fedcp.gumbel(shape, generator, x.device))[0]
