@@ -111,19 +111,14 @@ class FedDBEClient(ClientAlgorithm):
     def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
         x, y = next_batch()
         params = trainable(model)
-        if self.consensus is None:  # the first round: no PRBM and no MR yet, the running mean for the consensus
-            logits, z = forward_shifted(model, x, None)
-            self.running = ((1 - self.momentum) * self.running + self.momentum * z.mean(0)).detach()
-            loss = self.loss(logits, y)
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
-        else:
-            prbm = self.prbm.detach().requires_grad_(True)
-            logits, z = forward_shifted(model, x, prbm)
-            running = (1 - self.momentum) * self.running + self.momentum * z.mean(0)
-            loss = self.loss(logits, y)
-            grads = torch.autograd.grad(loss + mean_regularization(running, self.consensus, self.kappa), [*params, prbm],
-                                        allow_unused=True)
-            self.running = running.detach()
+        prbm = None if self.consensus is None else self.prbm.detach().requires_grad_(True)  # round 1: no PRBM, no MR
+        logits, z = forward_shifted(model, x, prbm)
+        running = (1 - self.momentum) * self.running + self.momentum * z.mean(0)
+        loss = self.loss(logits, y)
+        total = loss if self.consensus is None else loss + mean_regularization(running, self.consensus, self.kappa)
+        grads = torch.autograd.grad(total, params if prbm is None else [*params, prbm], allow_unused=True)
+        self.running = running.detach()
+        if prbm is not None:
             with torch.no_grad():
                 self.prbm = prbm.detach() - lr * grads[-1]
             grads = grads[:-1]
