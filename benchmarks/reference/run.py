@@ -162,8 +162,8 @@ METHODS: dict[str, dict[str, Any]] = {
              "pfllib": ["-algo", "GPFL", "-lam", "0.01", "-mu", "0.1"], "flbench": None},
     "feddbe": {"package": {"method": "feddbe", "feddbe-kappa": 50.0, "feddbe-momentum": 0.1},
                "pfllib": ["-algo", "FedDBE", "-klw", "50", "-mo", "0.1"], "flbench": None},
-    # diagnostics: κ = 0 in both (the PRBM alone, no mean regularization), and momentum 1 in both (the running mean is
-    # the last minibatch's mean, at the scale of the package's exact-mean consensus and of PFLlib's warm-up one)
+    # diagnostics: κ = 0 in both (the PRBM alone, no mean regularization), and momentum 1 in both (the running mean,
+    # and so the consensus, is each minibatch's mean)
     "feddbe-kappa0": {"package": {"method": "feddbe", "feddbe-kappa": 0.0, "feddbe-momentum": 0.1},
                       "pfllib": ["-algo", "FedDBE", "-klw", "0", "-mo", "0.1"], "flbench": None},
     "feddbe-mo1": {"package": {"method": "feddbe", "feddbe-kappa": 50.0, "feddbe-momentum": 1.0},
