@@ -21,6 +21,10 @@ FedAS's server calls ``avg_generalization_metrics``, which no PFLlib class defin
 before it saves its results: the launcher adds it (returning ``None``) where it is missing.
 ``--php-eval-hpm`` (diagnostic) makes FedPHP's clients (``clientPHP``) evaluate their HPM ``model_p`` instead of
 their ``model`` (the global model just received, or the local model of a client that trained this round).
+``--torch-seed-is-seed`` (diagnostic) adds ``--seed`` to every seed PFLlib gives torch: ``main.py`` seeds it with 0
+and so does every client's constructor (``clientbase.py``), so that without the flag the initial model, every
+minibatch order and every torch draw (FedCP's Gumbel noise, its initial conditional input) are the same for every
+``--seed``, which then varies only the clients sampled. With seed 0 the flag changes nothing.
 ``--verify`` reads every client's data through PFLlib's ``read_client_data`` and compares it with the
 exporter's manifest.
 """
@@ -116,6 +120,8 @@ def main() -> None:
                    help="DNN.forward without its final log_softmax (see the module docstring)")
     p.add_argument("--php-eval-hpm", action="store_true",
                    help="diagnostic: FedPHP's clients evaluate their HPM (model_p), not their model")
+    p.add_argument("--torch-seed-is-seed", action="store_true",
+                   help="diagnostic: add --seed to every seed PFLlib gives torch (see the module docstring)")
     p.add_argument("pfllib_args", nargs=argparse.REMAINDER)
     a = p.parse_args()
     argv = [x for x in a.pfllib_args if x != "--"]
@@ -126,6 +132,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    if a.torch_seed_is_seed:
+        manual_seed = torch.manual_seed
+        torch.manual_seed = lambda seed: manual_seed(seed + a.seed)
     if a.verify:
         print(json.dumps(verify(a.verify.resolve())))
         return
@@ -177,7 +186,8 @@ def main() -> None:
     h5.unlink()
     mean = client_means(acc, calls)
     result = {
-        "library": "pfllib", "argv": argv, "seed": a.seed, "dnn_logits": a.dnn_logits, "php_eval_hpm": a.php_eval_hpm, "seconds": round(seconds, 1),
+        "library": "pfllib", "argv": argv, "seed": a.seed, "dnn_logits": a.dnn_logits, "php_eval_hpm": a.php_eval_hpm,
+        "torch_seed_is_seed": a.torch_seed_is_seed, "seconds": round(seconds, 1),
         "rounds": [i * gap for i in range(len(acc))], "accuracy_weighted": acc, "accuracy_mean": mean,
         "final_weighted": acc[-1], "best_weighted": max(acc), "log": str(log),
     }

@@ -158,6 +158,12 @@ METHODS: dict[str, dict[str, Any]] = {
     # diagnostic: this package's FedCP evaluating with Gumbel noise in its policy, as PFLlib (harness-side patch)
     "fedcp-pkg-eval-gumbel": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "_diagnostic": "fedcp-eval-gumbel"},
                               "pfllib": None, "flbench": None},
+    # diagnostics: PFLlib with another torch seed (its main.py and every client's constructor seed torch with 0, so its
+    # --seed alone varies only the clients sampled; pfllib_launch.py --torch-seed-is-seed); with seed 0, its plain row
+    "fedcp-pfllib-torch-seeds": {"package": None, "pfllib": ["-algo", "FedCP", "-lam", "5"],
+                                 "pfllib_flags": ["--dnn-logits", "--torch-seed-is-seed"], "flbench": None},
+    "fedavg-pfllib-torch-seeds": {"package": None, "pfllib": ["-algo", "FedAvg"], "pfllib_flags": ["--dnn-logits", "--torch-seed-is-seed"],
+                                  "flbench": None},
     "gpfl": {"package": {"method": "gpfl", "gpfl-lambda": 0.01, "gpfl-mu": 0.1},
              "pfllib": ["-algo", "GPFL", "-lam", "0.01", "-mu", "0.1"], "flbench": None},
     "feddbe": {"package": {"method": "feddbe", "feddbe-kappa": 50.0, "feddbe-momentum": 0.1},
