@@ -25,6 +25,11 @@ their ``model`` (the global model just received, or the local model of a client 
 and so does every client's constructor (``clientbase.py``), so that without the flag the initial model, every
 minibatch order and every torch draw (FedCP's Gumbel noise, its initial conditional input) are the same for every
 ``--seed``, which then varies only the clients sampled. With seed 0 the flag changes nothing.
+``--cp-package-reading`` (diagnostic) runs PFLlib's FedCP with this package's four readings of the paper: a client
+uploads its personalized head (``clientcp.py`` uploads its mean with the global head), every client gets the
+aggregated global head and CPN (``servercp.py`` hands them to the round's participants only), the conditional input
+comes from the personalized head from the start (PFLlib's is a random vector until the client's first round ends),
+and evaluation takes the policy without Gumbel noise.
 ``--verify`` reads every client's data through PFLlib's ``read_client_data`` and compares it with the
 exporter's manifest.
 """
@@ -105,6 +110,46 @@ def client_means(pooled: list[float], calls: list[tuple[float, float]]) -> list[
     return out
 
 
+def fedcp_package_reading() -> None:
+    """Patch PFLlib's FedCP to this package's readings (``--cp-package-reading``, see the module docstring)."""
+    import torch
+    from flcore.clients.clientcp import clientCP
+    from flcore.servers.servercp import ConditionalSelection, FedCP
+
+    init = clientCP.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.context = self.model.model.head.weight.detach().sum(0, keepdim=True).clone()
+
+    def upload_personal_head(self):
+        for personal, upload in zip(self.model.model.head.parameters(), self.model.head_g.parameters()):
+            upload.data = personal.data.clone()
+
+    global_head, global_cs = FedCP.global_head, FedCP.global_cs
+
+    def head_to_all(self):
+        global_head(self)
+        for client in self.clients:
+            client.set_head_g(self.head)
+
+    def cs_to_all(self):
+        global_cs(self)
+        for client in self.clients:
+            client.set_cs(self.cs)
+
+    gumbel_policy = ConditionalSelection.forward
+
+    def policy(self, x, tau=1, hard=False):
+        if self.training:
+            return gumbel_policy(self, x, tau=tau, hard=hard)
+        z = torch.softmax(self.fc(x).view(x.shape[0], 2, -1) / tau, dim=1)
+        return z[:, 0, :], z[:, 1, :]
+
+    clientCP.__init__, clientCP.generate_upload_head = __init__, upload_personal_head
+    FedCP.global_head, FedCP.global_cs, ConditionalSelection.forward = head_to_all, cs_to_all, policy
+
+
 def arg(argv: list[str], flag: str, default: str) -> str:
     return argv[argv.index(flag) + 1] if flag in argv else default
 
@@ -122,6 +167,8 @@ def main() -> None:
                    help="diagnostic: FedPHP's clients evaluate their HPM (model_p), not their model")
     p.add_argument("--torch-seed-is-seed", action="store_true",
                    help="diagnostic: add --seed to every seed PFLlib gives torch (see the module docstring)")
+    p.add_argument("--cp-package-reading", action="store_true",
+                   help="diagnostic: PFLlib's FedCP with this package's readings (see the module docstring)")
     p.add_argument("pfllib_args", nargs=argparse.REMAINDER)
     a = p.parse_args()
     argv = [x for x in a.pfllib_args if x != "--"]
@@ -160,6 +207,8 @@ def main() -> None:
                 self.model = model
 
         clientPHP.test_metrics = test_hpm
+    if a.cp_package_reading:
+        fedcp_package_reading()
     calls = record_client_accuracies(system)
     from flcore.servers.serverbase import Server
 
@@ -187,7 +236,7 @@ def main() -> None:
     mean = client_means(acc, calls)
     result = {
         "library": "pfllib", "argv": argv, "seed": a.seed, "dnn_logits": a.dnn_logits, "php_eval_hpm": a.php_eval_hpm,
-        "torch_seed_is_seed": a.torch_seed_is_seed, "seconds": round(seconds, 1),
+        "torch_seed_is_seed": a.torch_seed_is_seed, "cp_package_reading": a.cp_package_reading, "seconds": round(seconds, 1),
         "rounds": [i * gap for i in range(len(acc))], "accuracy_weighted": acc, "accuracy_mean": mean,
         "final_weighted": acc[-1], "best_weighted": max(acc), "log": str(log),
     }

@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,12 +159,21 @@ METHODS: dict[str, dict[str, Any]] = {
     # diagnostic: this package's FedCP evaluating with Gumbel noise in its policy, as PFLlib (harness-side patch)
     "fedcp-pkg-eval-gumbel": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "_diagnostic": "fedcp-eval-gumbel"},
                               "pfllib": None, "flbench": None},
+    # diagnostic: PFLlib's FedCP with this package's four readings (pfllib_launch.py --cp-package-reading)
+    "fedcp-pfllib-package-reading": {"package": None, "pfllib": ["-algo", "FedCP", "-lam", "5"],
+                                     "pfllib_flags": ["--dnn-logits", "--cp-package-reading"], "flbench": None},
     # diagnostics: PFLlib with another torch seed (its main.py and every client's constructor seed torch with 0, so its
     # --seed alone varies only the clients sampled; pfllib_launch.py --torch-seed-is-seed); with seed 0, its plain row
     "fedcp-pfllib-torch-seeds": {"package": None, "pfllib": ["-algo", "FedCP", "-lam", "5"],
                                  "pfllib_flags": ["--dnn-logits", "--torch-seed-is-seed"], "flbench": None},
     "fedavg-pfllib-torch-seeds": {"package": None, "pfllib": ["-algo", "FedAvg"], "pfllib_flags": ["--dnn-logits", "--torch-seed-is-seed"],
                                   "flbench": None},
+    # diagnostic: this package's FedCP with PFLlib's random conditional input until a client's first round (patch)
+    "fedcp-pkg-random-context": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "_diagnostic": "fedcp-random-context"},
+                                 "pfllib": None, "flbench": None},
+    # diagnostic: this package's FedCP with all four of PFLlib's readings above at once (head mix 0.5 and the patches)
+    "fedcp-pkg-pfllib-reading": {"package": {"method": "fedcp", "fedcp-lambda": 5.0, "fedcp-head-mix": 0.5,
+                                             "_diagnostic": "fedcp-pfllib"}, "pfllib": None, "flbench": None},
     "gpfl": {"package": {"method": "gpfl", "gpfl-lambda": 0.01, "gpfl-mu": 0.1},
              "pfllib": ["-algo", "GPFL", "-lam", "0.01", "-mu", "0.1"], "flbench": None},
     "feddbe": {"package": {"method": "feddbe", "feddbe-kappa": 50.0, "feddbe-momentum": 0.1},
@@ -364,6 +374,50 @@ def _fedcp_stale_modules() -> None:
     fedcp.FedCP.aggregate = aggregated  # type: ignore[method-assign]
 
 
+def _fedcp_eval_gumbel() -> None:
+    """Diagnostic only: FedCP's clients evaluate with the Gumbel-Softmax policy, noise and all, as PFLlib's do (its
+    `ConditionalSelection.forward` calls `F.gumbel_softmax` in eval mode too)."""
+    import torch
+
+    import flower_pfl.methods.fedcp as fedcp
+
+    def noisy(self, x):
+        generator = torch.Generator().manual_seed(len(x))
+        return fedcp.separated_logits(self.model, self.modules_, x, self.context,
+                                      lambda shape: fedcp.gumbel(shape, generator, x.device))[0]
+
+    fedcp.Separated.forward = noisy  # type: ignore[method-assign]
+
+
+def _fedcp_random_context() -> None:
+    """Diagnostic only: a FedCP client whose personalized head has not trained yet takes PFLlib's initial conditional
+    input instead of its head's, the same uniform random vector for every client (`clientcp.py` draws
+    `torch.rand(1, in_dim)` right after `clientbase.py` seeds torch with 0), until its first round ends (`set_head_g`)."""
+    import torch
+
+    import flower_pfl.methods.fedcp as fedcp
+
+    from_head, initial = fedcp.conditional_input, list[torch.Tensor]()
+
+    def conditional_input(model):
+        weight = fedcp.head_module(model).weight.detach()
+        if not initial:  # the first client of round 1: every head is still the initial one
+            initial.append(weight.clone())
+        if torch.equal(weight, initial[0]):
+            return torch.rand(weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight)
+        return from_head(model)
+
+    fedcp.conditional_input = conditional_input
+
+
+#: the FedCP diagnostics: PFLlib's readings, one at a time and together (with `fedcp-head-mix` 0.5 in the spec)
+FEDCP_READINGS: dict[str, tuple[Callable[[], None], ...]] = {
+    "fedcp-stale-modules": (_fedcp_stale_modules,), "fedcp-eval-gumbel": (_fedcp_eval_gumbel,),
+    "fedcp-random-context": (_fedcp_random_context,),
+    "fedcp-pfllib": (_fedcp_stale_modules, _fedcp_eval_gumbel, _fedcp_random_context),
+}
+
+
 def alpha_summary(alphas: list[float]) -> dict[str, float]:
     """APFL's mixing weights α at the end of a run, over the clients that trained (also in flbench_launch.py)."""
     s = sorted(alphas)
@@ -390,19 +444,8 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
         fedproto.aggregate_prototypes = lambda w, protos: weighted((w > 0).to(w.dtype), protos)
     if diagnostic == "fedala-eval-ala":
         _evaluate_ala_output()
-    if diagnostic == "fedcp-stale-modules":
-        _fedcp_stale_modules()
-    if diagnostic == "fedcp-eval-gumbel":
-        # diagnostic only: FedCP's clients evaluate with the Gumbel-Softmax policy, noise and all, as PFLlib's do
-        # (its `ConditionalSelection.forward` calls `F.gumbel_softmax` in eval mode too)
-        import flower_pfl.methods.fedcp as fedcp
-
-        def noisy(self, x):
-            generator = torch.Generator().manual_seed(len(x))
-            return fedcp.separated_logits(self.model, self.modules_, x, self.context,
-                                          lambda shape: fedcp.gumbel(shape, generator, x.device))[0]
-
-        fedcp.Separated.forward = noisy  # type: ignore[method-assign]
+    for reading in FEDCP_READINGS.get(diagnostic or "", ()):
+        reading()
     if diagnostic == "fedphp-eval-global":
         # diagnostic only: a FedPHP client evaluates the global model it receives (as PFLlib's clients do for the
         # rounds they sit out), not its HPM
