@@ -75,14 +75,21 @@ def authors_cell(r: dict | None) -> str:
 
 
 def seeds_note(runs: dict) -> str:
+    """The finals of the runs with other seeds (same data), each library's in seed order; the seeds are named
+    once when every library has the same ones, else with each library's figures."""
     names = {"package": "this package", "pfllib": "PFLlib", "flbench": "FL-bench", "ifca-authors": "the authors' code"}
-    extra = []
+    found = []
     for lib in LIBS:
-        finals = [f"{100 * r['final_weighted']:.1f}" for k, r in sorted(runs.items())
-                  if k.startswith(lib + "-seed") and not r.get("failed")]
-        if finals:
-            extra.append(f"{names[lib]} {', '.join(finals)}")
-    return ("final with seeds 1, 2 (same data): " + "; ".join(extra)) if extra else ""
+        seeded = sorted((int(k.removeprefix(lib + "-seed")), r) for k, r in runs.items()
+                        if k.startswith(lib + "-seed") and not r.get("failed"))
+        if seeded:
+            found.append((names[lib], [s for s, _ in seeded], ", ".join(f"{100 * r['final_weighted']:.1f}" for _, r in seeded)))
+    if not found:
+        return ""
+    if len({tuple(seeds) for _, seeds, _ in found}) == 1:
+        return f"final with seeds {', '.join(map(str, found[0][1]))} (same data): " + "; ".join(f"{n} {f}" for n, _, f in found)
+    return "final with other seeds (same data): " + "; ".join(
+        f"{n} (seeds {', '.join(map(str, seeds))}) {f}" for n, seeds, f in found)
 
 
 def write_table(specs: dict[str, set[str]] | None = None) -> str:
@@ -100,7 +107,9 @@ def write_table(specs: dict[str, set[str]] | None = None) -> str:
              "In a reference's cell, *mean* = its unweighted mean over clients, final / best, where recorded. "
              "*gap* = largest |final − final| between this package and a reference (points). *pending*: the library has "
              "the method but its run is not recorded yet (a method still to be added to this package). One seed (0) per "
-             "library unless noted; each library draws its own client sample and initial model. "
+             "library unless noted; each library draws its own client sample and initial model. PFLlib's seed changes "
+             "only its client sample (it seeds torch with 0 itself), so its seeds share the initial model, the minibatch "
+             "order and every torch draw; rows named *-pfllib-torch-seeds vary those too. "
              "*IFCA authors' code*: Ghosh et al.'s `mnist/train_cluster_mnist.py` (neither PFLlib nor FL-bench has IFCA), "
              "every client's test split with the cluster its training data chose (the paper's protocol, as this package); "
              "in brackets the authors' printed figure (cluster chosen by the loss on the test data). "
