@@ -21,6 +21,7 @@ import torch
 from flower_pfl.engine.client_metrics import is_finite_number, is_number, numbers
 from flower_pfl.engine.deprecated import renamed
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.wire import decode_flat
 
 ClientId = Hashable
 
@@ -110,6 +111,18 @@ def check_num_examples(value: Any, name: str = "num-examples") -> int:
     if not is_finite_number(value) or value < 1:
         raise UpdateRejected(f"'{name}' = {_show(value)} is not a finite number >= 1")
     return int(value)
+
+
+def received_vector(extras: Mapping[str, Any], key: str, size: int, what: str, algorithm: str) -> torch.Tensor:
+    """The float32 vector of ``size`` values a reply's extras carry under ``key`` (``what``: what it holds):
+    ``AlgorithmOutputMissing`` naming the client ``algorithm`` when absent, ``ValueError`` for another
+    size or a value that is not finite. A method checks its own further conditions on the result."""
+    if key not in extras:
+        raise AlgorithmOutputMissing(f"the reply lacks '{key}' ({what})", algorithm)
+    vector = decode_flat(extras[key], size, key)
+    if not torch.isfinite(vector).all():
+        raise ValueError(f"'{key}' holds NaN or Inf")
+    return vector
 
 
 def check_update(layout: ParamLayout, arrays: Sequence[np.ndarray], names: Sequence[str] | None = None) -> torch.Tensor:

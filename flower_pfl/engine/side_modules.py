@@ -23,7 +23,7 @@ from torch import nn
 
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.model_split import head_module
-from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import ServerAlgorithm
 from flower_pfl.engine.wire import decode_flat, encode_vector
 
@@ -76,12 +76,7 @@ class SideModules:
 
     def check(self, extras: Mapping[str, Any]) -> torch.Tensor:
         """A reply's trained vector: float32 bytes of the current vector's length, all finite."""
-        if self.reply_key not in extras:
-            raise AlgorithmOutputMissing(f"the reply lacks '{self.reply_key}' ({self.who}'s side modules)", self.who)
-        vector = decode_flat(extras[self.reply_key], self.dim, self.reply_key)
-        if not torch.isfinite(vector).all():
-            raise ValueError(f"'{self.reply_key}' holds NaN or Inf")
-        return vector
+        return received_vector(extras, self.reply_key, self.dim, f"{self.who}'s side modules", self.who)
 
     def example(self, generator: torch.Generator) -> dict[str, bytes]:
         """An honest client's reply entry, made up: the current vector slightly moved."""

@@ -12,9 +12,9 @@ from torch import nn
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, setting, trainable
 from flower_pfl.engine.params import HALF_OPEN_UNIT, NON_NEGATIVE, param
-from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
-from flower_pfl.engine.wire import decode_flat, encode_vector
+from flower_pfl.engine.wire import encode_vector
 from flower_pfl.methods.base import Method
 from flower_pfl.methods.moon import needs_batch
 
@@ -111,11 +111,7 @@ class Elastic(Method, GlobalModelAlgorithm):
 
     def check_extras(self, extras: Mapping[str, Any]) -> torch.Tensor:
         """The client's sensitivity ``Ω_k``: float32 bytes of the model's size, finite and ``≥ 0``."""
-        if SENSITIVITY not in extras:
-            raise AlgorithmOutputMissing(f"the reply lacks '{SENSITIVITY}' (Elastic's sensitivity Ω_k)", ElasticClient.__name__)
-        sensitivity = decode_flat(extras[SENSITIVITY], self.layout.dim, SENSITIVITY)
-        if not torch.isfinite(sensitivity).all():
-            raise ValueError(f"'{SENSITIVITY}' holds NaN or Inf")
+        sensitivity = received_vector(extras, SENSITIVITY, self.layout.dim, "Elastic's sensitivity Ω_k", ElasticClient.__name__)
         if (sensitivity < 0).any():
             raise ValueError(f"'{SENSITIVITY}' holds negative values (a sensitivity is an absolute value)")
         return sensitivity

@@ -26,7 +26,7 @@ from flower_pfl.engine.feature_stats import representation_size
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import head_module
 from flower_pfl.engine.params import NON_NEGATIVE, Rule, param
-from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method, one_layer_refusal
@@ -197,13 +197,7 @@ class FedDBE(Method, GlobalModelAlgorithm):
         unknown; nothing once it is (it was not asked for)."""
         if bool(self.consensus_known):
             return None
-        if RUNNING_MEAN not in extras:
-            raise AlgorithmOutputMissing(f"the reply lacks '{RUNNING_MEAN}' (its running mean representation)",
-                                         FedDBEClient.__name__)
-        running = decode_flat(extras[RUNNING_MEAN], self.dim, RUNNING_MEAN)
-        if not torch.isfinite(running).all():
-            raise ValueError(f"'{RUNNING_MEAN}' holds NaN or Inf")
-        return running
+        return received_vector(extras, RUNNING_MEAN, self.dim, "its running mean representation", FedDBEClient.__name__)
 
     def example_extras(self, generator: torch.Generator) -> dict[str, bytes]:
         return {RUNNING_MEAN: encode_vector(torch.rand(self.dim, generator=generator))}

@@ -15,7 +15,7 @@ from torch import nn
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE, UNIT_INTERVAL, Rule, param
-from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
@@ -191,12 +191,7 @@ class FedFomo(Method, PersonalizedAlgorithm):
 
     def check_extras(self, extras: Mapping[str, Any]) -> torch.Tensor:
         """The weights ``w_n``: ``M`` finite float32 values."""
-        if WEIGHTS not in extras:
-            raise AlgorithmOutputMissing(f"the reply lacks '{WEIGHTS}' (FedFomo's weights w_n)", FedFomoClient.__name__)
-        weights = decode_flat(extras[WEIGHTS], self.models, WEIGHTS)
-        if not torch.isfinite(weights).all():
-            raise ValueError(f"'{WEIGHTS}' holds NaN or Inf")
-        return weights
+        return received_vector(extras, WEIGHTS, self.models, "FedFomo's weights w_n", FedFomoClient.__name__)
 
     def example_extras(self, generator: torch.Generator) -> dict[str, bytes]:
         return {WEIGHTS: encode_vector(torch.rand(self.models, generator=generator))}

@@ -15,9 +15,9 @@ from flower_pfl.engine.feature_generator import FeatureGenerator, GeneratorTrain
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import head_module
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Rule, param
-from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
-from flower_pfl.engine.wire import decode_flat, encode_vector
+from flower_pfl.engine.wire import encode_vector
 from flower_pfl.methods.base import Method
 from flower_pfl.methods.moon import needs_batch, representation_gradient
 
@@ -179,11 +179,7 @@ class FedGen(Method, GlobalModelAlgorithm):
 
     def check_extras(self, extras: Mapping[str, Any]) -> torch.Tensor:
         """The client's label counts: whole, non-negative numbers, at least one example."""
-        if LABEL_COUNTS not in extras:
-            raise AlgorithmOutputMissing(f"the reply lacks '{LABEL_COUNTS}' (FedGen's label counts)", FedGenClient.__name__)
-        counts = decode_flat(extras[LABEL_COUNTS], self.classes, LABEL_COUNTS)
-        if not torch.isfinite(counts).all():
-            raise ValueError(f"'{LABEL_COUNTS}' holds NaN or Inf")
+        counts = received_vector(extras, LABEL_COUNTS, self.classes, "FedGen's label counts", FedGenClient.__name__)
         if (counts < 0).any() or not torch.equal(counts, counts.round()) or counts.sum() < 1:
             raise ValueError(f"'{LABEL_COUNTS}' must be whole numbers >= 0 with at least one example")
         return counts

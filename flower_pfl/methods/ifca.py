@@ -13,7 +13,7 @@ from torch import nn
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.params import AT_LEAST_ONE, param
-from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
+from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import ClientId, GlobalModelAlgorithm, Settings, weighted_mean
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
@@ -150,11 +150,7 @@ class IFCA(Method, GlobalModelAlgorithm):
 
     def check_extras(self, extras: Mapping[str, Any]) -> int:
         """The cluster a client chose: ``s_i`` must be one-hot over the k clusters."""
-        if CLUSTER not in extras:
-            raise AlgorithmOutputMissing(f"the reply lacks '{CLUSTER}' (IFCA's cluster identity)", IFCAClient.__name__)
-        s = decode_flat(extras[CLUSTER], self.num_clusters, CLUSTER)
-        if not torch.isfinite(s).all():
-            raise ValueError(f"'{CLUSTER}' holds NaN or Inf")
+        s = received_vector(extras, CLUSTER, self.num_clusters, "IFCA's cluster identity", IFCAClient.__name__)
         if not (((s == 0) | (s == 1)).all() and float(s.sum()) == 1.0):
             raise ValueError(f"'{CLUSTER}' is not a one-hot vector over the {self.num_clusters} clusters")
         return int(s.argmax())
