@@ -27,7 +27,7 @@ from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import head_module
 from flower_pfl.engine.params import NON_NEGATIVE, Rule, param
 from flower_pfl.engine.reply_checks import Reply, norm, received_vector
-from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
+from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings, weighted_mean
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method, one_layer_refusal
 
@@ -211,6 +211,5 @@ class FedDBE(Method, GlobalModelAlgorithm):
         """FedAvg; in the first round with replies, the consensus ``z̄^g = Σ_i n_i z̄_i^g / Σ_i n_i``."""
         super().aggregate(server_round, replies)
         if not bool(self.consensus_known):
-            counts = torch.tensor([float(r.num_examples) for r in replies])
-            self.consensus = (counts @ torch.stack([r.extras.float().cpu() for r in replies])) / counts.sum()
+            self.consensus = weighted_mean(torch.stack([r.extras.float().cpu() for r in replies]), [r.num_examples for r in replies])
             self.consensus_known = torch.tensor(True)
