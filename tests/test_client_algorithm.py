@@ -98,3 +98,25 @@ def test_legacy_fedprox_key_is_understood():
     from flower_pfl.methods.registry import client_algorithm_for
 
     assert client_algorithm_for({"proximal_mu": 0.5}) is Proximal and client_algorithm_for({"proximal-mu": 0.0}) is ClientAlgorithm
+
+
+def test_a_vector_over_the_whole_flat_model_maps_onto_the_trainable_parameters_and_back():
+    """The server's vectors (SCAFFOLD's c, IGFL's Δw_ps) span the whole flat model, batch norm's statistics
+    included; a client's per-parameter tensors (its Δc_i, Elastic's sensitivity) go back the same way."""
+    from flower_pfl.engine.client_algorithm import over_state, trainable, trainable_part
+    from flower_pfl.engine.layout import ParamLayout
+    from flower_pfl.engine.wire import encode_vector
+    from flower_pfl.experiment.models import DNN
+
+    model = DNN(5, 3, 4, batch_norm=True)
+    layout = ParamLayout.from_module(model)
+    whole = torch.arange(layout.dim, dtype=torch.float32)
+    parts = trainable_part(model, encode_vector(whole))
+    assert [tuple(p.shape) for p in parts] == [tuple(p.shape) for p in trainable(model)]
+    slices = dict(zip(layout.names, layout.tensor_slices()))
+    assert torch.equal(parts[2], whole[slices["bn1.weight"]]) and torch.equal(parts[-1], whole[slices["fc2.bias"]])
+    back = over_state(model, parts)
+    statistics = [slices[n] for n in layout.names if n.startswith("bn1.") and n not in ("bn1.weight", "bn1.bias")]
+    assert all(torch.all(back[s] == 0) for s in statistics)  # running mean, variance, counter: none of theirs
+    back[torch.cat([torch.arange(s.start, s.stop) for s in statistics])] = whole[torch.cat([torch.arange(s.start, s.stop) for s in statistics])]
+    assert torch.equal(back, whole)

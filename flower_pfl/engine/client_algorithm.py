@@ -33,7 +33,7 @@ from torch import nn
 
 from flower_pfl.engine.layout import load_flat_
 from flower_pfl.engine.minibatches import MinibatchStream
-from flower_pfl.engine.wire import fingerprint
+from flower_pfl.engine.wire import decode_vector, fingerprint
 
 #: settings every training instruction carries (the package's ServerApp sends them from the run config)
 LR, LOCAL_STEPS, BATCH_SIZE, SERVER_ROUND = "lr", "local-steps", "batch-size", "server-round"
@@ -64,6 +64,23 @@ class LocalResult:
 
 def trainable(model: nn.Module) -> list[torch.Tensor]:
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def over_state(model: nn.Module, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-parameter tensors of ``model`` (one per trainable parameter, in ``trainable`` order) as one float32
+    vector over its whole flat model, the server's layout (``state_dict`` order): zeros at its buffers
+    (batch normalization's statistics) and frozen parameters."""
+    by_tensor = {id(p): t for p, t in zip(trainable(model), tensors)}
+    return torch.cat([by_tensor.get(id(v), torch.zeros_like(v, dtype=torch.float32)).flatten().float()
+                      for v in model.state_dict(keep_vars=True).values()])
+
+
+def trainable_part(model: nn.Module, data: bytes) -> list[torch.Tensor]:
+    """``encode_vector``'s bytes of a vector over ``model``'s whole flat model (``over_state``'s layout), as
+    tensors shaped like its trainable parameters (the buffers' entries left out)."""
+    entries = list(model.state_dict(keep_vars=True).values())
+    by_tensor = {id(v): part for v, part in zip(entries, decode_vector(data, entries))}
+    return [by_tensor[id(p)] for p in trainable(model)]
 
 
 def like_params(tensors: Sequence[torch.Tensor], params: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:

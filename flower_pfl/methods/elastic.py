@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, setting, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, over_state, setting, trainable
 from flower_pfl.engine.params import HALF_OPEN_UNIT, NON_NEGATIVE, param
 from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
@@ -73,10 +73,7 @@ class ElasticClient(ClientAlgorithm):
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         if self.steps < 1:
             raise ValueError("Elastic's sensitivity needs at least one step")
-        by_tensor = {id(p): s for p, s in zip(trainable(model), self.sensitivity)}
-        entries = model.state_dict(keep_vars=True).values()
-        flat = [by_tensor.get(id(t), torch.zeros_like(t, dtype=torch.float32)).flatten() for t in entries]
-        return {SENSITIVITY: encode_vector(torch.cat(flat))}
+        return {SENSITIVITY: encode_vector(over_state(model, self.sensitivity))}
 
 
 @dataclass

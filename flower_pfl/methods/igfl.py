@@ -26,11 +26,12 @@ from flower_pfl.engine.client_algorithm import (
     setting,
     stored,
     trainable,
+    trainable_part,
 )
 from flower_pfl.engine.params import Rule, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
-from flower_pfl.engine.wire import decode_vector, encode_vector
+from flower_pfl.engine.wire import encode_vector
 from flower_pfl.methods.base import Method, Variant
 
 AttentionMode = Literal["self", "global", "time"]
@@ -100,8 +101,8 @@ class IGFLCorrection(ClientAlgorithm):
         super().__init__(model, config, state, loss_fn)
         prev = stored(state, DELTA_STATE)
         self.previous = [torch.zeros_like(r) for r in self.received] if prev is None else like_params(prev, self.received, "last delta")
-        self.global_delta = like_params(decode_vector(setting(config, GLOBAL_DELTA, "IGFL-C"), self.received), self.received,
-                                        "global delta")
+        self.global_delta = like_params(trainable_part(model, setting(config, GLOBAL_DELTA, "IGFL-C")), self.received,
+                                        "global delta")  # the server's Δw_ps spans the whole flat model
         self.participants = int(setting(config, PARTICIPANTS, "IGFL-C"))
         self.total_steps = int(setting(config, LOCAL_STEPS, "IGFL-C"))
         if self.participants < 1:

@@ -10,11 +10,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, like_params, setting, stored, trainable
+from flower_pfl.engine.client_algorithm import (
+    Batch,
+    ClientAlgorithm,
+    ClientState,
+    LossFn,
+    keep,
+    like_params,
+    over_state,
+    setting,
+    stored,
+    trainable,
+    trainable_part,
+)
 from flower_pfl.engine.params import POSITIVE, param
 from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
-from flower_pfl.engine.wire import decode_flat, decode_vector, encode_vector
+from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 
 #: config key of the server's control variate ``c``; reply key of the client's ``Δc_i`` (float32 bytes)
@@ -51,7 +63,7 @@ class ScaffoldCorrection(ClientAlgorithm):
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
         super().__init__(model, config, state, loss_fn)
-        c = decode_vector(setting(config, CONTROL, "SCAFFOLD"), self.received)
+        c = trainable_part(model, setting(config, CONTROL, "SCAFFOLD"))  # the server's c spans the whole flat model
         self.c_global = like_params(c, self.received, "global control variate")
         ci = stored(state, CONTROL_STATE)
         self.c_local = [torch.zeros_like(r) for r in self.received] if ci is None else like_params(ci, self.received, "control variate")
@@ -65,7 +77,7 @@ class ScaffoldCorrection(ClientAlgorithm):
             raise ValueError("SCAFFOLD's control variate needs at least one step")
         new = new_control(self.c_local, self.c_global, self.received, trainable(model), steps=self.steps, lr=self.lr)
         keep(self.state, CONTROL_STATE, new)
-        return {CONTROL_DELTA: encode_vector(torch.cat([(n - o).flatten() for n, o in zip(new, self.c_local)]))}
+        return {CONTROL_DELTA: encode_vector(over_state(model, [n - o for n, o in zip(new, self.c_local)]))}
 
 
 @dataclass
