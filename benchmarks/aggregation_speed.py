@@ -52,6 +52,7 @@ import torch
 
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.store import to_device, to_host
 from flower_pfl.methods.attention import fedamp_weights
@@ -74,17 +75,22 @@ CLASSES = 10
 # ---------------------------------------------------------------- the models
 
 
-def mlp_layout(d: int, classes: int = CLASSES) -> ParamLayout:
-    """A two-layer MLP (``fc1``: ``n_in -> h``, ``fc2``: ``h -> classes``, weights and biases) with
-    exactly ``d`` parameters: ``h`` is the divisor of ``d - classes`` nearest to ``sqrt(d / 10)``."""
-    rest = d - classes  # = h (n_in + 1 + classes)
+def mlp_layout(d: int, classes: int = CLASSES, batch_norm: bool = False) -> ParamLayout:
+    """A two-layer MLP (``fc1``: ``n_in -> h``, ``fc2``: ``h -> classes``, weights and biases; with ``batch_norm``
+    a BatchNorm1d ``bn1`` between them, its affine weights and running statistics) with exactly ``d`` parameters:
+    ``h`` is the divisor of ``d - classes`` (less the counter) nearest to ``sqrt(d / 10)``."""
+    norm = 4 if batch_norm else 0  # bn1's weight, bias, running mean and variance: h each
+    rest = d - classes - (1 if batch_norm else 0)  # = h (n_in + 1 + norm + classes)
     divisors = {k for i in range(1, math.isqrt(max(rest, 0)) + 1) if rest % i == 0 for k in (i, rest // i)}
-    fits = [h for h in divisors if rest // h - 1 - classes >= 1]
+    fits = [h for h in divisors if rest // h - 1 - norm - classes >= 1]
     if not fits:
         raise ValueError(f"d = {d} is too small for an MLP with {classes} classes (at least {2 * classes + 2})")
     h = min(fits, key=lambda h: (abs(h - math.sqrt(d / 10)), h))
-    n_in = rest // h - 1 - classes
-    return ParamLayout(("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"), ((h, n_in), (h,), (classes, h), (classes,)))
+    n_in = rest // h - 1 - norm - classes
+    bn = (("bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked"),
+          ((h,), (h,), (h,), (h,), ())) if batch_norm else ((), ())
+    return ParamLayout(("fc1.weight", "fc1.bias", *bn[0], "fc2.weight", "fc2.bias"),
+                       ((h, n_in), (h,), *bn[1], (classes, h), (classes,)))
 
 
 def participant_models(m: int, d: int, seed: int = 0, spread: float = 0.05) -> torch.Tensor:
@@ -174,6 +180,8 @@ def time_method(cls: type, kwargs: Mapping[str, Any], layout: ParamLayout, u: to
     first plan, and the warm-up round that fills the method's state)."""
     m = u.shape[0]
     ids = list(range(m))
+    if cls.check_model(ModelFacts.of_layout(layout)) is not None:  # FedBN: the same size with a batch-norm layer
+        layout = mlp_layout(layout.dim, batch_norm=True)
     server = MethodServer(cls(**kwargs), clients_per_round=m, seed=0, device=device)
     t0 = time.perf_counter()
     server.initialize(named_arrays(layout, u[0]))

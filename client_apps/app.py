@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -31,6 +32,7 @@ from flower_pfl.engine.evaluation import EvalResult
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.experiment.build import dataset_shape, load_client_data, make_model, resolve_device, training_settings
+from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.data import ClientData
 from flower_pfl.methods.registry import client_algorithm_for
@@ -42,6 +44,8 @@ app = ClientApp()
 
 #: evaluation metric: ``fingerprint`` of the model the node received (see the trust model in ``docs/deployment.md``)
 MODEL_FINGERPRINT = "model-fingerprint"
+#: what a node's seeded draws are for (``Node.seeded_draws``)
+PHASES = ("train", "evaluate")
 
 
 @dataclass
@@ -87,9 +91,25 @@ class Node:
         """Train with the client algorithm ``config`` names; returns the metrics and what the server
         needs back (the algorithm's bytes and receipt, ``ClientAlgorithm.finish``)."""
         r = self.start_fit(config)
-        result, extras = train_locally(r.algorithm, self.model, r.data, steps=r.steps, lr=r.lr, batch_size=r.batch_size,
-                                       generator=r.generator)
+        with self.seeded_draws(config, "train"):
+            result, extras = train_locally(r.algorithm, self.model, r.data, steps=r.steps, lr=r.lr, batch_size=r.batch_size,
+                                           generator=r.generator)
         return self.end_fit(config, result), extras
+
+    @contextmanager
+    def seeded_draws(self, config: Mapping[str, Any], phase: str) -> Iterator[None]:
+        """Torch's global random state, for one message, seeded by the run's seed, this client, the round and
+        ``phase``, and restored after: the model's own draws (dropout) repeat run after run, whichever
+        process serves the client."""
+        device = next(self.model.parameters()).device
+        seed = np.random.SeedSequence([self.cfg.seed, self.partition_id, int(config.get(SERVER_ROUND, 0)),
+                                       PHASES.index(phase)]).generate_state(1)[0]
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.default_generator.manual_seed(int(seed))  # not torch.manual_seed: it also seeds every GPU, slowly
+            if device.type == "cuda":
+                with torch.cuda.device(device):
+                    torch.cuda.manual_seed(int(seed))
+            yield
 
     def start_fit(self, config: Mapping[str, Any]) -> ClientRound:
         """What this node's training for ``config`` is (the model holds the received one): its client
@@ -113,8 +133,9 @@ class Node:
         persisted_state.restore(self.state, self.node_config, config, self.partition_id)
         received = fingerprint(self.model.state_dict().values())  # before any personalization
         algorithm = client_algorithm_for(config)
-        model, extra = algorithm.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
-        res = self._test(model)
+        with self.seeded_draws(config, "evaluate"):
+            model, extra = algorithm.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
+            res = self._test(model)
         return {"loss": res.loss, "accuracy": res.accuracy, "num-examples": res.num_examples,
                 "partition-id": self.partition_id, MODEL_FINGERPRINT: received, **extra}
 
@@ -226,8 +247,9 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server this node's ``partition-id`` (to order nodes reproducibly) and its training
-    label counts and most frequent label (only to group clients in diagnostic plots); in a resumed
-    run, also whether it lacks the client state the checkpoint needs (``persisted_state.missing``)."""
+    label counts and most frequent label (only to group clients in diagnostic plots), and the natural
+    group or domain its data come from (for the summary); in a resumed run, also whether it lacks the
+    client state the checkpoint needs (``persisted_state.missing``)."""
     try:
         node = Node.from_context(context)
     except Exception as err:  # in a cluster, say which machine could not load its data
@@ -236,6 +258,8 @@ def query(msg: Message, context: Context) -> Message:
     dominant = int(counts.argmax()) if node.data.num_train else -1
     info: dict[str, Any] = {"partition-id": node.partition_id, "dominant-label": dominant, "label-counts": [int(c) for c in counts]}
     reply = RecordDict({"metrics": MetricRecord(info)})
+    if node.data.group:
+        reply[CLIENT_GROUP] = ConfigRecord({CLIENT_GROUP: node.data.group})
     config: Mapping[str, Any] = msg.content.config_records.get("config", {})
     if RESUMED_AFTER in config:
         needed = dict(zip(config[STATE_PARTITIONS], config[STATE_ROUNDS]))

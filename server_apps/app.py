@@ -30,7 +30,8 @@ from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import ReplyBounds
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
-from flower_pfl.experiment.build import check_device, has_hidden_layers, initial_arrays, training_config
+from flower_pfl.experiment.build import check_device, check_method_applies, has_hidden_layers, initial_arrays, make_model, training_config
+from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.reports.diagnostics import save_run_diagnostics
 from flower_pfl.reports.figures import run_title
@@ -192,7 +193,9 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
         check_cluster_paths(cfg)
         require_trackers(cfg.trackers)
         resumed = Resumption(cfg.resume_from) if cfg.resume_from else None
-    initial = initial_arrays(cfg)
+    with _logged(ConfigError):
+        initial = initial_arrays(cfg)
+        check_method_applies(cfg, make_model(cfg))
     _warn_about_init(cfg, initial)
     settings = cfg.to_run_config()
     with _logged(ConfigError):
@@ -211,11 +214,11 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
     coverage = Coverage(clients=len(info), share=cfg.min_evaluated_share)  # what a round must reach to count
     if resumed is not None:
         recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=say, trackers=trackers,
-                                      coverage=coverage)
+                                      coverage=coverage, figures=cfg.figures)
         log(INFO, "flower-pfl: resuming %s after round %d", out, resumed.round)
         instructions: dict[str, Any] = {RUN_KEY: resumed.meta["run-key"], RESUMED_AFTER: resumed.round}
     else:
-        recorder = RunRecorder(out, settings, cfg.num_rounds, log=say, trackers=trackers, coverage=coverage)
+        recorder = RunRecorder(out, settings, cfg.num_rounds, log=say, trackers=trackers, coverage=coverage, figures=cfg.figures)
         instructions = {RUN_KEY: f"{out.name}-{secrets.token_hex(4)}"}  # unique per run
     ranks = {node: i["partition-id"] for node, i in info.items()}
     run = _Run(cfg, RankedGrid(grid, ranks), initial, resumed, info, out, recorder, instructions)  # type: ignore[arg-type]
@@ -352,9 +355,11 @@ def _finish(run: _Run, strategy: Any, final: Any) -> Path:
         if learned := method.server_state():  # e.g. FedAttn's attention module
             save_state(out / SERVER_STATE, learned)
         try:
-            extra = save_run_diagnostics(method, server.last_participants, run.info, out, title)
+            extra = save_run_diagnostics(method, server.last_participants, run.info, out, title, figures=cfg.figures)
         except MissingExtra as err:  # the diagnostics' figures are optional
             log(WARNING, "flower-pfl: the diagnostics' figures are not drawn: %s", err)
+    if groups := {str(i["partition-id"]): i[CLIENT_GROUP] for i in run.info.values() if CLIENT_GROUP in i}:
+        extra["client_groups"] = dict(sorted(groups.items(), key=lambda kv: int(kv[0])))  # the domain, writer, ... of each client
     if (report := getattr(run.grid, "training_report", None)) is not None:  # an in-process grid: how clients trained
         extra.update(report())
         log(INFO, "flower-pfl: %s", training_line(extra))

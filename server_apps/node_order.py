@@ -20,6 +20,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from client_apps.persisted_state import CLIENT_STATE
+from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ConfigError
 from strategies.failures import listed, unwrap
 from strategies.nodes import query
@@ -29,7 +30,8 @@ RAY_MESSAGE = "Exception ClientAppException occurred. Message: "
 
 
 def query_nodes(grid: Grid, timeout: float = 120.0, config: Mapping[str, Any] | None = None) -> dict[int, dict[str, Any]]:
-    """``node id -> {"partition-id", "dominant-label", "label-counts"}`` of every node that answers
+    """``node id -> {"partition-id", "dominant-label", "label-counts"}`` (and ``"client-group"``, the natural
+    group or domain of the node's data, where it has one) of every node that answers
     (``config``: what the query asks besides; a node that lacks a resumed run's client state adds
     ``"client-state-missing"``, its message).
 
@@ -46,6 +48,8 @@ def query_nodes(grid: Grid, timeout: float = 120.0, config: Mapping[str, Any] | 
             metrics = next(iter(reply.content.metric_records.values()))
             if "partition-id" in metrics:
                 info[node] = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
+            if CLIENT_GROUP in reply.content.config_records:
+                info.setdefault(node, {})[CLIENT_GROUP] = str(reply.content.config_records[CLIENT_GROUP][CLIENT_GROUP])
             if CLIENT_STATE in reply.content.config_records:
                 info.setdefault(node, {})["client-state-missing"] = str(reply.content.config_records[CLIENT_STATE]["missing"])
     _report(info, errors, len(asked))

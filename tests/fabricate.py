@@ -11,6 +11,8 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from client_apps.flower_internals import TaskIdentity
+from flower_pfl.engine.model_facts import ModelFacts
+from flower_pfl.experiment.models import build_model
 
 #: a small named model (MLR on 3 features, 2 classes) for strategies driven with fabricated replies
 NAMES = ("fc.weight", "fc.bias")
@@ -21,6 +23,18 @@ def model_arrays(value: float) -> dict[str, np.ndarray]:
     """A distinct model per value; different values give non-parallel vectors (cos < 1)."""
     return {n: np.full(s, value, np.float32) + np.arange(np.prod(s), dtype=np.float32).reshape(s)
             for n, s in zip(NAMES, SHAPES)}
+
+
+def facts(model: str, input_shape: tuple[int, ...] = (60,)) -> ModelFacts:
+    """What a method may ask of package model ``model`` (``Method.check_model``), on Synthetic's features
+    (or ``input_shape``)."""
+    shape = (1, 28, 28) if model.startswith("cnn") and input_shape == (60,) else input_shape
+    return ModelFacts.of_model(build_model(model, shape, 10))
+
+
+def needs_bn(entry) -> bool:
+    """Registry entry ``entry`` refuses a model without batch normalization (FedBN)."""
+    return entry.check_model(facts("dnn")) is not None
 
 
 def flat(arrays):

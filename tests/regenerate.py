@@ -1,8 +1,9 @@
-"""Writes what is derived from the method declarations, and says what changed: ``pyproject.toml``'s
-method keys (Flower reads the run config's keys and defaults from there;
-``flower_pfl.methods.registry.run_config_block``) and every registry entry's recorded short run
+"""Writes what is derived from the declarations, and says what changed: ``pyproject.toml``'s method,
+data set and model keys (Flower reads the run config's keys and defaults from there;
+``flower_pfl.experiment.declared``) and every registry entry's recorded short run
 (``tests/methods/recorded.json``, ``tests/methods/runs.py``). Run it after adding or changing a
-method (``docs/adding-a-method.md``)::
+method, a data set or a model family (``docs/adding-a-method.md``, ``docs/adding-a-data-set.md``,
+``docs/adding-a-model.md``)::
 
     python -m tests.regenerate
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flower_pfl.methods.registry import with_run_config_block
+from flower_pfl.experiment.declared import with_declared_blocks
 from tests.methods.runs import record
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -21,9 +22,9 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 def main() -> None:
     text = PYPROJECT.read_text()
-    derived = with_run_config_block(text)
+    derived = with_declared_blocks(text)
     PYPROJECT.write_text(derived)
-    print("pyproject.toml:", "unchanged" if derived == text else "method keys rewritten")
+    print("pyproject.toml:", "unchanged" if derived == text else "declared keys rewritten")
     record()
 
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 from floats import ABS, REL, assert_same_math, same_math
 
-from flower_pfl.engine.batched import CPU_CONVOLUTIONS, ClientRound, _bound, train_together, unbatched
+from flower_pfl.engine.batched import CPU_CONVOLUTIONS, DROPOUT, RECURRENT, ClientRound, _bound, train_together, unbatched
 from flower_pfl.engine.client_algorithm import LR, PROXIMAL_MU, ClientAlgorithm, Proximal, TrainData, train_locally
 from flower_pfl.experiment.models import DNN, build_model
+from flower_pfl.experiment.models.base import ModelSettings
 from flower_pfl.methods.ditto import DittoClient
 from flower_pfl.methods.igfl import IGFLCorrection
 from flower_pfl.methods.moon import MoonClient
@@ -158,3 +159,31 @@ def test_a_batched_run_repeats_to_the_last_bit(tmp_path):
     first, second = (run_in_process({**settings, "output-dir": str(tmp_path / name)}, num_nodes=5) for name in "ab")
     assert json.loads((first / "summary.json").read_text())["clients_trained_together"] == 9
     assert numbers(first) == numbers(second)
+
+
+def test_recurrent_and_dropout_models_train_one_by_one_and_say_why():
+    lstm = build_model("char-lstm", (10,), 5, kind="tokens", vocab_size=20, settings=ModelSettings(width=0.05))
+    assert unbatched(ClientAlgorithm, lstm) == RECURRENT
+    dropout = build_model("textcnn", (10,), 3, kind="tokens", vocab_size=20, settings=ModelSettings(dropout=0.5))
+    assert unbatched(ClientAlgorithm, dropout) in (DROPOUT, CPU_CONVOLUTIONS)
+    assert unbatched(ClientAlgorithm, build_model("vgg11", (3, 32, 32), 3, settings=ModelSettings(width=0.05, dropout=0.5))) in (
+        DROPOUT, CPU_CONVOLUTIONS)
+    assert unbatched(ClientAlgorithm, build_model("mobilenetv2", (3, 32, 32), 3, settings=ModelSettings(width=0.1))) is not None  # BN
+    transformer = build_model("transformer", (10,), 3, kind="tokens", vocab_size=20, text_embed_dim=8, text_heads=2)
+    assert unbatched(ClientAlgorithm, transformer) is None
+    with_dropout = build_model("transformer", (10,), 3, kind="tokens", vocab_size=20, text_embed_dim=8, text_heads=2,
+                               settings=ModelSettings(dropout=0.1))
+    assert unbatched(ClientAlgorithm, with_dropout) == DROPOUT
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap's fallback for the CPU's attention kernel
+def test_a_transformer_batches_to_the_same_models_as_one_by_one():
+    torch.manual_seed(4)
+    model = build_model("transformer", (10,), 3, kind="tokens", vocab_size=20, text_embed_dim=8, text_heads=2, text_layers=1)
+    datas = [TrainData(torch.randint(1, 20, (n, 10)), torch.randint(0, 3, (n,))) for n in SIZES]
+    starts = [[t + 0.01 * i for t in model.state_dict().values()] for i in range(len(SIZES))]
+    make = lambda m, i: Proximal(m, {LR: 0.05, PROXIMAL_MU: 0.1})
+    for (a, loss_a, _), (b, loss_b, _) in zip(_one_by_one(model, datas, starts, make), _together(model, datas, starts, make)):
+        for x, y in zip(a, b):
+            assert_same_math(y, x)
+        assert loss_b == same_math(loss_a)

@@ -20,6 +20,7 @@ from flower_pfl.methods.registry import client_algorithm_for, entries
 from flower_pfl.run import tensor_files
 from flower_pfl.run.results import CHECKPOINT
 from server_apps.inprocess import run_in_process
+from tests.methods.runs import model_for
 
 SETTING = {"num-rounds": 6, "clients-per-round": 4, "local-steps": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 5,
            "model": "dnn"}
@@ -57,9 +58,10 @@ def _client_keeps_state(entry) -> bool:
     """Whether the clients of ``entry`` keep state between rounds (read from what the server sends)."""
     if entry.builtin:
         return False
-    cfg = ExperimentConfig(method=entry.method, aggregation=entry.aggregation, clients_per_round=2, model="dnn")
+    model = model_for(entry.label)
+    cfg = ExperimentConfig(method=entry.method, aggregation=entry.aggregation, clients_per_round=2, model=model)
     server = MethodServer(entry.declaration(**cfg.method_arguments()), 2)
-    server.initialize({k: v.numpy() for k, v in DNN(3, 2, hidden=2).state_dict().items()})
+    server.initialize({k: v.numpy() for k, v in DNN(3, 2, hidden=2, batch_norm=model == "dnn-bn").state_dict().items()})
     config = server.plan_training(1, [1, 2, 3])[0].config
     return client_algorithm_for(config).keeps_state
 
@@ -80,8 +82,8 @@ class Killed(Exception):
 
 def _run(tmp_path: Path, label: str, api: str, **extra) -> Path:
     method, _, aggregation = label.partition("+")
-    return run_in_process({**SETTING, "method": method, "aggregation": aggregation or "default", "api": api,
-                           "output-dir": str(tmp_path), **extra}, num_nodes=NODES)
+    return run_in_process({**SETTING, "model": model_for(label), "method": method, "aggregation": aggregation or "default",
+                           "api": api, "output-dir": str(tmp_path), **extra}, num_nodes=NODES)
 
 
 def _numbers(folder: Path) -> tuple[list, list, dict]:

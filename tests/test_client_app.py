@@ -78,3 +78,23 @@ def test_fit_with_set_remembers_the_received_model_not_the_trained_one():
               CLIENT_ALGORITHM: AnchoredProximal.name})
     assert not all(np.array_equal(a, b) for a, b in zip(_params(node), received))  # it trained
     assert all(np.array_equal(a, b) for a, b in zip(state[ANCHOR_STATE].to_numpy_ndarrays(), received))
+
+
+def test_a_clients_dropout_draws_repeat_whatever_its_process_drew_before():
+    """Dropout draws from torch's global random state, which differs between the processes that serve a
+    client (a Ray worker's history, a SuperNode's): each message seeds it by the run's seed, the client and
+    the round, and gives it back as it was."""
+    run_config = ExperimentConfig(dataset="tests.family_data:tokens", model="textcnn", partition="iid", dropout=0.5,
+                                  model_width=0.1, local_steps=3, batch_size=8, options={"text-embed-dim": 8}).to_run_config()
+    node = Node.from_context(Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 3}, state=RecordDict(),
+                                     run_config=run_config))
+    start = [t.clone() for t in node.model.state_dict().values()]
+    trained = []
+    for history, round_ in ((1, 1), (2, 1), (1, 2)):
+        node.load([t.numpy() for t in start])
+        torch.manual_seed(history)
+        node.fit({"lr": 0.1, "local-steps": 3, "batch-size": 8, "server-round": round_})
+        trained.append(_params(node))
+        assert torch.initial_seed() == history  # the process's own random state is given back
+    assert all(np.array_equal(a, b) for a, b in zip(trained[0], trained[1]))  # another history, the same draws
+    assert not all(np.array_equal(a, b) for a, b in zip(trained[0], trained[2]))  # another round, other draws

@@ -8,7 +8,8 @@ import pytest
 from flower_pfl.engine.client_metrics import round_metrics, weighted_means
 from flower_pfl.experiment.config import NOT_SET, ConfigError, ExperimentConfig
 from flower_pfl.experiment.data import generate_synthetic, train_test_split
-from flower_pfl.methods.registry import renamed_keys, with_run_config_block
+from flower_pfl.experiment.declared import with_declared_blocks
+from flower_pfl.methods.registry import renamed_keys
 from flower_pfl.run.summary import summarize_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,9 +107,9 @@ def test_config_errors_name_the_key_and_the_allowed_values():
     assert ExperimentConfig.from_mapping({"lr": 1}).lr == 1.0
 
 
-def test_pyproject_holds_the_method_keys_the_declarations_make():
+def test_pyproject_holds_the_keys_the_declarations_make():
     text = (ROOT / "pyproject.toml").read_text()
-    assert with_run_config_block(text) == text, "pyproject.toml's method keys are stale: run `python -m tests.regenerate`"
+    assert with_declared_blocks(text) == text, "pyproject.toml's declared keys are stale: run `python -m tests.regenerate`"
 
 
 def test_pyproject_run_config_matches_the_defaults():

@@ -6,6 +6,7 @@ no device; each must be one the algorithm meant for the CPU (none are, on these 
 
 from __future__ import annotations
 
+import fabricate as fb
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -49,7 +50,7 @@ def test_a_personalized_server_makes_its_tensors_on_the_stores_device(entry):
     """``personalize``, the math over the participants' stored models (on the device a run gives the
     store): no factory call without a device."""
     server = MethodServer(_method(entry), clients_per_round=4, seed=1)
-    server.initialize({k: v.detach().numpy() for k, v in DNN(6, 3, 5).state_dict().items()})
+    server.initialize({k: v.detach().numpy() for k, v in DNN(6, 3, 5, batch_norm=fb.needs_bn(entry)).state_dict().items()})
     method, models = server.method, torch.randn(4, server.layout.dim)
     with DefaultDeviceFactories() as watch:
         method.personalize(models, server.layout)

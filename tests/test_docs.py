@@ -19,7 +19,7 @@ import pytest
 
 from client_apps.flower_internals import parse_config_args
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
-from flower_pfl.methods import registry
+from flower_pfl.experiment.declared import declared_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -91,7 +91,7 @@ def _app_config(app: str) -> dict[str, object]:
 def _package_keys() -> set[str]:
     """The run-config keys of this package under their current names (no earlier names)."""
     general = {f.name.replace("_", "-") for f in fields(ExperimentConfig) if f.name != "options"}
-    return general | set(registry.option_specs())
+    return general | set(declared_specs())
 
 
 FLWR_RUNS = [(path, args) for path in PAGES for command in _commands(path) for args in _flwr_runs(command)]

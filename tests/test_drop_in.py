@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common import parameters_to_ndarrays
 from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.strategy import FedAvg
-from test_twins import NODES, OURS, _model
+from test_twins import NODES, OURS, _model, _needs_bn
 
 import strategies
 import strategies.message
@@ -33,7 +33,7 @@ def test_every_strategy_takes_flowers_fedavg_arguments_by_name(entry):
         assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
         missing = set(_flower_arguments(flowers)) - set(signature.parameters)
         assert not missing, f"{ours.__name__} lacks {missing}"
-    initial = {k: v.numpy() for k, v in _model().state_dict().items()}
+    initial = {k: v.numpy() for k, v in _model(bn=_needs_bn(entry)).state_dict().items()}
     message_cls(**_flower_arguments(FedAvg))
     legacy_cls(**{**_flower_arguments(LegacyFedAvg), "initial_parameters": initial})
 

@@ -48,15 +48,21 @@ def test_femnist_natural_partition_is_one_writer_per_client(tmp_path):
         assert c.num_train == 8  # data scarcity applies to natural partitions too
         sizes.append(len(c.y_test))
     assert sum(sizes) == 6 * 5  # 20 samples per writer, 25% of them for testing
-    with pytest.raises(ValueError, match="6 natural partitions"):
+    with pytest.raises(ValueError, match="has 6 natural clients, fewer than the 7 partitions"):
         load_client_data(cfg, 6, 7)
 
 
-def test_source_algorithms_are_checked_at_start():
-    with pytest.raises(ConfigError, match="'data-source'.*flwr-datasets"):
-        ExperimentConfig.from_mapping({"dataset": "femnist", "partition": "natural"})
-    with pytest.raises(ConfigError, match="'dataset'.*with data-source"):
+def test_sources_are_checked_at_start_and_the_hubs_files_are_found_under_data_dir(tmp_path):
+    with pytest.raises(ConfigError, match="'dataset' = 'emnist' is invalid: must be one of .*femnist.* with data-source 'flwr-datasets'"):
         ExperimentConfig.from_mapping({"dataset": "emnist", "data-source": "flwr-datasets", "partition": "iid"})
+    # FEMNIST has no files of its own: with either source its hub files are read from <data-dir>/<hub id>
+    labels = np.random.default_rng(1).integers(0, 62, 40)
+    files.write_hub_folder(tmp_path / "flwrlabs" / "femnist", "image", "character", labels, (28, 28), writers=[f"w{i % 4}" for i in range(40)])
+    cfg = ExperimentConfig(dataset="femnist", partition="natural", data_dir=str(tmp_path))
+    assert sum(len(load_client_data(cfg, pid, 4).y_test) for pid in range(4)) == 4 * 2  # 10 samples a writer, 8 for training
+    with pytest.raises(ConfigError, match="could not be read from the local folder"):
+        load_client_data(ExperimentConfig(dataset="femnist", partition="natural", data_source="flwr-datasets",
+                                          hub_dataset=str(tmp_path / "nowhere")), 0, 2)
 
 
 def test_femnist_run_end_to_end(tmp_path):

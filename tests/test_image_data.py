@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
-from flower_pfl.experiment.data.images import load_image_pool, to_float
+from flower_pfl.experiment.data.images import to_float
+from flower_pfl.experiment.datasets import registry
 from server_apps.inprocess import run_in_process
+
+
+def load_image_pool(name, root, **options):
+    """Data set ``name``'s samples from its files under ``root``, as the experiment reads them."""
+    pool = registry.instance(name, options).load_files(root, download=False)
+    return pool.x, pool.y
 
 
 def test_fashion_mnist_idx_files(tmp_path):
@@ -21,7 +28,7 @@ def test_fashion_mnist_idx_files(tmp_path):
 
 def test_emnist_is_returned_upright(tmp_path):
     written = files.write_emnist(tmp_path, "byclass", 20, 5, classes=62)
-    x, y = load_image_pool("emnist", tmp_path, emnist_split="byclass")
+    x, y = load_image_pool("emnist", tmp_path, **{"emnist-split": "byclass"})
     assert x.shape == (25, 1, 28, 28)
     assert np.array_equal(x[:20, 0], written["train"][0]) and (x[:, 0, 0, :5] == 255).all()
     assert np.array_equal(y[20:], written["test"][1])

@@ -47,7 +47,7 @@ def _data():
 
 
 def _model():
-    return build_model("dnn", (6,), 3, hidden=5, seed=1)
+    return build_model("dnn", (6,), 3, hidden_units=5, seed=1)
 
 
 def _flat(tensors) -> torch.Tensor:

@@ -29,7 +29,7 @@ from plain_app.client_app import app as client_app
 NODES, ROUNDS = 6, 6
 CONFIG = {"num-rounds": ROUNDS, "fraction-train": 0.5, "lr": 0.1, "local-steps": 10}
 #: docs/client-contract.md's table, column "if the client ignores it": nothing to ignore, a warning, or a failure
-PLAIN = ["FedACS", "Local", "FedPer", "LGFedAvg", "FedBN", "PFedHN", "CFL"]
+PLAIN = ["FedACS", "Local", "FedPer", "LGFedAvg", "PFedHN", "CFL"]
 WARNS = ["FedMCSA", "FedAMP", "HeurFedAMP", "IGFL", "PFedMe", "Ditto", "APFL", "PerFedAvg", "FedRep", "FedBABU", "FedRoD",
          "FedDyn", "MOON", "APPLE", "FedALA", "KNNPer"]
 FAILS = ["SCAFFOLD", "FedAttn", "FedProto", "FedFomo", "IFCA"]
@@ -107,6 +107,13 @@ def test_a_method_that_cannot_work_without_its_client_algorithm_ends_the_run_say
         assert "train with client_apps.own_loop" not in str(stopped.value)
         with pytest.raises(ValueError, match="use client_apps.app's ClientApp"):
             algorithm_for({"client-algorithm": client.name, "lr": 0.1, "local-steps": 1}, torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_a_method_that_cannot_run_on_the_apps_model_says_why_before_a_round(api):
+    """FedBN keeps batch-normalization layers local; the plain app's model has none."""
+    with pytest.raises(ValueError, match="FedBN cannot run on this model: it needs a model with batch normalization"):
+        _run(api, _ours(api, "FedBN"), {"accuracy_key": "eval-acc"})
 
 
 @pytest.mark.parametrize("api", ["message", "legacy"])

@@ -18,7 +18,7 @@ from flwr.app import Error, Message, MetricRecord, RecordDict
 from client_apps.flower_internals import unavailable_reply
 from flower_pfl.experiment.build import check_device, load_client_data
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
-from flower_pfl.experiment.data.images import expected_files
+from flower_pfl.experiment.datasets import registry
 from server_apps.app import run_dir
 from server_apps.cluster import check_cluster_paths
 from server_apps.inprocess import run_in_process
@@ -117,7 +117,7 @@ def test_expected_files_are_those_torchvision_reads(tmp_path):
     files.write_emnist(tmp_path, "digits", 2, 2, classes=10)
     files.write_cifar10(tmp_path, per_batch=2)
     for name, split in (("fmnist", "byclass"), ("emnist", "digits"), ("cifar10", "byclass")):
-        assert all((tmp_path / f).is_file() for f in expected_files(name, split)), name
+        assert all((tmp_path / f).is_file() for f in registry.instance(name, {"emnist-split": split}).expected_files()), name
 
 
 def test_missing_data_fails_at_start_before_the_results_folder(tmp_path, monkeypatch):

@@ -374,6 +374,28 @@ num-nodes = 3
     assert all(c["run_config"]["num-rounds"] == 3 for c in cells)
 
 
+def test_a_sweep_runs_data_and_models_of_ones_own_by_import_path(tmp_path):
+    s = _sweep("""
+methods = ["fedavg"]
+seeds = [0]
+references = []
+[base]
+dataset = "tests.own_cases:features"
+partition = "natural"
+num-rounds = 2
+clients-per-round = 2
+local-steps = 2
+figures = false
+num-nodes = 4
+[grid]
+model = ["dnn", "tests.own_cases:net"]
+""")
+    record = sweep.run(s, tmp_path / "sweep", progress=False)
+    assert [c["status"] for c in record["cells"]] == ["completed"] * 2
+    assert sorted(c["run_config"]["model"] for c in record["cells"]) == ["dnn", "tests.own_cases:net"]
+    assert all(c["summary"]["client_groups"]["3"] == "sensor3" for c in record["cells"])
+
+
 def test_a_cell_that_fails_is_recorded_and_the_command_says_so(tmp_path, capsys):
     """lr = 1e30: every update is refused, the run fails; the sweep goes on, records why and exits non-zero."""
     out = tmp_path / "sweep"

@@ -27,9 +27,13 @@ TRAINING = {LR: 0.05, LOCAL_STEPS: 3, BATCH_SIZE: 4}
 OURS = [e for e in entries() if not e.builtin]
 
 
-def _model() -> torch.nn.Module:
+def _model(bn: bool = False) -> torch.nn.Module:
+    """The twins' DNN; ``bn``: with batch normalization (for a method that needs it, FedBN)."""
     torch.manual_seed(0)
-    return DNN(6, 3, hidden=4)
+    return DNN(6, 3, hidden=4, batch_norm=bn)
+
+
+_needs_bn = fb.needs_bn
 
 
 def _data(node: int) -> TrainData:
@@ -45,7 +49,7 @@ class Clients:
         self.states: dict[int, dict] = {n: {} for n in NODES}
 
     def train(self, node: int, arrays: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        model = _model()
+        model = _model(bn=len(arrays) == len(_model(bn=True).state_dict()))  # the DNN the arrays are of
         with torch.no_grad():
             for p, a in zip(model.state_dict().values(), arrays):
                 p.copy_(torch.as_tensor(a))
@@ -56,9 +60,11 @@ class Clients:
 
 
 def _twins(entry, **options):
-    cfg = ExperimentConfig(method=entry.method, aggregation=entry.aggregation, clients_per_round=3, model="dnn", options=options)
+    bn = _needs_bn(entry)
+    cfg = ExperimentConfig(method=entry.method, aggregation=entry.aggregation, clients_per_round=3, model="dnn-bn" if bn else "dnn",
+                           options=options)
     args = cfg.method_arguments()
-    initial = {k: v.numpy() for k, v in _model().state_dict().items()}
+    initial = {k: v.numpy() for k, v in _model(bn).state_dict().items()}
     legacy = getattr(strategies, entry.strategy)(**args, initial_parameters=initial, clients_per_round=3, min_available_clients=1,
                                                   on_fit_config_fn=lambda _: dict(TRAINING), seed=7)
     message = getattr(strategies.message, entry.strategy)(**args, clients_per_round=3, min_available_nodes=1, seed=7)

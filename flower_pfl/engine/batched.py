@@ -30,6 +30,12 @@ CPU_CONVOLUTIONS = ("on the CPU, PyTorch's convolutions run slower for a round's
                     "convolution) than one client at a time")
 
 
+#: why a model with a recurrent layer trains one client at a time
+RECURRENT = "the model has a recurrent layer (torch.func.vmap has no batching rule for PyTorch's LSTM)"
+#: why a model with dropout trains one client at a time
+DROPOUT = "the model has dropout (a round's clients at once would draw other masks than one by one)"
+
+
 @dataclass
 class ClientRound:
     """One client's local training of a round: its client algorithm (made with the received model), its
@@ -47,14 +53,18 @@ class ClientRound:
 
 def unbatched(algorithm: type[ClientAlgorithm], model: nn.Module) -> str | None:
     """Why clients of ``algorithm`` training ``model`` (on its device) do not train as one computation, or
-    ``None``: the algorithm cannot, the model has buffers, or a convolutional model is on the CPU, where
-    batching it is slower."""
+    ``None``: the algorithm cannot, the model has buffers, a recurrent layer or dropout, or a convolutional
+    model is on the CPU, where batching it is slower."""
     if algorithm.unbatched_because is not None:
         return algorithm.unbatched_because
     if algorithm.train_step is not ClientAlgorithm.train_step:
         return "it trains a second model or takes a second minibatch per step (its own train_step)"
     if any(True for _ in model.buffers()):
         return "the model has buffers (batch normalization's statistics)"
+    if any(isinstance(m, nn.RNNBase) for m in model.modules()):
+        return RECURRENT
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return DROPOUT
     if _on_cpu(model) and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()):
         return CPU_CONVOLUTIONS
     return None

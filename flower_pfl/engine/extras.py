@@ -1,8 +1,9 @@
 """The package's optional parts and the extras that install them.
 
 The core (strategies, client algorithms, the engine, the ServerApp and ClientApp on Synthetic data)
-needs Flower, PyTorch, NumPy and safetensors. Image data sets, plots and the command-line tools
-need more, installed as extras: ``pip install 'flower-pfl[data]'`` (``.[data]`` in a clone).
+needs Flower, PyTorch, NumPy and safetensors. The data sets and the torchvision models, text's
+vocabularies, plots and the command-line tools need more, installed as extras: ``pip install
+'flower-pfl[data]'`` (``.[data]`` in a clone), ``[text]`` for a text data set's word vocabulary.
 ``require`` is called before such an import, so that a missing one stops with the extra to install.
 """
 
@@ -12,7 +13,8 @@ import importlib.util
 
 #: top-level module -> the extra that installs it
 EXTRAS: dict[str, str] = {
-    "flwr_datasets": "data", "datasets": "data", "torchvision": "data",
+    "flwr_datasets": "data", "datasets": "data", "torchvision": "data", "PIL": "data", "scipy": "data",
+    "tokenizers": "text",
     "matplotlib": "plots",
     "tqdm": "tools", "cryptography": "tools",
     "faiss": "faiss",

@@ -24,6 +24,7 @@ from flower_pfl.engine.client_contract import (
 from flower_pfl.engine.client_metrics import is_finite_number
 from flower_pfl.engine.disk_store import make_store
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.reply_checks import (
     RawReply,
     Reply,
@@ -151,9 +152,15 @@ class MethodServer:
         return self.layout is not None
 
     def initialize(self, arrays: Mapping[str, np.ndarray | torch.Tensor]) -> None:
-        """Learn the layout and every client's starting model from the named initial arrays (once)."""
+        """Learn the layout and every client's starting model from the named initial arrays (once); a
+        ``ValueError`` when the method cannot run on the model (``Method.check_model``)."""
         if self.layout is None:
-            self.layout = ParamLayout.from_arrays(arrays)
+            layout = ParamLayout.from_arrays(arrays)
+            check_model = getattr(type(self.method), "check_model", None)  # a method of this package says what it needs
+            if check_model is not None and (needs := check_model(ModelFacts.of_layout(layout))) is not None:
+                unnamed = "" if layout.named else " (the model's tensors have no names: give the strategy its state_dict)"
+                raise ValueError(f"{type(self.method).__name__} cannot run on this model: it needs {needs}{unnamed}")
+            self.layout = layout
             initial = self.layout.flatten(arrays.values())
             self.method.setup(self.layout, initial, self.device, self.seed)
             if self.store_dir is not None and isinstance(self.method, PersonalizedAlgorithm):  # rows on disk, not in memory

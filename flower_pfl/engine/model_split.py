@@ -4,8 +4,11 @@ methods (FedAttn's Z_i, prototypes, contrastive losses) share, declared once.
 
 On the flat vector, the head is the model's trailing ``head_layers`` modules (found by parameter
 name, ``ParamLayout.components("module")``) and the body the leading slice before them. On the
-``nn.Module``, the head's input is the input of the model's last ``nn.Linear``: ``forward_with_features``
-returns it beside the logits (with its gradient), ``mean_features`` its mean over a data set.
+``nn.Module``, the head is the ``nn.Linear`` the model's attribute ``head_name`` names (every model of
+the package says where its head begins), else its last ``nn.Linear``; its input is the model's
+representation: ``forward_with_features`` returns it beside the logits (with its gradient),
+``mean_features`` its mean over a data set. ``head_problem`` says why a model's head cannot serve
+(its tensors must come last in the ``state_dict``, so that both views agree).
 """
 
 from __future__ import annotations
@@ -51,12 +54,48 @@ def drop_frozen(grads: Sequence[torch.Tensor | None], flags: Sequence[bool]) -> 
     return [None if off else g for g, off in zip(grads, flags)]
 
 
-def head_module(model: nn.Module) -> nn.Linear:
-    """The model's last ``nn.Linear``: the head whose input is the model's representation."""
-    linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
+#: the attribute by which a model names its head module (``"fc"``, ``"classifier.fc3"``)
+HEAD_NAME = "head_name"
+
+
+def head_name(model: nn.Module) -> str:
+    """The name of the model's head module: its ``head_name``, else its last ``nn.Linear``'s."""
+    declared = model.__dict__.get(HEAD_NAME, getattr(type(model), HEAD_NAME, None))
+    if declared is not None:
+        return str(declared)
+    linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not linear:
-        raise ValueError(f"{type(model).__name__} has no nn.Linear layer to take as its head")
+        raise ValueError(f"{type(model).__name__} has no nn.Linear layer to take as its head (name one with its "
+                         f"attribute {HEAD_NAME!r})")
     return linear[-1]
+
+
+def head_module(model: nn.Module) -> nn.Linear:
+    """The model's head: the ``nn.Linear`` whose input is the model's representation (``head_name``)."""
+    name = head_name(model)
+    try:
+        head = model.get_submodule(name)
+    except AttributeError as err:
+        raise ValueError(f"{type(model).__name__}.{HEAD_NAME} = {name!r} names no module of the model") from err
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"{type(model).__name__}'s head {name!r} is a {type(head).__name__}, not an nn.Linear")
+    return head
+
+
+def head_problem(model: nn.Module) -> str | None:
+    """Why the model's head cannot serve the methods that split it or read its representation (``None``: it
+    can): none is found, it is no ``nn.Linear``, or its tensors are not the last of the ``state_dict``."""
+    try:
+        name = head_name(model)
+        head_module(model)
+    except ValueError as err:
+        return str(err)
+    modules = ParamLayout.from_module(model).components("module")
+    if not modules or modules[-1][0] != name:
+        last = modules[-1][0] if modules else None
+        return (f"its head {name!r} is not the last module of its state_dict ({last!r} is): the head's tensors must "
+                "come last, register the head after the other layers")
+    return None
 
 
 def forward_with_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,11 +1,8 @@
-"""What a client and the server need from an ``ExperimentConfig``: data, model, training settings."""
+"""What a client and the server need from an ``ExperimentConfig``: data (``clients``), model, training settings."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,13 +10,15 @@ import torch
 from torch import nn
 
 from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND
-from flower_pfl.experiment.config import DATA_FIELDS, ConfigError, ExperimentConfig
-from flower_pfl.experiment.data import ClientData, generate_synthetic, train_test_split
-from flower_pfl.experiment.data.hub import load_hub_partition
-from flower_pfl.experiment.data.images import IMAGE_SHAPES, expected_files, load_image_pool, num_classes, to_float
-from flower_pfl.experiment.data.partition import keep_train_samples, paired_groups, partition_indices, twin_share
-from flower_pfl.experiment.data.synthetic import DIM, NUM_CLASSES
-from flower_pfl.experiment.models import build_model
+from flower_pfl.engine.model_facts import ModelFacts
+from flower_pfl.experiment.clients import data_info, load_client_data
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig, method_refusal
+from flower_pfl.experiment.models.base import ModelSettings
+from flower_pfl.experiment.models.pretrained import load_pretrained
+from flower_pfl.experiment.models.registry import build_model
+
+__all__ = ["check_method_applies", "data_info", "dataset_shape", "initial_arrays", "load_client_data", "make_model",
+           "training_config"]
 
 
 def training_config(cfg: ExperimentConfig) -> dict[str, float | int]:
@@ -27,104 +26,42 @@ def training_config(cfg: ExperimentConfig) -> dict[str, float | int]:
     return {LR: cfg.lr, LOCAL_STEPS: cfg.local_steps, BATCH_SIZE: cfg.batch_size}
 
 
-def _pooled(users: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    return np.concatenate([x for x, _ in users]), np.concatenate([y for _, y in users])
-
-
-@lru_cache(maxsize=4)
-def _client_splits(data: ExperimentConfig, num_partitions: int) -> tuple[ClientData, ...]:
-    """Every client's train/test data for the data fields of ``data`` (see ``data_config``)."""
-    synthetic = data.dataset == "synthetic"
-    users = generate_synthetic(data.synthetic_alpha, data.synthetic_beta, num_users=num_partitions, seed=data.seed) if synthetic else None
-    if data.partition == "natural":  # Synthetic's users (the config refuses natural for the image sets here)
-        assert users is not None
-        shares = users
-    else:
-        x, y = _pooled(users) if users is not None else _image_pool(data)
-        parts = partition_indices(y, num_partitions, data.partition, alpha=data.dirichlet_alpha,
-                                  classes_per_client=data.classes_per_client,
-                                  shards_per_client=data.shards_per_client, seed=data.seed, paired=data.paired_clients)
-        scale = (lambda a: a) if synthetic else to_float
-        shares = [(scale(x[idx]), y[idx]) for idx in parts]
-    split_rng, scarce_rng = np.random.default_rng([data.seed, 1]), np.random.default_rng([data.seed, 2])
-    return tuple(_client(x, y, data, split_rng, scarce_rng) for x, y in shares)
-
-
-def _image_pool(data: ExperimentConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The pooled image data set, or a ``ConfigError`` naming the run-config keys when its files are missing."""
-    try:
-        return load_image_pool(data.dataset, data.data_dir, download=data.download, emnist_split=data.emnist_split)
-    except FileNotFoundError as err:
-        fix = ("the download failed; put the files there or check the internet access" if data.download
-               else "set 'data-dir' or 'download = true'")
-        raise ConfigError(f"run config 'dataset' = {data.dataset!r}: no files under data-dir {str(Path(data.data_dir).resolve())!r} "
-                          f"({', '.join(expected_files(data.dataset, data.emnist_split))}); {fix}") from err
-
-
-def _client(x: np.ndarray, y: np.ndarray, data: ExperimentConfig,
-            split_rng: np.random.Generator, scarce_rng: np.random.Generator) -> ClientData:
-    """One client's own train/test split, then data scarcity (training part only)."""
-    client = train_test_split(x, y, data.train_fraction, split_rng)
-    if data.train_samples_per_client:
-        xs, ys = keep_train_samples(client.x_train.numpy(), client.y_train.numpy(), data.train_samples_per_client, scarce_rng)
-        client = ClientData(torch.as_tensor(xs), torch.as_tensor(ys), client.x_test, client.y_test)
-    return client
-
-
-@lru_cache(maxsize=64)
-def _hub_client(data: ExperimentConfig, num_partitions: int, partition_id: int) -> ClientData:
-    """A client of a ``FederatedDataset``: only its own partition is loaded."""
-    options = {"alpha": data.dirichlet_alpha, "classes_per_client": data.classes_per_client,
-               "shards_per_client": data.shards_per_client}
-    paired = data.paired_clients  # twins 2k, 2k+1 split the scheme's k-th partition
-    pid, n = (partition_id // 2, paired_groups(num_partitions)) if paired else (partition_id, num_partitions)
-    x, y = load_hub_partition(data.dataset, data.hub_dataset, data.partition, pid, n, options, data.seed)
-    if paired:
-        keep = twin_share(len(y), partition_id, num_partitions, data.seed)
-        x, y = x[keep], y[keep]
-    rngs = np.random.default_rng([data.seed, 1, partition_id]), np.random.default_rng([data.seed, 2, partition_id])
-    return _client(to_float(x), y, data, *rngs)
-
-
-@lru_cache(maxsize=8)
-def data_config(cfg: ExperimentConfig) -> ExperimentConfig:
-    """``cfg`` with everything but the data fields at their defaults (the cache key of the data); its ``seed``
-    is the data's (``ExperimentConfig.data_rng_seed``)."""
-    return replace(ExperimentConfig(), **{name: getattr(cfg, name) for name in DATA_FIELDS}, seed=cfg.data_rng_seed)
-
-
-def load_client_data(cfg: ExperimentConfig, partition_id: int, num_partitions: int) -> ClientData:
-    """Client ``partition_id``'s own train/test data (built once per process and cached)."""
-    if not 0 <= partition_id < num_partitions:
-        raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
-    if cfg.data_source == "flwr-datasets" and cfg.dataset != "synthetic":
-        return _hub_client(data_config(cfg), num_partitions, partition_id)
-    return _client_splits(data_config(cfg), num_partitions)[partition_id]
-
-
 def dataset_shape(cfg: ExperimentConfig) -> tuple[tuple[int, ...], int]:
     """``(input_shape, num_classes)`` of the configured data set (one sample's shape)."""
-    if cfg.dataset == "synthetic":
-        return (DIM,), NUM_CLASSES
-    return IMAGE_SHAPES[cfg.dataset], num_classes(cfg.dataset, cfg.emnist_split)
+    info = data_info(cfg)
+    return info.input_shape, info.num_classes
 
 
 def make_model(cfg: ExperimentConfig, seed: int | None = None) -> nn.Module:
-    """The configured model; ``seed`` fixes the initialization (the server's starting model)."""
-    input_shape, num_classes = dataset_shape(cfg)
-    return build_model(cfg.model, input_shape, num_classes, hidden=cfg.hidden_units, seed=seed)
+    """The configured model for the configured data; ``seed`` fixes the initialization (the server's starting
+    model). A model that cannot take the data, or a model of one's own that is not what the package takes,
+    is a ``ConfigError``."""
+    try:
+        return build_model(cfg.model, data_info(cfg), cfg.options, ModelSettings(cfg.model_width, cfg.dropout), seed)
+    except ValueError as err:
+        raise ConfigError(f"run config 'model' = {cfg.model!r}: {err}" if not str(err).startswith("run config") else str(err)) from err
+
+
+def check_method_applies(cfg: ExperimentConfig, model: nn.Module) -> None:
+    """A ``ConfigError`` when the run's method cannot run on ``model`` (``Method.check_model``): the reason,
+    before anything runs."""
+    if (needs := cfg.entry.check_model(ModelFacts.of_model(model))) is not None:
+        raise ConfigError(method_refusal(cfg.label, cfg.model, needs))
 
 
 def initial_arrays(cfg: ExperimentConfig, partition_id: int | None = None) -> dict[str, np.ndarray]:
     """A starting model as named arrays, as ``cfg.init`` says: ``zero``: every parameter 0; ``shared``
     (or ``partition_id`` None): the PyTorch-default model seeded by ``cfg.seed``; ``independent``: the
     PyTorch-default model seeded by ``(cfg.seed, partition_id)``, leaving torch's global random state
-    as it was (the others seed it, as ``make_model`` does). Both scaled by ``cfg.init_scale``."""
+    as it was (the others seed it, as ``make_model`` does). Both take the ``pretrained`` weights where
+    set, and are scaled by ``cfg.init_scale``."""
     if cfg.init == "independent" and partition_id is not None:
         with torch.random.fork_rng(devices=[]):
             model = make_model(cfg, seed=int(np.random.SeedSequence([cfg.seed, partition_id]).generate_state(1)[0]))
     else:
         model = make_model(cfg, seed=cfg.seed)
+    if cfg.pretrained:
+        load_pretrained(model, cfg.pretrained)
     scale = 0.0 if cfg.init == "zero" else cfg.init_scale
     return {name: (scale * t.detach().cpu()).numpy() for name, t in model.state_dict().items()}
 

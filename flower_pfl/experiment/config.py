@@ -1,8 +1,10 @@
 """Experiment configuration: every run-config key, its default and what it allows.
 
 The keys every experiment has (data, model, rounds, training settings) are fields here; each
-method's own hyperparameters are declared beside the method (``flower_pfl.methods``) and read
-from the registry, as are the ``method`` and ``aggregation`` values. ``ExperimentConfig.from_mapping``
+method's own hyperparameters are declared beside the method (``flower_pfl.methods``), each data set's
+and model family's keys beside it (``flower_pfl.experiment.datasets``, ``flower_pfl.experiment.models``),
+and read from their registries (``declared``), as are the ``method``, ``aggregation``, ``dataset`` and
+``model`` values. ``ExperimentConfig.from_mapping``
 turns a Flower run config (kebab-case keys) into a validated, typed object, and fails with a
 ``ConfigError`` that names the key and the allowed values. ``pyproject.toml``'s
 ``[tool.flwr.app.config]`` carries the same defaults (a test keeps the two in step).
@@ -19,14 +21,16 @@ from typing import Any
 
 from flower_pfl.engine.params import PERCENT
 from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
-from flower_pfl.experiment.data.hub import HUB
-from flower_pfl.experiment.data.images import EMNIST_CLASSES
+from flower_pfl.experiment.data.imports import is_import_path
+from flower_pfl.experiment.data.info import KIND_TEXT, DataInfo
 from flower_pfl.experiment.data.partition import SCHEMES
-from flower_pfl.experiment.models import MODELS
+from flower_pfl.experiment.datasets import registry as data_sets
+from flower_pfl.experiment.datasets.base import DATA_SOURCES, HUB
+from flower_pfl.experiment.declared import declared_specs
+from flower_pfl.experiment.models import registry as models
+from flower_pfl.experiment.models.base import ModelSettings
 from flower_pfl.methods import registry
 
-DATASETS: tuple[str, ...] = ("synthetic", "fmnist", "emnist", "cifar10", "femnist")
-DATA_SOURCES: tuple[str, ...] = ("torchvision", "flwr-datasets")
 APIS: tuple[str, ...] = ("message", "legacy")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 STORES: tuple[str, ...] = ("memory", "disk")
@@ -34,15 +38,9 @@ STORES: tuple[str, ...] = ("memory", "disk")
 TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "wandb")
 #: the clients' starting models: one PyTorch-default model for all, zeros, or one PyTorch-default model each
 INITS: tuple[str, ...] = ("shared", "zero", "independent")
-#: "natural": the data set's own clients (Synthetic's users); the others re-partition the pooled data by label
+#: "natural": the data set's own clients (Synthetic's users, writers, speaking roles, subjects, domains); the
+#: others re-partition the pooled data by label
 PARTITIONS: tuple[str, ...] = ("natural", *SCHEMES)
-#: fields that decide a client's data besides its seed (``ExperimentConfig.data_rng_seed``; runs that share them
-#: share the generated data)
-DATA_FIELDS: tuple[str, ...] = (
-    "dataset", "synthetic_alpha", "synthetic_beta", "train_fraction", "partition", "dirichlet_alpha",
-    "classes_per_client", "shards_per_client", "paired_clients", "train_samples_per_client",
-    "data_dir", "download", "emnist_split", "data_source", "hub_dataset",
-)
 
 
 def parse_trackers(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -77,9 +75,6 @@ class ExperimentConfig:
     hub_dataset: str = ""
     data_dir: str = "data"
     download: bool = False
-    emnist_split: str = "byclass"
-    synthetic_alpha: float = 0.5
-    synthetic_beta: float = 0.5
     train_fraction: float = 0.75
     partition: str = "natural"
     dirichlet_alpha: float = 0.5
@@ -88,7 +83,16 @@ class ExperimentConfig:
     paired_clients: bool = False
     train_samples_per_client: int = 0
     model: str = "mlr"
-    hidden_units: int = 20
+    #: multiplies the channels and units of the package's model families (mlr and dnn excepted: hidden-units)
+    model_width: float = 1.0
+    #: dropout of the package's models whose architecture has it (VGG-11, MobileNetV2, TextCNN, the LSTM, the
+    #: transformer); 0 by default, so that a round's clients can train as one computation
+    dropout: float = 0.0
+    #: a weights file (``torch.save`` of a ``state_dict``, or safetensors) for the starting model: its tensors
+    #: whose names and shapes match are loaded (the head, sized for other classes, usually is not)
+    pretrained: str = ""
+    #: the text models' vocabulary (embedding rows); 0 takes it from the data
+    vocab_size: int = 0
     #: the clients' starting models: "shared" (one PyTorch-default model, seeded by ``seed``), "zero"
     #: (all parameters 0), "independent" (each client its own PyTorch-default model, seeded by seed and
     #: partition id; methods that keep a model per client on the server only)
@@ -140,6 +144,9 @@ class ExperimentConfig:
     allow_empty_client_state: bool = False
     #: keep Flower's round-by-round console lines (false: only the run's own progress lines)
     verbose: bool = False
+    #: draw the run's figures at its end (learning curve, attention and similarity heatmaps); false: the numbers
+    #: only (``python -m flower_pfl compare`` draws curves from them later)
+    figures: bool = True
     #: in-process runs (``server_apps.inprocess``): a round's clients train as one computation where their
     #: client algorithm allows (``flower_pfl.engine.batched``), with the numbers of training them one by one
     batch_clients: bool = True
@@ -151,47 +158,37 @@ class ExperimentConfig:
     tracker_uri: str = ""
     #: a label that groups runs in the trackers (a sweep's setting)
     tracker_group: str = ""
-    #: every method's hyperparameters by run-config key (declared beside each method, see
-    #: ``flower_pfl.methods``); missing keys take the declared defaults
+    #: every method's, data set's and model family's keys by run-config key (declared beside each, see
+    #: ``flower_pfl.experiment.declared``); missing keys take the declared defaults
     options: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        specs = registry.option_specs()
+        specs = declared_specs()
         object.__setattr__(self, "options", current_names(self.options))
         unknown = sorted(set(self.options) - set(specs))
         if unknown:
-            raise ConfigError(f"run config keys {unknown} are not parameters of any method")
+            raise ConfigError(f"run config keys {unknown} are not keys of any method, data set or model")
         options = {key: spec.default for key, spec in specs.items()} | dict(self.options)
         object.__setattr__(self, "options", options)
         choices = {
-            "method": registry.methods(), "aggregation": registry.aggregations(), "api": APIS, "dataset": DATASETS,
-            "model": MODELS, "device": DEVICES, "partition": PARTITIONS, "emnist_split": tuple(EMNIST_CLASSES),
-            "data_source": DATA_SOURCES, "store": STORES, "init": INITS,
+            "method": registry.methods(), "aggregation": registry.aggregations(), "api": APIS, "device": DEVICES,
+            "partition": PARTITIONS, "data_source": DATA_SOURCES, "store": STORES, "init": INITS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 _fail(name, getattr(self, name), f"one of {', '.join(allowed)}")
-        for name in ("num_rounds", "clients_per_round", "batch_size", "local_steps", "eval_every", "hidden_units",
+        for name in ("num_rounds", "clients_per_round", "batch_size", "local_steps", "eval_every",
                      "classes_per_client", "shards_per_client"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "an integer >= 1")
         for name in ("lr", "dirichlet_alpha"):
             if not getattr(self, name) > 0:
                 _fail(name, getattr(self, name), "a number > 0")
-        for name in ("synthetic_alpha", "synthetic_beta"):
-            if not getattr(self, name) >= 0:
-                _fail(name, getattr(self, name), "a number >= 0")
         for key, spec in specs.items():
             value = _coerce(key, options[key], spec.type) if spec.type is not object else options[key]
             if (must := spec.check(value)) is not None:
                 _fail(key, value, must)
         _say_plausible_units(options, specs)
-        if self.data_source == "flwr-datasets" and self.dataset not in HUB and self.dataset != "synthetic":
-            _fail("dataset", self.dataset, f"one of {', '.join(HUB)} with data-source 'flwr-datasets'")
-        if self.dataset == "femnist" and self.data_source != "flwr-datasets":
-            _fail("data_source", self.data_source, "'flwr-datasets' for dataset 'femnist'")
-        if self.partition == "natural" and self.dataset not in ("synthetic", "femnist"):
-            _fail("partition", self.partition, f"one of {', '.join(SCHEMES)} for dataset '{self.dataset}' (it has no natural clients)")
         if self.paired_clients and self.partition == "natural":
             _fail("paired_clients", self.paired_clients, f"false with partition 'natural' (twins split a partition of {', '.join(SCHEMES)})")
         if self.train_samples_per_client < 0:
@@ -203,6 +200,7 @@ class ExperimentConfig:
             _fail("aggregation", self.aggregation, f"one of {', '.join(allowed)} for method '{self.method}'")
         if (problem := self.entry.declaration.check_run(self.to_run_config()) if not self.entry.builtin else None):
             _fail(problem[0], self.to_run_config()[problem[0]], problem[1])
+        self._check_data_and_model()
         self._check_init()
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
@@ -229,6 +227,43 @@ class ExperimentConfig:
             _fail("tracker", self.tracker, f"'' or one or more of {', '.join(TRACKERS)}, comma-separated")
         if not self.tracker_experiment:
             _fail("tracker_experiment", self.tracker_experiment, "a non-empty name")
+
+    def _check_data_and_model(self) -> None:
+        """The data set and model by name (or import path), the data set's partitions and sources, and whether
+        the model takes the data set's samples (a package data set's; one of one's own is checked when loaded)."""
+        own_data, own_model = is_import_path(self.dataset), is_import_path(self.model)
+        if not own_data and self.dataset not in data_sets.names():
+            _fail("dataset", self.dataset, f"one of {', '.join(data_sets.names())}, or an import path 'package.module:function'")
+        if not own_model and self.model not in models.model_names():
+            _fail("model", self.model, f"one of {', '.join(models.model_names())}, or an import path 'package.module:factory'")
+        if not own_data:
+            cls = data_sets.data_set_class(self.dataset)
+            if self.partition not in cls.partitions():
+                why = f" ({cls.name} has no natural clients)" if self.partition == "natural" else ""
+                _fail("partition", self.partition, f"one of {', '.join(cls.partitions())} for dataset '{self.dataset}'{why}")
+            if self.data_source not in cls.sources():
+                hub = ", ".join(c.name for c in data_sets.data_sets() if HUB in c.sources())
+                _fail("dataset", self.dataset, f"one of {hub} with data-source '{HUB}' ({self.dataset} is not on the hub)")
+            if not own_model and (problem := models.takes(self.model, cls.kind)) is not None:
+                _fail("model", self.model, f"a model for {KIND_TEXT[cls.kind]}: {problem}")
+            if not own_model:
+                self._check_method_on_model(data_sets.instance(self.dataset, self.options).info())
+        if not (math.isfinite(self.model_width) and self.model_width > 0):
+            _fail("model_width", self.model_width, "a finite number > 0")
+        if not 0 <= self.dropout < 1:
+            _fail("dropout", self.dropout, "a number in [0, 1)")
+        if self.vocab_size < 0:
+            _fail("vocab_size", self.vocab_size, "an integer >= 0 (0: from the data)")
+
+    def _check_method_on_model(self, data: DataInfo) -> None:
+        """The method refuses a package model it cannot run on, with the reason (``Method.check_model``; a model
+        of one's own is checked when the run starts)."""
+        try:
+            facts = models.model_facts(self.model, data, self.options, ModelSettings(self.model_width, self.dropout))
+        except ValueError as err:  # the model cannot take the data's samples
+            raise ConfigError(f"run config 'model' = {self.model!r}: {err}") from err
+        if (needs := self.entry.check_model(facts)) is not None:
+            raise ConfigError(method_refusal(self.label, self.model, needs))
 
     def _check_init(self) -> None:
         if not (math.isfinite(self.init_scale) and self.init_scale > 0):
@@ -263,10 +298,11 @@ class ExperimentConfig:
     def run_name(self) -> str:
         """The results folder's name before its time stamp: ``<label>-<dataset>-<model>-seed<seed>``,
         with ``-legacy`` after the label for runs on Flower's legacy API (``fedavg-legacy-...``) and
-        ``-data<data-seed>`` after the seed when the data has a seed of its own."""
+        ``-data<data-seed>`` after the seed when the data has a seed of its own; a data set or model of
+        one's own appears by its function's name."""
         api = "-legacy" if self.api == "legacy" else ""
         data = f"-data{self.data_seed}" if self.data_seed >= 0 else ""
-        return f"{self.label}{api}-{self.dataset}-{self.model}-seed{self.seed}{data}"
+        return f"{self.label}{api}-{short_name(self.dataset)}-{short_name(self.model)}-seed{self.seed}{data}"
 
     def bounds(self) -> dict[str, float]:
         """The reply bounds as strategy arguments (0 in the run config: ``math.inf``, off)."""
@@ -299,7 +335,7 @@ class ExperimentConfig:
             key = _key(f.name)
             if f.name != "options" and key in run_config:
                 kwargs[f.name] = _coerce(key, run_config[key], type(getattr(cls, f.name)))
-        specs = registry.option_specs()
+        specs = declared_specs()
         run_config = current_names(run_config)
         options = {key: _coerce(key, run_config[key], spec.type) if spec.type is not object else run_config[key]
                    for key, spec in specs.items() if key in run_config}
@@ -311,10 +347,21 @@ class ExperimentConfig:
         return general | dict(self.options)
 
 
+def method_refusal(label: str, model: str, needs: str) -> str:
+    """What is said of a method that cannot run on a model."""
+    return f"run config 'method' = {label!r} cannot run on model {model!r}: it needs {needs}"
+
+
+def short_name(value: str) -> str:
+    """A data set's or model's name, or the function's name of an import path (``"pkg.mod:fn"`` -> ``"fn"``)."""
+    return value.rpartition(":")[2].rpartition(".")[2] if is_import_path(value) else value
+
+
 def known_keys() -> set[str]:
-    """Every key a run config may have: the general settings, every method's keys and their old names."""
+    """Every key a run config may have: the general settings, every method's, data set's and model family's
+    keys and the old names of method keys."""
     general = {_key(f.name) for f in fields(ExperimentConfig) if f.name != "options"}
-    return general | set(registry.option_specs()) | set(registry.renamed_keys())
+    return general | set(declared_specs()) | set(registry.renamed_keys())
 
 
 def unknown_key_message(key: str) -> str:

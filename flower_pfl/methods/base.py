@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.params import ParamSpec, check_params, param_specs
 from flower_pfl.engine.server_algorithm import ServerAlgorithm
 
@@ -63,6 +64,9 @@ class Method(ServerAlgorithm):
     default_clients_per_round: ClassVar[int | None] = None
     #: README table: the method's group (papers this package implements, or baselines)
     group: ClassVar[str] = "baseline"
+    #: it reads the model's head (``flower_pfl.engine.model_split``): the head's input as the representation,
+    #: or the head module itself; a model without a usable head is refused (``check_model``)
+    reads_head: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_params(self)
@@ -71,6 +75,14 @@ class Method(ServerAlgorithm):
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
         """A check across run-config keys (``options``: the whole run config): ``(key, what it must
         be)`` when the combination is invalid, else ``None``."""
+        return None
+
+    @classmethod
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        """What the method needs that a model with ``facts`` lacks (``"a model with ..."``), or ``None``
+        when it can run on it; checked before a run starts, and when a strategy first sees the model."""
+        if cls.reads_head and facts.head_problem is not None:
+            return f"a model with a head it can read ({facts.head_problem})"
         return None
 
     @classmethod
@@ -162,10 +174,15 @@ class Entry:
     def summary(self) -> str:
         return self.summary_text or self.declaration.summary()
 
+    def check_model(self, facts: ModelFacts) -> str | None:
+        """What this entry's method needs that a model with ``facts`` lacks (``None``: nothing; Flower's
+        own methods run on any model)."""
+        return None if self.builtin else self.declaration.check_model(facts)
 
-def one_layer_refusal(options: Mapping[str, Any], needs: str, otherwise: str) -> tuple[str, str] | None:
-    """``check_run``'s refusal of a one-layer model (``mlr``) by a method that splits the model in parts:
-    ``("model", "<needs> (mlr has one layer: <otherwise>)")``, else ``None``."""
-    if options["model"] == "mlr":
-        return "model", f"{needs} (mlr has one layer: {otherwise})"
+
+def one_layer_refusal(facts: ModelFacts, needs: str, otherwise: str) -> str | None:
+    """``check_model``'s refusal of a one-layer model (``mlr``) by a method that splits the model in parts:
+    ``"<needs> (this one has one layer: <otherwise>)"``, else ``None``."""
+    if facts.layers < 2:
+        return f"{needs} (this one has one layer: {otherwise})"
     return None

@@ -20,6 +20,7 @@ from flower_pfl.engine.client_algorithm import (
     trainable,
 )
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import body_slice, forward_with_features, head_flags, head_module
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE_INT, POSITIVE, param
 from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
@@ -169,6 +170,7 @@ class FedAS(Method, SharedPart):
 
     name = "fedas"
     strategy = "FedAS"
+    reads_head = True
     client = FedASClient
     default_clients_per_round = 10
     without_client_algorithm = "cannot run: every reply lacks the Fisher traces"
@@ -183,8 +185,8 @@ class FedAS(Method, SharedPart):
                                  doc="weight the bodies by the Fisher traces (False: by sample counts, the paper's ablation)")
 
     @classmethod
-    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        return one_layer_refusal(options, "a model with a body besides its head", "there is no body to align")
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        return super().check_model(facts) or one_layer_refusal(facts, "a model with a body besides its head", "there is no body to align")
 
     def shared_columns(self, layout: ParamLayout) -> slice:
         return body_slice(layout, 1)

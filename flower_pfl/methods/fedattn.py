@@ -160,6 +160,7 @@ class FedAttn(Method, GlobalModelAlgorithm):
 
     name = "fedattn"
     strategy = "FedAttn"
+    reads_head = True
     client = FedAttnClient
     group = "paper"
     state_attributes = ("round", "d_z", "biases", "representations")

@@ -14,6 +14,7 @@ from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientSta
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import drop_frozen, head_flags, head_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE_INT, POSITIVE, one_of, param
 from flower_pfl.engine.reply_checks import Reply
@@ -111,9 +112,11 @@ class FedBABU(Method, GlobalModelAlgorithm):
         self.head_columns = head_slice(layout, self.head_layers)
 
     @classmethod
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        return one_layer_refusal(facts, "a model with a body besides the head", "FedBABU would train nothing")
+
+    @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        if refusal := one_layer_refusal(options, "a model with a body besides the head", "FedBABU would train nothing"):
-            return refusal
         if options["init"] == "zero" or options["init-scale"] == 0:
             return "init", "a random starting model (a frozen head of zeros gives the body no gradient)"
         return None

@@ -10,6 +10,7 @@ import torch
 
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.params import param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.methods.base import Method
@@ -50,7 +51,7 @@ class FedBN(Method, SharedPart):
     not batch normalization ``w^(l) ← (1/K) Σ_k w_k^(l)``, the BN layers keep ``w_k^(l)``. A
     participant gets the shared layers with its own BN layers (the initial ones before it first
     trains) and evaluates the same. BN layers are found by name (modules with a ``running_mean``);
-    a model without any (``dnn``, ``mlr``) makes FedBN FedAvg with uniform weights. The paper
+    a model without any (``dnn``, ``mlr``, a ResNet with group normalization) is refused. The paper
     averages uniformly (its clients take part every round); PFLlib and FL-bench weight by sample
     count (``fedbn-weighted``).
     """
@@ -62,6 +63,13 @@ class FedBN(Method, SharedPart):
 
     weighted: bool = param(False, key="fedbn-weighted",
                            doc="weight the shared layers' mean by sample counts (PFLlib, FL-bench) instead of uniformly (the paper)")
+
+    @classmethod
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        if not facts.norm_statistics:
+            return ("a model with batch normalization (FedBN keeps its layers local; without them it is FedAvg with "
+                    "uniform weights): dnn-bn, cnn-bn, resnet18, resnet34, mobilenetv2, or vgg11 with vgg-norm = 'batch'")
+        return None
 
     def shared_columns(self, layout: ParamLayout) -> torch.Tensor:
         """The columns of every tensor that is not batch normalization."""

@@ -23,6 +23,7 @@ from flower_pfl.engine.client_algorithm import (
 )
 from flower_pfl.engine.layout import ParamLayout, load_flat_
 from flower_pfl.engine.mmd import squared_mmd
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import body_slice, forward_with_features, head_module, head_slice
 from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import Settings
@@ -182,6 +183,7 @@ class FedCP(Method, WithSideModules, SharedPart):
 
     name = "fedcp"
     strategy = "FedCP"
+    reads_head = True
     client = FedCPClient
     group = "baseline"
     without_client_algorithm = "runs as FedPer: no policy network, no global head, no MMD"
@@ -193,8 +195,8 @@ class FedCP(Method, WithSideModules, SharedPart):
                                 "head, as the paper; 0.5: PFLlib and the authors' code)")
 
     @classmethod
-    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        return one_layer_refusal(options, "a feature extractor before the head", "FedCP splits features from an extractor")
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        return super().check_model(facts) or one_layer_refusal(facts, "a feature extractor before the head", "FedCP splits features from an extractor")
 
     def shared_columns(self, layout: ParamLayout) -> slice:
         """The feature extractor: every module before the last linear layer."""

@@ -24,6 +24,7 @@ from flower_pfl.engine.client_algorithm import (
 )
 from flower_pfl.engine.feature_stats import representation_size
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import head_module
 from flower_pfl.engine.params import NON_NEGATIVE, Rule, param
 from flower_pfl.engine.reply_checks import Reply, norm, received_vector
@@ -168,6 +169,7 @@ class FedDBE(Method, GlobalModelAlgorithm):
 
     name = "feddbe"
     strategy = "FedDBE"
+    reads_head = True
     client = FedDBEClient
     default_clients_per_round = 10
     state_attributes = ("consensus", "consensus_known")
@@ -184,8 +186,8 @@ class FedDBE(Method, GlobalModelAlgorithm):
         self.consensus, self.consensus_known = torch.zeros(self.dim), torch.tensor(False)
 
     @classmethod
-    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        return one_layer_refusal(options, "a model with a representation before its last layer",
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        return super().check_model(facts) or one_layer_refusal(facts, "a model with a representation before its last layer",
                                  "its representation would be the input itself")
 
     def train_config(self, num_participants: int) -> Settings:

@@ -140,6 +140,7 @@ class FedGen(Method, GlobalModelAlgorithm):
 
     name = "fedgen"
     strategy = "FedGen"
+    reads_head = True
     client = FedGenClient
     without_client_algorithm = "runs as FedAvg: the clients train without the generator and send no label counts"
     state_attributes = ("generator",)

@@ -31,6 +31,7 @@ from flower_pfl.engine.feature_stats import (
     representation_size,
 )
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import body_slice, drop_frozen, forward_with_features, head_flags, head_module, head_slice
 from flower_pfl.engine.params import NON_NEGATIVE, NON_NEGATIVE_INT, param
 from flower_pfl.engine.reply_checks import Reply, norm
@@ -196,6 +197,7 @@ class FedPAC(Method, SharedPart):
 
     name = "fedpac"
     strategy = "FedPAC"
+    reads_head = True
     client = FedPACClient
     default_clients_per_round = 10
     state_attributes = ("prototypes", "known")  # type: ignore[assignment]  # SharedPart's is inferred as a 1-tuple
@@ -216,9 +218,12 @@ class FedPAC(Method, SharedPart):
         self.prototypes, self.known = torch.zeros(self.classes, self.dim), torch.zeros(self.classes, dtype=torch.bool)
 
     @classmethod
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        return super().check_model(facts) or one_layer_refusal(facts, "a model with a body before its head",
+                                                               "FedPAC has no representation to share")
+
+    @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        if refusal := one_layer_refusal(options, "a model with a body before its head", "FedPAC has no representation to share"):
-            return refusal
         if options["fedpac-head-steps"] >= options["local-steps"]:
             return "fedpac-head-steps", f"below local-steps ({options['local-steps']}), so that the body trains too"
         return None

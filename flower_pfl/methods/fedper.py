@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +10,7 @@ import torch
 
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import body_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.engine.reply_checks import Reply
@@ -84,5 +85,5 @@ class FedPer(Method, SharedPart):
         return body_slice(layout, self.head_layers)
 
     @classmethod
-    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        return one_layer_refusal(options, "a model with a layer to share besides the head", f"{cls.strategy} would be Local")
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        return super().check_model(facts) or one_layer_refusal(facts, "a model with a layer to share besides the head", f"{cls.strategy} would be Local")

@@ -129,6 +129,7 @@ class FedPHP(Method, GlobalModelAlgorithm):
 
     name = "fedphp"
     strategy = "FedPHP"
+    reads_head = True
     client = FedPHPClient
     group = "baseline"
     default_clients_per_round = 10

@@ -139,6 +139,7 @@ class FedProto(Method, PersonalizedAlgorithm):
 
     name = "fedproto"
     strategy = "FedProto"
+    reads_head = True
     client = FedProtoClient
     default_clients_per_round = 10
     state_attributes = ("prototypes", "known")

@@ -76,8 +76,6 @@ class FedRep(FedPer):
 
     @classmethod
     def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        if refusal := super().check_run(options):
-            return refusal
         if options["fedrep-body-steps"] >= options["local-steps"]:
             return "fedrep-body-steps", f"below local-steps ({options['local-steps']}), so that the head trains too"
         return None

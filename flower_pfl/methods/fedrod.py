@@ -131,6 +131,7 @@ class FedRoD(Method, GlobalModelAlgorithm):
 
     name = "fedrod"
     strategy = "FedRoD"
+    reads_head = True
     client = FedRoDClient
     group = "baseline"
     default_clients_per_round = 10

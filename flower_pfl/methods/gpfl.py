@@ -12,6 +12,7 @@ from torch import nn
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting, sgd_step, trainable
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import body_slice, forward_with_features, head_module
 from flower_pfl.engine.params import NON_NEGATIVE, param
 from flower_pfl.engine.server_algorithm import Settings
@@ -163,6 +164,7 @@ class GPFL(Method, WithSideModules, SharedPart):
 
     name = "gpfl"
     strategy = "GPFL"
+    reads_head = True
     client = GPFLClient
     group = "baseline"
     without_client_algorithm = "runs as FedPer: no category embeddings, no valve, no guidance"
@@ -173,8 +175,8 @@ class GPFL(Method, WithSideModules, SharedPart):
                       doc="μ, the weight decay of the GCE and CoV parameters (authors' CNN/MLP setting: 0.1)")
 
     @classmethod
-    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        return one_layer_refusal(options, "a feature extractor before the head", "GPFL conditions the extractor's features")
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        return super().check_model(facts) or one_layer_refusal(facts, "a feature extractor before the head", "GPFL conditions the extractor's features")
 
     def shared_columns(self, layout: ParamLayout) -> slice:
         """The feature extractor: every module before the last linear layer."""

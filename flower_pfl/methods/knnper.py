@@ -97,6 +97,7 @@ class KNNPer(Method, GlobalModelAlgorithm):
 
     name = "knnper"
     strategy = "KNNPer"
+    reads_head = True
     client = KNNPerClient
     default_clients_per_round = 10
     without_client_algorithm = "evaluates the global model alone (FedAvg)"

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import head_slice
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.methods.base import one_layer_refusal
@@ -42,5 +41,5 @@ class LGFedAvg(FedPer):
         return head_slice(layout, self.head_layers)
 
     @classmethod
-    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        return one_layer_refusal(options, "a model with a layer to keep local below the global ones", "LG-FedAvg would be FedAvg")
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        return one_layer_refusal(facts, "a model with a layer to keep local below the global ones", "LG-FedAvg would be FedAvg")

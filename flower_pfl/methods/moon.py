@@ -111,6 +111,7 @@ class MOON(Method, GlobalModelAlgorithm):
 
     name = "moon"
     strategy = "MOON"
+    reads_head = True
     client = MoonClient
     without_client_algorithm = "runs as FedAvg: no contrastive loss"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ from torch import nn
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.hypernetwork import HyperNetwork, hypernetwork_gradients
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.params import AT_LEAST_ONE, HALF_OPEN_UNIT, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_algorithm import ClientId, Instruction, ServerAlgorithm
@@ -56,9 +57,9 @@ class PFedHN(Method, ServerAlgorithm):
     clip: float = param(50.0, key="pfedhn-clip", must=POSITIVE, doc="largest norm of a round's gradient of φ and the embeddings")
 
     @classmethod
-    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        if str(options.get("model", "")).endswith("-bn"):
-            return "model", "a model without batch normalization (pFedHN generates every tensor, its running statistics too)"
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        if facts.norm_statistics:
+            return "a model without batch normalization (pFedHN generates every tensor, its running statistics too)"
         return None
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:

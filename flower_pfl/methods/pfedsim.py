@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +10,7 @@ import torch
 
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import body_slice
 from flower_pfl.engine.params import NON_NEGATIVE_INT, param
 from flower_pfl.engine.reply_checks import Reply
@@ -69,8 +70,8 @@ class PFedSim(Method, PersonalizedAlgorithm):
                         doc="T_w: rounds of FedAvg before personalization (FL-bench: half the rounds, 50 of 100)")
 
     @classmethod
-    def check_run(cls, options: Mapping[str, Any]) -> tuple[str, str] | None:
-        return one_layer_refusal(options, "a model with a feature extractor besides its classifier",
+    def check_model(cls, facts: ModelFacts) -> str | None:
+        return super().check_model(facts) or one_layer_refusal(facts, "a model with a feature extractor besides its classifier",
                                  "there is no feature extractor to share")
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:

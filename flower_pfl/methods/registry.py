@@ -13,31 +13,30 @@ from importlib import metadata
 from typing import Any
 
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm, Proximal, proximal_mu
+from flower_pfl.engine.discovery import declared_classes
 from flower_pfl.engine.params import ParamSpec
 from flower_pfl.methods.base import Declaration, Entry, FlowerMethod, Method
 
 _GROUPS = ("paper", "baseline", "flower")
 
 
-@lru_cache(maxsize=1)
-def _modules() -> tuple[Any, ...]:
-    package = importlib.import_module("flower_pfl.methods")
-    names = sorted(info.name for info in pkgutil.iter_modules(package.__path__) if info.name not in ("base", "registry"))
-    return tuple(importlib.import_module(f"flower_pfl.methods.{name}") for name in names)
+_PACKAGE, _NOT_METHODS = "flower_pfl.methods", ("base", "registry")
 
 
 @lru_cache(maxsize=1)
 def method_classes() -> tuple[type[Method], ...]:
     """Every method class (one per strategy class of this package), papers first."""
-    found = [obj for module in _modules() for obj in vars(module).values()
-             if isinstance(obj, type) and issubclass(obj, Method) and obj.__module__ == module.__name__ and "name" in vars(obj)]
+    found = [cls for cls in declared_classes(_PACKAGE, Method, _NOT_METHODS) if "name" in vars(cls)]
     return tuple(sorted(found, key=lambda c: (_GROUPS.index(c.group), c.name)))
 
 
 @lru_cache(maxsize=1)
 def flower_methods() -> tuple[FlowerMethod, ...]:
     """Every method Flower ships that the run config maps to."""
-    found = {id(obj): obj for module in _modules() for obj in vars(module).values() if isinstance(obj, FlowerMethod)}
+    package = importlib.import_module(_PACKAGE)
+    modules = [importlib.import_module(f"{_PACKAGE}.{info.name}") for info in pkgutil.iter_modules(package.__path__)
+               if info.name not in _NOT_METHODS]
+    found = {id(obj): obj for module in modules for obj in vars(module).values() if isinstance(obj, FlowerMethod)}
     return tuple(sorted(found.values(), key=lambda m: m.name))
 
 
@@ -145,7 +144,7 @@ def method_table() -> str:
     for e in entries():
         config = f"`method = \"{e.method}\"`" + (f", `aggregation = \"{e.aggregation}\"`" if e.aggregation != "default" else "")
         specs = option_specs()
-        keys = ", ".join(f"`{key} = {_toml(specs[key].default)}`" for key in e.run_config_keys() if key in specs) or "none"
+        keys = ", ".join(f"`{key} = {toml_value(specs[key].default)}`" for key in e.run_config_keys() if key in specs) or "none"
         if e.fixed:
             keys += " (" + ", ".join(f"{k} = {v!r}" for k, v in e.fixed.items()) + ")"
         rows.append(f"| {config} | `{e.strategy}` | {e.summary().split(':')[0]} | {keys} |")
@@ -167,10 +166,10 @@ def run_config_block() -> str:
             users.setdefault(key, []).append(e.label)
     lines = [BLOCK_START]
     for key, spec in option_specs().items():
-        assignment = f"{key} = {_toml(spec.default)}"
+        assignment = f"{key} = {toml_value(spec.default)}"
         lines.append(f"{assignment:<29} # {', '.join(users.get(key, []))}: {spec.doc}")
     lines.append('# earlier names of method keys, still read (with a warning) when set; "" = not set')
-    lines += [f"{old + ' = ' + _toml(''):<29} # now {new}" for old, new in renamed_keys().items()]
+    lines += [f"{old + ' = ' + toml_value(''):<29} # now {new}" for old, new in renamed_keys().items()]
     return "\n".join([*lines, BLOCK_END])
 
 
@@ -183,7 +182,8 @@ def with_run_config_block(pyproject: str) -> str:
     return head + run_config_block() + tail
 
 
-def _toml(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """A run-config value as TOML writes it."""
     return str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else str(value)
 
 

@@ -23,8 +23,9 @@ from flower_pfl.reports.figures import (
 
 
 def save_attention(log: AttentionAccumulator, path: Path, title: str = "", rank: Mapping[Hashable, int] | None = None,
-                   groups: Mapping[Hashable, Hashable] | None = None, group_label: str = "label set") -> None:
-    """``<path>.npz`` (ids, rank, one matrix per component) and ``<path>.png`` (one heatmap each).
+                   groups: Mapping[Hashable, Hashable] | None = None, group_label: str = "label set", figure: bool = True) -> None:
+    """``<path>.npz`` (ids, rank, one matrix per component) and, with ``figure``, ``<path>.png`` (a heatmap each,
+    ``MAX_PANELS`` at most).
 
     ``rank`` orders rows and columns; ``groups`` (e.g. each client's label set, with ``rank``
     keeping each group together) draws separators between groups and names them on the axes.
@@ -33,7 +34,13 @@ def save_attention(log: AttentionAccumulator, path: Path, title: str = "", rank:
     ranks = np.array([(rank or {}).get(cid, -1) for cid in ids])
     np.savez(path.with_suffix(".npz"), ids=np.array([str(i) for i in ids]), rank=ranks,
              **means)  # type: ignore[arg-type]  # numpy's stub types **kwds as its keyword flags
+    if not figure:
+        return
     ordered = [groups.get(cid) for cid in ids] if groups else None
+    shown = shown_components(list(means))
+    if len(shown) < len(means):
+        title = f"{title}\n{len(shown)} of the {len(means)} components, evenly spaced (all of them in {path.with_suffix('.npz').name})"
+    means = {name: means[name] for name in shown}
     fig, axes = new_figure(len(means))
     missing = False
     for ax, (name, mean) in zip(axes, means.items()):
@@ -46,6 +53,17 @@ def save_attention(log: AttentionAccumulator, path: Path, title: str = "", rank:
                   if title else "mean attention weight over the rounds each pair of clients met in", handles)
 
 
+
+
+#: the most components a figure of attention weights shows, and the summary reports (a ResNet has over a hundred)
+MAX_PANELS = 12
+
+
+def shown_components(names: Sequence[str], most: int = MAX_PANELS) -> list[str]:
+    """``names`` when there are at most ``most``, else ``most`` of them evenly spaced, the first and last included."""
+    if len(names) <= most:
+        return list(names)
+    return [names[i] for i in dict.fromkeys(np.linspace(0, len(names) - 1, most).round().astype(int).tolist())]
 
 
 def label_set(counts: Sequence[int], min_share: float = 0.1) -> tuple[int, ...]:
@@ -102,16 +120,18 @@ def label_grouping(similarity: np.ndarray, mask: np.ndarray, labels: Sequence[in
 
 
 def save_similarity_snapshot(path: Path, ids: Sequence[Hashable], similarity: np.ndarray, mask: np.ndarray,
-                             delta: float, labels: Sequence[int], title: str = "") -> dict[str, float]:
+                             delta: float, labels: Sequence[int], title: str = "", figure: bool = True) -> dict[str, float]:
     """One round's similarity matrix and selection mask, clients grouped by dominant label:
-    ``<path>.npz`` and ``<path>.png``. Returns ``label_grouping``'s figures."""
-    from matplotlib.lines import Line2D  # matplotlib is imported only when a figure is drawn
-
+    ``<path>.npz`` and, with ``figure``, ``<path>.png``. Returns ``label_grouping``'s figures."""
     order = grouped_order(list(labels))
     s, m, lab = similarity[np.ix_(order, order)], mask[np.ix_(order, order)], np.asarray(labels)[order]
     stats = label_grouping(similarity, mask, labels)
     np.savez(path.with_suffix(".npz"), ids=np.array([str(ids[i]) for i in order]), labels=lab,
              similarity=s, mask=m, delta=delta)
+    if not figure:
+        return stats
+    from matplotlib.lines import Line2D  # matplotlib is imported only when a figure is drawn
+
     groups = [int(x) for x in lab]
     fig, (left, right) = new_figure(2)
     draw_client_matrix(fig, left, s, "cosine similarity of the two clients' models", groups, "dominant label", mark=delta)
@@ -128,13 +148,13 @@ def save_similarity_snapshot(path: Path, ids: Sequence[Hashable], similarity: np
 
 
 def save_run_diagnostics(method: ServerAlgorithm, participants: Sequence[Hashable], info: Mapping[int, Mapping[str, Any]],
-                         out: Path, title: str) -> dict[str, Any]:
+                         out: Path, title: str, figures: bool = True) -> dict[str, Any]:
     """A finished run's diagnostics in its results folder ``out``: the attention heatmaps averaged
     over rounds (clients ordered by their label set, then partition id) with how often each client's
     strongest attention falls on a client with the same labels, and a method's last-round
     similarity and selection (``ReportsSimilarity``) among ``participants``. ``info``:
-    what each node reported at start (``label-counts``, ``partition-id``, ``dominant-label``).
-    Returns figures for the summary."""
+    what each node reported at start (``label-counts``, ``partition-id``, ``dominant-label``);
+    ``figures``: draw the heatmaps (the data files are written either way). Returns figures for the summary."""
     def about(key: Any) -> Mapping[str, Any]:
         return info.get(int(key), {})
 
@@ -146,9 +166,10 @@ def save_run_diagnostics(method: ServerAlgorithm, participants: Sequence[Hashabl
         order = [ids[i] for i in grouped_order([labels[c] for c in ids], [about(c).get("partition-id", -1) for c in ids])]
         rank = {c: i for i, c in enumerate(order)}
         attention.save_rounds(out / "attention_rounds")
-        save_attention(attention, out / "attention", title=title, rank=rank, groups=labels)
+        save_attention(attention, out / "attention", title=title, rank=rank, groups=labels, figure=figures)
         ordered, means = attention.mean(rank)
-        for name, mean in means.items():
+        for name in shown_components(list(means)):
+            mean = means[name]
             stats = strongest_partner_agreement(mean, [labels[c] for c in ordered])
             extra[f"attention_{name}_strongest_same_labels"] = stats["strongest_same_group"]
             extra[f"attention_{name}_chance_same_labels"] = stats["chance_same_group"]
@@ -157,5 +178,5 @@ def save_run_diagnostics(method: ServerAlgorithm, participants: Sequence[Hashabl
         return extra
     stats = save_similarity_snapshot(out / "similarity_last_round", participants, snapshot.similarity.cpu().numpy(),
                                      snapshot.mask.cpu().numpy(), snapshot.threshold,
-                                     [about(cid).get("dominant-label", -1) for cid in participants], title=title)
+                                     [about(cid).get("dominant-label", -1) for cid in participants], title=title, figure=figures)
     return extra | {f"last_round_{k}": v for k, v in stats.items()}

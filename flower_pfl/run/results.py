@@ -74,8 +74,10 @@ class RunRecorder:
     """
 
     def __init__(self, out_dir: str | Path, config: Mapping[str, Any], num_rounds: int, log: Any = None,
-                 trackers: RunTrackers | None = None, coverage: Coverage = Coverage()) -> None:
+                 trackers: RunTrackers | None = None, coverage: Coverage = Coverage(), figures: bool = True) -> None:
         self.out_dir = Path(out_dir)
+        #: draw the learning curve at the end (``False``: the numbers only)
+        self.figures = figures
         self.trackers = trackers
         self._last_elapsed = 0.0
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -96,12 +98,13 @@ class RunRecorder:
 
     @classmethod
     def resume(cls, out_dir: str | Path, num_rounds: int, last_round: int, elapsed: float, log: Any = None,
-               trackers: RunTrackers | None = None, coverage: Coverage = Coverage()) -> RunRecorder:
+               trackers: RunTrackers | None = None, coverage: Coverage = Coverage(), figures: bool = True) -> RunRecorder:
         """Continue writing into an existing results folder after round ``last_round``: rows of later
         rounds (written before a crash) are dropped, so none is duplicated or half-written, and the
         clock continues from ``elapsed``."""
         self = cls.__new__(cls)
         self.out_dir, self.num_rounds, self.trackers, self.coverage = Path(out_dir), num_rounds, trackers, coverage
+        self.figures = figures
         self.failures = None
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter() - elapsed
@@ -186,7 +189,7 @@ class RunRecorder:
                         "num_rounds": self.num_rounds, "wall_time_s": self.elapsed,
                         "seconds_per_round": self.elapsed / max(self.num_rounds, 1), **(extra or {})})
         (self.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True))
-        if self.evaluations:
+        if self.evaluations and self.figures:
             clients = self.out_dir / CLIENTS
             per_client = client_accuracies(map(json.loads, _complete_lines(clients))) if clients.exists() else None
             try:

@@ -20,13 +20,18 @@ from typing import Any
 
 import torch
 
+from flower_pfl.engine.model_facts import ModelFacts
+from flower_pfl.experiment.models import build_model
+from flower_pfl.methods import registry
+from flower_pfl.methods.registry import entries
 from server_apps.inprocess import run_in_process
 from tests.floats import isclose
 
 RECORDED = Path(__file__).with_name("recorded.json")
-#: 12 clients of Synthetic(0.5, 0.5), 6 of them per round, the DNN (every method has a layer to share), 6 rounds
-#: (the clients train one by one, as a ``flwr run`` simulation trains them: the recording is that path's;
-#: ``test_recorded_runs`` runs each entry's clients as one computation too)
+#: 12 clients of Synthetic(0.5, 0.5), 6 of them per round, the DNN (every method has a layer to share; a method
+#: that needs batch normalization, FedBN, its batch-normalized twin ``dnn-bn``), 6 rounds (the clients train one
+#: by one, as a ``flwr run`` simulation trains them: the recording is that path's; ``test_recorded_runs`` runs
+#: each entry's clients as one computation too)
 SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0, "model": "dnn",
            "batch-clients": False}
 NUM_NODES = 12
@@ -39,12 +44,19 @@ ABS_TOL = 1e-6
 CURVES = ("train_loss", "client_loss")
 
 
+def model_for(label: str) -> str:
+    """The short run's model of entry ``label`` (``fedavg+mcsa``): the DNN, or ``dnn-bn`` for a method that refuses it."""
+    method, _, aggregation = label.partition("+")
+    entry = registry.entry(method, aggregation or "default")
+    return SETTING["model"] if entry.check_model(ModelFacts.of_model(build_model("dnn", (60,), 10))) is None else "dnn-bn"
+
+
 def short_run(label: str, out_dir: str | Path, **overrides: Any) -> dict[str, Any]:
     """``label``'s (``fedavg`` or ``fedavg+mcsa``) short run: its summary, its ``CURVES`` and its
     results ``folder``."""
     method, _, aggregation = label.partition("+")
-    folder = run_in_process({**SETTING, "method": method, "aggregation": aggregation or "default", "output-dir": str(out_dir),
-                             **overrides}, num_nodes=NUM_NODES)
+    folder = run_in_process({**SETTING, "model": model_for(label), "method": method, "aggregation": aggregation or "default",
+                             "output-dir": str(out_dir), **overrides}, num_nodes=NUM_NODES)
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     clients = sorted((json.loads(line) for line in (folder / "clients.jsonl").read_text().splitlines()),
                      key=lambda c: (c["round"], c["partition-id"]))
@@ -73,8 +85,6 @@ def assert_as_recorded(label: str, run: dict[str, Any]) -> None:
 def record() -> None:
     """Run every registry entry and write ``recorded.json``: new entries and those that moved beyond the
     tolerances get this run's figures, the others keep their recording. Prints what moved."""
-    from flower_pfl.methods.registry import entries
-
     torch.set_num_threads(1)  # as the tests run
     old = json.loads(RECORDED.read_text()) if RECORDED.exists() else {}
     out = {}

@@ -137,7 +137,7 @@ def test_client_is_plain_sgd_from_u_i_in_a_users_loop_and_the_package_loop():
     config = {**FedACS().train_config(1), "lr": lr, "local-steps": steps, "batch-size": batch}
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(30, 6, generator=g), torch.randint(0, 3, (30,), generator=g)
-    users, package, reference = (build_model("dnn", (6,), 3, hidden=5, seed=1) for _ in range(3))
+    users, package, reference = (build_model("dnn", (6,), 3, hidden_units=5, seed=1) for _ in range(3))
     assert client_algorithm_for(config) is ClientAlgorithm
 
     step = algorithm_for(config, users, optimizer=torch.optim.SGD(users.parameters(), lr=lr))

@@ -5,6 +5,7 @@ and Fisher weights it trains as FedPer, up to the order of float sums)."""
 
 from __future__ import annotations
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -149,7 +150,7 @@ def test_the_client_needs_the_whole_split_so_a_users_loop_is_refused_and_bad_set
     for bad in ({"align_lr": 0.0}, {"align_epochs": -1}, {"align_batch": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             FedAS(**bad)
-    assert FedAS.check_run({"model": "mlr"})[0] == "model" and FedAS.check_run({"model": "dnn"}) is None
+    assert "one layer" in FedAS.check_model(fb.facts("mlr")) and FedAS.check_model(fb.facts("dnn")) is None
 
 
 # --- the server -----------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ from client_apps.app import train
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected, check_update
-from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.fedbn import FedBN, norm_layers, norm_mask
 from flower_pfl.methods.registry import client_algorithm_for
@@ -52,11 +53,11 @@ def test_the_int64_batch_counter_is_taken_as_float32_and_a_counter_past_float32_
 
 def test_bn_buffers_survive_the_flat_layout():
     torch.manual_seed(0)
-    model = build_model("dnn-bn", (5,), 3, hidden=4)
+    model = build_model("dnn-bn", (5,), 3, hidden_units=4)
     model.train()
     model(torch.randn(16, 5) + 3.0)  # running statistics move, the counter counts
     vector = flatten_module(model)
-    copy = build_model("dnn-bn", (5,), 3, hidden=4, seed=1)
+    copy = build_model("dnn-bn", (5,), 3, hidden_units=4, seed=1)
     load_flat_(copy, vector)
     for (key, a), b in zip(model.state_dict().items(), copy.state_dict().values()):
         assert torch.equal(a, b), key
@@ -128,15 +129,12 @@ def test_shared_layers_are_averaged_and_bn_layers_stay_with_their_clients(weight
     assert torch.all(sent[3][1] == 0.0) and torch.allclose(sent[3][0], torch.full((SHARED,), expected))  # not yet trained: initial BN
 
 
-def test_a_model_without_bn_layers_is_averaged_uniformly():
+def test_a_model_without_bn_layers_is_refused_where_the_strategy_first_sees_it():
     server = MethodServer(FedBN(), clients_per_round=2)
-    server.initialize({k: v.numpy() for k, v in DNN(3, 2, hidden=2).state_dict().items()})
-    assert not norm_mask(server.layout).any()
-    arrays = [{k: np.full(v.shape, c, np.float32) for k, v in DNN(3, 2, hidden=2).state_dict().items()} for c in (1.0, 3.0)]
-    server.plan_training(1, [1, 2])
-    new = [server.check(RawReply(i + 1, list(a.values()), list(a), 10 ** (i + 1), {})) for i, a in enumerate(arrays)]
-    server.aggregate(1, new)
-    assert all(torch.allclose(ins.model, torch.full_like(ins.model, 2.0)) for ins in server.plan_evaluation(1, [1, 2], 1.0))
+    with pytest.raises(ValueError, match="FedBN cannot run on this model: it needs a model with batch normalization"):
+        server.initialize({k: v.numpy() for k, v in DNN(3, 2, hidden=2).state_dict().items()})
+    with pytest.raises(ValueError, match="no names: give the strategy its state_dict"):  # a legacy Parameters' positions
+        server.initialize({str(i): v.numpy() for i, v in enumerate(DNN(3, 2, hidden=2, batch_norm=True).state_dict().values())})
 
 
 def test_the_client_is_plain_local_sgd_and_the_hyperparameter_is_checked():
@@ -150,8 +148,15 @@ def test_the_client_is_plain_local_sgd_and_the_hyperparameter_is_checked():
 # --- a whole run ----------------------------------------------------------------------------------
 
 def test_short_run_as_recorded_and_local_bn_beats_fedavg_on_the_bn_model(short_runs, tmp_path):
-    run = short_runs("fedbn")
-    bn = short_run("fedbn", tmp_path / "fedbn", model="dnn-bn")
+    run = short_runs("fedbn")  # on dnn-bn: FedBN refuses the plain DNN
     fedavg = short_run("fedavg", tmp_path / "fedavg", model="dnn-bn")
-    assert bn["bmta"] > fedavg["bmta"] + 0.01
+    assert run["bmta"] > fedavg["bmta"] + 0.01
     assert_as_recorded("fedbn", run)
+
+
+def test_a_model_without_batch_normalization_is_refused_before_the_run(tmp_path):
+    with pytest.raises(ConfigError, match="'fedbn' cannot run on model 'dnn': it needs a model with batch normalization"):
+        short_run("fedbn", tmp_path, model="dnn")
+    assert not any(tmp_path.iterdir())  # nothing written
+    assert FedBN.check_model(ModelFacts.of_model(build_model("resnet18", (3, 32, 32), 10, resnet_norm="group"))) is not None
+    assert FedBN.check_model(ModelFacts.of_model(build_model("resnet18", (3, 32, 32), 10))) is None

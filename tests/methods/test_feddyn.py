@@ -157,7 +157,7 @@ def test_method_server_two_rounds_by_hand():
 
 
 def test_running_statistics_are_averaged_without_h():
-    model = build_model("dnn-bn", (3,), 2, hidden=2, seed=0)
+    model = build_model("dnn-bn", (3,), 2, hidden_units=2, seed=0)
     initial = {k: v.numpy() for k, v in model.state_dict().items()}
     server = MethodServer(FedDyn(alpha=0.5), clients_per_round=2)
     server.initialize(initial)

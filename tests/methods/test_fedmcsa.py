@@ -282,7 +282,7 @@ def _data(node: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _model(arrays) -> torch.nn.Module:
-    model = build_model("dnn", (6,), 3, hidden=5, seed=1)
+    model = build_model("dnn", (6,), 3, hidden_units=5, seed=1)
     model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in arrays.items()})
     return model
 
@@ -313,7 +313,7 @@ def test_algorithm_1_clients_in_a_users_loop_and_in_the_package_loop():
     sends gives, in a user's loop and in ``train_locally``, the same model, which is eq. 9's SGD
     with the right anchor: the received model when sampled (and remembered), the remembered one
     when not sampled (a node never sampled yet: the model it received)."""
-    start = build_model("dnn", (6,), 3, hidden=5, seed=1).state_dict()
+    start = build_model("dnn", (6,), 3, hidden_units=5, seed=1).state_dict()
     grid = fb.FakeGrid([0, 1, 2])
     strat = strategies.message.FedMCSA(sigma=5.0, lam=LAM, clients_per_round=1, min_available_nodes=1, seed=3,
                                        all_clients_train=True)

@@ -81,7 +81,7 @@ def test_rounds_of_local_training_are_one_long_local_training():
     """Three clients, all training every round: after three rounds each client's model is what
     three rounds of local SGD on its own data alone give, whatever the others did."""
     lr, steps, batch = 0.1, 3, 8
-    start = build_model("dnn", (6,), 3, hidden=5, seed=1).state_dict()
+    start = build_model("dnn", (6,), 3, hidden_units=5, seed=1).state_dict()
     data = {}
     for node in range(3):
         g = torch.Generator().manual_seed(node)
@@ -89,7 +89,7 @@ def test_rounds_of_local_training_are_one_long_local_training():
         data[node] = TrainData(x, (x[:, node] > 0).long())  # a different task per client
 
     def train(arrays, config, node, rnd):
-        model = build_model("dnn", (6,), 3, hidden=5, seed=1)
+        model = build_model("dnn", (6,), 3, hidden_units=5, seed=1)
         model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in arrays.items()})
         train_locally(client_algorithm_for(config)(model, config), model, data[node], steps=steps, lr=lr, batch_size=batch,
                       generator=torch.Generator().manual_seed(10 * node + rnd))

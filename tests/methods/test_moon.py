@@ -105,7 +105,7 @@ def test_first_round_has_no_contrastive_gradient():
 
 
 def test_the_extra_pass_leaves_bn_statistics_alone():
-    model = build_model("dnn-bn", (4,), 2, hidden=3, seed=0)
+    model = build_model("dnn-bn", (4,), 2, hidden_units=3, seed=0)
     model.train()
     x = torch.randn(8, 4) + 2.0
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -5,6 +5,7 @@ bad hyperparameters and a whole run."""
 import copy
 import json
 
+import fabricate as fb
 import numpy as np
 import pytest
 import torch
@@ -83,7 +84,7 @@ def test_clients_get_their_own_seeded_models_and_a_resumed_server_algorithms_exa
 
 
 def test_models_with_batch_norm_and_bad_hyperparameters_are_refused():
-    assert PFedHN.check_run({"model": "dnn-bn"})[0] == "model" and PFedHN.check_run({"model": "dnn"}) is None
+    assert "without batch normalization" in PFedHN.check_model(fb.facts("dnn-bn")) and PFedHN.check_model(fb.facts("dnn")) is None
     for bad in ({"embed_dim": 0}, {"hn_lr": 0.0}, {"momentum": 1.0}, {"clip": 0.0}, {"embed_lr": -1.0}):
         with pytest.raises(ValueError, match=f"{next(iter(bad))} = .* is invalid"):
             PFedHN(**bad)

@@ -126,7 +126,7 @@ def test_dissimilar_classifiers_keep_their_bodies_and_the_state_round_trips():
 def test_bad_settings_are_refused_and_the_client_is_plain_sgd_in_a_users_loop():
     with pytest.raises(ValueError, match="warmup"):
         PFedSim(warmup=-1)
-    assert PFedSim.check_run({"model": "mlr"})[0] == "model" and PFedSim.check_run({"model": "cnn"}) is None
+    assert "one layer" in PFedSim.check_model(fb.facts("mlr")) and PFedSim.check_model(fb.facts("cnn")) is None
     x = torch.randn(24, 4, generator=torch.Generator().manual_seed(0))
     y = (x[:, 0] > 0).long()
     ours, theirs = _model(), _model()

@@ -15,7 +15,7 @@ from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.models import build_model
 from flower_pfl.methods.registry import entries
 
-from .runs import CURVES, RECORDED, SETTING, assert_as_recorded, short_run
+from .runs import CURVES, RECORDED, assert_as_recorded, model_for, short_run
 
 BUILTINS = [e.label for e in entries() if e.builtin]
 
@@ -45,7 +45,7 @@ def _unbatched_because(label: str) -> str | None:
     if e.builtin:  # Flower's strategies: plain SGD, or FedProx's proximal term
         return None
     method = e.declaration(**e.arguments(ExperimentConfig(**{}).to_run_config()))
-    return unbatched(method.client_algorithm(), build_model(SETTING["model"], (60,), 10))
+    return unbatched(method.client_algorithm(), build_model(model_for(label), (60,), 10))
 
 
 @pytest.mark.parametrize("label", [e.label for e in entries()])

@@ -1,4 +1,4 @@
-"""One client's local data: its own train and test parts."""
+"""One client's local data: its own train and test parts, and how a client's share is split into them."""
 
 from __future__ import annotations
 
@@ -10,25 +10,41 @@ import torch
 
 @dataclass(frozen=True)
 class ClientData:
+    """A client's train and test parts (``x`` float32, or int64 token ids; ``y`` int64 labels) and the
+    natural group or domain its data come from (``""``: none; the writer, speaking role, subject or
+    digit data set)."""
+
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    group: str = ""
 
     @property
     def num_train(self) -> int:
         return len(self.y_train)
 
 
-def train_test_split(x: np.ndarray, y: np.ndarray, train_fraction: float, rng: np.random.Generator) -> ClientData:
-    """Seeded shuffle, then the first ``train_fraction`` for training (at least one sample each side)."""
+def split_indices(size: int, train_fraction: float, rng: np.random.Generator, temporal: bool = False,
+                  gap: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A client's train and test indices into its ``size`` samples, at least one on each side: a seeded
+    shuffle cut at ``train_fraction``, or (``temporal``) the first samples for training and the test part
+    starting ``gap`` samples after them (LEAF's split of overlapping windows of one text)."""
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
-    if len(y) < 2:
-        raise ValueError("a client needs at least 2 samples to split into train and test")
-    perm = rng.permutation(len(y))
-    cut = min(max(int(round(train_fraction * len(y))), 1), len(y) - 1)
-    tr, te = perm[:cut], perm[cut:]
+    if size < 2 + gap:
+        raise ValueError(f"a client needs at least {2 + gap} samples to split into train and test")
+    if temporal:
+        cut = min(max(int(train_fraction * size), 1), size - 1 - gap)
+        return np.arange(cut), np.arange(cut + gap, size)
+    perm = rng.permutation(size)
+    cut = min(max(int(round(train_fraction * size)), 1), size - 1)
+    return perm[:cut], perm[cut:]
+
+
+def train_test_split(x: np.ndarray, y: np.ndarray, train_fraction: float, rng: np.random.Generator) -> ClientData:
+    """Float features: a seeded shuffle, then the first ``train_fraction`` for training (``split_indices``)."""
+    tr, te = split_indices(len(y), train_fraction, rng)
     as_x = lambda a: torch.as_tensor(a, dtype=torch.float32)
     as_y = lambda a: torch.as_tensor(a, dtype=torch.int64)
     return ClientData(as_x(x[tr]), as_y(y[tr]), as_x(x[te]), as_y(y[te]))

@@ -1,60 +1,64 @@
-"""Image data sets through Flower Datasets' ``FederatedDataset`` (the Flower convention).
+"""Data sets from the Hugging Face hub, through ``datasets`` (the library Flower Datasets is built on).
 
-``source`` is a Hugging Face hub id (the defaults below; needs internet) or a local
-folder holding the same data set (e.g. a download of it: parquet files under
-``data/``). The ``train`` split is partitioned over clients; each client then splits
-its own share into train and test, as with the other sources. FEMNIST is partitioned
-naturally, one writer per client.
+``source`` is a hub id (each data set declares its default, ``Hub``; reading it needs internet) or a
+local folder holding the same data set (a download of the hub's files: parquet files under ``data/``,
+named by split). Every labelled split the data set declares that the source has is read and pooled;
+the experiment then partitions the pool over clients, as it does with local files.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from flower_pfl.engine.extras import require
 
-#: name -> (default hub id, image column, label column)
-HUB: dict[str, tuple[str, str, str]] = {
-    "fmnist": ("zalando-datasets/fashion_mnist", "image", "label"),
-    "cifar10": ("uoft-cs/cifar10", "img", "label"),
-    "femnist": ("flwrlabs/femnist", "image", "character"),
-}
-WRITER = "writer_id"
+#: split names the hub writes in two ways
+_ALIASES = {"valid": "validation", "val": "validation", "dev": "validation"}
 
 
-@lru_cache(maxsize=2)
-def federated_dataset(name: str, source: str, scheme: str, num_partitions: int, options: tuple[tuple[str, Any], ...], seed: int) -> Any:
-    """A ``FederatedDataset`` whose ``train`` split is partitioned by ``scheme`` (``natural``: by writer)."""
-    require("flwr_datasets", "datasets", why="data-source = 'flwr-datasets'")
-    from flwr_datasets import FederatedDataset
-    from flwr_datasets.partitioner import NaturalIdPartitioner
+@dataclass(frozen=True)
+class Hub:
+    """A data set on the hub: its ``id`` (and ``config``), the sample column ``x``, the label column ``y``,
+    the natural-client column ``group`` (``""``: none) and the labelled ``splits`` pooled (``train`` first)."""
 
-    from flower_pfl.experiment.data.partition import make_partitioner
-
-    if name not in HUB:
-        raise ValueError(f"flwr-datasets source supports {sorted(HUB)}, not {name!r}")
-    _, _, label = HUB[name]
-    if scheme == "natural":
-        if name != "femnist":
-            raise ValueError(f"{name} has no natural partition; choose a label partition")
-        partitioner = NaturalIdPartitioner(partition_by=WRITER)
-    else:
-        partitioner = make_partitioner(scheme, num_partitions, label=label, seed=seed, **dict(options))
-    return FederatedDataset(dataset=source or HUB[name][0], partitioners={"train": partitioner}, seed=seed)
+    id: str
+    x: str
+    y: str
+    group: str = ""
+    config: str | None = None
+    splits: tuple[str, ...] = ("train", "test")
 
 
-def load_hub_partition(name: str, source: str, scheme: str, partition_id: int, num_partitions: int,
-                       options: dict[str, Any], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Client ``partition_id``'s share as uint8 ``(n, C, H, W)`` images and int64 labels."""
-    fds = federated_dataset(name, source, scheme, num_partitions, tuple(sorted(options.items())), seed)
-    available = fds.partitioners["train"].num_partitions if scheme == "natural" else num_partitions
-    if partition_id >= available:
-        raise ValueError(f"{name} has {available} natural partitions; partition-id {partition_id} does not exist")
-    part = fds.load_partition(partition_id, "train")
-    _, image, label = HUB[name]
-    x = np.stack([np.asarray(img) for img in part[image]]).astype(np.uint8)
-    x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)  # grey (n, H, W) or colour (n, H, W, C)
-    return np.ascontiguousarray(x), np.asarray(part[label], dtype=np.int64)
+def _split_name(name: str) -> str:
+    return _ALIASES.get(name, name)
+
+
+def load_hub_columns(spec: Hub, source: str = "") -> dict[str, list[Any]]:
+    """The columns ``x``, ``y`` (and ``group``) of every split of ``spec.splits`` that ``source`` (default:
+    ``spec.id``) has, one split after the other. ``FileNotFoundError`` when the source cannot be read or
+    has no ``train`` split; ``KeyError`` naming a missing column."""
+    require("datasets", why=f"data-source = 'flwr-datasets' ({spec.id})")
+    from datasets import load_dataset
+
+    path = source or spec.id
+    try:
+        splits = load_dataset(path, spec.config) if spec.config else load_dataset(path)
+    except Exception as err:  # datasets raises its own errors for a missing folder, an unknown id, no network
+        local = Path(path).exists() or Path(path).expanduser().is_absolute() or path.startswith((".", "~"))
+        where = f"the local folder {str(Path(path).expanduser().resolve())!r}" if local else f"hub id {path!r}"
+        raise FileNotFoundError(f"{spec.id} could not be read from {where} ({type(err).__name__}: {err})") from err
+    names = {_split_name(name): name for name in splits}
+    present = [names[_split_name(s)] for s in spec.splits if _split_name(s) in names]
+    if not present or _split_name(spec.splits[0]) not in names:
+        raise FileNotFoundError(f"{path} has no {spec.splits[0]!r} split (it has {sorted(splits)})")
+    columns = [c for c in (spec.x, spec.y, spec.group) if c]
+    out: dict[str, list[Any]] = {c: [] for c in columns}
+    for name in present:
+        part = splits[name]
+        if missing := [c for c in columns if c not in part.column_names]:
+            raise KeyError(f"{path} split {name!r} has no column {missing[0]!r} (it has {part.column_names})")
+        for c in columns:
+            out[c].extend(part[c])
+    return out

@@ -1,80 +1,66 @@
-"""Image data sets through torchvision, from a local folder (``download=True`` fetches them).
-
-Each loader pools the official train and test parts; the experiment then
-partitions the pool over clients and splits every client's share into its own
-train and test parts, as the papers do. Pixels are scaled to [-1, 1].
-"""
+"""Images: read through torchvision from its own file layout, decoded from the hub's columns, resized,
+and scaled for a model. Every loader gives uint8 ``(n, channels, height, width)`` arrays."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from flower_pfl.engine.extras import require
 
-#: name -> (input shape, number of classes); EMNIST's classes depend on its split
-IMAGE_SHAPES: dict[str, tuple[int, int, int]] = {
-    "fmnist": (1, 28, 28), "emnist": (1, 28, 28), "cifar10": (3, 32, 32), "femnist": (1, 28, 28),
-}
-EMNIST_CLASSES: dict[str, int] = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 27, "digits": 10, "mnist": 10}
+
+def channels_first(x: np.ndarray) -> np.ndarray:
+    """uint8 images ``(n, H, W)``, ``(n, H, W, C)`` or ``(n, C, H, W)`` as ``(n, C, H, W)``."""
+    x = np.asarray(x)
+    if x.ndim == 3:
+        x = x[:, None]
+    elif x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        x = x.transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(x, dtype=np.uint8)
 
 
-def num_classes(name: str, emnist_split: str = "byclass") -> int:
-    if name == "femnist":
-        return 62
-    return EMNIST_CLASSES[emnist_split] if name == "emnist" else 10
-
-
-def expected_files(name: str, emnist_split: str = "byclass") -> list[str]:
-    """The files (relative to the data folder, in torchvision's layout) that data set ``name`` is read from."""
-    if name == "fmnist":
-        return [f"FashionMNIST/raw/{part}-{kind}-ubyte" for part in ("train", "t10k") for kind in ("images-idx3", "labels-idx1")]
-    if name == "emnist":
-        return [f"EMNIST/raw/emnist-{emnist_split}-{part}-{kind}-ubyte" for part in ("train", "test")
-                for kind in ("images-idx3", "labels-idx1")]
-    if name == "cifar10":
-        return [f"cifar-10-batches-py/{batch}" for batch in (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")]
-    raise ValueError(f"unknown image data set {name!r}; one of {sorted(IMAGE_SHAPES)}")
-
-
-def load_image_pool(name: str, root: str | Path, download: bool = False, emnist_split: str = "byclass") -> tuple[np.ndarray, np.ndarray]:
-    """All samples of data set ``name`` as ``(x, y)``: uint8 ``(N, C, H, W)`` images and int64 labels.
-
-    ``root`` holds torchvision's layout (``FashionMNIST/raw/*-ubyte``, ``EMNIST/raw/emnist-<split>-*-ubyte``,
-    ``cifar-10-batches-py/``). Missing files raise ``FileNotFoundError`` saying where they were looked for.
-    """
-    require("torchvision", why=f"dataset = {name!r}")
+def torchvision_pool(class_name: str, root: str | Path, download: bool, dataset: str,
+                     **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Both parts (train, then test) of torchvision's data set ``class_name`` under ``root``, pooled: uint8
+    ``(n, C, H, W)`` images and int64 labels (for the run config's ``dataset``, named in errors). Missing
+    files raise ``FileNotFoundError``."""
+    require("torchvision", why=f"dataset = {dataset!r}")
     from torchvision import datasets
 
-    def part(train: bool):  # one torchvision data set object
-        if name == "fmnist":
-            return datasets.FashionMNIST(root, train=train, download=download)
-        if name == "emnist":
-            return datasets.EMNIST(root, split=emnist_split, train=train, download=download)
-        if name == "cifar10":
-            return datasets.CIFAR10(root, train=train, download=download)
-        raise ValueError(f"unknown image data set {name!r}; one of {sorted(IMAGE_SHAPES)}")
-
-    try:
-        parts = [part(True), part(False)]
-    except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
-        raise FileNotFoundError(
-            f"{name} not found under {Path(root).resolve()} ({err}). Put the files there in torchvision's layout, "
-            "or set download = true on a machine with internet access."
-        ) from err
-    xs, ys = [], []
-    for ds in parts:
-        x = np.asarray(ds.data)
-        if name == "cifar10":
-            x = x.transpose(0, 3, 1, 2)  # HWC -> CHW
-        else:
-            x = x[:, None]
-            if name == "emnist":
-                x = x.transpose(0, 1, 3, 2)  # EMNIST's files store images transposed
-        xs.append(np.ascontiguousarray(x, dtype=np.uint8))
-        ys.append(np.asarray(ds.targets, dtype=np.int64))
+    cls = getattr(datasets, class_name)
+    parts = []
+    for train in (True, False):
+        split = {"split": "train" if train else "test"} if class_name == "SVHN" else {"train": train}
+        try:
+            parts.append(cls(str(root), download=download, **split, **kwargs))
+        except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
+            raise FileNotFoundError(f"{class_name} not found under {Path(root).resolve()} ({err})") from err
+    xs = [channels_first(np.asarray(p.data)) for p in parts]
+    ys = [np.asarray(getattr(p, "targets", None) if hasattr(p, "targets") else p.labels, dtype=np.int64) for p in parts]
     return np.concatenate(xs), np.concatenate(ys)
+
+
+def decode_images(images: Sequence[Any], shape: tuple[int, ...]) -> np.ndarray:
+    """Images (PIL images, as the hub's columns give them, or arrays) as uint8 ``(n, C, H, W)`` of ``shape``'s
+    channels (grey ones with 1, colour ones with 3)."""
+    mode = "L" if shape[0] == 1 else "RGB"
+    return channels_first(np.stack([np.asarray(im.convert(mode)) if hasattr(im, "convert") else np.asarray(im) for im in images]))
+
+
+def resize(x: np.ndarray, side: int, channels: int) -> np.ndarray:
+    """uint8 images ``(n, C, H, W)`` as ``(n, channels, side, side)``: bilinear with antialiasing, grey
+    repeated to three channels."""
+    t = torch.as_tensor(x).float()
+    if t.shape[1] != channels:
+        t = t.expand(-1, channels, -1, -1) if t.shape[1] == 1 else t.mean(1, keepdim=True)
+    if t.shape[2:] != (side, side):
+        t = F.interpolate(t, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
+    return t.round().clamp(0, 255).to(torch.uint8).contiguous().numpy()
 
 
 def to_float(x: np.ndarray) -> np.ndarray:

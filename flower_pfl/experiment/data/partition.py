@@ -96,3 +96,47 @@ def keep_train_samples(x: np.ndarray, y: np.ndarray, n: int, rng: np.random.Gene
         return x, y
     keep = np.sort(rng.choice(len(y), size=n, replace=False))
     return x[keep], y[keep]
+
+
+def natural_partition(groups: np.ndarray, num_partitions: int, min_size: int = 2) -> tuple[list[np.ndarray], list[str]]:
+    """One client per natural group (writer, speaking role, subject): the groups with at least ``min_size``
+    samples, in sorted order, the first ``num_partitions`` of them; each client's sample indices (in data
+    order) and its group's name. A ``ValueError`` when there are fewer such groups than clients."""
+    names, inverse = np.unique(np.asarray(groups), return_inverse=True)  # numbers in numeric order, names in sorted order
+    sizes = np.bincount(inverse, minlength=len(names))
+    usable = [g for g in range(len(names)) if sizes[g] >= min_size]
+    if num_partitions > len(usable):
+        small = f" ({len(names) - len(usable)} more have fewer than {min_size} samples)" if len(usable) < len(names) else ""
+        raise ValueError(f"the data set has {len(usable)} natural clients{small}, fewer than the {num_partitions} "
+                         "partitions asked for (num-supernodes)")
+    order = np.argsort(inverse, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    chosen = usable[:num_partitions]
+    return [order[starts[g]:starts[g + 1]] for g in chosen], [str(names[g]) for g in chosen]
+
+
+def domain_of_client(client: int, num_domains: int, paired: bool = False) -> int:
+    """The domain client ``client`` takes, in turn (twins ``2k``, ``2k + 1`` take the same one)."""
+    return (client // 2 if paired else client) % num_domains
+
+
+def domain_partition(domains: np.ndarray, labels: np.ndarray, num_partitions: int, scheme: str, *, seed: int = 0,
+                     paired: bool = False, **options: Any) -> tuple[list[np.ndarray], list[str]]:
+    """Clients take the domains in turn (``domain_of_client``), and each domain's samples are partitioned over
+    its clients by ``scheme`` (``partition_indices``); each client's sample indices and its domain's name
+    (domains in the order they first appear). ``scheme = "natural"``: one client per domain."""
+    names = list(dict.fromkeys(str(d) for d in domains))
+    if scheme == "natural":
+        if num_partitions > len(names):
+            raise ValueError(f"the data set has {len(names)} domains ({', '.join(names)}), fewer than the {num_partitions} "
+                             "partitions asked for (num-supernodes); a label partition spreads more clients over them")
+        return [np.flatnonzero(domains == name) for name in names[:num_partitions]], names[:num_partitions]
+    parts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * num_partitions
+    for d, name in enumerate(names):
+        clients = [i for i in range(num_partitions) if domain_of_client(i, len(names), paired) == d]
+        if not clients:
+            continue
+        rows = np.flatnonzero(domains == name)
+        for client, idx in zip(clients, partition_indices(labels[rows], len(clients), scheme, seed=seed + d, paired=paired, **options)):
+            parts[client] = rows[idx]
+    return parts, [names[domain_of_client(i, len(names), paired)] for i in range(num_partitions)]

@@ -1,0 +1,141 @@
+"""Every client's data: a data set's pool partitioned over the clients, each share split into its own train
+and test parts, made scarce, and encoded for the model.
+
+The data set (``flower_pfl.experiment.datasets``) gives its samples raw; ``partition = "natural"`` gives
+each client one natural group (writer, speaking role, subject) or, for a data set of domains, one
+domain; a label scheme partitions the whole pool, or each domain's samples over the clients that take it.
+Each client's share is split (a seeded shuffle; in time for a data set that asks it, with a natural
+partition), its training part cut to ``train-samples-per-client``, and the data set's encoder, fitted on
+every client's training part, turns the raw samples into tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.data import ClientData
+from flower_pfl.experiment.data.client_data import split_indices
+from flower_pfl.experiment.data.imports import is_import_path
+from flower_pfl.experiment.data.info import DataInfo
+from flower_pfl.experiment.data.partition import domain_partition, keep_train_samples, natural_partition, partition_indices
+from flower_pfl.experiment.datasets import registry
+from flower_pfl.experiment.datasets.base import FILES, DataSet, Pool, Where
+from flower_pfl.experiment.datasets.own import OwnData
+
+#: what a node tells the server of its data at the start of a run: the natural group or domain its data
+#: come from (``ClientData.group``), written in the run's summary
+CLIENT_GROUP = "client-group"
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """What decides every client's data: the data set and its keys' values, where its files are, the
+    partition, the split, data scarcity and the data's seed (the cache key of the clients' data)."""
+
+    dataset: str
+    options: tuple[tuple[str, Any], ...]
+    where: Where
+    partition: str
+    scheme_options: tuple[tuple[str, Any], ...]
+    paired: bool
+    train_fraction: float
+    train_samples: int
+    seed: int
+
+    def data_set(self) -> DataSet:
+        return OwnData(self.dataset) if is_import_path(self.dataset) else registry.instance(self.dataset, dict(self.options))
+
+
+def data_set(cfg: ExperimentConfig) -> DataSet:
+    """The configured data set, with its keys' values."""
+    return data_request(cfg).data_set()
+
+
+def data_request(cfg: ExperimentConfig) -> DataRequest:
+    own_keys = () if is_import_path(cfg.dataset) else registry.keys_of(cfg.dataset)
+    options = tuple((key, cfg.options[key]) for key in own_keys)
+    where = Where(cfg.data_source, cfg.data_dir, cfg.download, cfg.hub_dataset)
+    schemes = (("alpha", cfg.dirichlet_alpha), ("classes_per_client", cfg.classes_per_client), ("shards_per_client", cfg.shards_per_client))
+    return DataRequest(cfg.dataset, options, where, cfg.partition, schemes, cfg.paired_clients, cfg.train_fraction,
+                       cfg.train_samples_per_client, cfg.data_rng_seed)
+
+
+def data_info(cfg: ExperimentConfig) -> DataInfo:
+    """One sample's shape and kind and the classes of the configured data (a data set of the researcher's own
+    is loaded for it); ``vocab-size`` overrides the token ids' range."""
+    try:
+        info = data_set(cfg).info()
+    except ValueError as err:  # a data set of one's own that cannot be loaded
+        raise ConfigError(str(err)) from err
+    if cfg.vocab_size and info.kind == "tokens":
+        if cfg.vocab_size < info.vocab_size:
+            raise ConfigError(f"run config 'vocab-size' = {cfg.vocab_size} is invalid: the data's token ids reach "
+                              f"{info.vocab_size - 1} (0 takes the size from the data)")
+        info = DataInfo(info.input_shape, info.num_classes, info.kind, cfg.vocab_size, info.padding_id)
+    return info
+
+
+def load_client_data(cfg: ExperimentConfig, partition_id: int, num_partitions: int) -> ClientData:
+    """Client ``partition_id``'s own train/test data (every client's is built once per process and cached)."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+    return client_datasets(data_request(cfg), num_partitions)[partition_id]
+
+
+@lru_cache(maxsize=4)
+def client_datasets(request: DataRequest, num_partitions: int) -> tuple[ClientData, ...]:
+    """Every client's data for ``request``."""
+    dataset = request.data_set()
+    pool = _pool(dataset, request, num_partitions)
+    parts, groups = _partition(dataset, pool, request, num_partitions)
+    split_rng, scarce_rng = np.random.default_rng([request.seed, 1]), np.random.default_rng([request.seed, 2])
+    temporal = dataset.temporal_split and request.partition == "natural"
+    raw = []
+    for idx in parts:
+        tr, te = split_indices(len(idx), request.train_fraction, split_rng, temporal, dataset.split_gap if temporal else 0)
+        x_train, y_train = pool.x[idx[tr]], pool.y[idx[tr]]
+        if request.train_samples:
+            x_train, y_train = keep_train_samples(x_train, y_train, request.train_samples, scarce_rng)
+        raw.append((x_train, y_train, pool.x[idx[te]], pool.y[idx[te]]))
+    encode = dataset.encoder([r[0] for r in raw])
+    as_y = lambda y: torch.as_tensor(y, dtype=torch.int64)
+    return tuple(ClientData(encode(xt), as_y(yt), encode(xe), as_y(ye), group) for (xt, yt, xe, ye), group in zip(raw, groups))
+
+
+def _pool(dataset: DataSet, request: DataRequest, num_partitions: int) -> Pool:
+    """The data set's samples, or a ``ConfigError`` naming the run-config keys when its files are missing."""
+    where = request.where
+    try:
+        return dataset.pool(where, num_partitions, request.seed)
+    except FileNotFoundError as err:
+        if where.source != FILES or not dataset.has_files:
+            raise ConfigError(f"run config 'dataset' = {request.dataset!r}: {err}; set 'hub-dataset' to a folder holding "
+                              "the hub's files, or run where the hub can be reached") from err
+        fix = ("the download failed; put the files there or check the internet access" if where.download
+               else "set 'data-dir' or 'download = true'")
+        raise ConfigError(f"run config 'dataset' = {request.dataset!r}: no files under data-dir "
+                          f"{str(Path(where.data_dir).resolve())!r} ({', '.join(dataset.expected_files())}): {err}; {fix}") from err
+    except ValueError as err:  # a data set of one's own that is not what the package takes
+        raise ConfigError(str(err)) from err
+
+
+def _partition(dataset: DataSet, pool: Pool, request: DataRequest, num_partitions: int) -> tuple[list[np.ndarray], list[str]]:
+    """Each client's sample indices into the pool, and the natural group or domain each client's data come from."""
+    options = dict(request.scheme_options)
+    if pool.domains is not None:
+        return domain_partition(pool.domains, pool.y, num_partitions, request.partition, seed=request.seed,
+                                paired=request.paired, **options)
+    if request.partition == "natural":
+        if pool.groups is None:
+            raise ConfigError(f"run config 'partition' = 'natural' is invalid for dataset {request.dataset!r}: its samples "
+                              "name no natural clients (a function of one's own returns them as a third value)")
+        return natural_partition(pool.groups, num_partitions, min_size=2 + (dataset.split_gap if dataset.temporal_split else 0))
+    parts = partition_indices(pool.y, num_partitions, request.partition, seed=request.seed, paired=request.paired, **options)
+    return parts, [""] * num_partitions

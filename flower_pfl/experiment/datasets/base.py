@@ -1,0 +1,212 @@
+"""What a data set module declares.
+
+A data set is one class in one module of ``flower_pfl.experiment.datasets``: a dataclass whose fields are
+its run-config keys (``flower_pfl.engine.params.param``, each starting with the data set's name or its
+kind), whose class attributes describe it, and whose methods load it::
+
+    @dataclass
+    class CIFAR100(DataSet):
+        '''CIFAR-100 (Krizhevsky 2009): ...'''
+        name = "cifar100"
+        kind = "image"
+        hub = Hub("uoft-cs/cifar100", x="img", y="fine_label", splits=("train", "test"))
+        labels: str = param("fine", key="cifar100-labels", must=one_of("fine", "coarse"), doc="...")
+
+        def info(self): ...              # one sample's shape, the classes (no data loaded)
+        def expected_files(self): ...    # what load_files reads, under data-dir
+        def load_files(self, root, download): ...   # the local files: torchvision's layout or the archive's
+
+``flower_pfl.experiment.datasets.registry`` finds it: the run config gains ``dataset = "cifar100"`` and
+its keys. A data set gives its samples as a ``Pool`` (raw: uint8 images, strings, float signals); the
+experiment partitions it over clients (``natural``: by the pool's groups; else a label scheme, within
+each domain when the pool has domains), splits each client's share, and ``encoder`` turns the raw
+samples into tensors (images to floats in [-1, 1]; a text's words to ids of a vocabulary fitted on the
+clients' training parts).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from flower_pfl.engine.params import check_params
+from flower_pfl.experiment.data.hub import Hub, load_hub_columns
+from flower_pfl.experiment.data.images import decode_images, to_float, torchvision_pool
+from flower_pfl.experiment.data.info import DataInfo
+from flower_pfl.experiment.data.partition import SCHEMES
+
+#: the run config's ``data-source`` values: local files, or the Hugging Face hub through Flower Datasets
+FILES, HUB = "torchvision", "flwr-datasets"
+DATA_SOURCES: tuple[str, ...] = (FILES, HUB)
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a data set's files are: ``source`` (``FILES``: under ``data_dir``, in torchvision's layout or
+    the data set's own; ``HUB``: the hub id, or ``hub_dataset``: another id or a local folder holding the
+    hub's files), and whether torchvision may ``download`` the files."""
+
+    source: str = FILES
+    data_dir: str = "data"
+    download: bool = False
+    hub_dataset: str = ""
+
+
+@dataclass
+class Pool:
+    """A data set's samples before they are partitioned: raw ``x`` (an array indexed by sample: uint8
+    images, float signals, int64 ids, or objects such as strings), int64 labels ``y``, and optionally each
+    sample's natural client (``groups``: writer, speaking role, subject) or domain (``domains``, the digit
+    data set it comes from)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    groups: np.ndarray | None = None
+    domains: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.y = np.asarray(self.y, dtype=np.int64)
+        for name in ("groups", "domains"):
+            value = getattr(self, name)
+            if value is not None and len(value) != len(self.y):
+                raise ValueError(f"the pool has {len(self.y)} labels and {len(value)} {name}")
+        if len(self.x) != len(self.y):
+            raise ValueError(f"the pool has {len(self.x)} samples and {len(self.y)} labels")
+
+    def take(self, index: np.ndarray) -> Pool:
+        pick = lambda a: None if a is None else a[index]
+        return Pool(self.x[index], self.y[index], pick(self.groups), pick(self.domains))
+
+    @staticmethod
+    def join(pools: Sequence[Pool]) -> Pool:
+        """The pools' samples one after the other."""
+        both = lambda name: None if any(getattr(p, name) is None for p in pools) else np.concatenate([getattr(p, name) for p in pools])
+        return Pool(np.concatenate([p.x for p in pools]), np.concatenate([p.y for p in pools]), both("groups"), both("domains"))
+
+
+Encoder = Callable[[np.ndarray], torch.Tensor]
+
+
+@dataclass
+class DataSet:
+    """Class-level facts of a data set, and how it is loaded."""
+
+    #: the run config's ``dataset`` value
+    name: ClassVar[str]
+    #: what one sample is (``flower_pfl.experiment.data.info.KINDS``)
+    kind: ClassVar[str]
+    #: what one natural client is ("writer", "speaking role", "subject", "user"): ``partition = "natural"``
+    #: gives each client one (``""``: the data set has no natural clients)
+    natural: ClassVar[str] = ""
+    #: the label partitions that make sense for it
+    schemes: ClassVar[tuple[str, ...]] = SCHEMES
+    #: where the Hugging Face hub has it (``None``: nowhere)
+    hub: ClassVar[Hub | None] = None
+    #: it has local files (``load_files``)
+    has_files: ClassVar[bool] = True
+    #: ``True``: a client's test part follows its training part in time, ``split_gap`` samples later (LEAF's
+    #: split of the overlapping windows of one text); ``False``: a seeded shuffle
+    temporal_split: ClassVar[bool] = False
+    split_gap: ClassVar[int] = 0
+    #: where its figures come from, and the layout of its files, for the documentation
+    files_text: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_params(self)
+
+    # --- what a model needs to know -----------------------------------------------------------
+    def info(self) -> DataInfo:
+        """One sample's shape and kind and the number of classes, without loading anything."""
+        raise NotImplementedError
+
+    @classmethod
+    def sources(cls) -> tuple[str, ...]:
+        """The run config's ``data-source`` values it can be read from (a data set without files of its own
+        reads the hub's files with either)."""
+        return (FILES, HUB) if cls.hub is not None or not cls.has_files else (FILES,)
+
+    @classmethod
+    def partitions(cls) -> tuple[str, ...]:
+        """The run config's ``partition`` values this data set takes."""
+        return (("natural",) if cls.natural else ()) + cls.schemes
+
+    # --- loading ----------------------------------------------------------------------------------
+    def pool(self, where: Where, num_partitions: int, seed: int) -> Pool:
+        """Every sample, from the local files or the hub as ``where`` says. The hub's files are read from
+        ``hub-dataset``, else from ``<data-dir>/<hub id>`` where that folder exists (a download of them),
+        else from the hub; a data set without files of its own reads them so with either source."""
+        if where.source == FILES and self.has_files:
+            return self.load_files(Path(where.data_dir), where.download)
+        spec = self.hub_spec()
+        if spec is None:
+            raise ValueError(f"dataset {self.name!r} is not on the hub; use data-source = {FILES!r}")
+        return self.from_hub(load_hub_columns(spec, self.hub_source(where)))
+
+    def hub_spec(self) -> Hub | None:
+        """Where the hub has this data set, with this instance's columns (default: the class's ``hub``)."""
+        return self.hub
+
+    def hub_source(self, where: Where) -> str:
+        """Where the hub's files are read from: ``hub-dataset``, the local copy ``<data-dir>/<hub id>``, or the hub."""
+        spec = self.hub_spec()
+        assert spec is not None
+        local = Path(where.data_dir) / spec.id
+        return where.hub_dataset if where.source == HUB and where.hub_dataset else str(local) if local.is_dir() else spec.id
+
+    def expected_files(self) -> list[str]:
+        """The files (relative to ``data-dir``) ``load_files`` reads; for a data set without files of its own,
+        the folder of the hub's files it reads."""
+        spec = self.hub_spec()
+        return [f"{spec.id}/ (a download of the hub's files)"] if not self.has_files and spec is not None else []
+
+    def load_files(self, root: Path, download: bool) -> Pool:
+        """Every sample, from the local files under ``root`` (``FileNotFoundError`` naming what is missing)."""
+        raise NotImplementedError
+
+    def from_hub(self, columns: Mapping[str, Sequence[Any]]) -> Pool:
+        """Every sample, from the hub's columns (every split of ``hub.splits`` the source has, pooled). By
+        default images: the ``x`` column decoded to uint8 ``(n, C, H, W)`` with this data set's channels."""
+        spec = self.hub_spec()
+        assert spec is not None
+        groups = np.asarray(columns[spec.group], dtype=object) if spec.group else None
+        return Pool(decode_images(columns[spec.x], self.info().input_shape), np.asarray(columns[spec.y]), groups)
+
+    def encoder(self, train_parts: Sequence[np.ndarray]) -> Encoder:
+        """What turns a client's raw samples into the model's input, fitted on every client's training part
+        where it learns something (a vocabulary). By default: images to float32 in [-1, 1], anything else as
+        float32."""
+        if self.kind == "image":
+            return lambda x: torch.as_tensor(to_float(x))
+        return lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32))
+
+    @classmethod
+    def summary(cls) -> str:
+        """The docstring's first paragraph, on one line."""
+        return " ".join(inspect.getdoc(cls).split("\n\n")[0].split())  # type: ignore[union-attr]
+
+
+@dataclass
+class TorchvisionImages(DataSet):
+    """An image data set torchvision reads from its own files: its class ``torchvision_class`` (train and test
+    parts pooled), the ``files`` it reads, one sample's ``shape`` and the number of ``classes``."""
+
+    kind = "image"
+    torchvision_class: ClassVar[str]
+    files: ClassVar[tuple[str, ...]]
+    shape: ClassVar[tuple[int, int, int]]
+    classes: ClassVar[int] = 10
+
+    def info(self) -> DataInfo:
+        return DataInfo(self.shape, self.classes, self.kind)
+
+    def expected_files(self) -> list[str]:
+        return list(self.files)
+
+    def load_files(self, root: Path, download: bool) -> Pool:
+        return Pool(*torchvision_pool(self.torchvision_class, root, download, self.name))
