@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -67,16 +68,24 @@ def _own_models_evaluated(run_dir: Path, last_round: int) -> None:
 @pytest.mark.parametrize("method,api", [pytest.param("fedavg", "message", marks=pytest.mark.xdist_group("flwr-run-a")),
                                         pytest.param("scaffold", "legacy", marks=pytest.mark.xdist_group("flwr-run-a")),
                                         pytest.param("fedmcsa", "legacy", marks=pytest.mark.xdist_group("flwr-run-b"))])
-def test_flwr_run_gives_the_in_process_numbers_of_the_same_seed(simulation, tmp_path, method, api):
+def test_flwr_run_gives_the_in_process_numbers_of_the_same_seed(simulation, tmp_path, monkeypatch, method, api):
     """Flower's own FedAvg, and this package's strategies through the legacy API (whose server gathers
     results on threads): a ``flwr run`` gives, to the last bit, the numbers of the in-process run with
     the same seed, although Flower's runtime threads draw from Python's global ``random`` and node ids
-    differ; the run writes every result file."""
+    differ; the run writes every result file. FedAvg runs examples/own_data_app: its data and model by
+    import path load in every process ``flwr run`` starts (the app's folder is on their path)."""
     config = {"method": method, "api": api, "num-rounds": 3, "clients-per-round": 3, "eval-every": 1, "seed": 3}
-    run = simulation.run({**config, "output-dir": str(tmp_path / "flwr")}, nodes=6)
+    app = ROOT / "examples" / "own_data_app" if method == "fedavg" else ROOT
+    if app != ROOT:  # the app lists only the keys it sets (api is the default, message)
+        config.pop("api")
+    run = simulation.run({**config, "output-dir": str(tmp_path / "flwr")}, nodes=6, app=app)
     _completed(run)
     run_dir = results(tmp_path / "flwr")
     check_results(run_dir, method, rounds=3, nodes=6, per_round=3, evaluated=[1, 2, 3])
+    if app != ROOT:  # the app's own keys (its data, model, partition and training) beside the overrides
+        monkeypatch.syspath_prepend(str(app))
+        config = {**tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"], **config}
+        assert json.loads((run_dir / "summary.json").read_text())["client_groups"]["5"] == "machine5"
     in_process = run_in_process({**config, **ONE_BY_ONE, "output-dir": str(tmp_path / "in-process")}, num_nodes=6)
     assert numbers(run_dir) == numbers(in_process)
     assert (run_dir / MODELS).exists() == (method == "fedmcsa")
