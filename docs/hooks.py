@@ -14,6 +14,8 @@ site is built (an mkdocs hook, named in ``mkdocs.yml``); nothing here is written
   module of ``flower_pfl.methods`` and the modules a strategy or method author uses, added to the
   nav's "API reference" section.
 - ``benchmarks/reference.md``: ``benchmarks/reference/README.md`` followed by its results table.
+- The data set table (``data.md``), the model table and the methods that refuse some models
+  (``models.md``), from their registries (``flower_pfl.experiment.tables``).
 - Links from a page to a file of the repository outside ``docs/`` (the benchmark figures) are
   written as on GitHub (``../../benchmarks/results/all_methods/curves.png``); the file is copied
   into the site under ``repo/`` and the link pointed at the copy.
@@ -588,8 +590,11 @@ def on_config(config: Any) -> Any:
         _pages[page["path"]] = method_page_md(page, benchmarks)
     _appended["methods/index.md"] = methods_index_md(pages)
     _generated.clear()
+    from flower_pfl.experiment import tables
+
     _generated.update({"methods-overview": methods_overview_md(pages), "client-contract": contract_table_md(),
-                       "unbatched": unbatched_md()})
+                       "unbatched": unbatched_md(), "data-table": tables.data_table(), "model-table": tables.model_table(),
+                       "model-refusals": tables.refusals_table()})
     api = api_pages()
     api_section = _nav_section(config.nav, "API reference")
     methods_api: list[dict[str, str]] = []  # one nav group, where the first method module comes
