@@ -23,7 +23,7 @@ from server_apps.inprocess import run_in_process
 from tests.methods.runs import model_for
 
 SETTING = {"num-rounds": 6, "clients-per-round": 4, "local-steps": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 5,
-           "model": "dnn"}
+           "model": "dnn", "figures": False}
 NODES = 8
 
 

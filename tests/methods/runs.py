@@ -33,7 +33,7 @@ RECORDED = Path(__file__).with_name("recorded.json")
 #: by one, as a ``flwr run`` simulation trains them: the recording is that path's; ``test_recorded_runs`` runs
 #: each entry's clients as one computation too)
 SETTING = {"num-rounds": 6, "clients-per-round": 6, "local-steps": 5, "eval-every": 3, "seed": 0, "model": "dnn",
-           "batch-clients": False}
+           "batch-clients": False, "figures": False}
 NUM_NODES = 12
 #: the summary's figures compared (accuracy as a fraction), to ``ABS_TOL``: fractions of right answers,
 #: which a reordered float sum changes only where two classes' scores tie to the last bit
