@@ -377,6 +377,7 @@ def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, An
             f"- **Strategy classes**: `strategies.{decl.strategy}` (legacy API), `strategies.message.{decl.strategy}` (Message API)",
             f"- **Server**: {server}",
             f"- **Participants per round**: {per_round}",
+            f"- **Models**: {models_md([e.label for e in entries])}",
             f"- **Source**: `{source}`, class `{decl.__name__}`", ""]
     module_doc = docstring_md(module.__doc__ or "")
     first, _, rest = module_doc.partition("\n\n")
@@ -390,6 +391,18 @@ def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, An
     out += [contract_md(decl, entries), ""]
     out += [benchmarks_md([e.label for e in entries], benchmark_pages)]
     return "\n".join(out)
+
+
+def models_md(labels: list[str]) -> str:
+    """Which of the package's models a method's entries run on: all, or all but those they refuse and why."""
+    from flower_pfl.experiment.tables import refusals
+
+    refused = {model: needs for label in labels for model, needs in refusals().get(label, {}).items()}
+    if not refused:
+        return "every model of [Models](../models.md), and models of your own"
+    names = ", ".join(f"`{m}`" for m in refused)
+    return (f"every model of [Models](../models.md) but {names}, which it refuses before a run starts: it needs "
+            f"{'; '.join(dict.fromkeys(refused.values()))}")
 
 
 def methods_index_md(pages: list[dict[str, Any]]) -> str:
