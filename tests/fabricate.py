@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
@@ -25,6 +26,7 @@ def model_arrays(value: float) -> dict[str, np.ndarray]:
             for n, s in zip(NAMES, SHAPES)}
 
 
+@lru_cache(maxsize=32)
 def facts(model: str, input_shape: tuple[int, ...] = (60,)) -> ModelFacts:
     """What a method may ask of package model ``model`` (``Method.check_model``), on Synthetic's features
     (or ``input_shape``)."""

@@ -25,7 +25,7 @@ FAMILIES = {
 }
 SETTING = {"num-rounds": 2, "clients-per-round": 2, "local-steps": 2, "batch-size": 8, "eval-every": 2, "partition": "iid",
            "seed": 0, "figures": False, "fedbabu-finetune-steps": 2, "fedgen-generator-steps": 2, "fedas-alignment-batch-size": 8}
-NODES = 3
+NODES = 2
 
 
 @pytest.mark.parametrize("family", FAMILIES)

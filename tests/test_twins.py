@@ -34,6 +34,8 @@ def _model(bn: bool = False) -> torch.nn.Module:
 
 
 _needs_bn = fb.needs_bn
+#: how many tensors the batch-normalized twin DNN has (fc1, bn1's weight, bias and three statistics, fc2)
+BN_TENSORS = 9
 
 
 def _data(node: int) -> TrainData:
@@ -49,7 +51,7 @@ class Clients:
         self.states: dict[int, dict] = {n: {} for n in NODES}
 
     def train(self, node: int, arrays: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        model = _model(bn=len(arrays) == len(_model(bn=True).state_dict()))  # the DNN the arrays are of
+        model = _model(bn=len(arrays) == BN_TENSORS)  # the DNN the arrays are of
         with torch.no_grad():
             for p, a in zip(model.state_dict().values(), arrays):
                 p.copy_(torch.as_tensor(a))
