@@ -30,7 +30,7 @@ from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import ReplyBounds
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
-from flower_pfl.experiment.build import check_device, check_method_applies, has_hidden_layers, initial_arrays, make_model, training_config
+from flower_pfl.experiment.build import check_device, check_method_applies, has_hidden_layers, initial_arrays, training_config
 from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.reports.diagnostics import save_run_diagnostics
@@ -195,7 +195,7 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
         resumed = Resumption(cfg.resume_from) if cfg.resume_from else None
     with _logged(ConfigError):
         initial = initial_arrays(cfg)
-        check_method_applies(cfg, make_model(cfg))
+        check_method_applies(cfg)
     _warn_about_init(cfg, initial)
     settings = cfg.to_run_config()
     with _logged(ConfigError):

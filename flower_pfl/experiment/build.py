@@ -12,7 +12,8 @@ from torch import nn
 from flower_pfl.engine.client_algorithm import BATCH_SIZE, LOCAL_STEPS, LR, SERVER_ROUND
 from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.experiment.clients import data_info, load_client_data
-from flower_pfl.experiment.config import ConfigError, ExperimentConfig, method_refusal
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.data.imports import is_import_path
 from flower_pfl.experiment.models.base import ModelSettings
 from flower_pfl.experiment.models.pretrained import load_pretrained
 from flower_pfl.experiment.models.registry import build_model
@@ -42,11 +43,12 @@ def make_model(cfg: ExperimentConfig, seed: int | None = None) -> nn.Module:
         raise ConfigError(f"run config 'model' = {cfg.model!r}: {err}" if not str(err).startswith("run config") else str(err)) from err
 
 
-def check_method_applies(cfg: ExperimentConfig, model: nn.Module) -> None:
-    """A ``ConfigError`` when the run's method cannot run on ``model`` (``Method.check_model``): the reason,
-    before anything runs."""
-    if (needs := cfg.entry.check_model(ModelFacts.of_model(model))) is not None:
-        raise ConfigError(method_refusal(cfg.label, cfg.model, needs))
+def check_method_applies(cfg: ExperimentConfig) -> None:
+    """A ``ConfigError`` when the run's method cannot run on its model (``Method.check_model``), before anything
+    runs. A package data set and model were checked when the run config was read; a data set or model of one's
+    own is checked here, on the model built from it."""
+    if is_import_path(cfg.dataset) or is_import_path(cfg.model):
+        cfg.refuse_unless_method_runs_on(ModelFacts.of_model(make_model(cfg)))
 
 
 def initial_arrays(cfg: ExperimentConfig, partition_id: int | None = None) -> dict[str, np.ndarray]:

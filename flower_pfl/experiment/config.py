@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.params import PERCENT
 from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
 from flower_pfl.experiment.data.imports import is_import_path
@@ -262,8 +263,12 @@ class ExperimentConfig:
             facts = models.model_facts(self.model, data, self.options, ModelSettings(self.model_width, self.dropout))
         except ValueError as err:  # the model cannot take the data's samples
             raise ConfigError(f"run config 'model' = {self.model!r}: {err}") from err
+        self.refuse_unless_method_runs_on(facts)
+
+    def refuse_unless_method_runs_on(self, facts: ModelFacts) -> None:
+        """A ``ConfigError`` with the reason when this run's method cannot run on a model with ``facts``."""
         if (needs := self.entry.check_model(facts)) is not None:
-            raise ConfigError(method_refusal(self.label, self.model, needs))
+            raise ConfigError(f"run config 'method' = {self.label!r} cannot run on model {self.model!r}: it needs {needs}")
 
     def _check_init(self) -> None:
         if not (math.isfinite(self.init_scale) and self.init_scale > 0):
@@ -345,11 +350,6 @@ class ExperimentConfig:
         """The kebab-case run config (e.g. for ``config.json``)."""
         general = {_key(f.name): getattr(self, f.name) for f in fields(self) if f.name != "options"}
         return general | dict(self.options)
-
-
-def method_refusal(label: str, model: str, needs: str) -> str:
-    """What is said of a method that cannot run on a model."""
-    return f"run config 'method' = {label!r} cannot run on model {model!r}: it needs {needs}"
 
 
 def short_name(value: str) -> str:

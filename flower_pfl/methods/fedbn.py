@@ -67,8 +67,7 @@ class FedBN(Method, SharedPart):
     @classmethod
     def check_model(cls, facts: ModelFacts) -> str | None:
         if not facts.norm_statistics:
-            return ("a model with batch normalization (FedBN keeps its layers local; without them it is FedAvg with "
-                    "uniform weights): dnn-bn, cnn-bn, resnet18, resnet34, mobilenetv2, or vgg11 with vgg-norm = 'batch'")
+            return "a model with batch normalization (FedBN keeps its layers local; without them it is FedAvg with uniform weights)"
         return None
 
     def shared_columns(self, layout: ParamLayout) -> torch.Tensor:

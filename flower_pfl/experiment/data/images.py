@@ -41,7 +41,7 @@ def torchvision_pool(class_name: str, root: str | Path, download: bool, dataset:
         except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
             raise FileNotFoundError(f"{class_name} not found under {Path(root).resolve()} ({err})") from err
     xs = [channels_first(np.asarray(p.data)) for p in parts]
-    ys = [np.asarray(getattr(p, "targets", None) if hasattr(p, "targets") else p.labels, dtype=np.int64) for p in parts]
+    ys = [np.asarray(p.targets if hasattr(p, "targets") else p.labels, dtype=np.int64) for p in parts]  # SVHN: labels
     return np.concatenate(xs), np.concatenate(ys)
 
 
