@@ -11,50 +11,26 @@ import json
 
 import pytest
 import torch
+from batching import SIZES, assert_together_is_one_by_one, clients, one_by_one, together
 from floats import ABS, REL, assert_same_math, same_math
 
-from flower_pfl.engine.batched import CPU_CONVOLUTIONS, DROPOUT, RECURRENT, ClientRound, _bound, train_together, unbatched
-from flower_pfl.engine.client_algorithm import LR, PROXIMAL_MU, ClientAlgorithm, Proximal, TrainData, train_locally
+from flower_pfl.engine.batched import CPU_CONVOLUTIONS, DROPOUT, RECURRENT, _bound, unbatched
+from flower_pfl.engine.client_algorithm import LR, PROXIMAL_MU, ClientAlgorithm, Proximal, TrainData
 from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.experiment.models.base import ModelSettings
 from flower_pfl.methods.ditto import DittoClient
 from flower_pfl.methods.igfl import IGFLCorrection
 from flower_pfl.methods.moon import MoonClient
 
-SIZES = (50, 12, 80, 40)  # the second client has fewer examples than a batch: a group of its own
-
 
 def _clients(seed: int = 0, model: torch.nn.Module | None = None,
              shape: tuple[int, ...] = (6,)) -> tuple[torch.nn.Module, list[TrainData], list[list[torch.Tensor]]]:
     torch.manual_seed(seed)
     model = model if model is not None else DNN(6, 3, 5)
-    datas = [TrainData(torch.randn(n, *shape), torch.randint(0, 3, (n,))) for n in SIZES]
-    starts = [[t + 0.01 * i for t in model.state_dict().values()] for i in range(len(SIZES))]
-    return model, datas, starts
+    return (model, *clients(model, shape, seed=seed))
 
 
-def _load(model: torch.nn.Module, tensors: list[torch.Tensor]) -> None:
-    with torch.no_grad():
-        for t, v in zip(model.state_dict().values(), tensors):
-            t.copy_(v)
-
-
-def _one_by_one(model, datas, starts, make) -> list[tuple[list[torch.Tensor], float, dict]]:
-    out = []
-    for i, d in enumerate(datas):
-        m = copy.deepcopy(model)
-        _load(m, starts[i])
-        result, extras = train_locally(make(m, i), m, d, steps=7, lr=0.05, batch_size=20, generator=torch.Generator().manual_seed(i))
-        out.append(([t.clone() for t in m.state_dict().values()], result.loss, extras))
-    return out
-
-
-def _together(model, datas, starts, make) -> list[tuple[list[torch.Tensor], float, dict]]:
-    shared, rounds = copy.deepcopy(model), []
-    for i, d in enumerate(datas):
-        _load(shared, starts[i])
-        rounds.append(ClientRound(make(shared, i), d, 7, 0.05, 20, torch.Generator().manual_seed(i), [t.clone() for t in starts[i]]))
-    return [(tensors, result.loss, extras) for tensors, result, extras in train_together(shared, rounds)]
+_one_by_one, _together = one_by_one, together
 
 
 @pytest.mark.parametrize("make", [
@@ -107,11 +83,39 @@ def test_an_algorithm_that_replaces_the_gradient_and_keeps_state_batches_too():
             assert_same_math(y, x)
 
 
+def test_batch_normalization_s_statistics_are_each_client_s_own():
+    """Each client's running statistics move with its own minibatches, as one by one."""
+    model = build_model("dnn-bn", (6,), 3)
+    assert unbatched(Proximal, model) is None
+    assert_together_is_one_by_one(model, (6,), lambda m, i: Proximal(m, {LR: 0.05, PROXIMAL_MU: 0.3}))
+    datas, starts = clients(model, (6,))
+    trained = together(model, datas, starts, lambda m, i: ClientAlgorithm(m, {LR: 0.05}))
+    means = [dict(zip(model.state_dict(), t))["bn1.running_mean"] for t, _, _ in trained]
+    assert not torch.allclose(means[0], means[2])
+
+
+@pytest.mark.parametrize("model", ["dnn", "dnn-bn"])
+def test_an_algorithm_with_its_own_step_batches_a_second_model(model):
+    """Ditto: the personal model (its own running statistics too) is a second stacked state."""
+    from flwr.app import RecordDict
+
+    from client_apps.own_loop import RecordState
+
+    built = build_model(model, (6,), 3)
+    assert unbatched(DittoClient, built) is None
+    assert_together_is_one_by_one(built, (6,), lambda m, i: DittoClient(m, {LR: 0.05, "ditto-lambda": 0.5 + i},
+                                                                      RecordState(RecordDict())))
+
+
 def test_what_cannot_be_batched_is_named():
     assert unbatched(ClientAlgorithm, DNN(6, 3, 5)) is None and unbatched(Proximal, DNN(6, 3, 5)) is None
     assert "previous models" in unbatched(MoonClient, DNN(6, 3, 5))
-    assert "train_step" in unbatched(DittoClient, DNN(6, 3, 5))
-    assert "batch normalization" in unbatched(ClientAlgorithm, build_model("dnn-bn", (6,), 3))
+
+    class OwnLoop(ClientAlgorithm):
+        def train_step(self, model, next_batch, lr):
+            return 0.0
+
+    assert "train_step" in unbatched(OwnLoop, DNN(6, 3, 5))
 
 
 def test_a_client_s_own_tensors_are_bound_only_inside():

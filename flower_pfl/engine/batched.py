@@ -1,13 +1,16 @@
 """A round's clients trained as one computation: ``train_together`` runs the clients' local SGD
-(``train_locally``, client by client) with their parameters stacked, one ``torch.func.vmap`` of the
+(``train_locally``, client by client) with their models stacked, one ``torch.func.vmap`` of the
 client algorithm's own step per SGD step.
 
 Each client draws its minibatches from its own generator, as ``train_locally`` does, so the batched
-path trains on the same minibatches in the same order; the step is the algorithm's ``loss``,
-``gradients`` and ``gradient_terms``, written once, with the per-client tensors they read
-(``ClientAlgorithm.batched_state``) stacked. Clients whose minibatches differ in size (fewer examples
-than a batch) train in groups of one size. ``begin`` and ``finish`` run client by client, as they do
-in ``train_locally``. What cannot run this way (``unbatched`` says why) trains client by client.
+path trains on the same minibatches in the same order. The step is written once: the algorithm's
+``loss``, ``gradients`` and ``gradient_terms`` (a step of the user's loop), or its own ``step``
+(``flower_pfl.engine.functional``: a second model, a second minibatch, modules trained beside the
+model), with the per-client tensors they read (``batched_state``), carry (``carried``) or draw
+(``drawn``) stacked. A model's buffers (batch normalization's running statistics) are each client's
+own, stacked like its parameters. Clients whose minibatches differ in size (fewer examples than a
+batch) train in groups of one size. ``begin``, ``draw`` and ``finish`` run client by client, as they
+do in ``train_locally``. What cannot run this way (``unbatched`` says why) trains client by client.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
-from flower_pfl.engine.client_algorithm import ClientAlgorithm, Extras, LocalResult, TrainData, changes_gradients, trainable
+from flower_pfl.engine.client_algorithm import ClientAlgorithm, Extras, LocalResult, TrainData, changes_gradients, has_own_step
+from flower_pfl.engine.functional import Functional
 from flower_pfl.engine.minibatches import MinibatchStream
 
 #: why a convolutional model trains one client at a time on the CPU (``benchmarks.client_speed``: a round of
@@ -53,14 +57,12 @@ class ClientRound:
 
 def unbatched(algorithm: type[ClientAlgorithm], model: nn.Module) -> str | None:
     """Why clients of ``algorithm`` training ``model`` (on its device) do not train as one computation, or
-    ``None``: the algorithm cannot, the model has buffers, a recurrent layer or dropout, or a convolutional
-    model is on the CPU, where batching it is slower."""
+    ``None``: the algorithm cannot, the model has a recurrent layer or dropout, or a convolutional model is
+    on the CPU, where batching it is slower."""
     if algorithm.unbatched_because is not None:
         return algorithm.unbatched_because
     if algorithm.train_step is not ClientAlgorithm.train_step:
-        return "it trains a second model or takes a second minibatch per step (its own train_step)"
-    if any(True for _ in model.buffers()):
-        return "the model has buffers (batch normalization's statistics)"
+        return "its train_step is its own (not a step of the user's loop, nor a step written with torch.func)"
     if any(isinstance(m, nn.RNNBase) for m in model.modules()):
         return RECURRENT
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
@@ -85,22 +87,21 @@ def train_together(model: nn.Module, rounds: Sequence[ClientRound]) -> list[tupl
         _load(model, r.received)
         model.train()
         datas.append(r.algorithm.begin(model, r.data))
-        starts.append([p.detach().clone() for p in trainable(model)])
+        starts.append([t.detach().clone() for t in model.state_dict().values()])
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (r, d) in enumerate(zip(rounds, datas)):
         groups.setdefault((min(r.batch_size, len(d.y)), r.steps, r.lr, _settings(r.algorithm)), []).append(i)
     trained: list[list[torch.Tensor]] = [[] for _ in rounds]
     losses: list[float] = [0.0] * len(rounds)
+    train = _train_stepwise if has_own_step(type(rounds[0].algorithm)) else _train_group
     for members in groups.values():
-        params, mean_losses = _train_group(model, [rounds[i] for i in members], [datas[i] for i in members],
-                                           [starts[i] for i in members])
+        states, mean_losses = train(model, [rounds[i] for i in members], [datas[i] for i in members],
+                                    [starts[i] for i in members])
         for j, i in enumerate(members):
-            trained[i], losses[i] = [p[j] for p in params], mean_losses[j]
+            trained[i], losses[i] = [t[j] for t in states], mean_losses[j]
     out = []
-    for r, d, params, loss in zip(rounds, datas, trained, losses):  # ``finish`` on each client's trained model
-        with torch.no_grad():
-            for p, value in zip(trainable(model), params):
-                p.copy_(value)
+    for r, d, state, loss in zip(rounds, datas, trained, losses):  # ``finish`` on each client's trained model
+        _load(model, state)
         r.algorithm.steps = r.steps
         extras = r.algorithm.finish(model, d.x)
         out.append(([t.detach().clone() for t in model.state_dict().values()], LocalResult(loss=loss, steps=r.steps), extras))
@@ -122,17 +123,21 @@ def _settings(algorithm: ClientAlgorithm) -> tuple[Any, ...]:
 
 def _train_group(model: nn.Module, rounds: Sequence[ClientRound], datas: Sequence[TrainData],
                  starts: Sequence[Sequence[torch.Tensor]]) -> tuple[list[torch.Tensor], list[float]]:
-    """Train clients whose minibatches have one size together; their stacked trained parameters and
-    mean losses."""
+    """Train clients whose minibatches have one size together, steps of the user's loop; their stacked
+    trained states (``state_dict`` order) and mean losses."""
     proto, steps, lr = rounds[0].algorithm, rounds[0].steps, rounds[0].lr
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    params = [torch.stack(ps) for ps in zip(*starts)]
+    f = Functional(model)
+    stacked = [torch.stack(ts) for ts in zip(*starts)]
+    params = f.params(stacked)
+    # the buffers are each client's own, updated in place by the training-mode forward passes
+    buffers = [t.clone() for t in f.others(stacked)]
     state = {name: _stack([getattr(r.algorithm, name) for r in rounds]) for name in proto.batched_state}
     x_all, y_all, picks = _minibatches(rounds, datas, steps)
 
-    def client_loss(ps: list[torch.Tensor], own: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def client_loss(ps: list[torch.Tensor], bufs: list[torch.Tensor], own: dict[str, Any], x: torch.Tensor,
+                    y: torch.Tensor) -> torch.Tensor:
         with _bound(proto, own):
-            return proto.loss(functional_call(model, dict(zip(names, ps)), (x,)), y)
+            return proto.loss(f(f.join(ps, bufs), x), y)
 
     def client_gradients(ps: list[torch.Tensor], grads: list[torch.Tensor], own: dict[str, Any], x: torch.Tensor,
                          y: torch.Tensor) -> list[torch.Tensor]:
@@ -147,14 +152,52 @@ def _train_group(model: nn.Module, rounds: Sequence[ClientRound], datas: Sequenc
         x, y = x_all[picks[k]], y_all[picks[k]]
         proto.steps = k
         leaves = [p.detach().requires_grad_(True) for p in params]
-        loss = losses_of(leaves, state, x, y)
+        loss = losses_of(leaves, buffers, state, x, y)
         # the clients' losses are independent: the gradient of their sum is each client's gradient
         grads = list(torch.autograd.grad(loss.sum(), leaves))
         with torch.no_grad():
             new = gradients_of(params, grads, state, x, y) if adjusts else grads
             params = [p - lr * g for p, g in zip(params, new)]
         totals += loss.detach().to(torch.float64)
-    return params, (totals.cpu() / max(steps, 1)).tolist()
+    return f.join(params, buffers), (totals.cpu() / max(steps, 1)).tolist()
+
+
+def _train_stepwise(model: nn.Module, rounds: Sequence[ClientRound], datas: Sequence[TrainData],
+                    starts: Sequence[Sequence[torch.Tensor]]) -> tuple[list[torch.Tensor], list[float]]:
+    """Train clients whose minibatches have one size together, by their algorithm's own ``step``; their
+    stacked trained states and mean losses. The ``carried`` tensors come back into each client's algorithm."""
+    proto, steps, lr, m = rounds[0].algorithm, rounds[0].steps, rounds[0].lr, rounds[0].algorithm.minibatches
+    f = Functional(model)
+    state = [torch.stack(ts) for ts in zip(*starts)]
+    own = {name: _stack([getattr(r.algorithm, name) for r in rounds]) for name in proto.batched_state}
+    carried = {name: _stack([getattr(r.algorithm, name) for r in rounds]) for name in proto.carried}
+    x_all, y_all, picks = _minibatches(rounds, datas, steps * m)
+
+    def client_step(st: list[torch.Tensor], carry: dict[str, Any], values: dict[str, Any], xs: list[torch.Tensor],
+                    ys: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, Any], torch.Tensor]:
+        with _bound(proto, {**values, **carry}):
+            new, loss = proto.step(f, st, list(zip(xs, ys)), lr)
+            return new, {name: getattr(proto, name) for name in proto.carried}, loss
+
+    stepped = vmap(client_step)
+    totals = torch.zeros(len(rounds), dtype=torch.float64, device=state[0].device)
+    with torch.no_grad():
+        for k in range(steps):
+            xs = [x_all[picks[k * m + j]] for j in range(m)]
+            ys = [y_all[picks[k * m + j]] for j in range(m)]
+            drawn = {}
+            if proto.drawn:
+                for i, r in enumerate(rounds):  # each client's draws from its own generator, as one by one
+                    r.algorithm.steps = k
+                    r.algorithm.draw([(x[i], y[i]) for x, y in zip(xs, ys)])
+                drawn = {name: _stack([getattr(r.algorithm, name) for r in rounds]) for name in proto.drawn}
+            proto.steps = k
+            state, carried, loss = stepped(state, carried, {**own, **drawn}, xs, ys)
+            totals += loss.detach().to(torch.float64)
+    for i, r in enumerate(rounds):  # each client's carried tensors back into its algorithm, for ``finish``
+        for name, value in carried.items():
+            setattr(r.algorithm, name, _unstack(value, i))
+    return state, (totals.cpu() / max(steps, 1)).tolist()
 
 
 def _minibatches(rounds: Sequence[ClientRound], datas: Sequence[TrainData],
@@ -179,6 +222,11 @@ def _stack(values: Sequence[Any]) -> Any:
     if isinstance(first, list | tuple):
         return [torch.stack(list(parts)) for parts in zip(*values)]
     raise TypeError(f"batched_state holds tensors or lists of them, got {type(first).__name__}")
+
+
+def _unstack(value: Any, i: int) -> Any:
+    """Client ``i``'s part of a ``_stack``ed value."""
+    return value[i] if isinstance(value, torch.Tensor) else [v[i] for v in value]
 
 
 @contextmanager

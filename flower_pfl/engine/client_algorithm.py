@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flower_pfl.engine.functional import Functional, State
 from flower_pfl.engine.layout import load_flat_
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.wire import decode_vector, fingerprint
@@ -185,6 +186,15 @@ class ClientAlgorithm:
     #: why a round's clients of this algorithm cannot train as one computation (``None``: they can,
     #: unless it overrides ``train_step``)
     unbatched_because: ClassVar[str | None] = None
+    #: for an algorithm with its own ``step``: the attributes holding per-client tensors (or lists of them)
+    #: that the step reads and replaces, carried from step to step beside the model (a second model's state,
+    #: a mixing weight, a running mean); stacked across a round's clients like the model
+    carried: ClassVar[tuple[str, ...]] = ()
+    #: for an algorithm with its own ``step``: the attributes ``draw`` sets before each step (per-client random
+    #: draws, made client by client from the client's own generator and stacked)
+    drawn: ClassVar[tuple[str, ...]] = ()
+    #: the minibatches one step takes
+    minibatches: ClassVar[int] = 1
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -225,12 +235,7 @@ class ClientAlgorithm:
                   batch: Batch | None) -> list[torch.Tensor | None]:
         """The gradient the SGD step takes, from the loss's (``grads``, step ``self.steps`` of the round):
         ``grads`` plus ``gradient_terms`` by default. ``None`` leaves a parameter where it is."""
-        out = list(grads)
-        for i, extra in enumerate(self.gradient_terms(params, batch)):
-            if extra is not None:
-                g = out[i]
-                out[i] = extra if g is None else g + extra
-        return out
+        return added(grads, self.gradient_terms(params, batch))
 
     def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
         """What the method adds to each trainable parameter's gradient (none by default)."""
@@ -256,9 +261,23 @@ class ClientAlgorithm:
         counts, a held-out part, a choice among models) does it here; a user's own loop does not call it."""
         return data
 
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """One local step as a function of tensors, for an algorithm whose step is more than an SGD step of the
+        user's loop (a second model, a second minibatch, a module trained beside the model): the model's new
+        state (``Functional``: its ``state_dict``'s tensors) and the loss the step reports. ``batches`` are the
+        step's ``minibatches`` fresh minibatches, ``self.steps`` its index; it replaces the ``carried``
+        attributes' values (and sets nothing else). Written with ``f`` and ``torch.func``, it runs for one
+        client (``train_step``) and, under ``vmap``, for a round's clients at once."""
+        raise NotImplementedError(f"{type(self).__name__} has no step of its own")
+
+    def draw(self, batches: Sequence[Batch]) -> None:
+        """Before each ``step``, client by client: set the ``drawn`` attributes (random draws) for it."""
+
     def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        """One step of ``train_locally``: exactly a user's loop iteration with plain SGD. Returns the
-        step's training loss (data term only)."""
+        """One step of ``train_locally``: exactly a user's loop iteration with plain SGD (or the algorithm's
+        own ``step``). Returns the step's training loss (data term only)."""
+        if has_own_step(type(self)):
+            return self._own_step(model, [next_batch() for _ in range(self.minibatches)], lr)
         x, y = next_batch()
         params = trainable(model)
         for p in params:
@@ -271,6 +290,17 @@ class ClientAlgorithm:
             self.adjust_gradients(model, (x, y))
         sgd_step(params, lr)
         return float(loss.detach()) if self.step_loss is None else self.step_loss
+
+    def _own_step(self, model: nn.Module, batches: list[Batch], lr: float) -> float:
+        """``step`` on ``model``'s tensors, written back into it."""
+        self.draw(batches)
+        f = Functional(model)
+        with torch.no_grad():
+            new, loss = self.step(f, f.state(), batches, lr)
+            for target, value in zip(model.state_dict().values(), new):
+                target.copy_(value)
+        self.steps += 1
+        return float(loss)
 
     # --- evaluation ----------------------------------------------------------------------------
     @classmethod
@@ -303,6 +333,26 @@ class ClientAlgorithm:
         return lr
 
 
+def added(grads: Sequence[torch.Tensor | None], terms: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """``grads`` with ``terms`` added, parameter by parameter (``None``: nothing there; fewer terms: none for the rest)."""
+    out = list(grads)
+    for i, extra in enumerate(terms):
+        if extra is not None:
+            g = out[i]
+            out[i] = extra if g is None else g + extra
+    return out
+
+
+def proximal_terms(mu: float, params: Sequence[torch.Tensor], anchor: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``μ (w − a)``, the gradient of the proximal term ``μ/2 ||w − a||²`` (FedMCSA eq. 9, FedProx, Ditto)."""
+    return [mu * (p - a) for p, a in zip(params, anchor)]
+
+
+def has_own_step(cls: type[ClientAlgorithm]) -> bool:
+    """Whether ``cls`` has its own ``step`` (a step that is not one of the user's loop)."""
+    return cls.step is not ClientAlgorithm.step
+
+
 def changes_gradients(cls: type[ClientAlgorithm]) -> bool:
     """Whether ``cls``'s step changes the loss's gradient (plain SGD's does not: nothing to compute)."""
     return cls.gradients is not ClientAlgorithm.gradients or cls.gradient_terms is not ClientAlgorithm.gradient_terms
@@ -328,7 +378,7 @@ class Proximal(ClientAlgorithm):
         return self.received
 
     def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
-        return [self.mu * (p - a) for p, a in zip(params, self.anchor)]
+        return proximal_terms(self.mu, params, self.anchor)
 
 
 def train_locally(algorithm: ClientAlgorithm, model: nn.Module, data: TrainData, *, steps: int, lr: float, batch_size: int,

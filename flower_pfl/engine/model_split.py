@@ -13,7 +13,7 @@ representation: ``forward_with_features`` returns it beside the logits (with its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -98,13 +98,14 @@ def head_problem(model: nn.Module) -> str | None:
     return None
 
 
-def forward_with_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_with_features(model: nn.Module, x: torch.Tensor,
+                          run: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's logits on ``x`` and the head's input (the representation), flattened to ``(n, d)``;
-    both keep their gradients."""
+    both keep their gradients. ``run`` calls the model (default ``model(x)``; a ``functional_call``)."""
     captured: list[torch.Tensor] = []
     handle = head_module(model).register_forward_hook(lambda _m, inputs, _out: captured.append(inputs[0]))
     try:
-        logits = model(x)
+        logits = model(x) if run is None else run(x)
     finally:
         handle.remove()
     return logits, captured[0].flatten(1)

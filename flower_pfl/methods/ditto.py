@@ -3,16 +3,16 @@ model ``v_i`` trained on ``f_i(v) + λ/2 ||v − w||²`` toward the global model
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import PROXIMAL_MU, Batch, ClientAlgorithm, ClientState, LossFn, Proximal, keep, load_stored
-from flower_pfl.engine.layout import flatten_module
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, added, keep, proximal_terms
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.params import NON_NEGATIVE, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
@@ -35,24 +35,29 @@ class DittoClient(ClientAlgorithm):
     hookable = False
 
 
+    carried = ("personal",)
+    batched_state = ("received",)
+
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
         super().__init__(model, config, state, loss_fn)
-        lam = float(config[LAMBDA])
-        if lam < 0:
-            raise ValueError(f"Ditto's lambda must be >= 0, got {lam}")
-        self.personal = copy.deepcopy(model)
-        load_stored(self.personal, state, PERSONAL_STATE)
-        self.personal_step = Proximal(self.personal, {PROXIMAL_MU: lam}, None, loss_fn)
-        self.personal_step.anchor = self.received  # the pull is toward the received global model
+        self.lam = float(config[LAMBDA])
+        if self.lam < 0:
+            raise ValueError(f"Ditto's lambda must be >= 0, got {self.lam}")
+        self.personal = Functional(model).kept(state, PERSONAL_STATE)  # v's state
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        batch = next_batch()
-        self.personal_step.train_step(self.personal, lambda: batch, lr)
-        return ClientAlgorithm.train_step(self, model, lambda: batch, lr)
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """The personal model's proximal step toward the received model, then the global model's SGD step,
+        on the same minibatch."""
+        (x, y), = batches
+        grads, _, _, personal, _ = f.grad(lambda v: self.loss(f(v, x), y), self.personal)
+        v = f.params(personal)
+        self.personal = f.with_params(personal, sgd(v, added(grads, proximal_terms(self.lam, v, self.received)), lr))
+        grads, _, loss, state, _ = f.grad(lambda w: self.loss(f(w, x), y), state)
+        return f.with_params(state, sgd(f.params(state), grads, lr)), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
-        keep(self.state, PERSONAL_STATE, [flatten_module(self.personal)])
+        keep(self.state, PERSONAL_STATE, [Functional(model).flat(self.personal)])
         return {}
 
 
