@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad
 
-from flower_pfl.engine.client_algorithm import (
-    Batch,
-    ClientAlgorithm,
-    ClientState,
-    LossFn,
-    TrainData,
-    keep,
-    sgd_update,
-    stored,
-    trainable,
-)
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, stored
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.model_split import forward_with_features, head_module
 from flower_pfl.engine.params import Rule, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
@@ -76,36 +68,42 @@ class FedRoDClient(ClientAlgorithm):
     name = "fedrod"
     needs_state = keeps_state = True
     hookable = False
+    carried = ("head",)
+    batched_state = ("counts",)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
         super().__init__(model, config, state, loss_fn)
         self.balanced = bool(config.get(BALANCED, True))
-        self.head = personal_head(model, state)
+        self.linear = personal_head(model, state)  # the personal head's module; its tensors are ``head``
+        self.head = [p.detach().clone() for p in self.linear.parameters()]
         self.counts = torch.ones(head_module(model).out_features, dtype=torch.int64)  # until ``begin`` gives the split's
 
     def begin(self, model: nn.Module, data: TrainData) -> TrainData:
         self.counts = torch.bincount(data.y, minlength=len(self.counts)).to(data.y.device)
         return data
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        x, y = next_batch()
-        for p in trainable(model):
-            p.grad = None
-        logits, features = forward_with_features(model, x)
-        loss = balanced_softmax_loss(logits, y, self.counts) if self.balanced else self.loss_fn(logits, y)
-        loss.backward()
-        self.adjust_gradients(model, (x, y))
-        sgd_update(model, lr)
-        personal = self.loss_fn(logits.detach() + self.head(features.detach()), y)
-        grads = torch.autograd.grad(personal, list(self.head.parameters()))
-        with torch.no_grad():
-            for p, g in zip(self.head.parameters(), grads):
-                p.sub_(lr * g)
-        return float(loss.detach())
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """The generic model's SGD step and the personal head's, on the logits and representation of one
+        forward pass (held fixed in the personal loss)."""
+        (x, y), = batches
+
+        def generic_loss(w: State) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+            logits, features = f.with_features(w, x)
+            loss = balanced_softmax_loss(logits, y, self.counts) if self.balanced else self.loss_fn(logits, y)
+            return loss, (logits, features)
+
+        grads, _, loss, state, (logits, features) = f.grad(generic_loss, state, has_aux=True)
+        names = [name for name, _ in self.linear.named_parameters()]
+
+        def personal_loss(head: State) -> torch.Tensor:
+            return self.loss_fn(logits + functional_call(self.linear, dict(zip(names, head)), (features,)), y)
+
+        self.head = sgd(self.head, grad(personal_loss)(self.head), lr)
+        return f.with_params(state, sgd(f.params(state), grads, lr)), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
-        keep(self.state, PERSONAL_HEAD, self.head.parameters())
+        keep(self.state, PERSONAL_HEAD, self.head)
         return {}
 
     @classmethod

@@ -1,25 +1,31 @@
 """FedRoD: the balanced softmax by hand, one client step by hand (the generic model on the balanced
 loss, the personal head on the summed logits with nothing flowing back), the kept state, the
-personalized predictor at evaluation, FedAvg on the server, the refused settings, one whole run."""
+personalized predictor at evaluation, a round's clients trained together as one by one, FedAvg on the server,
+the refused settings, one whole run."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import BATCH, assert_together_is_one_by_one, clients, load
+from batching import LR as BATCH_LR
+from floats import assert_same_math
 from flwr.app import RecordDict
 
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import RawReply
-from flower_pfl.experiment.models import DNN
+from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.fedrod import (
     BALANCED,
     PERSONAL_HEAD,
@@ -127,6 +133,35 @@ def test_the_step_needs_state_and_the_package_loop():
         FedRoDClient(_model(), CONFIG)
     with pytest.raises(ValueError, match="ClientApp"):
         algorithm_for(CONFIG, _model(), RecordDict())
+
+
+@pytest.mark.parametrize("balanced", [True, False], ids=["balanced", "cross-entropy"])
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_train_together_as_one_by_one(name, balanced):
+    """A second round: each client continues from the personal head its first round left (the first client
+    never trained: zeros), with its own class counts; the models, losses and kept heads are the same both ways."""
+    model = build_model(name, (6,), 3, seed=0)
+    assert unbatched(FedRoDClient, model) is None
+    config = {**CONFIG, LR: BATCH_LR, BALANCED: balanced}
+    datas, starts = clients(model, (6,))
+    firsts: list[dict] = [{} for _ in datas]
+    for i in range(1, len(datas)):
+        first = copy.deepcopy(model)
+        load(first, starts[i])
+        train_locally(FedRoDClient(first, config, firsts[i]), first, datas[i], steps=3, lr=BATCH_LR, batch_size=BATCH,
+                      generator=torch.Generator().manual_seed(10 + i))
+    made: list[dict] = []
+
+    def make(m, i):
+        made.append(dict(firsts[i]))
+        return FedRoDClient(m, config, made[-1])
+
+    assert_together_is_one_by_one(model, (6,), make)
+    assert len(made) == 2 * len(datas)
+    for alone, together in zip(made[:len(datas)], made[len(datas):]):
+        for a, b in zip(alone[PERSONAL_HEAD], together[PERSONAL_HEAD]):
+            assert_same_math(b, a)
+    assert not torch.equal(made[0][PERSONAL_HEAD][0], made[1][PERSONAL_HEAD][0])
 
 
 def _named(value: float) -> dict[str, np.ndarray]:
