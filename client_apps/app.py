@@ -26,9 +26,9 @@ from client_apps import persisted_state
 from client_apps.flower_internals import handle_legacy_message_from_msgtype
 from client_apps.own_loop import RecordState
 from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
-from flower_pfl.engine.batched import ClientRound, train_together, unbatched
+from flower_pfl.engine.batched import ClientRound, train_together, unbatched, unbatched_evaluation
 from flower_pfl.engine.client_algorithm import RESUMED_AFTER, SERVER_ROUND, Extras, LocalResult, TrainData, train_locally
-from flower_pfl.engine.evaluation import EvalResult
+from flower_pfl.engine.evaluation import EvalResult, evaluate_together
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.experiment.build import dataset_shape, load_client_data, make_model, resolve_device, training_settings
@@ -129,19 +129,37 @@ class Node:
         """Evaluate on the test split the model the client algorithm ``config`` names makes from the
         received one (Ditto's personal model, pFedMe's θ_i with the global model's accuracy beside it,
         APFL's mixture, Per-FedAvg's one step on the training split; otherwise the received model)."""
-        config = config or {}
+        evaluation = self.start_evaluate(config or {})
+        return evaluation.metrics(self._test(evaluation.model))
+
+    def start_evaluate(self, config: Mapping[str, Any]) -> Evaluation:
+        """The model this node evaluates for ``config`` (the node's model holds the received one), with the
+        client state restored, and the metrics it adds."""
         persisted_state.restore(self.state, self.node_config, config, self.partition_id)
         received = fingerprint(self.model.state_dict().values())  # before any personalization
         algorithm = client_algorithm_for(config)
         with self.seeded_draws(config, "evaluate"):
             model, extra = algorithm.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
-            res = self._test(model)
-        return {"loss": res.loss, "accuracy": res.accuracy, "num-examples": res.num_examples,
-                "partition-id": self.partition_id, MODEL_FINGERPRINT: received, **extra}
+        return Evaluation(model, {"partition-id": self.partition_id, MODEL_FINGERPRINT: received, **extra})
+
+    def _test_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        device = next(self.model.parameters()).device
+        return self.data.x_test.to(device), self.data.y_test.to(device)
 
     def _test(self, model: torch.nn.Module) -> EvalResult:
-        device = next(self.model.parameters()).device
-        return evaluate_model(model, self.data.x_test.to(device), self.data.y_test.to(device))
+        return evaluate_model(model, *self._test_data())
+
+
+@dataclass
+class Evaluation:
+    """A node's evaluation before its forward pass: the model it evaluates and the metrics it adds."""
+
+    model: torch.nn.Module
+    extra: dict[str, Any]
+
+    def metrics(self, result: EvalResult) -> dict[str, Any]:
+        """The evaluation reply's metrics, with the model's ``result`` on the test split."""
+        return {"loss": result.loss, "accuracy": result.accuracy, "num-examples": result.num_examples, **self.extra}
 
 
 def run_settings(run_config: Mapping[str, Any]) -> ExperimentConfig:
@@ -234,14 +252,48 @@ def train_round(messages: Sequence[Message], contexts: Sequence[Context]) -> tup
     return replies, f"{algorithm.__name__}: {len(messages)} clients as one computation"
 
 
+def evaluate_round(messages: Sequence[Message], contexts: Sequence[Context]) -> tuple[list[Message], list[str | None]]:
+    """The replies ``evaluate`` gives to a round's evaluation messages (Message API), the forward passes of
+    the clients that evaluate a model of the run's architecture as one computation
+    (``flower_pfl.engine.evaluation.evaluate_together``); and, per message, why its forward pass ran on its
+    own (``None``: with the round's)."""
+    nodes = [Node.from_context(c) for c in contexts]
+    model = nodes[0].model
+    why = unbatched_evaluation(model)
+    configs = [_evaluation_config(m) for m in messages]
+    evaluations: list[Evaluation] = []
+    results: list[EvalResult | None] = []
+    reasons: list[str | None] = []
+    states, tests = [], []
+    for node, msg, config in zip(nodes, messages, configs):
+        node.load(record_numpy(msg.content.array_records["arrays"]))
+        evaluation = node.start_evaluate(config)
+        evaluations.append(evaluation)
+        if why is None and evaluation.model is model:  # the model itself: its tensors join the round's
+            states.append([t.detach().clone() for t in model.state_dict().values()])
+            tests.append(node._test_data())
+            results.append(None)
+            reasons.append(None)
+        else:  # a model of its own (a mixture, a personalized head): evaluated now
+            results.append(node._test(evaluation.model))
+            reasons.append(why or f"{client_algorithm_for(config).__name__} evaluates a model of its own making")
+    together = iter(evaluate_together(model, states, tests))
+    replies = [Message(content=RecordDict({"metrics": MetricRecord(e.metrics(r if r is not None else next(together)))}),
+                       reply_to=msg) for e, r, msg in zip(evaluations, results, messages)]
+    return replies, reasons
+
+
+def _evaluation_config(msg: Message) -> Mapping[str, Any]:
+    return msg.content.config_records["config"] if "config" in msg.content.config_records else {}
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     if is_legacy(msg):
         return _legacy(msg, context)
     node = Node.from_context(context)
     node.load(record_numpy(msg.content.array_records["arrays"]))
-    config: Mapping[str, Any] = msg.content.config_records["config"] if "config" in msg.content.config_records else {}
-    return Message(content=RecordDict({"metrics": MetricRecord(node.evaluate(config))}), reply_to=msg)
+    return Message(content=RecordDict({"metrics": MetricRecord(node.evaluate(_evaluation_config(msg)))}), reply_to=msg)
 
 
 @app.query()

@@ -333,11 +333,16 @@ def _account_failures(run: _Run, failures: NodeFailures) -> None:
 
 
 def training_line(report: Mapping[str, Any]) -> str:
-    """The console's line on how an in-process run's clients trained (``InProcessGrid.training_report``)."""
+    """The console's line on how an in-process run's clients trained and evaluated (``InProcessGrid.training_report``)."""
     line = (f"client trainings: {report['clients_trained_together']} with their round's clients as one computation, "
             f"{report['clients_trained_one_by_one']} one by one")
     reasons = report.get("one_by_one_because", {})
-    return line + "".join(f"; {n} one by one because {why}" for why, n in reasons.items())
+    line += "".join(f"; {n} one by one because {why}" for why, n in reasons.items())
+    if "clients_evaluated_together" in report:
+        line += (f". Client evaluations: {report['clients_evaluated_together']} together, "
+                 f"{report['clients_evaluated_one_by_one']} one by one")
+        line += "".join(f"; {n} one by one because {why}" for why, n in report.get("evaluated_one_by_one_because", {}).items())
+    return line
 
 
 def _finish(run: _Run, strategy: Any, final: Any) -> Path:

@@ -20,7 +20,6 @@ from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.experiment.models.base import ModelSettings
 from flower_pfl.methods.ditto import DittoClient
 from flower_pfl.methods.igfl import IGFLCorrection
-from flower_pfl.methods.moon import MoonClient
 
 
 def _clients(seed: int = 0, model: torch.nn.Module | None = None,
@@ -107,9 +106,34 @@ def test_an_algorithm_with_its_own_step_batches_a_second_model(model):
                                                                       RecordState(RecordDict())))
 
 
+@pytest.mark.parametrize("model", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_evaluate_as_one_computation_as_one_by_one(model):
+    """Each client's model on its own test split, the splits of other sizes (one empty) and in several chunks."""
+    from flower_pfl.engine.evaluation import evaluate, evaluate_together
+
+    built = build_model(model, (6,), 3)
+    torch.manual_seed(5)
+    states = [[t + 0.1 * i * torch.randn_like(t) if t.is_floating_point() else t for t in built.state_dict().values()]
+              for i in range(4)]
+    tests = [(torch.randn(n, 6), torch.randint(0, 3, (n,))) for n in (9, 30, 0, 17)]
+    together = evaluate_together(built, states, tests, batch_size=20)  # 5 samples a client per chunk
+    for state, (x, y), got in zip(states, tests, together):
+        m = copy.deepcopy(built)
+        _load_state(m, state)
+        want = evaluate(m, x, y)
+        assert got.num_examples == want.num_examples and got.accuracy == want.accuracy
+        assert got.loss == same_math(want.loss)
+    assert len({r.accuracy for r in together}) > 1
+
+
+def _load_state(model: torch.nn.Module, state: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for t, v in zip(model.state_dict().values(), state):
+            t.copy_(v)
+
+
 def test_what_cannot_be_batched_is_named():
     assert unbatched(ClientAlgorithm, DNN(6, 3, 5)) is None and unbatched(Proximal, DNN(6, 3, 5)) is None
-    assert "previous models" in unbatched(MoonClient, DNN(6, 3, 5))
 
     class OwnLoop(ClientAlgorithm):
         def train_step(self, model, next_batch, lr):
@@ -138,18 +162,19 @@ def _summary(tmp_path, **settings) -> dict:
 
 
 def test_an_in_process_run_says_how_its_clients_trained(tmp_path):
-    from server_apps.inprocess import LEGACY_ONE_BY_ONE
+    from server_apps.inprocess import LEGACY_EVALUATION, LEGACY_ONE_BY_ONE
 
     batched = _summary(tmp_path / "a", method="fedmcsa")
     assert (batched["clients_trained_together"], batched["clients_trained_one_by_one"]) == (6, 0)
+    assert (batched["clients_evaluated_together"], batched["clients_evaluated_one_by_one"]) == (8, 0)  # rounds 0 and 2
     off = _summary(tmp_path / "b", method="fedmcsa", **{"batch-clients": False})
     assert (off["clients_trained_together"], off["clients_trained_one_by_one"]) == (0, 6) and "one_by_one_because" not in off
+    assert (off["clients_evaluated_together"], off["clients_evaluated_one_by_one"]) == (0, 8)
+    assert off["final_accuracy"] == batched["final_accuracy"] and off["final_accuracy_std"] == same_math(batched["final_accuracy_std"])
     assert off["bmta"] == same_math(batched["bmta"])
-    moon = _summary(tmp_path / "c", method="moon")
-    assert moon["clients_trained_together"] == 0 and list(moon["one_by_one_because"]) == [
-        f"MoonClient: {MoonClient.unbatched_because}"]
     legacy = _summary(tmp_path / "d", method="fedmcsa", api="legacy")
     assert legacy["one_by_one_because"] == {LEGACY_ONE_BY_ONE: 6}
+    assert legacy["evaluated_one_by_one_because"] == {LEGACY_EVALUATION: 8}
 
 
 def test_a_batched_run_repeats_to_the_last_bit(tmp_path):

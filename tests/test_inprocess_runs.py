@@ -101,10 +101,10 @@ def test_data_scarce_dirichlet_run_with_partial_participation(tmp_path):
 def test_run_without_any_successful_evaluation_fails_after_writing_results(tmp_path, monkeypatch):
     import client_apps.app as capp
 
-    def broken(self):
+    def broken(self, config):
         raise RuntimeError("test split unreadable")
 
-    monkeypatch.setattr(capp.Node, "evaluate", broken)
+    monkeypatch.setattr(capp.Node, "start_evaluate", broken)  # each evaluation, together or one by one
     with pytest.raises(RunFailed, match="no client evaluation produced a finite accuracy"):
         run_in_process({**SMALL, "num-rounds": 2, "output-dir": str(tmp_path)}, num_nodes=4)
     (run_dir,) = list(tmp_path.iterdir())

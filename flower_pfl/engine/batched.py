@@ -72,6 +72,16 @@ def unbatched(algorithm: type[ClientAlgorithm], model: nn.Module) -> str | None:
     return None
 
 
+def unbatched_evaluation(model: nn.Module) -> str | None:
+    """Why a round's clients evaluating ``model``'s architecture run their forward passes one by one, or
+    ``None``: a recurrent layer, or convolutions on the CPU."""
+    if any(isinstance(m, nn.RNNBase) for m in model.modules()):
+        return RECURRENT
+    if _on_cpu(model) and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()):
+        return CPU_CONVOLUTIONS
+    return None
+
+
 def _on_cpu(model: nn.Module) -> bool:
     return all(p.device.type == "cpu" for p in model.parameters())
 
