@@ -3,8 +3,7 @@ moving average of their trained local models that supervises the next local trai
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,25 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import (
-    Batch,
-    ClientAlgorithm,
-    ClientState,
-    LossFn,
-    keep,
-    load_stored,
-    setting,
-    sgd_step,
-    stored,
-    trainable,
-)
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, setting, stored
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.mmd import squared_mmd, widths_around_mean_distance
-from flower_pfl.engine.model_split import forward_with_features
 from flower_pfl.engine.params import AT_LEAST_ONE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
-from flower_pfl.methods.moon import frozen_features
 
 #: config keys: the largest inheritance μ, the transfer weight λ and the participations μ ramps over
 MU, LAMBDA, RAMP = "fedphp-mu", "fedphp-lambda", "fedphp-ramp"
@@ -68,6 +55,7 @@ class FedPHPClient(ClientAlgorithm):
     needs_state = keeps_state = True
     hookable = False
     evaluated_state = HPM_STATE
+    batched_state = ("hpm",)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -76,30 +64,32 @@ class FedPHPClient(ClientAlgorithm):
         self.ramp = int(setting(config, RAMP, "FedPHP"))
         if not (0 <= self.mu <= 1 and 0 <= self.lam <= 1 and self.ramp >= 1):
             raise ValueError(f"FedPHP needs 0 <= {MU} <= 1, 0 <= {LAMBDA} <= 1 and {RAMP} >= 1, got {self.mu}, {self.lam}, {self.ramp}")
-        self.hpm = copy.deepcopy(model)
-        load_stored(self.hpm, state, HPM_STATE)
-        self.hpm.requires_grad_(False)
-        count = stored(state, COUNT_STATE)
-        self.participations = 0 if count is None else int(count[0].item())
+        self.hpm = Functional(model).kept(state, HPM_STATE)  # the HPM's state
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        x, y = next_batch()
-        params = trainable(model)
-        for p in params:
-            p.grad = None
-        logits, features = forward_with_features(model, x)
-        ce = self.loss(logits, y)
-        loss = (1 - self.lam) * ce
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """One SGD step on ``(1 − λ) CE + λ MMD(h(x; w), h(x; HPM))``; the loss it reports is the CE."""
+        (x, y), = batches
         if self.lam > 0:
-            loss = loss + self.lam * transfer_mmd(features, frozen_features(self.hpm, x))
-        loss.backward()
-        sgd_step(params, lr)
-        return float(ce.detach())
+            with f.evaluating():  # the HPM teaches with its own running statistics, and leaves them as they are
+                teacher = f.with_features(self.hpm, x)[1]
+
+        def loss_of(w: State) -> tuple[torch.Tensor, torch.Tensor]:
+            logits, features = f.with_features(w, x)
+            ce = self.loss(logits, y)
+            loss = (1 - self.lam) * ce
+            if self.lam > 0:
+                loss = loss + self.lam * transfer_mmd(features, teacher)
+            return loss, ce
+
+        grads, _, _, state, ce = f.grad(loss_of, state, has_aux=True)
+        return f.with_params(state, sgd(f.params(state), grads, lr)), ce
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
-        mu = inheritance(self.mu, self.participations, self.ramp)
-        keep(self.state, HPM_STATE, [inherit(flatten_module(self.hpm), flatten_module(model), mu)])
-        keep(self.state, COUNT_STATE, [torch.tensor([self.participations + 1])])
+        count = stored(self.state, COUNT_STATE)
+        participations = 0 if count is None else int(count[0].item())
+        mu = inheritance(self.mu, participations, self.ramp)
+        keep(self.state, HPM_STATE, [inherit(Functional(model).flat(self.hpm), flatten_module(model), mu)])
+        keep(self.state, COUNT_STATE, [torch.tensor([participations + 1])])
         return {}
 
 

@@ -1,5 +1,5 @@
 """FedPHP (Li et al. 2021): the MMD and the inheritance schedule by hand, two rounds of a client by hand
-(the HPM kept in its state), its evaluation of the HPM, the server (FedAvg) with fabricated replies, what
+(the HPM kept in its state), its evaluation of the HPM, a round's clients trained together as one by one, the server (FedAvg) with fabricated replies, what
 it refuses, and a short run (λ = 0 trains as FedAvg)."""
 
 from __future__ import annotations
@@ -10,15 +10,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from floats import same_math
+from batching import BATCH, assert_together_is_one_by_one, clients, load
+from batching import LR as BATCH_LR
+from floats import assert_same_math, same_math
 
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module, load_flat_
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
-from flower_pfl.experiment.models import DNN
+from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.fedphp import (
     COUNT_STATE,
     HPM_STATE,
@@ -153,6 +156,36 @@ def test_the_client_evaluates_its_hpm_and_needs_the_packages_clientapp():
     for bad in ({"mu": 1.2}, {"lam": -0.1}, {"ramp": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             FedPHP(**bad)
+
+
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_train_together_as_one_by_one(name):
+    """A later round: each client's own HPM (its first round's local model; the first client has none: the
+    received model) teaches it, and each inherits with its own μ_k (participations 1, 2, 3); the models, losses,
+    HPMs and counts kept are the same both ways."""
+    model = build_model(name, (6,), 3, seed=0)
+    assert unbatched(FedPHPClient, model) is None
+    config = _config(lam=0.5, ramp=3)
+    datas, starts = clients(model, (6,))
+    firsts: list[dict] = [{} for _ in datas]
+    for i in range(1, len(datas)):
+        first = copy.deepcopy(model)
+        load(first, [t - 0.05 * i if t.is_floating_point() else t for t in starts[i]])
+        train_locally(FedPHPClient(first, config, firsts[i]), first, datas[i], steps=3, lr=BATCH_LR, batch_size=BATCH,
+                      generator=torch.Generator().manual_seed(10 + i))
+        firsts[i][COUNT_STATE] = [torch.tensor([i])]
+    made: list[dict] = []
+
+    def make(m, i):
+        made.append(dict(firsts[i]))
+        return FedPHPClient(m, config, made[-1])
+
+    assert_together_is_one_by_one(model, (6,), make)
+    assert len(made) == 2 * len(datas)
+    for alone, together in zip(made[:len(datas)], made[len(datas):]):
+        assert_same_math(together[HPM_STATE][0], alone[HPM_STATE][0])
+        assert torch.equal(together[COUNT_STATE][0], alone[COUNT_STATE][0])
+    assert [s[COUNT_STATE][0].item() for s in made[len(datas):]] == [1, 2, 3, 4]
 
 
 def test_the_server_is_fedavg_and_sends_the_knobs():
