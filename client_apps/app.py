@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -30,11 +30,13 @@ from flower_pfl.engine.batched import ClientRound, train_together, unbatched, un
 from flower_pfl.engine.client_algorithm import RESUMED_AFTER, SERVER_ROUND, Extras, LocalResult, TrainData, train_locally
 from flower_pfl.engine.evaluation import EvalResult, evaluate_together
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
+from flower_pfl.engine.precision import computing_in
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.experiment.build import dataset_shape, load_client_data, make_model, resolve_device, training_settings
 from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.data import ClientData
+from flower_pfl.experiment.data.placement import on_device
 from flower_pfl.methods.registry import client_algorithm_for
 from flower_pfl.run.quiet import silence_runtime_noise
 from strategies.arrays import numpy_record, record_numpy
@@ -83,15 +85,23 @@ class Node:
     def arrays(self) -> list[np.ndarray]:
         return [t.detach().cpu().numpy() for t in self.model.state_dict().values()]
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def _train_data(self) -> TrainData:
-        device = next(self.model.parameters()).device
-        return TrainData(self.data.x_train.to(device), self.data.y_train.to(device))
+        data = on_device(self.data, self.device)  # kept on the device for the run when it fits
+        return TrainData(data.x_train, data.y_train)
+
+    def computing(self) -> AbstractContextManager[None]:
+        """The arithmetic of the run config's ``precision`` (float32 by default)."""
+        return computing_in(self.cfg.precision, self.device)
 
     def fit(self, config: Mapping[str, Any]) -> tuple[dict[str, Any], Extras]:
         """Train with the client algorithm ``config`` names; returns the metrics and what the server
         needs back (the algorithm's bytes and receipt, ``ClientAlgorithm.finish``)."""
         r = self.start_fit(config)
-        with self.seeded_draws(config, "train"):
+        with self.seeded_draws(config, "train"), self.computing():
             result, extras = train_locally(r.algorithm, self.model, r.data, steps=r.steps, lr=r.lr, batch_size=r.batch_size,
                                            generator=r.generator)
         return self.end_fit(config, result), extras
@@ -101,7 +111,7 @@ class Node:
         """Torch's global random state, for one message, seeded by the run's seed, this client, the round and
         ``phase``, and restored after: the model's own draws (dropout) repeat run after run, whichever
         process serves the client."""
-        device = next(self.model.parameters()).device
+        device = self.device
         seed = np.random.SeedSequence([self.cfg.seed, self.partition_id, int(config.get(SERVER_ROUND, 0)),
                                        PHASES.index(phase)]).generate_state(1)[0]
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -129,8 +139,9 @@ class Node:
         """Evaluate on the test split the model the client algorithm ``config`` names makes from the
         received one (Ditto's personal model, pFedMe's θ_i with the global model's accuracy beside it,
         APFL's mixture, Per-FedAvg's one step on the training split; otherwise the received model)."""
-        evaluation = self.start_evaluate(config or {})
-        return evaluation.metrics(self._test(evaluation.model))
+        with self.computing():
+            evaluation = self.start_evaluate(config or {})
+            return evaluation.metrics(self._test(evaluation.model))
 
     def start_evaluate(self, config: Mapping[str, Any]) -> Evaluation:
         """The model this node evaluates for ``config`` (the node's model holds the received one), with the
@@ -143,8 +154,8 @@ class Node:
         return Evaluation(model, {"partition-id": self.partition_id, MODEL_FINGERPRINT: received, **extra})
 
     def _test_data(self) -> tuple[torch.Tensor, torch.Tensor]:
-        device = next(self.model.parameters()).device
-        return self.data.x_test.to(device), self.data.y_test.to(device)
+        data = on_device(self.data, self.device)
+        return data.x_test, data.y_test
 
     def _test(self, model: torch.nn.Module) -> EvalResult:
         return evaluate_model(model, *self._test_data())
@@ -246,7 +257,9 @@ def train_round(messages: Sequence[Message], contexts: Sequence[Context]) -> tup
         rounds.append(node.start_fit(config))
         names.append(list(received.keys()))
     replies = []
-    for node, msg, config, name, (tensors, result, extras) in zip(nodes, messages, configs, names, train_together(model, rounds)):
+    with nodes[0].computing():
+        trained = train_together(model, rounds)
+    for node, msg, config, name, (tensors, result, extras) in zip(nodes, messages, configs, names, trained):
         arrays = [t.cpu().numpy() for t in tensors]
         replies.append(_train_reply(msg, name, arrays, node.end_fit(config, result), extras))
     return replies, f"{algorithm.__name__}: {len(messages)} clients as one computation"
@@ -260,6 +273,12 @@ def evaluate_round(messages: Sequence[Message], contexts: Sequence[Context]) -> 
     nodes = [Node.from_context(c) for c in contexts]
     model = nodes[0].model
     why = unbatched_evaluation(model)
+    with nodes[0].computing():
+        return _evaluate_nodes(nodes, messages, model, why)
+
+
+def _evaluate_nodes(nodes: Sequence[Node], messages: Sequence[Message], model: torch.nn.Module,
+                    why: str | None) -> tuple[list[Message], list[str | None]]:
     configs = [_evaluation_config(m) for m in messages]
     evaluations: list[Evaluation] = []
     results: list[EvalResult | None] = []

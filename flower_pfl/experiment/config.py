@@ -21,6 +21,7 @@ from typing import Any
 
 from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.params import PERCENT
+from flower_pfl.engine.precision import PRECISIONS
 from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
 from flower_pfl.experiment.data.imports import is_import_path
 from flower_pfl.experiment.data.info import KIND_TEXT, DataInfo
@@ -111,6 +112,8 @@ class ExperimentConfig:
     #: data scarcity (-1: ``seed``, so each seed draws its own data); fixed, runs with other seeds share the data
     data_seed: int = -1
     device: str = "auto"
+    #: the clients' arithmetic: "float32" (exact), or on CUDA "tf32" / "bfloat16" (``flower_pfl.engine.precision``)
+    precision: str = "float32"
     output_dir: str = "results"
     #: where the server keeps the per-client models: "memory", or "disk" (memory-mapped files in the results folder)
     store: str = "memory"
@@ -172,7 +175,7 @@ class ExperimentConfig:
         options = {key: spec.default for key, spec in specs.items()} | dict(self.options)
         object.__setattr__(self, "options", options)
         choices = {
-            "method": registry.methods(), "aggregation": registry.aggregations(), "api": APIS, "device": DEVICES,
+            "method": registry.methods(), "aggregation": registry.aggregations(), "api": APIS, "device": DEVICES, "precision": PRECISIONS,
             "partition": PARTITIONS, "data_source": DATA_SOURCES, "store": STORES, "init": INITS,
         }
         for name, allowed in choices.items():
@@ -203,6 +206,8 @@ class ExperimentConfig:
             _fail(problem[0], self.to_run_config()[problem[0]], problem[1])
         self._check_data_and_model()
         self._check_init()
+        if self.precision != "float32" and self.device == "cpu":
+            _fail("precision", self.precision, "'float32' with device 'cpu' (tf32 and bfloat16 run on CUDA only)")
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
         if self.data_seed < -1:
