@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,17 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import (
-    LOCAL_STEPS,
-    Batch,
-    ClientAlgorithm,
-    ClientState,
-    LossFn,
-    TrainData,
-    setting,
-    sgd_step,
-    trainable,
-)
+from flower_pfl.engine.client_algorithm import LOCAL_STEPS, Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
 from flower_pfl.engine.feature_stats import (
     FeatureStats,
     class_statistics,
@@ -30,9 +20,10 @@ from flower_pfl.engine.feature_stats import (
     received_statistics,
     representation_size,
 )
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_facts import ModelFacts
-from flower_pfl.engine.model_split import body_slice, drop_frozen, forward_with_features, head_flags, head_module, head_slice
+from flower_pfl.engine.model_split import body_slice, drop_frozen, head_flags, head_module, head_slice
 from flower_pfl.engine.params import NON_NEGATIVE, NON_NEGATIVE_INT, param
 from flower_pfl.engine.reply_checks import Reply, norm
 from flower_pfl.engine.server_algorithm import Settings
@@ -118,6 +109,7 @@ class FedPACClient(ClientAlgorithm):
     name = "fedpac"
     hookable = False
     reply_keys = (STATISTICS, LOCAL_PROTOTYPES)
+    batched_state = ("prototypes",)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -130,38 +122,44 @@ class FedPACClient(ClientAlgorithm):
             raise ValueError(f"FedPAC needs 0 <= {HEAD_STEPS} < {LOCAL_STEPS} (a body step), got {self.head_steps} of {total}")
         self.in_head = head_flags(model, 1)
         head = head_module(model)
-        self.prototypes: tuple[torch.Tensor, torch.Tensor] | None = None
+        flags, prototypes = torch.zeros(head.out_features), torch.zeros(head.out_features, head.in_features)
         if PROTOTYPES in config:
             flags, prototypes = decode_prototypes(config[PROTOTYPES], head.out_features, head.in_features, PROTOTYPES)
-            self.prototypes = prototypes.to(head.weight), (flags > 0).to(head.weight.device)
-        self.data: TrainData | None = None
-        self.received_stats: FeatureStats | None = None
+        #: the global prototypes and which classes have one (none before the server has any: no pull)
+        self.prototypes = [prototypes.to(head.weight), (flags > 0).to(head.weight.device)]
+        #: the training split (x, y) and the received representation's statistics (shares, means,
+        #: variances), set by ``begin``: tuples of tensors, each client's own (not settings its round's
+        #: clients share, which a batched round groups them by)
+        self.split: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.received_stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def begin(self, model: nn.Module, data: TrainData) -> TrainData:
-        self.data, self.received_stats = data, class_statistics(model, data.x, data.y)
+        stats = class_statistics(model, data.x, data.y)
+        self.split, self.received_stats = (data.x, data.y), (stats.shares, stats.means, stats.variances)
         return data
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        x, y = next_batch()
-        params = trainable(model)
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """A head step (step ``self.steps`` < ``fedpac-head-steps``: the cross-entropy, body frozen) or a body
+        step (the cross-entropy plus λ times the alignment to the global prototypes, head frozen)."""
+        (x, y), = batches
         training_head = self.steps < self.head_steps
-        logits, z = forward_with_features(model, x)
-        loss = self.loss(logits, y)
-        total = loss
-        if not training_head and self.prototypes is not None and self.lam > 0:
-            total = loss + self.lam * prototype_loss(z, y, *self.prototypes)
-        grads = torch.autograd.grad(total, params, allow_unused=True)
-        for p, g in zip(params, drop_frozen(list(grads), [is_head != training_head for is_head in self.in_head])):
-            p.grad = g
-        sgd_step(params, lr)
-        self.steps += 1
-        return float(loss.detach())
+
+        def loss_of(s: State) -> tuple[torch.Tensor, torch.Tensor]:
+            logits, z = f.with_features(s, x)
+            loss = self.loss(logits, y)
+            if training_head or self.lam == 0:
+                return loss, loss
+            return loss + self.lam * prototype_loss(z, y, *self.prototypes), loss
+
+        grads, _, _, state, loss = f.grad(loss_of, state, has_aux=True)
+        frozen = [is_head != training_head for is_head in self.in_head]
+        return f.with_params(state, sgd(f.params(state), drop_frozen(grads, frozen), lr)), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
-        if self.data is None or self.received_stats is None:
+        if self.split is None or self.received_stats is None:
             raise ValueError("FedPAC's statistics are those of the whole training split: run it in client_apps.app's ClientApp")
-        return {STATISTICS: self.received_stats.encode(),
-                LOCAL_PROTOTYPES: class_statistics(model, self.data.x, self.data.y).encode()}
+        return {STATISTICS: FeatureStats(*self.received_stats).encode(),
+                LOCAL_PROTOTYPES: class_statistics(model, *self.split).encode()}
 
 
 @dataclass

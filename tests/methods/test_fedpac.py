@@ -10,17 +10,21 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import STEPS, assert_together_is_one_by_one
+from floats import assert_same_math
 from flwr.app import RecordDict
 
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import _settings, unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.feature_stats import FeatureStats, class_statistics
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.model_split import head_module
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
 from flower_pfl.engine.wire import encode_vector
-from flower_pfl.experiment.models import DNN
+from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.fedpac import (
     HEAD_STEPS,
     LAMBDA,
@@ -142,6 +146,34 @@ def test_the_first_round_has_no_alignment():
                   generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(flatten_module(plain), flatten_module(unaligned))
     assert not torch.allclose(flatten_module(with_pull), flatten_module(plain), atol=1e-4)
+
+
+def _same_statistics(a: dict, b: dict, classes: int, dim: int) -> None:
+    """The received representation's statistics bit for bit, the trained one's within reordered float sums."""
+    assert a[STATISTICS] == b[STATISTICS] and a[CLIENT_ALGORITHM] == b[CLIENT_ALGORITHM] == "fedpac"
+    x, y = (FeatureStats.decode(e[LOCAL_PROTOTYPES], classes, dim) for e in (a, b))
+    for field in ("shares", "means", "variances"):
+        assert_same_math(getattr(y, field), getattr(x, field))
+
+
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+@pytest.mark.parametrize("aligned", [False, True], ids=["first-round", "with-prototypes"])
+def test_a_round_s_clients_train_as_one_computation(name, aligned):
+    """Head steps then body steps, as one by one: the first round (no prototypes yet) and a later one (the
+    pull toward the global prototypes of the classes that have one), as the server sends them."""
+    model = build_model(name, (6,), 3)
+    assert unbatched(FedPACClient, model) is None
+    head = head_module(model)
+    classes, dim = head.out_features, head.in_features
+    server = FedPAC(lam=1.5, head_steps=2)
+    server.prototypes = torch.randn(classes, dim, generator=torch.Generator().manual_seed(5))
+    server.known = torch.tensor([True, False, True]) if aligned else torch.zeros(classes, dtype=torch.bool)
+    config = {LR: 0.05, LOCAL_STEPS: STEPS, **server.train_config(4)}
+    assert (PROTOTYPES in config) == aligned
+    made = [FedPACClient(model, config) for _ in range(2)]
+    assert _settings(made[0]) == _settings(made[1])  # nothing of a client's own keeps it out of the round's group
+    assert_together_is_one_by_one(model, (6,), lambda m, i: FedPACClient(m, config),
+                                  lambda a, b: _same_statistics(a, b, classes, dim))
 
 
 def test_the_client_needs_the_package_loop_and_good_settings():
