@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, setting, stored
-from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
+from flower_pfl.engine.functional import Functional, State
+from flower_pfl.engine.layout import ParamLayout, flatten_module
 from flower_pfl.engine.params import NON_NEGATIVE, NON_NEGATIVE_INT, one_of, param
 from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm
 from flower_pfl.engine.wire import decode_flat, encode_vector
@@ -49,12 +49,15 @@ class APPLEClient(ClientAlgorithm):
     received model, the only one it trains) and the others' (``apple-cores``, cached in the client
     state between rounds) steps the own core with the round's ``lr`` and ``p_i`` with ``apple-p-lr``
     (``mixture_gradients``). ``p_i`` starts uniform over the cores the client knows, a core it meets
-    later at 0; ``p0`` is uniform. The client keeps ``p_i``, the cores and ``θ̂_i``, and evaluates ``θ̂_i``."""
+    later at 0; ``p0`` is uniform. The client keeps ``p_i``, the cores and ``θ̂_i``, and evaluates ``θ̂_i``.
+    A round's clients that know as many cores train as one computation (``cores``: a group's setting)."""
 
     name = "apple"
     evaluated_state = PERSONAL_STATE  # θ̂_i of the client's last round
     keeps_state = needs_state = True
     hookable = False
+    carried = ("p",)
+    batched_state = ("others", "p0")
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -68,15 +71,16 @@ class APPLEClient(ClientAlgorithm):
         cache = dict(zip(*self._kept(CORES_STATE, own.numel()))) if stored(state, CORES_STATE) else {}
         cache.update(zip(slots[1:], received))
         cache.pop(slots[0], None)
-        self.own_slot, self.slots = slots[0], sorted(cache)
-        self.others = torch.stack([cache[s] for s in self.slots]).to(own) if cache else own.new_zeros((0, own.numel()))
+        order = [slots[0], *sorted(cache)]
+        #: the slots of the cores, the client's own first (a tensor: each client's own, not a setting of the round)
+        self.order = torch.tensor(order, dtype=torch.float32)
+        #: the cores the client knows, its own among them: clients that know as many train together
+        self.cores = len(order)
+        self.others = torch.stack([cache[s] for s in order[1:]]).to(own) if cache else own.new_zeros((0, own.numel()))
         known = dict(zip(*self._kept(P_STATE, 1))) if stored(state, P_STATE) else {}
-        n = 1 + len(self.slots)
-        order = [self.own_slot, *self.slots]
-        self.p = torch.tensor([float(known.get(s, torch.zeros(1))) if known else 1.0 / n for s in order])
-        self.p0 = torch.full((n,), 1.0 / n)
-        self.layout = ParamLayout.from_module(model)
-        self.param_names = {name for name, p in model.named_parameters() if p.requires_grad}
+        self.p = torch.tensor([float(known.get(s, torch.zeros(1))) if known else 1.0 / self.cores for s in order]).to(own)
+        self.p0 = torch.full((self.cores,), 1.0 / self.cores).to(own)
+        self.columns = ParamLayout.from_module(model).tensor_slices()  # each state entry's columns of a flat core
 
     def _kept(self, key: str, width: int) -> tuple[list[int], list[torch.Tensor]]:
         slots, values = stored(self.state, key)  # type: ignore[misc]
@@ -84,26 +88,27 @@ class APPLEClient(ClientAlgorithm):
 
     def personal(self, own: torch.Tensor) -> torch.Tensor:
         """``θ̂ = Σ_j p_j θ_j`` with the client's own core ``own``."""
-        return self.p[0] * own + self.p[1:].to(own) @ self.others
+        return self.p[0] * own + self.p[1:] @ self.others
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        x, y = next_batch()
-        before = flatten_module(model)
-        mixed = self.personal(before).detach().requires_grad_(True)
-        params = {k: v for k, v in self.layout.unflatten(mixed).items() if k in self.param_names}
-        loss = self.loss_fn(functional_call(model, params, (x,)), y)
-        (grad,) = torch.autograd.grad(loss, mixed)
-        own_grad, p_grad = mixture_gradients(torch.cat([before[None], self.others]), self.p.to(before),
-                                             self.p0.to(before), grad, self.reg)
-        load_flat_(model, flatten_module(model) - lr * own_grad)  # buffers as the forward pass left them
-        self.p = (self.p - self.p_lr * p_grad.cpu()).float()
-        self.steps += 1
-        return float(loss.detach())
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """The loss of ``θ̂`` (the own core's buffers, which its forward pass updates), then SGD steps of the
+        own core and of ``p`` by ``mixture_gradients``."""
+        (x, y), = batches
+        own = torch.cat([t.reshape(-1).to(torch.float32) for t in state])  # flatten_module's layout
+        mixed = self.personal(own)
+        parts = [mixed[c].view(t.shape).to(t.dtype) for c, t, train in zip(self.columns, state, f.trains) if train]
+        grads, _, loss, state, _ = f.grad(lambda s: self.loss(f(s, x), y), f.with_params(state, parts))
+        grad = torch.cat([g.reshape(-1).to(torch.float32)  # ∂L/∂θ̂, 0 at the buffers (flatten_module's layout)
+                          for g in f.join(grads, [torch.zeros_like(t) for t in f.others(state)])])
+        own_grad, p_grad = mixture_gradients(torch.cat([own[None], self.others]), self.p, self.p0, grad, self.reg)
+        params = [(own[c] - lr * own_grad[c]).view(t.shape).to(t.dtype)
+                  for c, t, train in zip(self.columns, state, f.trains) if train]
+        self.p = self.p - self.p_lr * p_grad
+        return f.with_params(state, params), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
-        slots = torch.tensor([self.own_slot, *self.slots], dtype=torch.float32)
-        keep(self.state, P_STATE, [slots, self.p])
-        keep(self.state, CORES_STATE, [slots[1:], self.others.flatten()])
+        keep(self.state, P_STATE, [self.order, self.p])
+        keep(self.state, CORES_STATE, [self.order[1:], self.others.flatten()])
         keep(self.state, PERSONAL_STATE, [self.personal(flatten_module(model))])
         return {}
 

@@ -2,21 +2,25 @@
 (p_i and the cores kept in the state, a core met later), the evaluated personalized model, the
 server's slots, downloads and regularizer weight, and a short whole run."""
 
+import copy
 import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import assert_together_is_one_by_one, clients, one_by_one
+from floats import assert_same_math
 from flwr.app import RecordDict
 
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import _settings, unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.wire import decode_flat, encode_vector
-from flower_pfl.experiment.models import MLR
+from flower_pfl.experiment.models import MLR, build_model
 from flower_pfl.methods.apple import (
     APPLE,
     CORES,
@@ -137,6 +141,39 @@ def test_the_client_evaluates_its_personalized_model_and_needs_state():
     assert torch.equal(flatten_module(APPLEClient.evaluation_model(fresh, {}, {}, None, None)[0]), before)  # before any round
     with pytest.raises(ValueError, match="state"):
         APPLEClient(model, _config([0], torch.zeros(0)))
+
+
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+@pytest.mark.parametrize("downloads", [0, 2], ids=["all-cores", "two-cores-each"])
+def test_a_round_s_clients_train_as_one_computation(name, downloads):
+    """The second round, each client with its own p_i and cached cores from the first (with two downloads
+    each, some know more cores than others: groups of their own), as one by one: the models, and the
+    p_i and θ̂_i each client keeps."""
+    model = build_model(name, (6,), 3)
+    assert unbatched(APPLEClient, model) is None
+    datas, starts = clients(model, (6,))
+    server = MethodServer(APPLE(p_lr=0.05, mu=0.5, schedule_rounds=4, downloads=downloads), clients_per_round=4, seed=2)
+    server.initialize({k: v.numpy() for k, v in model.state_dict().items()})
+    server.method.store.put(list(range(4)), torch.stack([torch.cat([t.flatten().float() for t in s]) for s in starts]))
+    states: list[dict] = [{} for _ in range(4)]
+    first = {ins.client_id: ins.config for ins in server.plan_training(1, list(range(4)))}
+    one_by_one(model, datas, starts, lambda m, i: APPLEClient(m, {**first[i], LR: 0.05}, states[i]))
+    assert len({len(s[P_STATE][0]) for s in states}) == 1 and not torch.equal(states[0][P_STATE][1], states[1][P_STATE][1])
+    second = {ins.client_id: ins.config for ins in server.plan_training(2, list(range(4)))}
+    made: list[APPLEClient] = []
+
+    def make(m, i):
+        made.append(APPLEClient(m, {**second[i], LR: 0.05}, copy.deepcopy(states[i])))
+        return made[-1]
+
+    assert_together_is_one_by_one(model, (6,), make)
+    alone, together = made[:4], made[4:]
+    if downloads == 0:  # every client knows every core: one group (but the client with fewer examples than a batch)
+        assert len({_settings(a) for a in together}) == 1
+    for a, b in zip(alone, together):
+        for key in (P_STATE, CORES_STATE, PERSONAL_STATE):
+            for x, y in zip(a.state[key], b.state[key]):
+                assert_same_math(y, x)
 
 
 def test_not_a_hook_on_a_users_loop():
