@@ -10,19 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import (
-    Batch,
-    ClientAlgorithm,
-    ClientState,
-    LossFn,
-    TrainData,
-    keep,
-    setting,
-    sgd_step,
-    stored,
-    trainable,
-)
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, setting, stored
 from flower_pfl.engine.feature_stats import representation_size
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import head_module
@@ -40,9 +30,11 @@ RUNNING_MEAN = "feddbe-running-mean"
 PRBM = "feddbe-prbm"
 
 
-def forward_shifted(model: nn.Module, x: torch.Tensor, shift: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_shifted(model: nn.Module, x: torch.Tensor, shift: torch.Tensor | None,
+                    run: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(head(z + shift), z)``: the model's logits with ``shift`` added to its representation ``z`` (the
-    input of its last ``nn.Linear``) and ``z`` itself, both with their gradients (``shift`` ``None``: the plain model)."""
+    input of its last ``nn.Linear``) and ``z`` itself, both with their gradients (``shift`` ``None``: the plain
+    model). ``run`` calls the model (default ``model(x)``; a ``Functional``'s call on a state)."""
     captured: list[torch.Tensor] = []
 
     def pre_hook(_module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -51,7 +43,7 @@ def forward_shifted(model: nn.Module, x: torch.Tensor, shift: torch.Tensor | Non
 
     handle = head_module(model).register_forward_pre_hook(pre_hook)
     try:
-        logits = model(x)
+        logits = model(x) if run is None else run(x)
     finally:
         handle.remove()
     return logits, captured[0].flatten(1)
@@ -94,6 +86,8 @@ class FedDBEClient(ClientAlgorithm):
     needs_state = keeps_state = True
     hookable = False
     reply_keys = (RUNNING_MEAN,)
+    carried = ("prbm", "running")
+    batched_state = ("consensus",)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -105,33 +99,33 @@ class FedDBEClient(ClientAlgorithm):
             raise ValueError(f"FedDBE's momentum must lie in (0, 1], got {self.momentum}")
         self.prbm = prbm_vector(model, state)
         head = head_module(model)
+        #: whether the server sent its consensus (the rounds after the first): PRBM and MR train
+        self.regularized = CONSENSUS in config
         self.consensus = (decode_flat(config[CONSENSUS], head.in_features, CONSENSUS).to(self.prbm)
-                          if CONSENSUS in config else None)
+                          if self.regularized else torch.zeros_like(self.prbm))
         self.running = torch.zeros_like(self.prbm)
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        x, y = next_batch()
-        params = trainable(model)
-        prbm = None if self.consensus is None else self.prbm.detach().requires_grad_(True)  # round 1: no PRBM, no MR
-        logits, z = forward_shifted(model, x, prbm)
-        running = (1 - self.momentum) * self.running + self.momentum * z.mean(0)
-        loss = self.loss(logits, y)
-        total = loss if self.consensus is None else loss + mean_regularization(running, self.consensus, self.kappa)
-        grads = torch.autograd.grad(total, params if prbm is None else [*params, prbm], allow_unused=True)
-        self.running = running.detach()
-        if prbm is not None:
-            with torch.no_grad():
-                self.prbm = prbm.detach() - lr * grads[-1]
-            grads = grads[:-1]
-        for p, g in zip(params, grads):
-            p.grad = g
-        sgd_step(params, lr)
-        self.steps += 1
-        return float(loss.detach())
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """The running mean's update and one SGD step: of the model on CE (the first round), or of the model
+        and the PRBM vector on CE + MR (later rounds). The loss it reports is the CE."""
+        (x, y), = batches
+
+        def loss_of(w: State, *prbm: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+            logits, z = forward_shifted(f.model, x, prbm[0] if prbm else None, lambda inputs: f(w, inputs))
+            running = (1 - self.momentum) * self.running + self.momentum * z.mean(0)
+            loss = self.loss(logits, y)
+            total = loss + mean_regularization(running, self.consensus, self.kappa) if prbm else loss
+            return total, (loss, running)
+
+        prbm = (self.prbm,) if self.regularized else ()  # the first round: no PRBM, no MR
+        grads, prbm_grad, _, state, (loss, self.running) = f.grad(loss_of, state, *prbm, has_aux=True)
+        if self.regularized:
+            self.prbm = self.prbm - lr * prbm_grad[0]
+        return f.with_params(state, sgd(f.params(state), grads, lr)), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, PRBM, [self.prbm])
-        if self.consensus is not None:  # the server has its consensus and asks for nothing more
+        if self.regularized:  # the server has its consensus and asks for nothing more
             return {}
         return {RUNNING_MEAN: encode_vector(self.running)}
 

@@ -1,24 +1,31 @@
 """FedDBE: MR and the shifted representation by hand, the first round's plain steps and running mean, a
-step with PRBM and MR by hand (nothing sent but the model then), the kept PRBM and its evaluation, FedAvg and the consensus (once) on the
+step with PRBM and MR by hand (nothing sent but the model then), the kept PRBM and its evaluation, a round's
+clients trained together as one by one (in one group, both phases), FedAvg and the consensus (once) on the
 server with fabricated replies, what it refuses, a short run (its first round is FedAvg's)."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from floats import same_math
+from batching import BATCH, assert_together_is_one_by_one, clients, load
+from batching import LR as BATCH_LR
+from floats import assert_same_math, same_math
 from flwr.app import RecordDict
 
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import _settings, unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
+from flower_pfl.engine.model_split import head_module
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
 from flower_pfl.engine.wire import decode_flat, encode_vector
-from flower_pfl.experiment.models import DNN
+from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.feddbe import (
     CONSENSUS,
     KAPPA,
@@ -138,6 +145,46 @@ def test_the_client_needs_the_package_loop_and_good_settings():
     for momentum in (0.0, 1.5):
         with pytest.raises(ValueError, match="momentum"):
             FedDBE(momentum=momentum)
+
+
+@pytest.mark.parametrize("consensus", [False, True], ids=["first-round", "later-round"])
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_train_together_as_one_by_one(name, consensus):
+    """The first round (plain steps, the running means sent) and a later one (each client's own PRBM from its first
+    round, the first client's zeros, trained with MR toward the consensus): the models, losses, running means sent
+    and PRBMs kept are the same both ways, and a round's clients, whatever their PRBMs, are one group."""
+    model = build_model(name, (6,), 3, seed=0)
+    assert unbatched(FedDBEClient, model) is None
+    dim = head_module(model).in_features
+    config = {**CONFIG, LR: BATCH_LR}
+    datas, starts = clients(model, (6,))
+    firsts: list[dict] = [{} for _ in datas]
+    for i in range(1, len(datas)):
+        first = copy.deepcopy(model)
+        load(first, starts[i])
+        train_locally(FedDBEClient(first, {**config, CONSENSUS: encode_vector(torch.full((dim,), 0.1))}, firsts[i]), first,
+                      datas[i], steps=3, lr=BATCH_LR, batch_size=BATCH, generator=torch.Generator().manual_seed(10 + i))
+    if consensus:
+        config[CONSENSUS] = encode_vector(torch.linspace(-0.5, 0.5, dim))
+    made: list[tuple[dict, FedDBEClient]] = []
+
+    def make(m, i):
+        state = dict(firsts[i])
+        made.append((state, FedDBEClient(m, config, state)))
+        return made[-1][1]
+
+    def same_extras(alone, together):
+        assert alone.keys() == together.keys() == ({CLIENT_ALGORITHM} if consensus else {CLIENT_ALGORITHM, RUNNING_MEAN})
+        if not consensus:
+            assert_same_math(decode_flat(together[RUNNING_MEAN], dim), decode_flat(alone[RUNNING_MEAN], dim))
+
+    assert_together_is_one_by_one(model, (6,), make, same_extras)
+    n = len(datas)
+    assert len(made) == 2 * n and len({_settings(algorithm) for _, algorithm in made}) == 1
+    for (alone, _), (together, _) in zip(made[:n], made[n:]):
+        assert_same_math(together[PRBM][0], alone[PRBM][0])
+    moved = [not torch.equal(made[i][0][PRBM][0], firsts[i].get(PRBM, [torch.zeros(dim)])[0]) for i in range(n)]
+    assert moved == [consensus] * n  # the PRBM trains only with the consensus
 
 
 # --- the server -----------------------------------------------------------------------------------
