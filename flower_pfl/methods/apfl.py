@@ -5,7 +5,7 @@ mixing), where ``w`` is the FedAvg model."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, load_stored, stored, trainable
-from flower_pfl.engine.layout import flatten_module
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, load_stored, stored
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
@@ -49,7 +49,8 @@ class APFLClient(ClientAlgorithm):
     """APFL's client (Algorithm 1), per minibatch: ``w ← w − η ∇f(w)``; with the mixture's loss
     ``f(α v(x) + (1 − α) w(x))`` at the same minibatch and the step's starting ``w`` (held fixed),
     ``v ← v − η ∇_v`` and ``α ← clip(α − η_α ∂/∂α, 0, 1)``. The personal model starts as the first
-    global model the client receives, α as ``apfl-alpha-init``."""
+    global model the client receives, α as ``apfl-alpha-init``; both (v's state and α, a 0-d tensor)
+    are carried from step to step."""
 
     keeps_state = True
     name = "apfl"
@@ -57,37 +58,41 @@ class APFLClient(ClientAlgorithm):
     hookable = False
 
 
+    carried = ("personal", "alpha")
+
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
         super().__init__(model, config, state, loss_fn)
-        known = _personal(model, state)
-        self.personal, self.alpha = known if known is not None else (copy.deepcopy(model), float(config[ALPHA_INIT]))
+        kept = stored(state, PERSONAL_STATE)
+        alpha = float(kept[1][0]) if kept is not None else float(config[ALPHA_INIT])
         self.alpha_lr = float(config[ALPHA_LR])
-        if self.alpha_lr < 0 or not 0 <= self.alpha <= 1:
+        if self.alpha_lr < 0 or not 0 <= alpha <= 1:
             raise ValueError("APFL needs alpha_lr >= 0 and 0 <= alpha <= 1")
+        self.personal = Functional(model).kept(state, PERSONAL_STATE)  # v's state
+        self.alpha = torch.tensor(alpha, dtype=torch.float32, device=self.personal[0].device)
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        x, y = next_batch()
-        w_params, v_params = trainable(model), trainable(self.personal)
-        self.personal.train()
-        out_w = model(x)
-        loss = self.loss_fn(out_w, y)
-        grads = torch.autograd.grad(loss, w_params)
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """The global model's SGD step; the personal model's and α's on the mixture with ``w(x)`` from
+        before that step, on the same minibatch."""
+        (x, y), = batches
+
+        def global_loss(w: State) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = f(w, x)
+            return self.loss(logits, y), logits
+
+        grads, _, loss, state, out_w = f.grad(global_loss, state, has_aux=True)
         fixed = out_w.detach()  # the mixture uses w before its step (Algorithm 1)
-        with torch.no_grad():
-            for p, g in zip(w_params, grads):
-                p.sub_(lr * g)
-        a = torch.tensor(float(self.alpha), requires_grad=True)
-        mixed = self.loss_fn(a * self.personal(x) + (1 - a) * fixed, y)
-        *v_grads, a_grad = torch.autograd.grad(mixed, [*v_params, a])
-        with torch.no_grad():
-            for p, g in zip(v_params, v_grads):
-                p.sub_(lr * g)
-        self.alpha = float(min(1.0, max(0.0, self.alpha - self.alpha_lr * float(a_grad))))
-        return float(loss.detach())
+
+        def mixed_loss(v: State, a: torch.Tensor) -> torch.Tensor:
+            return self.loss(a * f(v, x) + (1 - a) * fixed, y)
+
+        v_grads, (a_grad,), _, personal, _ = f.grad(mixed_loss, self.personal, self.alpha)
+        self.personal = f.with_params(personal, sgd(f.params(personal), v_grads, lr))
+        self.alpha = torch.clamp(self.alpha - self.alpha_lr * a_grad, 0.0, 1.0)
+        return f.with_params(state, sgd(f.params(state), grads, lr)), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
-        keep(self.state, PERSONAL_STATE, [flatten_module(self.personal), torch.tensor([self.alpha], dtype=torch.float32)])
+        keep(self.state, PERSONAL_STATE, [Functional(model).flat(self.personal), self.alpha.detach().reshape(1).float()])
         return {}
 
     @classmethod

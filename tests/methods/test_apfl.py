@@ -7,11 +7,15 @@ import fabricate as fb
 import numpy as np
 import pytest
 import torch
+from batching import BATCH, assert_together_is_one_by_one, clients, load
+from batching import LR as BATCH_LR
+from floats import assert_same_math
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 import strategies.message
 from client_apps.app import Node
 from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module, load_flat_
@@ -19,7 +23,7 @@ from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ExperimentConfig
-from flower_pfl.experiment.models import MLR
+from flower_pfl.experiment.models import MLR, build_model
 from flower_pfl.methods.apfl import ALPHA_INIT, ALPHA_LR, APFL, PERSONAL_STATE, APFLClient, Mixture
 
 from .runs import assert_as_recorded
@@ -124,6 +128,40 @@ def test_alpha_stays_in_the_unit_interval():
     state = {}
     _train(w, state, _config(alpha_lr=0.0, alpha_init=0.7), steps=5, seed=2)
     assert abs(_personal(state, w)[1] - 0.7) < 1e-7  # alpha_lr = 0 keeps α fixed
+
+
+@pytest.mark.parametrize("alpha_lr", [0.02, 1e4], ids=["default", "clipped"])
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_train_together_as_one_by_one(name, alpha_lr):
+    """A second round: each client continues from the personal model and α its first round left (the first
+    client never trained: the received model and α's start); the models, losses, kept v and α are the same
+    both ways (α_lr = 10⁴ drives α onto the clip)."""
+    model = build_model(name, (6,), 3, seed=0)
+    assert unbatched(APFLClient, model) is None
+    config = {CLIENT_ALGORITHM: "apfl", LR: BATCH_LR, **APFL(alpha_lr=alpha_lr).train_config(4)}
+    datas, starts = clients(model, (6,))
+    firsts: list[dict] = [{} for _ in datas]
+    for i in range(1, len(datas)):
+        first = copy.deepcopy(model)
+        load(first, starts[i])
+        train_locally(APFLClient(first, config, firsts[i]), first, datas[i], steps=3, lr=BATCH_LR, batch_size=BATCH,
+                      generator=torch.Generator().manual_seed(10 + i))
+    made: list[dict] = []
+
+    def make(m, i):
+        made.append(dict(firsts[i]))
+        return APFLClient(m, config, made[-1])
+
+    assert_together_is_one_by_one(model, (6,), make)
+    assert len(made) == 2 * len(datas)
+    for alone, together in zip(made[:len(datas)], made[len(datas):]):
+        for a, b in zip(alone[PERSONAL_STATE], together[PERSONAL_STATE]):
+            assert_same_math(b, a)
+    alphas = [float(kept[PERSONAL_STATE][1][0]) for kept in made[:len(datas)]]
+    if alpha_lr > 1:
+        assert set(alphas) <= {0.0, 1.0}  # every step's α lands on the clip
+    else:
+        assert len(set(alphas)) > 1 and all(0.0 < a < 1.0 for a in alphas)  # each client's own α
 
 
 def test_the_client_algorithm_needs_state_and_is_no_hook_on_a_users_loop():
