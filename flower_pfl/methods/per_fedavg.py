@@ -3,7 +3,7 @@ adapts well after one local step; a client's personalized model is that one step
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting, trainable
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.params import POSITIVE, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
@@ -46,19 +47,20 @@ class PerFedAvgClient(ClientAlgorithm):
     hookable = False
 
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        alpha = float(self.config[ALPHA])
-        params = trainable(model)
-        start = [p.detach().clone() for p in params]
-        grads, loss = _grads(model, *next_batch(), self.loss_fn)
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.sub_(alpha * g)
-        grads, _ = _grads(model, *next_batch(), self.loss_fn)
-        with torch.no_grad():
-            for p, s, g in zip(params, start, grads):
-                p.copy_(s - lr * g)
-        return loss
+    minibatches = 2
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        super().__init__(model, config, state, loss_fn)
+        self.alpha = float(setting(config, ALPHA, "Per-FedAvg"))
+
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """The step reports ``f(w; D)``; the running statistics follow both forward passes, ``D``'s then ``D'``'s."""
+        (x, y), (x2, y2) = batches
+        w = f.params(state)
+        grads, _, loss, state, _ = f.grad(lambda s: self.loss(f(s, x), y), state)
+        grads, _, _, state, _ = f.grad(lambda s: self.loss(f(s, x2), y2), f.with_params(state, sgd(w, grads, self.alpha)))
+        return f.with_params(state, sgd(w, grads, lr)), loss
 
     @classmethod
     def evaluation_model(cls, model: nn.Module, config: Mapping[str, Any], state: ClientState | None, train: TrainData,

@@ -7,12 +7,15 @@ import fabricate as fb
 import numpy as np
 import pytest
 import torch
+from batching import LR as BATCH_LR
+from batching import assert_together_is_one_by_one
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 import flower_pfl.methods.per_fedavg as pf
 import strategies.message
 from client_apps.app import Node
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
@@ -20,7 +23,7 @@ from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ExperimentConfig
-from flower_pfl.experiment.models import MLR
+from flower_pfl.experiment.models import MLR, build_model
 from flower_pfl.methods.per_fedavg import ADAPT, ALPHA, PerFedAvg, PerFedAvgClient, adapt_one_step
 
 from .runs import assert_as_recorded
@@ -73,6 +76,16 @@ def test_adaptation_is_one_full_batch_gradient_step():
     before = flatten_module(model)
     adapt_one_step(model, x[:0], y[:0], 0.05)  # no training data: no step
     assert torch.equal(before, flatten_module(model))
+
+
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_train_together_as_one_by_one(name):
+    """Each client's two minibatches per step from its own stream, the inner step α as the server sends it:
+    the models (running statistics after both forward passes) and losses are the same both ways."""
+    model = build_model(name, (6,), 3, seed=0)
+    assert unbatched(PerFedAvgClient, model) is None
+    config = {CLIENT_ALGORITHM: "per-fedavg", LR: BATCH_LR, **PerFedAvg(alpha=0.2).train_config(4)}
+    assert_together_is_one_by_one(model, (6,), lambda m, i: PerFedAvgClient(m, config))
 
 
 def test_the_client_algorithm_is_no_hook_on_a_users_loop_and_keeps_no_state():
