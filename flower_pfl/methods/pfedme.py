@@ -16,20 +16,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
-from flower_pfl.engine.client_algorithm import (
-    Batch,
-    ClientAlgorithm,
-    ClientState,
-    LossFn,
-    TrainData,
-    keep,
-    setting,
-    sgd_update,
-    trainable,
-)
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, setting, trainable
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import AT_LEAST_ONE, POSITIVE, Rule, param
 from flower_pfl.engine.reply_checks import Reply
@@ -42,19 +32,16 @@ LAMBDA, PERSONAL_LR, INNER_STEPS = "pfedme-lambda", "pfedme-personal-lr", "pfedm
 THETA_STATE = "pfedme-theta"
 
 
-def personalize(model: nn.Module, theta: Sequence[torch.Tensor], loss_of: Callable[[torch.Tensor], torch.Tensor],
-                inputs: torch.Tensor, *, lam: float, personal_lr: float, inner_steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+def personalize(f: Functional, state: State, theta: Sequence[torch.Tensor], loss_of: Callable[[torch.Tensor], torch.Tensor],
+                inputs: torch.Tensor, *, lam: float, personal_lr: float, inner_steps: int) -> tuple[State, torch.Tensor, State]:
     """``K = inner_steps`` gradient steps on ``loss_of(θ(inputs)) + λ/2 ||θ − w||²`` from ``θ``
-    (eq. 7 solved approximately; ``w``: the model's parameters). Returns the new θ and its last loss."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    params = trainable(model)
+    (eq. 7 solved approximately; ``w``: the trainable entries of the model's ``state``). Returns the new θ,
+    its last loss, and ``state`` with the buffers the K forward passes updated (θ shares the model's)."""
+    w, inner, loss = f.params(state), state, torch.zeros(())
     for _ in range(inner_steps):
-        leaves = [t.detach().requires_grad_(True) for t in theta]
-        loss = loss_of(functional_call(model, dict(zip(names, leaves)), (inputs,)))
-        grads = torch.autograd.grad(loss, leaves)
-        with torch.no_grad():
-            theta = [t - personal_lr * (g + lam * (t - w)) for t, g, w in zip(leaves, grads, params)]
-    return [t.detach() for t in theta], loss.detach()
+        grads, _, loss, inner, _ = f.grad(lambda s: loss_of(f(s, inputs)), f.with_params(inner, theta))
+        theta = [t - personal_lr * (g + lam * (t - p)) for t, g, p in zip(theta, grads, w)]
+    return list(theta), loss, f.with_params(inner, w)
 
 
 def personalized_vector(model: nn.Module, theta: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -73,10 +60,9 @@ class PFedMeClient(ClientAlgorithm):
 
     keeps_state = True
     name = "pfedme"
-    unbatched_because = "its step solves an inner problem for θ_i on each minibatch"
     evaluated_state = THETA_STATE  # θ_i, the personalized model
     needs_plain_sgd = True
-
+    carried = ("theta",)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -88,25 +74,40 @@ class PFedMeClient(ClientAlgorithm):
             raise ValueError("pFedMe needs lam > 0, personal_lr > 0 and inner_steps >= 1")
         self.theta = [r.clone() for r in self.received]
 
+    def inner_problem(self, f: Functional, state: State, batch: Batch) -> tuple[torch.Tensor, State]:
+        """θ_i from the minibatch (``personalize``, with the user's loss), kept in ``theta``; the step's reported
+        loss (θ's) and the state with the buffers its forward passes updated. The hook and the step both use it."""
+        x, y = batch
+        self.theta, loss, state = personalize(f, state, self.theta, lambda out: self.loss(out, y), x, lam=self.lam,
+                                              personal_lr=self.personal_lr, inner_steps=self.inner_steps)
+        return loss, state
+
+    def gradient_of_w(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``λ (w − θ_i)``, the gradient ``w``'s step takes (the model's own is discarded)."""
+        return [self.lam * (p - t) for p, t in zip(params, self.theta)]
+
     def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
         if batch is None:
             raise ValueError("pFedMe solves its inner problem on the minibatch: pass (x, y) to adjust_gradients")
-        x, y = batch
-        self.theta, loss = personalize(model, self.theta, lambda out: self.loss_fn(out, y), x, lam=self.lam,
-                                       personal_lr=self.personal_lr, inner_steps=self.inner_steps)
+        f = Functional(model)
+        with torch.no_grad():
+            loss, state = self.inner_problem(f, f.state(), batch)
+            for target, value, train in zip(model.state_dict().values(), state, f.trains):
+                if not train:  # the running statistics the inner forward passes updated, as model(x) does
+                    target.copy_(value)
+            params = trainable(model)
+            for p, g in zip(params, self.gradient_of_w(params)):
+                p.grad = g
         self.step_loss = float(loss)  # the loss pFedMe reports is θ's
         self.steps += 1
-        with torch.no_grad():
-            for p, t in zip(trainable(model), self.theta):
-                p.grad = self.lam * (p - t)
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        """A user's loop iteration without its forward and backward pass, whose gradient
-        ``adjust_gradients`` replaces anyway."""
-        batch = next_batch()
-        self.adjust_gradients(model, batch)
-        sgd_update(model, lr)
-        return self.step_loss  # type: ignore[return-value]
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """``adjust_gradients`` and the SGD step of a user's loop, without its forward and backward pass (whose
+        gradient is discarded anyway)."""
+        batch, = batches
+        loss, state = self.inner_problem(f, state, batch)
+        w = f.params(state)
+        return f.with_params(state, sgd(w, self.gradient_of_w(w), lr)), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, THETA_STATE, [personalized_vector(model, self.theta)])

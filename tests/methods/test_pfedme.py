@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import LR as BATCH_LR
+from batching import assert_together_is_one_by_one
 from floats import assert_same_math
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import parameters_to_ndarrays
@@ -17,14 +19,16 @@ import strategies
 import strategies.message
 from client_apps.app import Node
 from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import BATCH_SIZE, CLIENT_ALGORITHM, LOCAL_STEPS, LR, TrainData, train_locally
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
 from flower_pfl.engine.evaluation import EvalResult
+from flower_pfl.engine.functional import Functional
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
-from flower_pfl.experiment.models import MLR
+from flower_pfl.experiment.models import MLR, build_model
 from flower_pfl.methods.pfedme import (
     INNER_STEPS,
     LAMBDA,
@@ -65,11 +69,13 @@ def test_personalize_by_hand():
     with torch.no_grad():
         model.weight.fill_(1.0)
     loss_of = lambda out: 0.5 * ((out - 3.0) ** 2).sum()
-    theta, loss = personalize(model, [model.weight.detach().clone()], loss_of, torch.ones(1, 1), lam=2.0, personal_lr=0.1,
-                              inner_steps=2)
+    f = Functional(model)
+    state = f.state()
+    theta, loss, after = personalize(f, state, [model.weight.detach().clone()], loss_of, torch.ones(1, 1), lam=2.0,
+                                     personal_lr=0.1, inner_steps=2)
     assert torch.allclose(theta[0], torch.tensor([[1.34]])) and torch.isclose(loss, torch.tensor(0.5 * 1.8 ** 2))
-    assert model.weight.item() == 1.0  # w is not touched
-    theta, _ = personalize(model, theta, loss_of, torch.ones(1, 1), lam=2.0, personal_lr=0.1, inner_steps=200)
+    assert model.weight.item() == 1.0 and after[0] is state[0]  # w is not touched
+    theta, _, _ = personalize(f, state, theta, loss_of, torch.ones(1, 1), lam=2.0, personal_lr=0.1, inner_steps=200)
     assert torch.allclose(theta[0], torch.tensor([[5 / 3]]), atol=1e-5)
 
 
@@ -274,6 +280,26 @@ def test_node_reports_pm_and_gm_and_they_aggregate():
     agg = PersonalizedMetrics().legacy([(10, {"accuracy": 0.8, "global-accuracy": 0.5, "loss": 1.0}),
                                         (30, {"accuracy": 0.6, "global-accuracy": 0.3, "loss": 1.0})])
     assert np.isclose(agg["global-accuracy-mean"], 0.4) and np.isclose(agg["global-accuracy"], 0.35)
+
+
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_train_together_as_one_by_one(name):
+    """Each client's θ_i (carried from step to step, from its received model) with the server's λ, ν and K:
+    the models (running statistics after the K inner forward passes), losses and kept θ_i are the same both ways."""
+    model = build_model(name, (6,), 3, seed=0)
+    assert unbatched(PFedMeClient, model) is None
+    config = {CLIENT_ALGORITHM: "pfedme", LR: BATCH_LR, **PFedMe().train_config(4)}
+    made: list[dict] = []
+
+    def make(m, i):
+        made.append({})
+        return PFedMeClient(m, config, made[-1])
+
+    assert_together_is_one_by_one(model, (6,), make)
+    assert len(made) == 8
+    for alone, together in zip(made[:4], made[4:]):
+        assert_same_math(together[THETA_STATE][0], alone[THETA_STATE][0])
+    assert not torch.equal(made[0][THETA_STATE][0], made[1][THETA_STATE][0])
 
 
 # --- 4. whole runs --------------------------------------------------------------------------------
