@@ -9,17 +9,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, batch_seeded_generator, setting
 from flower_pfl.engine.feature_generator import FeatureGenerator, GeneratorTrainer, decode_generator, encode_generator, linear_heads
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout
-from flower_pfl.engine.model_split import head_module
+from flower_pfl.engine.model_split import head_module, head_name
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Rule, param
 from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
-from flower_pfl.engine.wire import encode_vector
+from flower_pfl.engine.wire import encode_vector, fingerprint
 from flower_pfl.methods.base import Method
-from flower_pfl.methods.moon import needs_batch, representation_gradient
+from flower_pfl.methods.moon import needs_batch
 
 #: config keys: the round's α and β (decayed), the generator's batch, its sizes and the generator itself
 #: (bytes, ``encode_generator``; absent until the server has trained it)
@@ -41,43 +43,51 @@ def coefficient(initial: float, decay: float, server_round: int) -> float:
     return max(min(FLOOR, initial), initial * decay ** (server_round - 1))
 
 
-def regularization(model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: FeatureGenerator, labels: torch.Tensor,
-                   alpha: float, beta: float, batch_size: int, rng: torch.Generator) -> Callable[[torch.Tensor], torch.Tensor]:
-    """FedGen's term of the client's loss on the minibatch ``(x, y)``, as a function of the model's
-    representation ``z`` of ``x`` (``representation_gradient`` differentiates it):
-    ``β KL(softmax(h(G(y))) ‖ softmax(h(z))) + (B̂/B) α mean CE(h(G(ŷ)), ŷ)``, ``h`` the model's head,
-    the first target detached, ``ŷ``: ``B̂`` labels drawn uniformly from the generator's ``labels``."""
-    head = head_module(model)
-    classes = labels.nonzero().flatten()
-    with torch.no_grad():
-        target = F.softmax(head(generator.sample(y, rng)[0]), dim=1)
-        drawn = classes[torch.randint(len(classes), (batch_size,), generator=rng)].to(y.device)
-        generated = generator.sample(drawn, rng)[0]
+def head_call(f: Functional, state: Sequence[torch.Tensor], z: torch.Tensor) -> torch.Tensor:
+    """The head (``head_module``) of the model holding ``state`` on the representations ``z``."""
+    prefix = head_name(f.model) + "."
+    entries = {name[len(prefix):]: t for name, t in zip(f.names, state) if name.startswith(prefix)}
+    return functional_call(head_module(f.model), entries, (z,), tie_weights=False, strict=True)
 
-    def loss(z: torch.Tensor) -> torch.Tensor:
-        latent = F.kl_div(F.log_softmax(head(z), dim=1), target, reduction="batchmean")
-        return beta * latent + batch_size / len(y) * alpha * F.cross_entropy(head(generated), drawn)
 
-    return loss
+def regularization(head: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor, target: torch.Tensor,
+                   generated: torch.Tensor, drawn: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """FedGen's term of the client's loss on a minibatch of ``B`` examples whose representations are ``z``:
+    ``β KL(target ‖ softmax(h(z))) + (B̂/B) α mean CE(h(G(ŷ)), ŷ)``, ``h`` the model's head, ``target`` =
+    ``softmax(h(G(y)))`` (detached), ``generated`` = ``G(ŷ)`` for the ``B̂`` labels ``drawn``."""
+    latent = F.kl_div(F.log_softmax(head(z), dim=1), target, reduction="batchmean")
+    return beta * latent + len(drawn) / len(z) * alpha * F.cross_entropy(head(generated), drawn)
 
 
 class FedGenClient(ClientAlgorithm):
-    """FedGen's client: the gradient of the generator's regularization (``regularization``) is added to
-    the loop's; the labels of its minibatches are counted and returned (``fedgen-label-counts``).
-    Before the server has a generator (round 1), plain local SGD that counts labels."""
+    """FedGen's client: SGD on the loop's loss plus the generator's regularization (``regularization``);
+    the labels of its minibatches are counted and returned (``fedgen-label-counts``). Before the server
+    has a generator (round 1), plain local SGD that counts labels.
+
+    Each step's random numbers (``draw``: the noise of ``G(y)``, the labels ``ŷ`` and their noise) come
+    from the client's generator, seeded by the round and its first minibatch, so a run repeats. In a
+    user's own loop, ``gradient_terms`` adds the regularization's gradient to the loop's."""
 
     name = "fedgen"
     reply_keys = (LABEL_COUNTS,)
-    unbatched_because = "its step draws labels and noise for the generator and differentiates a second forward pass"
+    carried = ("counts",)
+    drawn = ("target_noise", "generated_labels", "generated_noise")
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
         super().__init__(model, config, state, loss_fn)
         self.model = model
         head = head_module(model)
-        self.counts = torch.zeros(head.out_features, device=self.received[0].device)
+        device = self.received[0].device
+        self.counts = torch.zeros(head.out_features, device=device)
         self.generator: FeatureGenerator | None = None
+        #: the generator's values: the step runs one client's generator for a round's clients, so clients
+        #: that received other generators train apart (``batched``'s settings)
+        self.generator_fingerprint: int | None = None
         self.rng: torch.Generator | None = None
+        # the step's draws (``draw``): the noise of G(y), the labels ŷ and their noise (none without a generator)
+        self.target_noise = self.generated_noise = torch.zeros(0, device=device)
+        self.generated_labels = torch.zeros(0, dtype=torch.long, device=device)
         if GENERATOR in config:
             self.alpha, self.beta = float(setting(config, ALPHA, "FedGen")), float(setting(config, BETA, "FedGen"))
             self.batch_size = int(setting(config, BATCH, "FedGen"))
@@ -88,17 +98,69 @@ class FedGenClient(ClientAlgorithm):
             self.labels = decode_generator(config[GENERATOR], generator, GENERATOR)
             if not self.labels.any():
                 raise ValueError(f"'{GENERATOR}' names no class to generate")
+            self.classes = self.labels.nonzero().flatten()
             self.generator = generator.to(head.weight.device)
+            self.generator_fingerprint = fingerprint(t for t in generator.state_dict().values() if t.is_floating_point())
 
-    def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
-        x, y = needs_batch(batch, "FedGen")
-        self.counts += torch.bincount(y, minlength=len(self.counts)).to(self.counts)
+    def draw(self, batches: Sequence[Batch]) -> None:
+        """The noise of ``G(y)`` for the minibatch's labels, then ``B̂`` labels ``ŷ`` drawn uniformly from the
+        generator's classes and their noise (nothing without a generator)."""
         if self.generator is None:
-            return []
+            return
+        (x, y), = batches
         if self.rng is None:  # the client's draws: seeded by the round and its first minibatch, so a run repeats
             self.rng = batch_seeded_generator(x, y, self.config)
-        loss = regularization(self.model, x, y, self.generator, self.labels, self.alpha, self.beta, self.batch_size, self.rng)
-        return representation_gradient(self.model, x, loss)
+        device, noise = self.counts.device, self.generator.noise_dim
+        self.target_noise = torch.rand(len(y), noise, generator=self.rng).to(device)
+        self.generated_labels = self.classes[torch.randint(len(self.classes), (self.batch_size,), generator=self.rng)].to(device)
+        self.generated_noise = torch.rand(self.batch_size, noise, generator=self.rng).to(device)
+
+    def _count(self, y: torch.Tensor) -> None:
+        self.counts = self.counts + F.one_hot(y, len(self.counts)).sum(0).to(self.counts)
+
+    def _regularization(self, f: Functional, state: State, y: torch.Tensor) -> Callable[[State, torch.Tensor], torch.Tensor] | None:
+        """The step's regularization as a function of the model's state and representation ``z`` (``None``
+        without a generator): its targets from the head of ``state`` (the step's start) and this step's draws."""
+        if self.generator is None:
+            return None
+        generator, alpha, beta = self.generator, self.alpha, self.beta
+        with torch.no_grad():
+            target = F.softmax(head_call(f, state, generator(y, self.target_noise)), dim=1)
+            generated = generator(self.generated_labels, self.generated_noise)
+        drawn = self.generated_labels
+        return lambda s, z: regularization(lambda h: head_call(f, s, h), z, target, generated, drawn, alpha, beta)
+
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """One SGD step on ``CE(f(x), y)`` plus the regularization of the representation of ``x``; the
+        minibatch's labels counted."""
+        (x, y), = batches
+        self._count(y)
+        term = self._regularization(f, state, y)
+
+        def loss_of(s: State) -> tuple[torch.Tensor, torch.Tensor]:
+            if term is None:
+                loss = self.loss(f(s, x), y)
+                return loss, loss
+            logits, z = f.with_features(s, x)
+            loss = self.loss(logits, y)
+            return loss + term(s, z), loss
+
+        grads, _, _, state, loss = f.grad(loss_of, state, has_aux=True)
+        return f.with_params(state, sgd(f.params(state), grads, lr)), loss
+
+    def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
+        """A user's loop: the regularization's gradient (the step's draws, from a second forward pass of the
+        model in its current mode whose running statistics are left as they were); the labels counted."""
+        x, y = needs_batch(batch, "FedGen")
+        self._count(y)
+        self.draw([(x, y)])
+        f = Functional(self.model)
+        state = f.state()
+        term = self._regularization(f, state, y)
+        if term is None:
+            return []
+        grads, *_ = f.grad(lambda s: term(s, f.with_features(s, x)[1]), state)
+        return grads
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         if self.steps < 1:

@@ -9,10 +9,12 @@ import fabricate as fb
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import assert_together_is_one_by_one
 from floats import assert_same_math, same_math
 from flwr.app import RecordDict
 
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import _settings, unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, SERVER_ROUND, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.feature_generator import FeatureGenerator, decode_generator, encode_generator
 from flower_pfl.engine.layout import ParamLayout, flatten_module
@@ -20,7 +22,7 @@ from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
 from flower_pfl.engine.wire import decode_flat, encode_vector, fingerprint
-from flower_pfl.experiment.models import DNN
+from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.fedgen import (
     ALPHA,
     BATCH,
@@ -110,7 +112,7 @@ def test_without_a_generator_the_client_is_plain_sgd_that_counts_labels():
     model, plain = _model(), _model()
     _, extras = _train(model, {LR: 0.1, CLIENT_ALGORITHM: "fedgen"})
     _train(plain, {LR: 0.1}, algorithm=ClientAlgorithm)
-    assert torch.equal(flatten_module(model), flatten_module(plain))
+    assert_same_math(flatten_module(model), flatten_module(plain))  # its own step: the same SGD, other float kernels
     assert extras[CLIENT_ALGORITHM] == "fedgen" and decode_flat(extras[LABEL_COUNTS], C).sum() == 24
 
 
@@ -213,3 +215,36 @@ def test_short_run_as_recorded_and_without_alpha_and_beta_it_is_fedavg(short_run
     assert run["train_loss"][0] == pytest.approx(fedavg["train_loss"][0])  # round 1: no generator yet
     assert run["train_loss"][1:] != pytest.approx(fedavg["train_loss"][1:], rel=1e-3)  # then the generator's terms change training
     assert_as_recorded("fedgen", run)
+
+
+# --- a round's clients as one computation ---------------------------------------------------------
+
+def _round_config(model, with_generator: bool) -> dict:
+    """The server's instruction for ``model`` (round 4, the generator trained on two classes; round 1: none)."""
+    if not with_generator:
+        return {LR: 0.05, CLIENT_ALGORITHM: "fedgen", SERVER_ROUND: 1}
+    head = model.fc2
+    torch.manual_seed(11)
+    generator = FeatureGenerator(NOISE, head.out_features, WIDTH, head.in_features)
+    generator.train()
+    generator(torch.tensor([0, 1, 2, 0]), torch.rand(4, NOISE))  # running statistics
+    return {LR: 0.05, CLIENT_ALGORITHM: "fedgen", SERVER_ROUND: 4, ALPHA: 2.0, BETA: 3.0, BATCH: 5, NOISE_DIM: NOISE,
+            HIDDEN: WIDTH, GENERATOR: encode_generator(generator, torch.tensor([True, False, True]))}
+
+
+@pytest.mark.parametrize("with_generator", [True, False], ids=["generator", "round-1"])
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_rounds_clients_train_together_as_one_by_one(name, with_generator):
+    """Each client's draws from its own generator, the same as one by one; the label counts exactly the same."""
+    model = build_model(name, (6,), 3)
+    assert unbatched(FedGenClient, model) is None
+    config = _round_config(model, with_generator)
+    assert_together_is_one_by_one(model, (6,), lambda m, i: FedGenClient(m, config))
+
+
+def test_clients_sent_other_generators_train_apart():
+    model = build_model("dnn", (6,), 3)
+    config = _round_config(model, True)
+    other = {**config, GENERATOR: encode_generator(FeatureGenerator(NOISE, C, WIDTH, 20).eval(), torch.tensor([True, True, False]))}
+    assert_together_is_one_by_one(model, (6,), lambda m, i: FedGenClient(m, other if i % 2 else config))
+    assert _settings(FedGenClient(model, config)) != _settings(FedGenClient(model, other))
