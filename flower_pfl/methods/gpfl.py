@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
-from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting, sgd_step, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.model_split import body_slice, forward_with_features, head_module
@@ -18,6 +20,7 @@ from flower_pfl.engine.params import NON_NEGATIVE, param
 from flower_pfl.engine.server_algorithm import Settings
 from flower_pfl.engine.side_modules import SideModules, WithSideModules, received_modules, reply_entry
 from flower_pfl.methods.base import Method, one_layer_refusal
+from flower_pfl.methods.fedgen import head_call
 from flower_pfl.methods.fedper import SharedPart
 
 #: config keys: the weights λ (magnitude-level guidance) and μ (regularization of the GCE and CoV), and
@@ -83,12 +86,14 @@ class GPFLClient(ClientAlgorithm):
     """GPFL's client: per minibatch one SGD step of the model, the GCE and the CoV on
     ``CE(φ(CoV(h, p_i)), y) + L_alg + λ L_mlg`` plus ``μ/2 ||θ||²`` on the GCE and CoV (weight decay);
     ``p_i`` and ``g`` from the received GCE and the class shares of the client's training split
-    (``begin``), so only the package's ClientApp runs it. Returns its GCE and CoV."""
+    (``begin``), so only the package's ClientApp runs it. The GCE's and CoV's parameters (``side``) train
+    beside the model. Returns its GCE and CoV."""
 
     name = "gpfl"
     hookable = False
     reply_keys = (LOCAL_MODULES,)
-    unbatched_because = "its step trains the category embeddings and the valve beside the model"
+    carried = ("side",)
+    batched_state = ("embeddings", "global_input", "personal_input")
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -98,8 +103,11 @@ class GPFLClient(ClientAlgorithm):
             if not value >= 0:
                 raise ValueError(f"GPFL needs {key} >= 0, got {value}")
         self.modules = received_modules(gpfl_modules, model, config, MODULES, "GPFL")
-        self.gce, self.cov = cast(nn.Embedding, self.modules["gce"]), cast(ConditionalValve, self.modules["cov"])
-        self.embeddings = self.gce.weight.detach().clone()  # the received GCE, frozen
+        self.cov = cast(ConditionalValve, self.modules["cov"])
+        #: the GCE's and CoV's parameters being trained (``modules``' order), and their names
+        self.side = [p.detach().clone() for p in self.modules.parameters()]
+        self.side_names = [name for name, _ in self.modules.named_parameters()]
+        self.embeddings = cast(nn.Embedding, self.modules["gce"]).weight.detach().clone()  # the received GCE, frozen
         self.global_input, self.personal_input = conditional_inputs(self.embeddings, torch.zeros(len(self.embeddings)))
 
     def begin(self, model: nn.Module, data: TrainData) -> TrainData:
@@ -107,26 +115,35 @@ class GPFLClient(ClientAlgorithm):
         self.global_input, self.personal_input = conditional_inputs(self.embeddings, shares)
         return data
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        x, y = next_batch()
-        side = list(self.modules.parameters())
-        params = trainable(model) + side
-        for p in params:
-            p.grad = None
-        h = forward_with_features(model, x)[1]
-        loss = self.loss_fn(head_module(model)(self.cov(h, self.personal_input)), y)
-        global_features = self.cov(h, self.global_input)
-        guidance = angle_loss(global_features, self.gce.weight, y) + self.lam * magnitude_loss(global_features, self.embeddings[y])
-        (loss + guidance).backward()
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """One SGD step of the model and the side modules on ``CE(φ(CoV(h, p_i)), y) + L_alg + λ L_mlg``, the
+        side modules' gradients plus ``μ θ``."""
+        (x, y), = batches
+
+        def loss_of(s: State, side: State) -> tuple[torch.Tensor, torch.Tensor]:
+            named = dict(zip(self.side_names, side))
+            cov = {name.removeprefix("cov."): t for name, t in named.items() if name.startswith("cov.")}
+
+            def valve(h: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+                return cast(torch.Tensor, functional_call(self.cov, cov, (h, condition), tie_weights=False, strict=True))
+
+            h = f.with_features(s, x)[1]
+            loss = self.loss_fn(head_call(f, s, valve(h, self.personal_input)), y)
+            global_features = valve(h, self.global_input)
+            guidance = (angle_loss(global_features, named["gce.weight"], y)
+                        + self.lam * magnitude_loss(global_features, self.embeddings[y]))
+            return loss + guidance, loss
+
+        grads, (side_grads,), _, state, loss = f.grad(loss_of, state, self.side, has_aux=True)
         if self.mu:
-            with torch.no_grad():
-                for p in side:
-                    p.grad.add_(p, alpha=self.mu)  # type: ignore[union-attr]
-        self.steps += 1
-        sgd_step(params, lr)
-        return float(loss.detach())
+            side_grads = [g + self.mu * p for g, p in zip(side_grads, self.side)]
+        self.side = sgd(self.side, side_grads, lr)
+        return f.with_params(state, sgd(f.params(state), grads, lr)), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
+        with torch.no_grad():
+            for p, trained in zip(self.modules.parameters(), self.side):
+                p.copy_(trained)
         return reply_entry(self.modules, LOCAL_MODULES)
 
     @classmethod

@@ -11,8 +11,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import assert_together_is_one_by_one
+from floats import assert_same_math
 
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout, flatten_module
 from flower_pfl.engine.method_server import MethodServer
@@ -21,7 +24,7 @@ from flower_pfl.engine.model_split import body_slice, head_slice
 from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, RawReply
 from flower_pfl.engine.side_modules import built
 from flower_pfl.engine.wire import decode_flat, encode_vector
-from flower_pfl.experiment.models import DNN
+from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.gpfl import (
     GPFL,
     LAMBDA,
@@ -171,3 +174,20 @@ def test_short_run_as_recorded_and_the_valve_changes_it(short_runs, tmp_path):
     assert run["train_loss"] != pytest.approx(without_magnitude["train_loss"], rel=1e-4)  # λ L_mlg trains the valve
     assert run["client_loss"] != pytest.approx(fedper["client_loss"], rel=1e-3)  # the valve and the guidance
     assert_as_recorded("gpfl", run)
+
+
+# --- a round's clients as one computation ---------------------------------------------------------
+
+def _same_modules(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and a[CLIENT_ALGORITHM] == b[CLIENT_ALGORITHM]
+    size = len(a[LOCAL_MODULES]) // 4
+    assert_same_math(decode_flat(b[LOCAL_MODULES], size), decode_flat(a[LOCAL_MODULES], size))
+
+
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_rounds_clients_train_together_as_one_by_one(name):
+    """The GCE and CoV trained beside each client's model; each client's conditional input from its own split."""
+    model = build_model(name, (6,), 3)
+    assert unbatched(GPFLClient, model) is None
+    config = {**_config(), MODULES: encode_vector(flatten_module(built(gpfl_modules, 20, 3, seed=3)))}
+    assert_together_is_one_by_one(model, (6,), lambda m, i: GPFLClient(m, config), _same_modules)
