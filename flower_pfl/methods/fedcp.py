@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from flower_pfl.engine.client_algorithm import (
     Batch,
@@ -18,9 +18,8 @@ from flower_pfl.engine.client_algorithm import (
     LossFn,
     batch_seeded_generator,
     setting,
-    sgd_step,
-    trainable,
 )
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout, load_flat_
 from flower_pfl.engine.mmd import squared_mmd
 from flower_pfl.engine.model_facts import ModelFacts
@@ -29,6 +28,7 @@ from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import Settings
 from flower_pfl.engine.side_modules import SideModules, WithSideModules, received_modules, reply_entry
 from flower_pfl.methods.base import Method, one_layer_refusal
+from flower_pfl.methods.fedgen import head_call
 from flower_pfl.methods.fedper import SharedPart
 
 #: config keys: the MMD weight λ, the received global head's share in the uploaded head, and the global
@@ -54,7 +54,7 @@ def mmd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return squared_mmd(x, y, [2 * s for s in BANDWIDTHS])
 
 
-def policy(cpn: nn.Module, h: torch.Tensor, context: torch.Tensor,
+def policy(cpn: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, context: torch.Tensor,
            noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The conditional policy ``(r_i, s_i)``, each ``(n, d)`` with ``r + s = 1``: the CPN on ``h ⊙ v̂_i``
     (``v̂_i``: the client's conditional input, unit length) gives two logits per feature, softmaxed
@@ -101,13 +101,15 @@ class FedCPClient(ClientAlgorithm):
     """FedCP's client: per minibatch one SGD step of the feature extractor, the personalized head and the
     CPN on ``CE(W^hd_i(r ⊙ h) + W^hd(s ⊙ h), y) + λ MMD²(h, h^g)`` (``h^g``: the received extractor's
     features, frozen; the global head frozen); then it returns the head ``(1 − m) W^hd_i + m W^hd``
-    (``m``: ``fedcp-head-mix``) and its CPN. Gumbel noise from a generator seeded by its first minibatch and
-    the round (the same on every device)."""
+    (``m``: ``fedcp-head-mix``) and its CPN. The CPN's parameters (``cpn``) train beside the model; Gumbel
+    noise (``draw``) from a generator seeded by its first minibatch and the round (the same on every device)."""
 
     name = "fedcp"
     hookable = False
     reply_keys = (LOCAL_MODULES,)
-    unbatched_because = "its step trains the policy network beside the model"
+    carried = ("cpn",)
+    batched_state = ("context", "global_head", "extractor")
+    drawn = ("noise",)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -121,30 +123,49 @@ class FedCPClient(ClientAlgorithm):
         self.modules = received_modules(cpn_modules, model, config, MODULES, "FedCP")
         self.modules["head"].requires_grad_(False)
         self.global_head = [p.detach().clone() for p in self.modules["head"].parameters()]
-        self.extractor = copy.deepcopy(model).requires_grad_(False).eval()
+        self.head_names = [name for name, _ in self.modules["head"].named_parameters()]
+        #: the CPN's parameters being trained, and their names
+        self.cpn = [p.detach().clone() for p in self.modules["cpn"].parameters()]
+        self.cpn_names = [name for name, _ in self.modules["cpn"].named_parameters()]
+        self.extractor = [t.clone() for t in Functional(model).state()]  # the received model's state, frozen
         self.context = conditional_input(model)
+        self.features = head_module(model).in_features
         self.generator: torch.Generator | None = None  # from the first minibatch (``batch_seeded_generator``)
+        self.noise = torch.zeros(0, device=self.context.device)  # the step's Gumbel noise (``draw``)
 
-    def train_step(self, model: nn.Module, next_batch: Callable[[], Batch], lr: float) -> float:
-        x, y = next_batch()
+    def draw(self, batches: Sequence[Batch]) -> None:
+        """The step's Gumbel noise, ``(n, 2, d)``."""
+        (x, y), = batches
         generator = self.generator = self.generator or batch_seeded_generator(x, y, self.config)
-        params = trainable(model) + list(self.modules["cpn"].parameters())
-        for p in params:
-            p.grad = None
-        logits, h = separated_logits(model, self.modules, x, self.context, lambda shape: gumbel(shape, generator, x.device))
-        loss = self.loss_fn(logits, y)
-        total = loss
+        self.noise = gumbel(torch.Size((len(x), 2, self.features)), generator, x.device)
+
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """One SGD step of the model and the CPN on ``CE(W^hd_i(r ⊙ h) + W^hd(s ⊙ h), y) + λ MMD²(h, h^g)``."""
+        (x, y), = batches
+        h_global = None
         if self.lam:
-            with torch.no_grad():
-                h_global = forward_with_features(self.extractor, x)[1]
-            total = loss + self.lam * mmd(h, h_global)
-        total.backward()
-        self.steps += 1
-        sgd_step(params, lr)
-        return float(loss.detach())
+            with f.evaluating():
+                h_global = f.with_features(self.extractor, x)[1]
+        global_head = dict(zip(self.head_names, self.global_head))
+
+        def loss_of(s: State, cpn: State) -> tuple[torch.Tensor, torch.Tensor]:
+            network = dict(zip(self.cpn_names, cpn))
+            h = f.with_features(s, x)[1]
+            r, s_share = policy(lambda v: functional_call(self.modules["cpn"], network, (v,), tie_weights=False, strict=True),
+                                h, self.context, self.noise)
+            logits = head_call(f, s, h * r) + functional_call(self.modules["head"], global_head, (h * s_share,),
+                                                              tie_weights=False, strict=True)
+            loss = self.loss_fn(logits, y)
+            return (loss if h_global is None else loss + self.lam * mmd(h, h_global)), loss
+
+        grads, (cpn_grads,), _, state, loss = f.grad(loss_of, state, self.cpn, has_aux=True)
+        self.cpn = sgd(self.cpn, cpn_grads, lr)
+        return f.with_params(state, sgd(f.params(state), grads, lr)), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         with torch.no_grad():
+            for p, trained in zip(self.modules["cpn"].parameters(), self.cpn):
+                p.copy_(trained)
             for mine, received, upload in zip(head_module(model).parameters(), self.global_head, self.modules["head"].parameters()):
                 upload.copy_((1 - self.mix) * mine + self.mix * received)
         return reply_entry(self.modules, LOCAL_MODULES)

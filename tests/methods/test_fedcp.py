@@ -10,9 +10,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import assert_together_is_one_by_one
+from floats import assert_same_math
 from torch import nn
 
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, SERVER_ROUND, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout, flatten_module
 from flower_pfl.engine.method_server import MethodServer
@@ -21,7 +24,7 @@ from flower_pfl.engine.model_split import body_slice, head_slice
 from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, RawReply
 from flower_pfl.engine.side_modules import built
 from flower_pfl.engine.wire import decode_flat, encode_vector, fingerprint
-from flower_pfl.experiment.models import DNN
+from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.fedcp import (
     BANDWIDTHS,
     HEAD_MIX,
@@ -178,3 +181,21 @@ def test_short_run_as_recorded_and_the_mmd_and_policy_change_it(short_runs, tmp_
     assert run["train_loss"] != pytest.approx(without_mmd["train_loss"], rel=1e-3)  # λ MMD² trains the extractor
     assert without_mmd["client_loss"] != pytest.approx(fedper["client_loss"], rel=1e-3)  # the policy and the global head
     assert_as_recorded("fedcp", run)
+
+
+# --- a round's clients as one computation ---------------------------------------------------------
+
+def _same_modules(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and a[CLIENT_ALGORITHM] == b[CLIENT_ALGORITHM]
+    size = len(a[LOCAL_MODULES]) // 4
+    assert_same_math(decode_flat(b[LOCAL_MODULES], size), decode_flat(a[LOCAL_MODULES], size))
+
+
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_rounds_clients_train_together_as_one_by_one(name):
+    """The CPN trained beside each client's model, each client's Gumbel noise from its own generator, its
+    conditional input from its own head and its MMD against its own received extractor."""
+    model = build_model(name, (6,), 3)
+    assert unbatched(FedCPClient, model) is None
+    config = {**_config(), MODULES: encode_vector(flatten_module(built(cpn_modules, 20, 3, seed=3)))}
+    assert_together_is_one_by_one(model, (6,), lambda m, i: FedCPClient(m, config), _same_modules)
