@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, load_stored, setting, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, setting, trainable
+from flower_pfl.engine.functional import Functional
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.model_split import forward_with_features
 from flower_pfl.engine.params import NON_NEGATIVE, POSITIVE, param
@@ -66,11 +66,12 @@ class MoonClient(ClientAlgorithm):
     gradient, ``z`` from the model being trained, ``z_glob`` from the received global model and
     ``z_prev`` from the client's previous local model (client state; the received model before its
     first round, where ``ℓ_con = log 2`` has no gradient). ``finish`` keeps the trained model as the
-    next previous one."""
+    next previous one. The two frozen models are states (``Functional``) run on the model's
+    architecture, so the step is the same in a user's loop and for a round's clients at once."""
 
     name = "moon"
-    unbatched_because = "its gradient term runs the received and the previous models on the minibatch"
     needs_state = keeps_state = True
+    batched_state = ("global_state", "previous_state")
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -79,15 +80,22 @@ class MoonClient(ClientAlgorithm):
         if not (self.mu >= 0 and self.tau > 0):
             raise ValueError(f"MOON needs mu >= 0 and tau > 0, got mu = {self.mu}, tau = {self.tau}")
         self.model = model  # the model being trained: its representation is differentiated
-        self.global_model = copy.deepcopy(model)
-        self.previous = copy.deepcopy(model)
-        load_stored(self.previous, state, PREVIOUS_STATE)
+        f = Functional(model)
+        self.global_state = [t.clone() for t in f.state()]  # w^t, the received model
+        self.previous_state = f.kept(state, PREVIOUS_STATE)  # w_i^{t−1} (w^t before the client's first round)
 
     def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
         x = needs_batch(batch, "MOON")[0]
-        z_global, z_previous = frozen_features(self.global_model, x), frozen_features(self.previous, x)
-        grads = representation_gradient(self.model, x, lambda z: contrastive_loss(z, z_global, z_previous, self.tau))
-        return [self.mu * g for g in grads]
+        f = Functional(self.model)
+        with f.evaluating():  # the frozen models in evaluation mode
+            z_global = f.with_features(self.global_state, x)[1]
+            z_previous = f.with_features(self.previous_state, x)[1]
+        # the model being trained in its mode: in training mode its output reads the minibatch's statistics, not
+        # the running ones, so the received model's stand in (copies: what this extra pass writes is dropped)
+        others = self.global_state if self.model.training else f.state()
+        grads, _, _, _, _ = f.grad(lambda s: self.mu * contrastive_loss(f.with_features(s, x)[1], z_global, z_previous, self.tau),
+                                   f.with_params(others, params))
+        return grads
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         keep(self.state, PREVIOUS_STATE, [flatten_module(model)])

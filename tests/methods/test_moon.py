@@ -13,10 +13,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import BATCH, assert_together_is_one_by_one, clients, load
+from batching import LR as BATCH_LR
 from floats import assert_same_math, same_math
 from flwr.app import RecordDict
 
 from client_apps.own_loop import RecordState, algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
@@ -131,6 +134,33 @@ def test_users_loop_matches_train_locally_over_two_rounds():
         theirs.load_state_dict(ours.state_dict())
     with pytest.raises(ValueError, match="adjust_gradients"):
         step.adjust_gradients(theirs)  # the step needs the minibatch
+
+
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_train_together_as_one_by_one(name):
+    """A second round: each client's previous model is the one its first round left (the first client never
+    trained: the received model, no contrastive gradient); the models, losses and kept previous models are the
+    same both ways."""
+    model = build_model(name, (6,), 3, seed=0)
+    assert unbatched(MoonClient, model) is None
+    config = {CLIENT_ALGORITHM: "moon", LR: BATCH_LR, **MOON(mu=2.0, tau=0.5).train_config(4)}
+    datas, starts = clients(model, (6,))
+    firsts: list[dict] = [{} for _ in datas]
+    for i in range(1, len(datas)):
+        first = copy.deepcopy(model)
+        load(first, [t + 0.05 * torch.randn_like(t) if t.is_floating_point() else t for t in starts[i]])
+        train_locally(MoonClient(first, config, firsts[i]), first, datas[i], steps=3, lr=BATCH_LR, batch_size=BATCH,
+                      generator=torch.Generator().manual_seed(10 + i))
+    made: list[dict] = []
+
+    def make(m, i):
+        made.append(dict(firsts[i]))
+        return MoonClient(m, config, made[-1])
+
+    assert_together_is_one_by_one(model, (6,), make)
+    assert len(made) == 2 * len(datas)
+    for alone, together in zip(made[:len(datas)], made[len(datas):]):
+        assert_same_math(together[PREVIOUS_STATE][0], alone[PREVIOUS_STATE][0])
 
 
 def test_bad_hyperparameters_are_refused():
