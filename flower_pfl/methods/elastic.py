@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, over_state, setting, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, over_state, setting
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.params import HALF_OPEN_UNIT, NON_NEGATIVE, param
 from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
@@ -29,14 +30,15 @@ def output_sensitivity(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     """``|∂ mean_n ||F(x_n)||² / ∂θ|`` for each trainable parameter ``θ``: how much the squared norm of
     the model's output moves with each parameter (the model in evaluation mode: batch-norm statistics
     untouched; a parameter the output does not depend on gets 0)."""
-    training = model.training
-    model.eval()
-    try:
-        params = trainable(model)
-        grads = torch.autograd.grad(model(x).pow(2).sum(1).mean(), params, allow_unused=True)
-    finally:
-        model.train(training)
-    return [torch.zeros_like(p) if g is None else g.abs() for g, p in zip(grads, params)]
+    f = Functional(model)
+    return sensitivity(f, f.state(), x)
+
+
+def sensitivity(f: Functional, state: State, x: torch.Tensor) -> list[torch.Tensor]:
+    """``output_sensitivity`` of the model holding ``state`` (``params`` order), as a function of tensors."""
+    with f.evaluating():
+        grads, _, _, _, _ = f.grad(lambda s: f(s, x).pow(2).sum(1).mean(), state)
+    return [g.abs() for g in grads]
 
 
 def elastic_coefficients(sensitivities: torch.Tensor, weights: torch.Tensor, tau: float) -> torch.Tensor:
@@ -50,11 +52,14 @@ def elastic_coefficients(sensitivities: torch.Tensor, weights: torch.Tensor, tau
 class ElasticClient(ClientAlgorithm):
     """Elastic aggregation's client: plain local SGD; before each step it takes the output's
     sensitivity on the minibatch (``output_sensitivity``) into ``Ω ← μ Ω + (1 − μ) |g|`` (``Ω = 0``
-    at the round's start) and ``finish`` returns ``Ω`` as ``elastic-sensitivity``."""
+    at the round's start) and ``finish`` returns ``Ω`` as ``elastic-sensitivity``.
+
+    The package's loop runs ``step`` (``Ω`` carried from step to step, so a round's clients train as
+    one computation); a user's loop runs ``adjust_gradients``; both take ``Ω`` through ``_measured``."""
 
     name = "elastic"
     reply_keys = (SENSITIVITY,)
-    unbatched_because = "its step takes a second backward pass, of the output's squared norm (the sensitivity)"
+    carried = ("sensitivity",)
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -64,10 +69,22 @@ class ElasticClient(ClientAlgorithm):
             raise ValueError(f"Elastic's mu must be in [0, 1), got {self.mu}")
         self.sensitivity = [torch.zeros_like(p) for p in self.received]
 
+    def _measured(self, f: Functional, state: State, x: torch.Tensor) -> None:
+        """``Ω ← μ Ω + (1 − μ) |g|`` with the sensitivity ``g`` of the model holding ``state`` on ``x``."""
+        self.sensitivity = [self.mu * s + (1 - self.mu) * a for s, a in zip(self.sensitivity, sensitivity(f, state, x))]
+
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """The loop's step: the loss's gradient (its training-mode pass updating the running statistics),
+        the sensitivity of the model it holds then, and the SGD step."""
+        (x, y), = batches
+        grads, _, loss, state, _ = f.grad(lambda w: self.loss(f(w, x), y), state)
+        self._measured(f, state, x)
+        return f.with_params(state, sgd(f.params(state), grads, lr)), loss
+
     def adjust_gradients(self, model: nn.Module, batch: Batch | None = None) -> None:
         x, _ = needs_batch(batch, "Elastic")
-        g = output_sensitivity(model, x)
-        self.sensitivity = [self.mu * s + (1 - self.mu) * a for s, a in zip(self.sensitivity, g)]
+        f = Functional(model)
+        self._measured(f, f.state(), x)
         super().adjust_gradients(model, batch)
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:

@@ -7,16 +7,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import LR as BATCH_LR
+from batching import assert_together_is_one_by_one
 from floats import assert_same_math, same_math
 
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.layout import ParamLayout, flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
 from flower_pfl.engine.wire import decode_flat, encode_vector
-from flower_pfl.experiment.models import ConvNet
+from flower_pfl.experiment.models import ConvNet, build_model
 from flower_pfl.methods.elastic import MU, SENSITIVITY, Elastic, ElasticClient, elastic_coefficients, output_sensitivity
 
 from .runs import assert_as_recorded, short_run
@@ -90,7 +93,11 @@ def test_in_a_users_loop_it_is_the_same_and_it_needs_the_batch_and_mu():
         F.cross_entropy(mine(data.x[idx]), data.y[idx]).backward()
         algorithm.adjust_gradients(mine, (data.x[idx], data.y[idx]))
         optimizer.step()
-    assert algorithm.finish(mine) == expected
+    theirs = algorithm.finish(mine)
+    assert theirs[CLIENT_ALGORITHM] == expected[CLIENT_ALGORITHM] == "elastic"
+    size = flatten_module(mine).numel()
+    assert_same_math(decode_flat(theirs[SENSITIVITY], size), decode_flat(expected[SENSITIVITY], size))
+    assert_same_math(flatten_module(mine), flatten_module(model))
     with pytest.raises(ValueError, match="adjust_gradients\\(model, \\(x, y\\)\\)"):
         algorithm.adjust_gradients(mine)
     with pytest.raises(ValueError, match="at least one step"):
@@ -109,12 +116,28 @@ def test_with_batch_norm_the_statistics_move_as_in_plain_sgd_and_buffers_have_no
     plain.load_state_dict(model.state_dict())
     _, extras = train_locally(ElasticClient(model, _config()), model, data, steps=2, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(1))
     train_locally(ClientAlgorithm(plain, _config()), plain, data, steps=2, lr=0.1, batch_size=8, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(flatten_module(model), flatten_module(plain))
+    assert_same_math(flatten_module(model), flatten_module(plain))  # running statistics too
     layout = ParamLayout.from_module(model)
     sensitivity = layout.unflatten(decode_flat(extras[SENSITIVITY], layout.dim))
     params = dict(model.named_parameters())
     assert all((sensitivity[n] == 0).all() for n in layout.names if n not in params)  # running statistics, batch counters
     assert all((sensitivity[n] > 0).any() for n in params)
+
+
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_train_together_as_one_by_one(name):
+    """The models, losses and sensitivities Ω_k (carried from step to step) are the same both ways."""
+    model = build_model(name, (6,), 3, seed=0)
+    assert unbatched(ElasticClient, model) is None
+    config = {CLIENT_ALGORITHM: "elastic", LR: BATCH_LR, **Elastic(mu=0.8).train_config(4)}
+
+    def same_extras(alone: dict, together: dict) -> None:
+        assert together.keys() == alone.keys() and together[CLIENT_ALGORITHM] == "elastic"
+        size = len(alone[SENSITIVITY]) // 4
+        assert_same_math(decode_flat(together[SENSITIVITY], size), decode_flat(alone[SENSITIVITY], size))
+        assert decode_flat(alone[SENSITIVITY], size).abs().sum() > 0
+
+    assert_together_is_one_by_one(model, (6,), lambda m, i: ElasticClient(m, config), same_extras)
 
 
 SHAPES = {"w": (2, 2), "b": (2,)}
