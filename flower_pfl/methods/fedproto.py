@@ -12,6 +12,7 @@ from torch import nn
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
 from flower_pfl.engine.feature_stats import aggregate_prototypes, prototype_loss
+from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import forward_with_features, head_module
 from flower_pfl.engine.params import NON_NEGATIVE, param
@@ -19,7 +20,7 @@ from flower_pfl.engine.reply_checks import AlgorithmOutputMissing, Reply, norm
 from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm, Settings
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
-from flower_pfl.methods.moon import needs_batch, representation_gradient
+from flower_pfl.methods.moon import needs_batch
 
 #: config keys: FedProto's λ and the global prototypes (bytes, ``encode_prototypes``: a flag per class,
 #: then the prototypes; absent until there are any)
@@ -59,11 +60,17 @@ class FedProtoClient(ClientAlgorithm):
     """FedProto's client: per minibatch, the gradient of ``λ mean_n ||f(x_n) − C̄^(y_n)||² / d`` is added to
     the loop's supervised gradient (``f``: the input of the model's last linear layer), and each
     sample's ``f(x_n)`` is added to its class's prototype; ``finish`` returns the class prototypes
-    with each class's share of the samples (``fedproto-local-prototypes``)."""
+    with each class's share of the samples (``fedproto-local-prototypes``).
+
+    The package's loop runs ``step`` (one pass for both terms; the per-class sums and counts carried from
+    step to step, so a round's clients train as one computation); a user's loop runs ``gradient_terms``
+    (an extra pass); both through ``_pull`` and ``_accumulated``. Without global prototypes the global
+    ones are zeros that no class holds (``known`` all false) and there is no pull."""
 
     name = "fedproto"
-    unbatched_because = "its step accumulates the minibatches' representations (the prototypes it returns)"
     reply_keys = (LOCAL_PROTOTYPES,)
+    carried = ("sums", "counts")
+    batched_state = ("prototypes", "known")
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any], state: ClientState | None = None,
                  loss_fn: LossFn = F.cross_entropy) -> None:
@@ -72,23 +79,51 @@ class FedProtoClient(ClientAlgorithm):
         if not self.lam >= 0:
             raise ValueError(f"FedProto's lambda must be >= 0, got {self.lam}")
         self.model = model  # the model being trained: its representation is differentiated
-        self.global_prototypes = received_prototypes(model, config)
+        received = received_prototypes(model, config)
         head, device = head_module(model), self.received[0].device
+        #: whether the server sent global prototypes (the pull's there only then)
+        self.pulls = received is not None
+        self.prototypes, self.known = received if received is not None else (
+            torch.zeros(head.out_features, head.in_features, device=device),
+            torch.zeros(head.out_features, dtype=torch.bool, device=device))
         self.sums = torch.zeros(head.out_features, head.in_features, device=device)
         self.counts = torch.zeros(head.out_features, device=device)
 
+    def _pull(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``λ mean_n ||z_n − C̄^(y_n)||² / d`` (0 without global prototypes)."""
+        return self.lam * prototype_loss(z, y, self.prototypes, self.known) if self.pulls else z.new_zeros(())
+
+    def _accumulated(self, z: torch.Tensor, y: torch.Tensor) -> None:
+        """Each sample's representation into its class's sum, and the sample into its class's count."""
+        self.sums = self.sums.index_add(0, y, z)
+        self.counts = self.counts.index_add(0, y, torch.ones_like(y, dtype=self.counts.dtype))
+
+    def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
+        """The SGD step on the supervised loss plus the pull, and the minibatch's representations (by the
+        model before the step) into the prototypes' sums."""
+        (x, y), = batches
+
+        def loss_of(w: State) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+            logits, z = f.with_features(w, x)
+            supervised = self.loss(logits, y)
+            return supervised + self._pull(z, y), (supervised, z)
+
+        grads, _, _, state, (loss, z) = f.grad(loss_of, state, has_aux=True)
+        self._accumulated(z, y)
+        return f.with_params(state, sgd(f.params(state), grads, lr)), loss
+
     def gradient_terms(self, params: Sequence[torch.Tensor], batch: Batch | None) -> Sequence[torch.Tensor | None]:
         x, y = needs_batch(batch, "FedProto")
+        f = Functional(self.model)
 
-        def loss(z: torch.Tensor) -> torch.Tensor:
-            self.sums.index_add_(0, y, z.detach())
-            self.counts += torch.bincount(y, minlength=len(self.counts)).to(self.counts)
-            if self.global_prototypes is None:
-                return z.sum() * 0.0
-            return self.lam * prototype_loss(z, y, *self.global_prototypes)
+        def pull(w: State) -> tuple[torch.Tensor, torch.Tensor]:
+            z = f.with_features(w, x)[1]
+            return self._pull(z, y), z
 
-        grads = representation_gradient(self.model, x, loss)
-        return grads if self.global_prototypes is not None else []
+        # an extra pass beside the loop's: the running statistics it updates (copies) are dropped
+        grads, _, _, _, z = f.grad(pull, f.with_params(f.state(), params), has_aux=True)
+        self._accumulated(z, y)
+        return grads if self.pulls else []
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
         if self.steps < 1:

@@ -10,21 +10,24 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from batching import LR as BATCH_LR
+from batching import assert_together_is_one_by_one
 from floats import assert_same_math, same_math
 from flwr.app import Context, RecordDict
 
 from client_apps.app import Node
 from client_apps.own_loop import algorithm_for
+from flower_pfl.engine.batched import unbatched
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, ClientAlgorithm, TrainData, train_locally
 from flower_pfl.engine.evaluation import evaluate
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
-from flower_pfl.engine.model_split import forward_with_features
+from flower_pfl.engine.model_split import forward_with_features, head_module
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
 from flower_pfl.engine.wire import encode_vector
 from flower_pfl.experiment.config import ExperimentConfig
-from flower_pfl.experiment.models import DNN
+from flower_pfl.experiment.models import DNN, build_model
 from flower_pfl.methods.fedproto import (
     LAMBDA,
     LOCAL_PROTOTYPES,
@@ -133,6 +136,28 @@ def test_users_loop_matches_train_locally():
     assert extras[CLIENT_ALGORITHM] == their_extras[CLIENT_ALGORITHM] == "fedproto"
     for a, b in zip(decode_prototypes(extras[LOCAL_PROTOTYPES], C, D), decode_prototypes(their_extras[LOCAL_PROTOTYPES], C, D)):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("sent", [False, True], ids=["first-round", "with-prototypes"])
+@pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
+def test_a_round_s_clients_train_together_as_one_by_one(name, sent):
+    """The models, losses and prototypes (their sums and counts carried from step to step) are the same both
+    ways, before there are global prototypes and with some (one class without)."""
+    model = build_model(name, (6,), 3, seed=0)
+    assert unbatched(FedProtoClient, model) is None
+    classes, dim = head_module(model).out_features, head_module(model).in_features
+    config = {CLIENT_ALGORITHM: "fedproto", LR: BATCH_LR, LAMBDA: 2.0}  # and, after a first round, the prototypes
+    if sent:
+        prototypes = torch.randn(classes, dim, generator=torch.Generator().manual_seed(7))
+        config[PROTOTYPES] = encode_prototypes(torch.tensor([1.0, 1.0, 0.0]), prototypes)
+
+    def same_extras(alone: dict, together: dict) -> None:
+        assert together[CLIENT_ALGORITHM] == alone[CLIENT_ALGORITHM] == "fedproto"
+        for a, b in zip(decode_prototypes(alone[LOCAL_PROTOTYPES], classes, dim),
+                        decode_prototypes(together[LOCAL_PROTOTYPES], classes, dim)):
+            assert_same_math(b, a)
+
+    assert_together_is_one_by_one(model, (6,), lambda m, i: FedProtoClient(m, config), same_extras)
 
 
 def test_bad_settings_are_refused():
