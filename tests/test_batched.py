@@ -115,7 +115,8 @@ def test_a_round_s_clients_evaluate_as_one_computation_as_one_by_one(model):
     torch.manual_seed(5)
     states = [[t + 0.1 * i * torch.randn_like(t) if t.is_floating_point() else t for t in built.state_dict().values()]
               for i in range(4)]
-    tests = [(torch.randn(n, 6), torch.randint(0, 3, (n,))) for n in (9, 30, 0, 17)]
+    states.append([t.clone() for t in states[1]])  # two clients holding one model: its forward passes shared
+    tests = [(torch.randn(n, 6), torch.randint(0, 3, (n,))) for n in (9, 30, 0, 17, 11)]
     together = evaluate_together(built, states, tests, batch_size=20)  # 5 samples a client per chunk
     for state, (x, y), got in zip(states, tests, together):
         m = copy.deepcopy(built)
@@ -130,6 +131,17 @@ def _load_state(model: torch.nn.Module, state: list[torch.Tensor]) -> None:
     with torch.no_grad():
         for t, v in zip(model.state_dict().values(), state):
             t.copy_(v)
+
+
+def test_an_attribute_compared_by_its_address_is_refused_not_left_to_split_the_round():
+    class Careless(ClientAlgorithm):
+        def __init__(self, model, config, state=None):
+            super().__init__(model, config, state)
+            self.helper = object()  # every client's own: each would train in a group of its own
+
+    model, datas, starts = _clients()
+    with pytest.raises(TypeError, match="Careless.helper is a object compared by its address"):
+        together(model, datas, starts, lambda m, i: Careless(m, {LR: 0.05}))
 
 
 def test_what_cannot_be_batched_is_named():

@@ -125,10 +125,26 @@ def _load(model: nn.Module, tensors: Sequence[torch.Tensor]) -> None:
 
 
 def _settings(algorithm: ClientAlgorithm) -> tuple[Any, ...]:
-    """What of ``algorithm``'s state must agree across a batch: everything but its own tensors."""
-    own = {"config", "state", "received", "steps", "step_loss", "loss_fn", *algorithm.batched_state}
-    return tuple(sorted((k, repr(v)) for k, v in vars(algorithm).items()
-                        if k not in own and not isinstance(v, torch.Tensor | list | tuple | nn.Module)))
+    """What of ``algorithm``'s state must agree across a batch: everything but its own tensors (and the model
+    it trains). ``TypeError`` for a value that cannot be compared (its repr is its address): it would put each
+    client in a group of its own."""
+    own = {"config", "state", "received", "steps", "step_loss", "loss_fn", *algorithm.batched_state,
+           *algorithm.carried, *algorithm.drawn}
+    settings = []
+    for key, value in vars(algorithm).items():
+        if key in own or isinstance(value, torch.Tensor | nn.Module) or _holds_tensors(value):
+            continue
+        text = repr(value)
+        if " at 0x" in text:
+            raise TypeError(f"{type(algorithm).__name__}.{key} is a {type(value).__name__} compared by its address: "
+                            "make it a plain value every client of a round shares, or tensors named in batched_state "
+                            "or carried")
+        settings.append((key, text))
+    return tuple(sorted(settings))
+
+
+def _holds_tensors(value: Any) -> bool:
+    return isinstance(value, list | tuple) and any(isinstance(v, torch.Tensor) or _holds_tensors(v) for v in value)
 
 
 def _train_group(model: nn.Module, rounds: Sequence[ClientRound], datas: Sequence[TrainData],

@@ -13,6 +13,7 @@ from torch import nn
 from torch.func import vmap
 
 from flower_pfl.engine.functional import Functional
+from flower_pfl.engine.wire import fingerprint
 
 
 @dataclass(frozen=True)
@@ -40,29 +41,42 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
 def evaluate_together(model: nn.Module, states: Sequence[Sequence[torch.Tensor]],
                       tests: Sequence[tuple[torch.Tensor, torch.Tensor]], batch_size: int = 4096) -> list[EvalResult]:
     """``evaluate`` of each client's model (``states[i]``: its ``state_dict``'s tensors, on ``model``'s
-    architecture) on its own test split ``tests[i]``, the clients as one computation: each step runs every
-    client's model on its next chunk of samples (``batch_size`` samples in all), the shorter splits padded
-    with their first sample and the padding left out of the sums."""
+    architecture) on its own test split ``tests[i]``, the clients as one computation. Clients holding the same
+    model (a global model's) share its forward passes. Each step runs every model with samples left on its next
+    samples, about ``batch_size`` samples in all (a model's last chunk padded with its first sample, the padding
+    left out of the sums)."""
     if not states:
         return []
-    f, clients = Functional(model), len(states)
+    forward = vmap(Functional(model))
     model.eval()
-    stacked = [torch.stack(list(ts)) for ts in zip(*states)]
-    sizes = [len(y) for _, y in tests]
-    chunk = max(1, batch_size // clients)
     device = tests[0][1].device
-    losses = torch.zeros(clients, dtype=torch.float64, device=device)
-    correct = torch.zeros(clients, dtype=torch.int64, device=device)
-    forward = vmap(f)
-    for start in range(0, max(sizes), chunk):
-        rows = torch.arange(start, start + chunk, device=device)
-        picks = [torch.where(rows < n, rows, 0) if n else rows.new_zeros(chunk) for n in sizes]
-        keep = torch.stack([rows < n for n in sizes])
-        x = torch.stack([xt[p] if n else xt.new_zeros((chunk, *xt.shape[1:])) for (xt, _), p, n in zip(tests, picks, sizes)])
-        y = torch.stack([yt[p] if n else yt.new_zeros(chunk) for (_, yt), p, n in zip(tests, picks, sizes)])
-        logits = forward(stacked, x)
-        each = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(clients, chunk)
-        losses += torch.where(keep, each, 0).sum(1).to(torch.float64)
-        correct += ((logits.argmax(-1) == y) & keep).sum(1)
-    return [EvalResult(loss=float(loss) / max(n, 1), accuracy=int(c) / max(n, 1), num_examples=n)
-            for loss, c, n in zip(losses.cpu(), correct.cpu(), sizes)]
+    models: dict[int, list[int]] = {}  # a model's fingerprint -> the clients holding it
+    for i, state in enumerate(states):
+        models.setdefault(fingerprint(state), []).append(i)
+    members = list(models.values())
+    stacked = [torch.stack([states[m[0]][k] for m in members]) for k in range(len(states[0]))]
+    owners = torch.cat([torch.full((len(tests[i][1]),), i, dtype=torch.int64) for m in members for i in m]).to(device)
+    x_all = torch.cat([tests[i][0] for m in members for i in m])
+    y_all = torch.cat([tests[i][1] for m in members for i in m])
+    sizes = torch.tensor([sum(len(tests[i][1]) for i in m) for m in members], device=device)
+    starts = torch.cumsum(sizes, 0) - sizes
+    losses = torch.zeros(len(states), dtype=torch.float64, device=device)
+    correct = torch.zeros(len(states), dtype=torch.int64, device=device)
+    position, active = 0, torch.arange(len(members), device=device)
+    while True:
+        active = active[sizes[active] > position]  # the models with samples left
+        if len(active) == 0:
+            break
+        chunk = max(1, batch_size // len(active))
+        offsets = position + torch.arange(chunk, device=device)
+        keep = offsets[None, :] < sizes[active, None]
+        rows = torch.where(keep, starts[active, None] + offsets[None, :], starts[active, None])
+        x, y, owner = x_all[rows], y_all[rows], owners[rows].flatten()
+        logits = forward([t[active] for t in stacked], x)
+        each = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(len(active), chunk)
+        losses.index_add_(0, owner, torch.where(keep, each, 0).flatten().to(torch.float64))
+        correct.index_add_(0, owner, ((logits.argmax(-1) == y) & keep).flatten().to(torch.int64))
+        position += chunk
+    sizes_each = [len(y) for _, y in tests]
+    return [EvalResult(loss=loss / max(n, 1), accuracy=c / max(n, 1), num_examples=n)
+            for loss, c, n in zip(losses.tolist(), correct.tolist(), sizes_each)]
