@@ -21,7 +21,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value
 
 from flower_pfl.engine.layout import ParamLayout
-from flower_pfl.engine.model_split import forward_with_features
+from flower_pfl.engine.model_split import forward_with_features, head_module, head_name
 
 State = list[torch.Tensor]
 
@@ -79,6 +79,12 @@ class Functional:
     def with_features(self, state: Sequence[torch.Tensor], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The logits and the head's input (``forward_with_features``) of the model holding ``state``."""
         return forward_with_features(self.model, x, lambda inputs: self(state, inputs))
+
+    def head(self, state: Sequence[torch.Tensor], z: torch.Tensor) -> torch.Tensor:
+        """The head (``head_module``) of the model holding ``state``, on the representations ``z``."""
+        prefix = head_name(self.model) + "."
+        entries = {name[len(prefix):]: t for name, t in zip(self.names, state) if name.startswith(prefix)}
+        return functional_call(head_module(self.model), entries, (z,), tie_weights=False, strict=True)
 
     @contextmanager
     def evaluating(self) -> Iterator[None]:

@@ -28,7 +28,6 @@ from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import Settings
 from flower_pfl.engine.side_modules import SideModules, WithSideModules, received_modules, reply_entry
 from flower_pfl.methods.base import Method, one_layer_refusal
-from flower_pfl.methods.fedgen import head_call
 from flower_pfl.methods.fedper import SharedPart
 
 #: config keys: the MMD weight λ, the received global head's share in the uploaded head, and the global
@@ -153,7 +152,7 @@ class FedCPClient(ClientAlgorithm):
             h = f.with_features(s, x)[1]
             r, s_share = policy(lambda v: functional_call(self.modules["cpn"], network, (v,), tie_weights=False, strict=True),
                                 h, self.context, self.noise)
-            logits = head_call(f, s, h * r) + functional_call(self.modules["head"], global_head, (h * s_share,),
+            logits = f.head(s, h * r) + functional_call(self.modules["head"], global_head, (h * s_share,),
                                                               tie_weights=False, strict=True)
             loss = self.loss_fn(logits, y)
             return (loss if h_global is None else loss + self.lam * mmd(h, h_global)), loss

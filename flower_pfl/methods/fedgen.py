@@ -9,13 +9,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, batch_seeded_generator, setting
 from flower_pfl.engine.feature_generator import FeatureGenerator, GeneratorTrainer, decode_generator, encode_generator, linear_heads
 from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout
-from flower_pfl.engine.model_split import head_module, head_name
+from flower_pfl.engine.model_split import head_module
 from flower_pfl.engine.params import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Rule, param
 from flower_pfl.engine.reply_checks import Reply, norm, received_vector
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
@@ -41,13 +40,6 @@ def coefficient(initial: float, decay: float, server_round: int) -> float:
     """α or β in round ``t`` (1-based): ``max(10⁻⁴, initial · decay^(t−1))`` (an initial value below
     the floor stays as it is, so 0 turns the term off)."""
     return max(min(FLOOR, initial), initial * decay ** (server_round - 1))
-
-
-def head_call(f: Functional, state: Sequence[torch.Tensor], z: torch.Tensor) -> torch.Tensor:
-    """The head (``head_module``) of the model holding ``state`` on the representations ``z``."""
-    prefix = head_name(f.model) + "."
-    entries = {name[len(prefix):]: t for name, t in zip(f.names, state) if name.startswith(prefix)}
-    return functional_call(head_module(f.model), entries, (z,), tie_weights=False, strict=True)
 
 
 def regularization(head: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor, target: torch.Tensor,
@@ -125,10 +117,10 @@ class FedGenClient(ClientAlgorithm):
             return None
         generator, alpha, beta = self.generator, self.alpha, self.beta
         with torch.no_grad():
-            target = F.softmax(head_call(f, state, generator(y, self.target_noise)), dim=1)
+            target = F.softmax(f.head(state, generator(y, self.target_noise)), dim=1)
             generated = generator(self.generated_labels, self.generated_noise)
         drawn = self.generated_labels
-        return lambda s, z: regularization(lambda h: head_call(f, s, h), z, target, generated, drawn, alpha, beta)
+        return lambda s, z: regularization(lambda h: f.head(s, h), z, target, generated, drawn, alpha, beta)
 
     def step(self, f: Functional, state: State, batches: Sequence[Batch], lr: float) -> tuple[State, torch.Tensor]:
         """One SGD step on ``CE(f(x), y)`` plus the regularization of the representation of ``x``; the

@@ -20,7 +20,6 @@ from flower_pfl.engine.params import NON_NEGATIVE, param
 from flower_pfl.engine.server_algorithm import Settings
 from flower_pfl.engine.side_modules import SideModules, WithSideModules, received_modules, reply_entry
 from flower_pfl.methods.base import Method, one_layer_refusal
-from flower_pfl.methods.fedgen import head_call
 from flower_pfl.methods.fedper import SharedPart
 
 #: config keys: the weights λ (magnitude-level guidance) and μ (regularization of the GCE and CoV), and
@@ -128,7 +127,7 @@ class GPFLClient(ClientAlgorithm):
                 return cast(torch.Tensor, functional_call(self.cov, cov, (h, condition), tie_weights=False, strict=True))
 
             h = f.with_features(s, x)[1]
-            loss = self.loss_fn(head_call(f, s, valve(h, self.personal_input)), y)
+            loss = self.loss_fn(f.head(s, valve(h, self.personal_input)), y)
             global_features = valve(h, self.global_input)
             guidance = (angle_loss(global_features, named["gce.weight"], y)
                         + self.lam * magnitude_loss(global_features, self.embeddings[y]))
