@@ -28,7 +28,7 @@ from client_apps.own_loop import RecordState
 from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.batched import ClientRound, train_together, unbatched, unbatched_evaluation
 from flower_pfl.engine.client_algorithm import RESUMED_AFTER, SERVER_ROUND, Extras, LocalResult, TrainData, train_locally
-from flower_pfl.engine.evaluation import EvalResult, evaluate_together
+from flower_pfl.engine.evaluation import EvalResult, Personalization, evaluate_together
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
 from flower_pfl.engine.precision import computing_in
 from flower_pfl.engine.wire import fingerprint
@@ -283,22 +283,31 @@ def _evaluate_nodes(nodes: Sequence[Node], messages: Sequence[Message], model: t
     evaluations: list[Evaluation] = []
     results: list[EvalResult | None] = []
     reasons: list[str | None] = []
-    states, tests = [], []
+    kinds: dict[Any, tuple[torch.nn.Module, list[int], list[list[torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
     for node, msg, config in zip(nodes, messages, configs):
         node.load(record_numpy(msg.content.array_records["arrays"]))
         evaluation = node.start_evaluate(config)
         evaluations.append(evaluation)
-        if why is None and evaluation.model is model:  # the model itself: its tensors join the round's
-            states.append([t.detach().clone() for t in model.state_dict().values()])
+        evaluated = evaluation.model
+        if why is None and (evaluated is model or isinstance(evaluated, Personalization)):
+            # the received model, or a personalization of it: its tensors join those of its kind
+            entries = evaluated.state_dict()
+            kind = (type(evaluated), tuple((k, tuple(v.shape), v.dtype) for k, v in entries.items()))
+            _, positions, states, tests = kinds.setdefault(kind, (evaluated, [], [], []))
+            positions.append(len(results))
+            states.append([t.detach().clone() for t in entries.values()])
             tests.append(node._test_data())
             results.append(None)
             reasons.append(None)
-        else:  # a model of its own (a mixture, a personalized head): evaluated now
-            results.append(node._test(evaluation.model))
-            reasons.append(why or f"{client_algorithm_for(config).__name__} evaluates a model of its own making")
-    together = iter(evaluate_together(model, states, tests))
-    replies = [Message(content=RecordDict({"metrics": MetricRecord(e.metrics(r if r is not None else next(together)))}),
-                       reply_to=msg) for e, r, msg in zip(evaluations, results, messages)]
+        else:  # a model of another making (a nearest-neighbour mixture): evaluated now
+            results.append(node._test(evaluated))
+            reasons.append(why or f"{client_algorithm_for(config).__name__}: its {type(evaluated).__name__} is evaluated client by "
+                                  "client (not a Personalization: what differs between clients is not all in its state_dict)")
+    for architecture, positions, states, tests in kinds.values():
+        for i, result in zip(positions, evaluate_together(architecture, states, tests)):
+            results[i] = result
+    replies = [Message(content=RecordDict({"metrics": MetricRecord(e.metrics(r))}), reply_to=msg)
+               for e, r, msg in zip(evaluations, results, messages) if r is not None]
     return replies, reasons
 
 

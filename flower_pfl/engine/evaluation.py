@@ -16,6 +16,13 @@ from flower_pfl.engine.functional import Functional
 from flower_pfl.engine.wire import fingerprint
 
 
+class Personalization(nn.Module):
+    """A model a client makes from the received one to evaluate (a mixture, a personal head, a shifted
+    representation), holding everything that differs from client to client in its ``state_dict`` (parameters
+    and buffers): a round's clients then evaluate their models of one kind as one computation
+    (``evaluate_together`` on the stacked ``state_dict``s)."""
+
+
 @dataclass(frozen=True)
 class EvalResult:
     loss: float

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, load_stored, stored
+from flower_pfl.engine.evaluation import Personalization
 from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.params import NON_NEGATIVE, UNIT_INTERVAL, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
@@ -25,13 +26,16 @@ ALPHA_LR, ALPHA_INIT = "apfl-alpha-lr", "apfl-alpha-init"
 PERSONAL_STATE = "apfl-personal"
 
 
-class Mixture(nn.Module):
+class Mixture(Personalization):
     """``α v(x) + (1 − α) w(x)``: the personalized predictor."""
+
+    alpha: torch.Tensor
 
     def __init__(self, personal: nn.Module, global_model: nn.Module, alpha: float | torch.Tensor) -> None:
         super().__init__()
         self.personal, self.global_model = personal, global_model
-        self.alpha = alpha
+        device = next(global_model.parameters()).device
+        self.register_buffer("alpha", torch.as_tensor(alpha, dtype=torch.float32, device=device).reshape(()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.alpha * self.personal(x) + (1 - self.alpha) * self.global_model(x)

@@ -19,6 +19,7 @@ from flower_pfl.engine.client_algorithm import (
     batch_seeded_generator,
     setting,
 )
+from flower_pfl.engine.evaluation import Personalization
 from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout, load_flat_
 from flower_pfl.engine.mmd import squared_mmd
@@ -84,13 +85,15 @@ def separated_logits(model: nn.Module, modules: nn.ModuleDict, x: torch.Tensor, 
     return head_module(model)(h * r) + modules["head"](h * s), h
 
 
-class Separated(nn.Module):
+class Separated(Personalization):
     """FedCP's predictor for evaluation: the deterministic policy (no Gumbel noise)."""
+
+    context: torch.Tensor
 
     def __init__(self, model: nn.Module, modules: nn.ModuleDict) -> None:
         super().__init__()
         self.model, self.modules_ = model, modules
-        self.context = conditional_input(model)
+        self.register_buffer("context", conditional_input(model).clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return separated_logits(self.model, self.modules_, x, self.context)[0]

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, setting, stored
+from flower_pfl.engine.evaluation import Personalization
 from flower_pfl.engine.feature_stats import representation_size
 from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout
@@ -54,12 +55,15 @@ def mean_regularization(running: torch.Tensor, consensus: torch.Tensor, kappa: f
     return kappa * (0.5 * (running - consensus) ** 2).mean()
 
 
-class Shifted(nn.Module):
+class Shifted(Personalization):
     """The model with its client's PRBM vector added to its representation: ``head(f(x) + z̄_i^p)``."""
+
+    shift: torch.Tensor
 
     def __init__(self, model: nn.Module, shift: torch.Tensor) -> None:
         super().__init__()
-        self.model, self.shift = model, shift
+        self.model = model
+        self.register_buffer("shift", shift)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return forward_shifted(self.model, x, self.shift)[0]

@@ -13,6 +13,7 @@ from torch.func import functional_call, grad
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, stored
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
+from flower_pfl.engine.evaluation import Personalization
 from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.model_split import forward_with_features, head_module
 from flower_pfl.engine.params import Rule, param
@@ -44,7 +45,7 @@ def personal_head(model: nn.Module, state: ClientState | None) -> nn.Linear:
     return head
 
 
-class Personalized(nn.Module):
+class Personalized(Personalization):
     """FedRoD's personalized predictor: the generic model's logits plus the personal head's on the
     same representation (the input of the model's last ``nn.Linear``)."""
 

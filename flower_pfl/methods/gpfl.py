@@ -12,6 +12,7 @@ from torch import nn
 from torch.func import functional_call
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, setting
+from flower_pfl.engine.evaluation import Personalization
 from flower_pfl.engine.functional import Functional, State, sgd
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_facts import ModelFacts
@@ -70,12 +71,15 @@ def class_shares(y: torch.Tensor, classes: int) -> torch.Tensor:
     return counts / counts.sum().clamp_min(1)
 
 
-class Valved(nn.Module):
+class Valved(Personalization):
     """GPFL's personalized predictor: the model's head on ``CoV(h, p_i)``."""
+
+    personalized: torch.Tensor
 
     def __init__(self, model: nn.Module, cov: nn.Module, personalized: torch.Tensor) -> None:
         super().__init__()
-        self.model, self.cov, self.personalized = model, cov, personalized
+        self.model, self.cov = model, cov
+        self.register_buffer("personalized", personalized)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return head_module(self.model)(self.cov(forward_with_features(self.model, x)[1], self.personalized))

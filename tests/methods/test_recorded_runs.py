@@ -57,4 +57,6 @@ def test_clients_trained_as_one_computation_give_the_recorded_figures(label, tmp
         assert summary["clients_trained_one_by_one"] == 0 and summary["clients_trained_together"] == 6 * 6, summary
     else:  # one by one, and the summary says why
         assert summary["clients_trained_together"] == 0 and any(why in r for r in summary["one_by_one_because"]), summary
+    # evaluations together too, but kNN-Per's: its model mixes in each client's own training set
+    assert summary["clients_evaluated_together"] == (0 if label == "knnper" else 3 * 12), summary  # rounds 1, 3, 6
     assert_as_recorded(label, run)  # the one-by-one run's figures, within the tolerance of reordered float sums
