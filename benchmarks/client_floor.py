@@ -6,7 +6,12 @@ every ``eval_every`` rounds evaluate the global model on every client's test spl
 
 - ``sequential_round``: client after client, an ``nn.Module`` and ``torch.optim.SGD`` each;
 - ``batched_round``: the round's clients as one computation, ``torch.func.vmap`` of one client's
-  loss over their stacked parameters, then one gradient step for all (the same minibatches).
+  loss over their stacked parameters, then one gradient step for all (the same minibatches). A
+  model's buffers (batch normalization's running statistics) are each client's own, stacked like
+  the parameters and updated in place by the training-mode forward passes (``functional_call``);
+  the round averages them with the parameters, as the sequential loop averages the ``state_dict``.
+
+Both train in training mode; ``evaluate`` runs in evaluation mode.
 
 ``benchmarks.client_speed`` times them beside the package's own paths.
 """
@@ -45,13 +50,16 @@ def minibatches(n: int, batch: int, steps: int, generator: torch.Generator) -> l
 
 
 def evaluate(model: nn.Module, fed: Federation) -> tuple[float, float]:
-    """One model's mean loss and accuracy over clients, client by client (what a client reports)."""
+    """One model's mean loss and accuracy over clients, client by client (what a client reports), in
+    evaluation mode (batch normalization's running statistics)."""
     loss = accuracy = 0.0
+    model.eval()
     with torch.no_grad():
         for x, y in zip(fed.x_test, fed.y_test):
             logits = model(x)
             loss += float(F.cross_entropy(logits, y, reduction="sum")) / len(y)
             accuracy += float((logits.argmax(1) == y).float().mean())
+    model.train()
     return loss / len(fed.x_test), accuracy / len(fed.x_test)
 
 
@@ -61,6 +69,7 @@ def sequential_round(fed: Federation, model: nn.Module, clients: list[int], *, s
     start = {k: v.clone() for k, v in model.state_dict().items()}
     total = {k: torch.zeros_like(v) for k, v in start.items()}
     weight = 0
+    model.train()
     for c in clients:
         model.load_state_dict(start)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
@@ -79,30 +88,41 @@ def batched_round(fed: Federation, model: nn.Module, clients: list[int], *, step
                   generator: torch.Generator) -> None:
     """One round, the clients as one computation (clients with fewer examples than a batch in a group of their own)."""
     names = [n for n, _ in model.named_parameters()]
+    buffer_names = [n for n, _ in model.named_buffers()]
     start = [p.detach() for p in model.parameters()]
+    start_buffers = [b.detach() for b in model.buffers()]
     groups: dict[int, list[int]] = {}
     for c in clients:
         groups.setdefault(min(batch, len(fed.y_train[c])), []).append(c)
     total, weight = [torch.zeros_like(p) for p in start], 0
+    total_buffers = [torch.zeros(b.shape, device=b.device) for b in start_buffers]  # float: num_batches_tracked too
 
-    def loss(params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(functional_call(model, dict(zip(names, params)), (x,)), y)
+    def loss(params: list[torch.Tensor], buffers: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # a training-mode forward pass updates the client's own buffers in place
+        tensors = {**dict(zip(names, params)), **dict(zip(buffer_names, buffers))}
+        return F.cross_entropy(functional_call(model, tensors, (x,)), y)
 
     losses = vmap(loss)
+    model.train()
     for members in groups.values():
         params = [p.expand(len(members), *p.shape).clone() for p in start]
+        buffers = [b.expand(len(members), *b.shape).clone() for b in start_buffers]
         picks = [minibatches(len(fed.y_train[c]), batch, steps, generator) for c in members]
         for k in range(steps):
             x = torch.stack([fed.x_train[c][p[k]] for c, p in zip(members, picks)])
             y = torch.stack([fed.y_train[c][p[k]] for c, p in zip(members, picks)])
             leaves = [p.requires_grad_(True) for p in params]
-            grads = torch.autograd.grad(losses(leaves, x, y).sum(), leaves)
+            grads = torch.autograd.grad(losses(leaves, buffers, x, y).sum(), leaves)
             with torch.no_grad():
                 params = [p - lr * g for p, g in zip(leaves, grads)]
         sizes = torch.tensor([float(len(fed.y_train[c])) for c in members], device=start[0].device)
         for t, p in zip(total, params):
             t += torch.tensordot(sizes, p, dims=1)
+        for t, b in zip(total_buffers, buffers):
+            t += torch.tensordot(sizes, b.to(sizes.dtype), dims=1)
         weight += int(sizes.sum())
     with torch.no_grad():
         for p, t in zip(model.parameters(), total):
             p.copy_(t / weight)
+        for b, t in zip(model.buffers(), total_buffers):
+            b.copy_(t / weight)  # cast back to the buffer's type (num_batches_tracked: an integer)
