@@ -28,7 +28,7 @@ from client_apps.own_loop import RecordState
 from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.batched import ClientRound, train_together, unbatched, unbatched_evaluation
 from flower_pfl.engine.client_algorithm import RESUMED_AFTER, SERVER_ROUND, Extras, LocalResult, TrainData, train_locally
-from flower_pfl.engine.evaluation import EvalResult, Personalization, evaluate_together
+from flower_pfl.engine.evaluation import STACKED_BYTES, EvalResult, Personalization, evaluate_together
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
 from flower_pfl.engine.precision import computing_in
 from flower_pfl.engine.wire import fingerprint
@@ -284,6 +284,12 @@ def _evaluate_nodes(nodes: Sequence[Node], messages: Sequence[Message], model: t
     results: list[EvalResult | None] = []
     reasons: list[str | None] = []
     kinds: dict[Any, tuple[torch.nn.Module, list[int], list[list[torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
+
+    def run(kind: Any) -> None:  # the kind's gathered clients, as one computation
+        architecture, positions, states, tests = kinds.pop(kind)
+        for i, result in zip(positions, evaluate_together(architecture, states, tests)):
+            results[i] = result
+
     for node, msg, config in zip(nodes, messages, configs):
         node.load(record_numpy(msg.content.array_records["arrays"]))
         evaluation = node.start_evaluate(config)
@@ -299,13 +305,14 @@ def _evaluate_nodes(nodes: Sequence[Node], messages: Sequence[Message], model: t
             tests.append(node._test_data())
             results.append(None)
             reasons.append(None)
+            if len(states) * sum(t.numel() * t.element_size() for t in states[0]) >= STACKED_BYTES:
+                run(kind)  # a bounded stack: a federation's models need not fit on the device at once
         else:  # a model of another making (a nearest-neighbour mixture): evaluated now
             results.append(node._test(evaluated))
             reasons.append(why or f"{client_algorithm_for(config).__name__}: its {type(evaluated).__name__} is evaluated client by "
                                   "client (not a Personalization: what differs between clients is not all in its state_dict)")
-    for architecture, positions, states, tests in kinds.values():
-        for i, result in zip(positions, evaluate_together(architecture, states, tests)):
-            results[i] = result
+    for kind in list(kinds):
+        run(kind)
     replies = [Message(content=RecordDict({"metrics": MetricRecord(e.metrics(r))}), reply_to=msg)
                for e, r, msg in zip(evaluations, results, messages) if r is not None]
     return replies, reasons

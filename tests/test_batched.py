@@ -127,6 +127,21 @@ def test_a_round_s_clients_evaluate_as_one_computation_as_one_by_one(model):
     assert len({r.accuracy for r in together}) > 1
 
 
+def test_a_round_s_evaluation_stacks_a_bounded_share_of_the_models_at_once(tmp_path, monkeypatch):
+    import client_apps.app as capp
+    from flower_pfl.engine import evaluation
+
+    stacks: list[int] = []
+    real = evaluation.evaluate_together
+    monkeypatch.setattr(capp, "evaluate_together", lambda m, states, tests: stacks.append(len(states)) or real(m, states, tests))
+    whole = _summary(tmp_path / "a", method="fedmcsa", figures=False)
+    monkeypatch.setattr(capp, "STACKED_BYTES", 2 * sum(t.numel() * 4 for t in DNN(60, 10).state_dict().values()))
+    stacks.clear()
+    bounded = _summary(tmp_path / "b", method="fedmcsa", figures=False)
+    assert stacks == [2, 2] * 2  # 4 clients, two at a time, in both evaluated rounds
+    assert bounded["final_accuracy"] == whole["final_accuracy"] and bounded["clients_evaluated_together"] == 8
+
+
 def _load_state(model: torch.nn.Module, state: list[torch.Tensor]) -> None:
     with torch.no_grad():
         for t, v in zip(model.state_dict().values(), state):

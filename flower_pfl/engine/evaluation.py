@@ -15,6 +15,9 @@ from torch.func import vmap
 from flower_pfl.engine.functional import Functional
 from flower_pfl.engine.wire import fingerprint
 
+#: a round's evaluation stacks at most about this many bytes of the clients' models at once (then evaluates them)
+STACKED_BYTES = 256 * 2**20
+
 
 class Personalization(nn.Module):
     """A model a client makes from the received one to evaluate (a mixture, a personal head, a shifted
