@@ -34,22 +34,24 @@ def load(model: torch.nn.Module, tensors: list[torch.Tensor]) -> None:
             t.copy_(v)
 
 
-def one_by_one(model, datas, starts, make: Make) -> list[tuple[list[torch.Tensor], float, dict[str, Any]]]:
+def one_by_one(model, datas, starts, make: Make, steps: int = STEPS,
+               lr: float = LR) -> list[tuple[list[torch.Tensor], float, dict[str, Any]]]:
     out = []
     for i, d in enumerate(datas):
         m = copy.deepcopy(model)
         load(m, starts[i])
-        result, extras = train_locally(make(m, i), m, d, steps=STEPS, lr=LR, batch_size=BATCH,
+        result, extras = train_locally(make(m, i), m, d, steps=steps, lr=lr, batch_size=BATCH,
                                        generator=torch.Generator().manual_seed(i))
         out.append(([t.clone() for t in m.state_dict().values()], result.loss, extras))
     return out
 
 
-def together(model, datas, starts, make: Make) -> list[tuple[list[torch.Tensor], float, dict[str, Any]]]:
+def together(model, datas, starts, make: Make, steps: int = STEPS,
+             lr: float = LR) -> list[tuple[list[torch.Tensor], float, dict[str, Any]]]:
     shared, rounds = copy.deepcopy(model), []
     for i, d in enumerate(datas):
         load(shared, starts[i])
-        rounds.append(ClientRound(make(shared, i), d, STEPS, LR, BATCH, torch.Generator().manual_seed(i),
+        rounds.append(ClientRound(make(shared, i), d, steps, lr, BATCH, torch.Generator().manual_seed(i),
                                   [t.clone() for t in starts[i]]))
     return [(tensors, result.loss, extras) for tensors, result, extras in train_together(shared, rounds)]
 
