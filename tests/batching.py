@@ -71,3 +71,17 @@ def assert_together_is_one_by_one(model: torch.nn.Module, shape: tuple[int, ...]
         else:
             same_extras(extras_a, extras_b)
         assert any(not torch.allclose(x.float(), s.float(), atol=1e-4) for x, s in zip(a, start))  # it trained
+
+
+def same_vector_extras(key: str) -> Callable[[dict[str, Any], dict[str, Any]], None]:
+    """``same_extras`` for replies that carry one flat float32 vector under ``key`` (side modules, statistics):
+    the same keys and receipt, the vectors within float tolerance."""
+    from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM
+    from flower_pfl.engine.wire import decode_flat
+
+    def same(a: dict[str, Any], b: dict[str, Any]) -> None:
+        assert a.keys() == b.keys() and a.get(CLIENT_ALGORITHM) == b.get(CLIENT_ALGORITHM)
+        size = len(a[key]) // 4
+        assert_same_math(decode_flat(b[key], size), decode_flat(a[key], size))
+
+    return same

@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from batching import assert_together_is_one_by_one
-from floats import assert_same_math
+from batching import assert_together_is_one_by_one, same_vector_extras
 from torch import nn
 
 from client_apps.own_loop import algorithm_for
@@ -185,12 +184,6 @@ def test_short_run_as_recorded_and_the_mmd_and_policy_change_it(short_runs, tmp_
 
 # --- a round's clients as one computation ---------------------------------------------------------
 
-def _same_modules(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys() and a[CLIENT_ALGORITHM] == b[CLIENT_ALGORITHM]
-    size = len(a[LOCAL_MODULES]) // 4
-    assert_same_math(decode_flat(b[LOCAL_MODULES], size), decode_flat(a[LOCAL_MODULES], size))
-
-
 @pytest.mark.parametrize("name", ["dnn", "dnn-bn"])
 def test_a_rounds_clients_train_together_as_one_by_one(name):
     """The CPN trained beside each client's model, each client's Gumbel noise from its own generator, its
@@ -198,4 +191,4 @@ def test_a_rounds_clients_train_together_as_one_by_one(name):
     model = build_model(name, (6,), 3)
     assert unbatched(FedCPClient, model) is None
     config = {**_config(), MODULES: encode_vector(flatten_module(built(cpn_modules, 20, 3, seed=3)))}
-    assert_together_is_one_by_one(model, (6,), lambda m, i: FedCPClient(m, config), _same_modules)
+    assert_together_is_one_by_one(model, (6,), lambda m, i: FedCPClient(m, config), same_vector_extras(LOCAL_MODULES))
