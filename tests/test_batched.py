@@ -148,6 +148,34 @@ def _load_state(model: torch.nn.Module, state: list[torch.Tensor]) -> None:
             t.copy_(v)
 
 
+def test_a_step_s_gradients_are_the_same_for_one_client_and_under_vmap():
+    """``Functional.grad`` runs through autograd for one client and through torch.func under vmap: the same
+    gradients (of the state and of an extra tensor), loss, updated running statistics and aux; zeros where the
+    loss does not depend on an input."""
+    from torch.func import vmap
+
+    from flower_pfl.engine.functional import Functional
+
+    model = build_model("dnn-bn", (6,), 3)
+    f, state = Functional(model), Functional(model).state()
+    x, y, shift = torch.randn(8, 6), torch.randint(0, 3, (8,)), torch.randn(3)
+
+    def loss_of(s, extra, unused):
+        logits = f(s, x) + extra
+        return torch.nn.functional.cross_entropy(logits, y), logits.sum()
+
+    def step(s, extra, unused):
+        return f.grad(loss_of, s, extra, unused, has_aux=True)
+
+    one = step(state, shift, [torch.ones(2)])
+    many = vmap(step)([t[None] for t in state], shift[None], [torch.ones(1, 2)])
+    flatten = lambda out, i=None: [t if i is None else t[i] for part in (out[0], *out[1], [out[2]], out[3], [out[4]])
+                                   for t in (part if isinstance(part, list | tuple) else [part])]
+    for a, b in zip(flatten(one), flatten(many, 0)):
+        assert_same_math(b.float(), a.float())
+    assert torch.equal(one[1][1][0], torch.zeros(2)) and not torch.equal(one[3][4], state[4])  # unused; statistics moved
+
+
 def test_an_attribute_compared_by_its_address_is_refused_not_left_to_split_the_round():
     class Careless(ClientAlgorithm):
         def __init__(self, model, config, state=None):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value
+from torch.utils._pytree import tree_map
 
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_split import forward_with_features, head_module, head_name
@@ -110,9 +111,38 @@ class Functional:
             loss, aux = out if has_aux else (out, ())
             return loss, (self.others(inside), aux)
 
-        grads, (loss, (updated, aux)) = grad_and_value(inner, argnums=tuple(range(1 + len(extra))), has_aux=True)(
-            self.params(state), *extra)
+        grads, (loss, (updated, aux)) = gradients(inner, self.params(state), *extra)
         return grads[0], tuple(grads[1:]), loss, self.join(self.params(state), updated), aux if has_aux else None
+
+
+def gradients(loss_of: Callable[..., tuple[torch.Tensor, Any]], *args: Any) -> tuple[tuple[Any, ...], tuple[torch.Tensor, Any]]:
+    """``torch.func.grad_and_value(loss_of, argnums=every argument, has_aux=True)(*args)``: the gradients with
+    respect to every argument (a tensor or a list of tensors) and ``(loss, aux)``. Under ``vmap`` (a round's clients
+    at once) through ``torch.func``; for one client through ``torch.autograd``, the same math without the
+    transforms' per-call cost."""
+    if _transformed():
+        return grad_and_value(loss_of, argnums=tuple(range(len(args))), has_aux=True)(*args)
+    return _autograd_grad_and_value(loss_of, *args)
+
+
+def _transformed() -> bool:
+    """Whether the caller runs inside a ``torch.func`` transform (``vmap``, ``grad``)."""
+    level = getattr(torch._C._functorch, "maybe_current_level", None)
+    return level is None or level() is not None  # unknown: take the transforms' path, which is always right
+
+
+def _autograd_grad_and_value(inner: Callable[..., tuple[torch.Tensor, Any]], *args: Any) -> tuple[tuple[Any, ...], tuple[torch.Tensor, Any]]:
+    """``grad_and_value(inner, argnums=all, has_aux=True)(*args)`` with ``torch.autograd``: each argument a tensor
+    or a list of tensors; the gradient of an input the value does not depend on is zeros, as torch.func gives."""
+    leaves = [[t.detach().requires_grad_(True) for t in a] if isinstance(a, list | tuple) else a.detach().requires_grad_(True)
+              for a in args]
+    flat = [t for a in leaves for t in (a if isinstance(a, list) else [a])]
+    with torch.enable_grad():
+        value, aux = inner(*leaves)
+        found = torch.autograd.grad(value, flat, allow_unused=True) if value.requires_grad else [None] * len(flat)
+    it = iter(torch.zeros_like(t) if g is None else g for t, g in zip(flat, found))
+    grads = tuple([next(it) for _ in a] if isinstance(a, list) else next(it) for a in leaves)
+    return grads, (value.detach(), tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, aux))
 
 
 def sgd(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None], lr: float) -> State:

@@ -9,12 +9,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad
+from torch.func import functional_call
 
 from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, TrainData, keep, stored
 from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY
 from flower_pfl.engine.evaluation import Personalization
-from flower_pfl.engine.functional import Functional, State, sgd
+from flower_pfl.engine.functional import Functional, State, gradients, sgd
 from flower_pfl.engine.model_split import forward_with_features, head_module
 from flower_pfl.engine.params import Rule, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
@@ -97,10 +97,10 @@ class FedRoDClient(ClientAlgorithm):
         grads, _, loss, state, (logits, features) = f.grad(generic_loss, state, has_aux=True)
         names = [name for name, _ in self.linear.named_parameters()]
 
-        def personal_loss(head: State) -> torch.Tensor:
-            return self.loss_fn(logits + functional_call(self.linear, dict(zip(names, head)), (features,)), y)
+        def personal_loss(head: State) -> tuple[torch.Tensor, tuple[()]]:
+            return self.loss_fn(logits + functional_call(self.linear, dict(zip(names, head)), (features,)), y), ()
 
-        self.head = sgd(self.head, grad(personal_loss)(self.head), lr)
+        self.head = sgd(self.head, gradients(personal_loss, self.head)[0][0], lr)
         return f.with_params(state, sgd(f.params(state), grads, lr)), loss
 
     def end_round(self, model: nn.Module, inputs: Any = None) -> dict[str, bytes]:
