@@ -57,19 +57,16 @@ class ClientRound:
 
 def unbatched(algorithm: type[ClientAlgorithm], model: nn.Module) -> str | None:
     """Why clients of ``algorithm`` training ``model`` (on its device) do not train as one computation, or
-    ``None``: the algorithm cannot, the model has a recurrent layer or dropout, or a convolutional model is
-    on the CPU, where batching it is slower."""
+    ``None``: the algorithm cannot, the model has dropout, or its forward passes cannot run together
+    (``unbatched_evaluation``)."""
     if algorithm.unbatched_because is not None:
         return algorithm.unbatched_because
     if algorithm.train_step is not ClientAlgorithm.train_step:
         return "its train_step is its own (not a step of the user's loop, nor a step written with torch.func)"
-    if any(isinstance(m, nn.RNNBase) for m in model.modules()):
-        return RECURRENT
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+    why = unbatched_evaluation(model)  # a recurrent layer first, then dropout, then convolutions on the CPU
+    if why != RECURRENT and any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         return DROPOUT
-    if _on_cpu(model) and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()):
-        return CPU_CONVOLUTIONS
-    return None
+    return why
 
 
 def unbatched_evaluation(model: nn.Module) -> str | None:
@@ -155,8 +152,8 @@ def _train_group(model: nn.Module, rounds: Sequence[ClientRound], datas: Sequenc
     f = Functional(model)
     stacked = [torch.stack(ts) for ts in zip(*starts)]
     params = f.params(stacked)
-    # the buffers are each client's own, updated in place by the training-mode forward passes
-    buffers = [t.clone() for t in f.others(stacked)]
+    # the buffers are each client's own (the stack's fresh copies), updated in place by the training-mode forward passes
+    buffers = f.others(stacked)
     state = {name: _stack([getattr(r.algorithm, name) for r in rounds]) for name in proto.batched_state}
     x_all, y_all, picks = _minibatches(rounds, datas, steps)
 
