@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -314,7 +314,7 @@ def _evaluate_nodes(nodes: Sequence[Node], messages: Sequence[Message], model: t
     for kind in list(kinds):
         run(kind)
     replies = [Message(content=RecordDict({"metrics": MetricRecord(e.metrics(r))}), reply_to=msg)
-               for e, r, msg in zip(evaluations, results, messages) if r is not None]
+               for e, r, msg in zip(evaluations, cast(list[EvalResult], results), messages)]  # every result is in
     return replies, reasons
 
 

@@ -28,7 +28,7 @@ def data_budget(device: torch.device) -> float:
 def on_device(data: ClientData, device: torch.device, budget: float | None = None) -> ClientData:
     """``data`` on ``device``: the copy kept for the run when the device's kept data stay within ``budget``
     bytes (default ``data_budget``), else a copy for this message alone. On the CPU, ``data`` itself."""
-    if data.y_train.device == device or device.type == "cpu" and data.y_train.device.type == "cpu":
+    if data.y_train.device == device:
         return data
     key = str(device)
     if (copy := _kept.get(data, {}).get(key)) is not None:
