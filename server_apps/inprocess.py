@@ -16,6 +16,7 @@ says which path ran, and why.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +34,7 @@ LEGACY_ONE_BY_ONE = "Flower's legacy server sends each client's training message
 LEGACY_EVALUATION = "Flower's legacy server sends each client's evaluation message on its own"
 #: why the clients of a grid around another ClientApp than the package's train one by one
 OTHER_CLIENT_APP = "the grid's ClientApp is not the package's: each message goes to it"
+_COULD_NOT_START = "a client could not start ({err!r}): one by one"
 
 
 class InProcessGrid:
@@ -56,12 +58,8 @@ class InProcessGrid:
             for i, nid in enumerate(node_ids)
         }
         self.batch_clients = bool(run_config.get("batch-clients", True))
-        #: client trainings with their round's clients as one computation, one by one, and why (trainings by reason)
-        self.together = self.one_by_one = 0
-        self.reasons: dict[str, int] = {}
-        #: client evaluations likewise
-        self.evaluated_together = self.evaluated_one_by_one = 0
-        self.evaluation_reasons: dict[str, int] = {}
+        #: how the run's training and evaluation messages were answered
+        self.training, self.evaluation = Tally(), Tally()
 
     def get_node_ids(self) -> list[int]:
         return list(self.contexts)
@@ -72,73 +70,92 @@ class InProcessGrid:
         return [together[i] if i in together else self._one(msg) for i, msg in enumerate(messages)]
 
     def _one(self, msg: Message) -> Message:
-        if msg.metadata.message_type == MessageType.TRAIN:
-            self.one_by_one += 1
-        elif msg.metadata.message_type == MessageType.EVALUATE:
-            self.evaluated_one_by_one += 1
+        tally = {MessageType.TRAIN: self.training, MessageType.EVALUATE: self.evaluation}.get(msg.metadata.message_type)
+        if tally is not None:
+            tally.one_by_one += 1
         try:
             return self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
         except Exception as err:  # a failing client must not stop the round
             return Message(Error(code=CLIENT_APP_EXCEPTION, reason=repr(err)), reply_to=msg)
 
+    def _chosen(self, messages: list[Message], kind: str, tally: Tally, legacy: str) -> list[int]:
+        """The positions of the round's messages of ``kind`` that the package's ClientApp answers together; none
+        (the reason counted in ``tally``) for another ClientApp or the legacy API."""
+        from client_apps.app import app, is_legacy
+
+        chosen = [i for i, m in enumerate(messages) if m.metadata.message_type == kind]
+        if not self.batch_clients or not chosen:
+            return []
+        if self.client_app is not app:  # another ClientApp (a user's, a wrapper): it answers its own messages
+            tally.apart(OTHER_CLIENT_APP, len(chosen))
+            return []
+        if any(is_legacy(messages[i]) for i in chosen):
+            tally.apart(legacy, len(chosen))
+            return []
+        return chosen
+
+    def _contexts(self, messages: list[Message], chosen: list[int]) -> list[Context]:
+        return [self.contexts[messages[i].metadata.dst_node_id] for i in chosen]
+
     def _train_together(self, messages: list[Message]) -> dict[int, Message]:
         """The replies to the round's Message-API training messages, trained as one computation, by the
         messages' positions (none where they cannot be; the reason is counted)."""
-        from client_apps.app import app, is_legacy, train_round
+        from client_apps.app import train_round
 
-        train = [i for i, m in enumerate(messages) if m.metadata.message_type == MessageType.TRAIN]
-        if not self.batch_clients or not train:
+        if not (train := self._chosen(messages, MessageType.TRAIN, self.training, LEGACY_ONE_BY_ONE)):
             return {}
-        if self.client_app is not app:  # another ClientApp (a user's, a wrapper): it answers its own messages
-            return self._refused(OTHER_CLIENT_APP, len(train))
-        if any(is_legacy(messages[i]) for i in train):
-            return self._refused(LEGACY_ONE_BY_ONE, len(train))
         try:
-            replies, what = train_round([messages[i] for i in train], [self.contexts[messages[i].metadata.dst_node_id] for i in train])
+            replies, what = train_round([messages[i] for i in train], self._contexts(messages, train))
         except Exception as err:  # e.g. one client's malformed instruction: each client gets its own reply
-            replies, what = None, f"a client could not start ({err!r}): one by one"
+            replies, what = None, _COULD_NOT_START.format(err=err)
         if replies is None:
-            return self._refused(what, len(train))
-        self.together += len(train)
+            self.training.apart(what, len(train))
+            return {}
+        self.training.together += len(train)
         return dict(zip(train, replies))
-
-    def _refused(self, why: str, trainings: int) -> dict[int, Message]:
-        self.reasons[why] = self.reasons.get(why, 0) + trainings
-        return {}
 
     def _evaluate_together(self, messages: list[Message]) -> dict[int, Message]:
         """The replies to the round's Message-API evaluation messages, their forward passes as one computation
         where they can be, by the messages' positions (none where the messages go one by one)."""
-        from client_apps.app import app, evaluate_round, is_legacy
+        from client_apps.app import evaluate_round
 
-        chosen = [i for i, m in enumerate(messages) if m.metadata.message_type == MessageType.EVALUATE]
-        if not self.batch_clients or not chosen:
+        if not (chosen := self._chosen(messages, MessageType.EVALUATE, self.evaluation, LEGACY_EVALUATION)):
             return {}
-        why = (OTHER_CLIENT_APP if self.client_app is not app
-               else LEGACY_EVALUATION if any(is_legacy(messages[i]) for i in chosen) else None)
-        if why is None:
-            try:
-                replies, reasons = evaluate_round([messages[i] for i in chosen],
-                                                  [self.contexts[messages[i].metadata.dst_node_id] for i in chosen])
-            except Exception as err:  # e.g. one client's malformed instruction: each client gets its own reply
-                why = f"a client could not start ({err!r}): one by one"
+        try:
+            replies, reasons = evaluate_round([messages[i] for i in chosen], self._contexts(messages, chosen))
+        except Exception as err:  # e.g. one client's malformed instruction: each client gets its own reply
+            self.evaluation.apart(_COULD_NOT_START.format(err=err), len(chosen))
+            return {}
+        for reason in reasons:  # answered here; a forward pass on its own counts as one by one
+            if reason is None:
+                self.evaluation.together += 1
             else:
-                for reason in reasons:  # answered here; a forward pass on its own counts as one by one
-                    if reason is None:
-                        self.evaluated_together += 1
-                    else:
-                        self.evaluated_one_by_one += 1
-                        self.evaluation_reasons[reason] = self.evaluation_reasons.get(reason, 0) + 1
-                return dict(zip(chosen, replies))
-        self.evaluation_reasons[why] = self.evaluation_reasons.get(why, 0) + len(chosen)
-        return {}
+                self.evaluation.one_by_one += 1
+                self.evaluation.apart(reason, 1)
+        return dict(zip(chosen, replies))
 
     def training_report(self) -> dict[str, Any]:
-        """How the run's training messages were answered: as one computation, or one by one and why."""
-        return {"clients_trained_together": self.together, "clients_trained_one_by_one": self.one_by_one,
-                **({"one_by_one_because": dict(self.reasons)} if self.reasons else {}),
-                "clients_evaluated_together": self.evaluated_together, "clients_evaluated_one_by_one": self.evaluated_one_by_one,
-                **({"evaluated_one_by_one_because": dict(self.evaluation_reasons)} if self.evaluation_reasons else {})}
+        """How the run's training and evaluation messages were answered: as one computation, or one by one
+        and why."""
+        return {**self.training.report("clients_trained", "one_by_one_because"),
+                **self.evaluation.report("clients_evaluated", "evaluated_one_by_one_because")}
+
+
+@dataclass
+class Tally:
+    """How a run's messages of one type were answered: with their round's as one computation, one by one,
+    and the reasons (messages by reason)."""
+
+    together: int = 0
+    one_by_one: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def apart(self, why: str, messages: int) -> None:
+        self.reasons[why] = self.reasons.get(why, 0) + messages
+
+    def report(self, prefix: str, because: str) -> dict[str, Any]:
+        return {f"{prefix}_together": self.together, f"{prefix}_one_by_one": self.one_by_one,
+                **({because: dict(self.reasons)} if self.reasons else {})}
 
 
 def in_process_grid(client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
