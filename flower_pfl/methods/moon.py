@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,10 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, setting, trainable
+from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientState, LossFn, keep, setting
 from flower_pfl.engine.functional import Functional
 from flower_pfl.engine.layout import flatten_module
-from flower_pfl.engine.model_split import forward_with_features
 from flower_pfl.engine.params import NON_NEGATIVE, POSITIVE, param
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm, Settings
 from flower_pfl.methods.base import Method
@@ -29,30 +28,6 @@ def contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.
     ``−log( e^{sim(z, z_glob)/τ} / (e^{sim(z, z_glob)/τ} + e^{sim(z, z_prev)/τ}) )`` with cosine ``sim``."""
     logits = torch.stack([F.cosine_similarity(z, z_global, dim=1), F.cosine_similarity(z, z_previous, dim=1)], dim=1) / tau
     return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
-
-
-def representation_gradient(model: nn.Module, x: torch.Tensor, loss_of: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
-    """The gradient of ``loss_of(z)`` with respect to the model's trainable parameters, ``z`` the
-    model's representation of ``x`` (``forward_with_features``) in its current mode. The model's
-    buffers (batch-norm running statistics) are left as they were: this forward pass is an extra
-    one beside the loop's own, and must not update them a second time. Gradients are on even inside
-    ``adjust_gradients``' ``torch.no_grad()``."""
-    buffers = [b.detach().clone() for b in model.buffers()]
-    params = trainable(model)
-    with torch.enable_grad():
-        _, z = forward_with_features(model, x)
-        grads = torch.autograd.grad(loss_of(z), params, allow_unused=True)
-    with torch.no_grad():
-        for b, saved in zip(model.buffers(), buffers):
-            b.copy_(saved)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-
-
-@torch.no_grad()
-def frozen_features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The representation of ``x`` by a model that is not trained (evaluation mode, no gradient)."""
-    model.eval()
-    return forward_with_features(model, x)[1]
 
 
 def needs_batch(batch: Batch | None, who: str) -> Batch:

@@ -20,14 +20,14 @@ from flwr.app import RecordDict
 
 from client_apps.own_loop import RecordState, algorithm_for
 from flower_pfl.engine.batched import unbatched
-from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, ClientAlgorithm, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LR, ClientAlgorithm, TrainData, train_locally, trainable
 from flower_pfl.engine.layout import flatten_module
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.minibatches import MinibatchStream
 from flower_pfl.engine.model_split import forward_with_features
 from flower_pfl.engine.reply_checks import RawReply
 from flower_pfl.experiment.models import DNN, build_model
-from flower_pfl.methods.moon import MOON, MU, PREVIOUS_STATE, TAU, MoonClient, contrastive_loss, representation_gradient
+from flower_pfl.methods.moon import MOON, MU, PREVIOUS_STATE, TAU, MoonClient, contrastive_loss
 
 from .runs import assert_as_recorded, short_run
 
@@ -111,12 +111,14 @@ def test_the_extra_pass_leaves_bn_statistics_alone():
     model = build_model("dnn-bn", (4,), 2, hidden_units=3, seed=0)
     model.train()
     x = torch.randn(8, 4) + 2.0
+    previous = build_model("dnn-bn", (4,), 2, hidden_units=3, seed=1)  # another previous model: ℓ_con has a gradient
+    algorithm = MoonClient(model, _config(), {PREVIOUS_STATE: [flatten_module(previous)]})
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    grads = representation_gradient(model, x, lambda z: z.pow(2).sum())
+    grads = algorithm.gradient_terms(trainable(model), (x, None))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert any(g.abs().sum() > 0 for g in grads)
     with torch.no_grad():  # gradients are on inside adjust_gradients' no_grad, too
-        assert any(g.abs().sum() > 0 for g in representation_gradient(model, x, lambda z: z.pow(2).sum()))
+        assert any(g.abs().sum() > 0 for g in algorithm.gradient_terms(trainable(model), (x, None)))
 
 
 def test_users_loop_matches_train_locally_over_two_rounds():
