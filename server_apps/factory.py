@@ -39,7 +39,7 @@ def build_message_strategy(cfg: ExperimentConfig, num_nodes: int, ranks: Mapping
                    fraction_evaluate=1.0, evaluate_metrics_aggr_fn=PersonalizedMetrics(), **cfg.method_arguments())
     strategy = cls(**cfg.method_arguments(), clients_per_round=k, min_available_nodes=k, seed=cfg.seed,
                    device=resolve_device(cfg.device), store_dir=store_dir, node_wait_timeout=cfg.node_wait_timeout,
-                   lost_node_rounds=cfg.lost_node_rounds, **cfg.bounds())
+                   lost_node_rounds=cfg.lost_node_rounds, rank_query=True, **cfg.bounds())  # our ClientApp answers queries
     strategy.server.node_rank = dict(ranks or {})
     return strategy
 
@@ -63,6 +63,6 @@ def build_legacy_strategy(
     strategy = cls(**cfg.method_arguments(), initial_parameters=initial, clients_per_round=k, min_available_clients=k,
                    on_fit_config_fn=fit_config, on_evaluate_config_fn=evaluate_config, seed=cfg.seed,
                    device=resolve_device(cfg.device), store_dir=store_dir, node_wait_timeout=cfg.node_wait_timeout,
-                   lost_node_rounds=cfg.lost_node_rounds, **cfg.bounds())
+                   lost_node_rounds=cfg.lost_node_rounds, rank_query=True, **cfg.bounds())  # our ClientApp answers queries
     strategy.server.node_rank = dict(ranks or {})
     return strategy

@@ -3,7 +3,9 @@
 Flower's node ids change from run to run, so the strategies order nodes by a rank each node
 reports under ``rank_key`` (by default its ``partition-id``; ``MethodServer.learn_rank``): from
 any training or evaluation reply that carries it and, before a draw that meets nodes without one,
-from one question per node and run (Message API: a QUERY message; legacy API: ``get_properties``).
+from one question per node and run where the app answers it (Message API: a QUERY message, asked only
+with ``rank_query``, as a ClientApp without a query function fails it; legacy API: ``get_properties``,
+which a client without one answers empty).
 Nodes that never report one are ordered by node id, after the others, and a warning says so once.
 """
 
@@ -23,7 +25,7 @@ Row = TypeVar("Row", bound=tuple)
 Ask = Callable[[list[ClientId]], Iterable[tuple[ClientId, Mapping[str, Any]]]]
 
 MESSAGE_ADVICE = ("to rank them from the first draw, return '{key}' in a MetricRecord from your ClientApp's query "
-                  "function (@app.query()); training and evaluation replies whose MetricRecord carries it rank their nodes from then on")
+                  "function (@app.query()) and give the strategy rank_query=True")
 LEGACY_ADVICE = ("to rank them from the first draw, return '{key}' from your client's get_properties; fit and evaluate "
                  "metrics that carry it rank their clients from then on")
 
@@ -44,12 +46,13 @@ def ranked_rows(server: MethodServer, rows: Sequence[Row]) -> list[Row]:
     return sorted(rows, key=lambda row: server.sampler.key(row[0]))
 
 
-def prepare_draw(server: MethodServer, available: Sequence[ClientId], k: int, ask: Ask, advice: str) -> None:
-    """Before ``k`` of ``available`` are drawn: ask the nodes without a rank that were not asked yet,
-    and warn once when some still have none. Nothing when all of them are taken (no draw)."""
+def prepare_draw(server: MethodServer, available: Sequence[ClientId], k: int, ask: Ask | None, advice: str) -> None:
+    """Before ``k`` of ``available`` are drawn: ask the nodes without a rank that were not asked yet
+    (``ask``; ``None``: nobody is asked), and warn once when some still have none. Nothing when all of
+    them are taken (no draw)."""
     if k >= len(available):
         return
-    if unasked := server.unasked(available):
+    if ask is not None and (unasked := server.unasked(available)):
         probe = list(ask(unasked[:1]))  # one node first: an app that does not answer is asked once, not once per node
         if not probe:
             server.rank_query_unanswered()

@@ -1,7 +1,7 @@
 """Reproducible sampling in users' own apps: both APIs' strategies learn each node's rank (its
-``partition-id`` by default) from replies and, before a draw, from one question per node, so the
-same seed samples the same partitions whatever node ids Flower gives; driven with fabricated
-grids, proxies and replies."""
+``partition-id`` by default) from replies and, before a draw, from one question per node where the app
+answers it (Message API: with ``rank_query``), so the same seed samples the same partitions whatever
+node ids Flower gives; driven with fabricated grids, proxies and replies."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_message_api_runs_with_other_node_ids_sample_the_same_partitions_via_the
     for nodes in RUNS:
         pid = dict(zip(nodes, PARTITIONS))
         grid = fb.FakeGrid(nodes, answers={n: {"partition-id": p} for n, p in pid.items()})
-        strategy = _message()
+        strategy = _message(rank_query=True)
         rounds = [_message_round(strategy, grid, rnd, pid) for rnd in (1, 2, 3)]
         assert grid.queried == [nodes[:1], nodes[1:]]  # every node asked once, before round 1's draw (one first)
         seen.append(([[pid[n] for n in train] for train, _ in rounds], [[pid[n] for n in ev] for _, ev in rounds],
@@ -118,15 +118,35 @@ def test_ranks_learned_from_replies_order_aggregation_with_full_participation_wi
     assert strategy.server.node_rank == pid
 
 
+def test_by_default_nobody_is_asked_and_one_line_says_how_nodes_are_ranked(caplog):
+    """A guest in an app whose ClientApp may have no query function sends it no query: ranks come from the
+    replies that carry them, and one warning line says what happens until then and how to rank from the start."""
+    nodes = RUNS[0]
+    pid = dict(zip(nodes, PARTITIONS))
+    for report in (False, True):
+        caplog.clear()
+        grid = fb.FakeGrid(nodes, answers={n: {"partition-id": p} for n, p in pid.items()})  # it could answer: not asked
+        strategy = _message()
+        for rnd in (1, 2, 3):
+            _message_round(strategy, grid, rnd, pid, report=report)
+        assert grid.queried == []
+        (warning,) = _warnings(caplog, "partition-id")
+        assert "\n" not in warning and "6 of 6 nodes have not reported 'partition-id'" in warning
+        assert "until a reply of theirs carries it" in warning and "rank_query=True" in warning
+        assert "does not answer" not in warning
+        replied = {n for order in strategy.method.orders for n in order}
+        assert strategy.server.node_rank == ({n: pid[n] for n in replied} if report else {})
+
+
 def test_an_app_that_does_not_answer_the_query_is_asked_once_and_warned_about_once(caplog):
-    """A ClientApp without @app.query(): one node is asked, once in the run, and one warning says what follows.
-    When its replies carry partition-id, later draws use it."""
+    """``rank_query`` with a ClientApp without @app.query(): one node is asked, once in the run, and one warning
+    says what follows. When its replies carry partition-id, later draws use it."""
     nodes = RUNS[0]
     pid = dict(zip(nodes, PARTITIONS))
     for report in (False, True):
         caplog.clear()
         grid = fb.FakeGrid(nodes)  # every query is an error
-        strategy = _message()
+        strategy = _message(rank_query=True)
         for rnd in (1, 2, 3):
             _message_round(strategy, grid, rnd, pid, report=report)
         assert grid.queried == [nodes[:1]]
@@ -141,7 +161,7 @@ def test_a_node_whose_query_fails_is_unranked_the_run_goes_on_and_a_later_reply_
     nodes = RUNS[1]
     pid = dict(zip(nodes, PARTITIONS))
     grid = fb.FakeGrid(nodes + [77], answers={n: {"partition-id": p} for n, p in pid.items()})  # node 77: an error
-    strategy = _message()
+    strategy = _message(rank_query=True)
     train, _ = _message_round(strategy, grid, 1, {**pid, 77: 6}, report=False)
     assert len(train) == 3 and strategy.server.node_rank == pid
     (warning,) = _warnings(caplog, WARNS_UNRANKED)
@@ -157,7 +177,7 @@ def test_the_package_apps_ranks_mean_no_query():
     """The ServerApp sets every node's rank from its own start-up query: the strategy asks nobody."""
     nodes = RUNS[1]
     grid = fb.FakeGrid(nodes)
-    strategy = _message()
+    strategy = _message(rank_query=True)
     strategy.server.node_rank = dict(zip(nodes, PARTITIONS))
     _message_round(strategy, grid, 1, dict(zip(nodes, PARTITIONS)))
     assert grid.queried == []
@@ -167,7 +187,7 @@ def test_nodes_sharing_a_rank_are_warned_about_once_and_ordered_by_node_id(caplo
     nodes = [50, 40, 30, 20, 10, 60]
     answers = {50: 0, 40: 0, 30: 1, 20: 1, 10: 2, 60: 3}
     grid = fb.FakeGrid(nodes, answers={n: {"partition-id": p} for n, p in answers.items()})
-    strategy = _message()
+    strategy = _message(rank_query=True)
     _message_round(strategy, grid, 1, answers, report=False)
     (warning,) = _warnings(caplog, "both report")
     assert "partition-id = 0" in warning and "50" in warning and "40" in warning
@@ -213,7 +233,7 @@ def _message_partitions() -> list[list[int]]:
     nodes = RUNS[0]
     pid = dict(zip(nodes, PARTITIONS))
     grid = fb.FakeGrid(nodes, answers={n: {"partition-id": p} for n, p in pid.items()})
-    strategy = _message()
+    strategy = _message(rank_query=True)
     return [[pid[n] for n in _message_round(strategy, grid, rnd, pid)[0]] for rnd in (1, 2, 3)]
 
 
@@ -342,7 +362,7 @@ def test_a_users_own_app_samples_the_same_partitions_whatever_the_node_ids(api, 
             start_grid(grid=grid, strategy=_legacy(), config=ServerConfig(num_rounds=3))  # type: ignore[arg-type]
         else:
             grid = InProcessGrid(message_app, len(nodes), {}, node_ids=nodes)
-            _message().start(grid=grid, initial_arrays=_arrays(), num_rounds=3)  # type: ignore[arg-type]
+            _message(rank_query=True).start(grid=grid, initial_arrays=_arrays(), num_rounds=3)  # type: ignore[arg-type]
         runs.append(sorted(log))
     assert runs[0] == runs[1] and len(runs[0]) == 9
     assert not _warnings(caplog, WARNS_UNRANKED)

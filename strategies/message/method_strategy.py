@@ -75,6 +75,7 @@ class MessageOptions(TypedDict, total=False):
     node_wait_timeout: float
     lost_node_rounds: int
     rank_key: str | None
+    rank_query: bool
     tracker: TrackerArg
     tracker_dir: str
 
@@ -112,8 +113,13 @@ class MethodStrategy(PerMethodDocs, Strategy):
                             "with the round since which it fails and the error's name, and not sampled any more "
                             "(``strategies.failures``); 0: never. Every failure is still counted, one log line per node and cause.",
         "rank_key": "The MetricRecord key under which nodes report a stable rank (e.g. their partition id) that orders them "
-                    "for sampling and aggregation, as node ids change from run to run; learned from replies and, before a "
-                    "draw, from one QUERY message to each node without one. None: nodes are ordered by node id.",
+                    "for sampling and aggregation, as node ids change from run to run; learned from the training and "
+                    "evaluation replies that carry it (and the QUERY replies ``rank_query`` asks for). None: nodes are "
+                    "ordered by node id.",
+        "rank_query": "Before a draw, ask each node without a rank once for ``rank_key`` with a QUERY message. Only for a "
+                      "ClientApp whose ``@app.query()`` function answers it (this package's does, and its ServerApp sets "
+                      "this); a ClientApp without one would fail each query with an error in the app's log. Off: until a "
+                      "node's reply carries its rank, draws order it by node id, which one log line says.",
     }
     CONTRACT: ClassVar[str] = (
         "Client contract: a training reply holds exactly one ArrayRecord (the trained model, with the "
@@ -150,6 +156,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
         lost_node_rounds: int = LOST_AFTER,
         rank_key: str | None = "partition-id",
+        rank_query: bool = False,
         tracker: TrackerArg = None,
         tracker_dir: str = "runs",
     ) -> None:
@@ -159,6 +166,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
                                    min_train_clients=min_train_nodes, seed=seed, device=device, store_dir=store_dir,
                                    bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio), rank_key=rank_key)
         self.nodes = NodeWatch(node_wait_timeout, lost_after=lost_node_rounds)
+        self.rank_query = rank_query
         self._outbox: list[Message] = []
         self.min_available_nodes = min_available_nodes
         self.fraction_evaluate, self.min_evaluate_nodes = fraction_evaluate, min_evaluate_nodes
@@ -194,11 +202,12 @@ class MethodStrategy(PerMethodDocs, Strategy):
         return self.nodes.wait(grid, self.min_available_nodes)
 
     def _prepare_draw(self, grid: Grid, nodes: list[int], k: int) -> None:
-        """Before ``k`` of ``nodes`` are drawn: ask the unranked ones for their rank (``strategies.ranks``)."""
+        """Before ``k`` of ``nodes`` are drawn: with ``rank_query``, ask the unranked ones for their rank
+        (``strategies.ranks``)."""
         def ask(ids: list[Any]) -> list[tuple[Any, dict[str, Any]]]:
             return [(node, _metrics(reply)) for node, reply in query(grid, ids, self.nodes.timeout) if not reply.has_error()]
 
-        prepare_draw(self.server, nodes, k, ask, MESSAGE_ADVICE)
+        prepare_draw(self.server, nodes, k, ask if self.rank_query else None, MESSAGE_ADVICE)
 
     def _initialize(self, arrays: ArrayRecord) -> None:
         if not self.server.initialized:

@@ -37,6 +37,7 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query_fn(msg: Message, context: Context) -> Message:
-    """The node's stable name, so a strategy can sample the same clients for the same seed."""
+    """The node's stable name, so a strategy can sample the same clients for the same seed (flower-pfl's
+    Message-API strategies ask for it with ``rank_query=True``)."""
     return Message(RecordDict({"metrics": MetricRecord({"partition-id": int(context.node_config["partition-id"])})}),
                    reply_to=msg)
