@@ -32,6 +32,7 @@ from flower_pfl.engine.evaluation import STACKED_BYTES, EvalResult, Personalizat
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
 from flower_pfl.engine.precision import computing_in
 from flower_pfl.engine.wire import fingerprint
+from flower_pfl.engine.wording import counted
 from flower_pfl.experiment.build import dataset_shape, load_client_data, make_model, resolve_device, training_settings
 from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ExperimentConfig
@@ -262,7 +263,7 @@ def train_round(messages: Sequence[Message], contexts: Sequence[Context]) -> tup
     for node, msg, config, name, (tensors, result, extras) in zip(nodes, messages, configs, names, trained):
         arrays = [t.cpu().numpy() for t in tensors]
         replies.append(_train_reply(msg, name, arrays, node.end_fit(config, result), extras))
-    return replies, f"{algorithm.__name__}: {len(messages)} clients as one computation"
+    return replies, f"{algorithm.__name__}: {counted(len(messages), 'client')} as one computation"
 
 
 def evaluate_round(messages: Sequence[Message], contexts: Sequence[Context]) -> tuple[list[Message], list[str | None]]:

@@ -30,6 +30,7 @@ from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import ReplyBounds
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
+from flower_pfl.engine.wording import agreeing, counted
 from flower_pfl.experiment.build import check_device, check_method_applies, has_hidden_layers, initial_arrays, training_config
 from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
@@ -248,11 +249,11 @@ def _check_client_state(cfg: ExperimentConfig, info: Mapping[int, Mapping[str, A
         return
     shown = "; ".join(lacking[:10]) + (f"; and {len(lacking) - 10} more" if len(lacking) > 10 else "")
     if not cfg.allow_empty_client_state:
-        raise ConfigError(f"{len(lacking)} nodes lack the client state this checkpoint needs, so the resumed run would "
+        raise ConfigError(f"{counted(len(lacking), 'node')} {agreeing(len(lacking), 'lacks', 'lack')} the client state this checkpoint needs, so the resumed run would "
                           f"not continue the checkpointed one: {shown}. Resume from the client-state folder the run "
                           "wrote, or set allow-empty-client-state = true to start those clients' state afresh")
-    log(WARNING, "%d nodes lack the client state this checkpoint needs and start it afresh (allow-empty-client-state): %s",
-        len(lacking), shown)
+    log(WARNING, "%s %s the client state this checkpoint needs and %s it afresh (allow-empty-client-state): %s",
+        counted(len(lacking), "node"), agreeing(len(lacking), "lacks", "lack"), agreeing(len(lacking), "starts", "start"), shown)
 
 
 def _build(run: _Run) -> tuple[Any, Sampler]:

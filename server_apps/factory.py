@@ -15,6 +15,7 @@ from flwr.serverapp.strategy import Strategy as MessageStrategy
 import strategies
 import strategies.message
 from flower_pfl.engine.client_algorithm import SERVER_ROUND
+from flower_pfl.engine.wording import agreeing, counted
 from flower_pfl.experiment.build import resolve_device, training_config
 from flower_pfl.experiment.config import ExperimentConfig
 from strategies.aggregated_metrics import PersonalizedMetrics, weighted_train_metrics
@@ -23,7 +24,8 @@ from strategies.aggregated_metrics import PersonalizedMetrics, weighted_train_me
 def participants(cfg: ExperimentConfig, num_nodes: int) -> int:
     """Clients per round, capped at the nodes connected at start (a simulation never gets more)."""
     if 0 < num_nodes < cfg.clients_per_round:
-        log(WARNING, "clients-per-round = %d but only %d nodes are connected: using %d", cfg.clients_per_round, num_nodes, num_nodes)
+        log(WARNING, "clients-per-round = %d but only %s %s connected: using %d", cfg.clients_per_round, counted(num_nodes, "node"),
+            agreeing(num_nodes, "is", "are"), num_nodes)
         return num_nodes
     return cfg.clients_per_round
 
@@ -63,6 +65,6 @@ def build_legacy_strategy(
     strategy = cls(**cfg.method_arguments(), initial_parameters=initial, clients_per_round=k, min_available_clients=k,
                    on_fit_config_fn=fit_config, on_evaluate_config_fn=evaluate_config, seed=cfg.seed,
                    device=resolve_device(cfg.device), store_dir=store_dir, node_wait_timeout=cfg.node_wait_timeout,
-                   lost_node_rounds=cfg.lost_node_rounds, rank_query=True, **cfg.bounds())  # our ClientApp answers queries
+                   lost_node_rounds=cfg.lost_node_rounds, **cfg.bounds())
     strategy.server.node_rank = dict(ranks or {})
     return strategy

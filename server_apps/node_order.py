@@ -20,6 +20,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from client_apps.persisted_state import CLIENT_STATE
+from flower_pfl.engine.wording import agreeing, counted
 from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ConfigError
 from strategies.failures import listed, unwrap
@@ -84,7 +85,9 @@ def _report(info: dict[int, dict[str, Any]], errors: dict[str, list[int]], asked
     for why, ids in errors.items():
         log(WARNING, "%s failed to answer the start-up query: %s", _nodes(ids), why)
     if len(info) < asked:
-        log(WARNING, "%d of %d nodes did not report a partition-id; they are sampled after the others", asked - len(info), asked)
+        unranked = asked - len(info)
+        log(WARNING, "%d of %s did not report a partition-id; %s sampled after the others", unranked, counted(asked, "node"),
+            agreeing(unranked, "it is", "they are"))
     claims: dict[int, list[int]] = {}
     for node, about in info.items():
         claims.setdefault(about["partition-id"], []).append(node)

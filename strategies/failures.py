@@ -21,6 +21,8 @@ from typing import Any
 
 from flwr.common.logger import log
 
+from flower_pfl.engine.wording import agreeing, counted
+
 #: a node that failed in this many consecutive rounds is lost (run config ``lost-node-rounds``)
 LOST_AFTER = 3
 #: the cause of a node that received an instruction and sent nothing back
@@ -142,10 +144,9 @@ class NodeFailures:
         for cause in sorted({s.cause for s in new.values()}):
             nodes = sorted(n for n, s in new.items() if s.cause == cause)
             since = min(new[n].since for n in nodes)
-            log(WARNING, "round %s: %s lost: %s failed in the last %d rounds %s was sent work, since round %s (%s); "
+            log(WARNING, "round %s: %s lost: %s failed in %s it was sent work, since round %s (%s); "
                 "not sampled from now on (lost-node-rounds = %d)", server_round, _nodes(nodes),
-                "it" if len(nodes) == 1 else "each", self.lost_after, "it" if len(nodes) == 1 else "they", since, cause,
-                self.lost_after)
+                agreeing(len(nodes), "it", "each"), _last(self.lost_after), since, cause, self.lost_after)
         return sorted(new)
 
     def disconnected(self, nodes: Iterable[Any]) -> None:
@@ -168,8 +169,8 @@ class NodeFailures:
             total = sum(self.history[n].total for n in nodes)
             since = min(self.history[n].since for n in nodes)
             lost = [n for n in nodes if n in self.lost]
-            lines.append(f"{cause}: {total} failure{'s' * (total != 1)} of {_nodes(nodes)} since round {since}"
-                         + (f", {len(lost)} of them lost" if lost else ""))
+            lines.append(f"{cause}: {counted(total, 'failure')} of {_nodes(nodes)} since round {since}"
+                         + ("" if not lost else ", lost" if len(nodes) == 1 else f", {len(lost)} of them lost"))
         return lines
 
     def summary(self) -> dict[str, object]:
@@ -191,6 +192,11 @@ class NodeFailures:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         with self.log_file.open("a") as fh:
             fh.write(f"{stamp} round {server_round} node {node}{f' {phase}' if phase else ''}: {reason}\n")
+
+
+def _last(rounds: int) -> str:
+    """``the last round``, ``the last 3 rounds``."""
+    return "the last round" if rounds == 1 else f"the last {rounds} rounds"
 
 
 def _nodes(nodes: Iterable[Any]) -> str:

@@ -40,6 +40,7 @@ from flower_pfl.engine.reply_checks import (
     is_finite_number,
 )
 from flower_pfl.engine.server_algorithm import Instruction, ServerAlgorithm
+from flower_pfl.engine.wording import agreeing, counted
 from strategies.aggregated_metrics import (
     ACCURACY,
     IDENTITIES,
@@ -248,8 +249,9 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         # are called (else every 5 s, on a thread): ask first, so the first round does not wait for that thread.
         client_manager.num_available()
         if not client_manager.wait_for(self.min_available_clients, timeout=int(self.node_wait_timeout)):
-            log(WARNING, "%d clients connected, %d wanted; going on with them after %.0f s", client_manager.num_available(),
-                self.min_available_clients, self.node_wait_timeout)
+            available = client_manager.num_available()
+            log(WARNING, "%s connected, %d wanted; going on with %s after %.0f s", counted(available, "client"),
+                self.min_available_clients, agreeing(available, "it", "them"), self.node_wait_timeout)
         lost = self.failures.lost
         return {cid: proxy for proxy in client_manager.all().values() if (cid := client_id(proxy)) not in lost}
 
@@ -279,7 +281,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         clients = self._clients(client_manager)
         self._prepare_draw(clients, self.server.participants(len(clients)), server_round)
         plan = self.server.plan_training(server_round, clients)
-        log(INFO, "configure_fit: %d clients train", len(plan))
+        log(INFO, "configure_fit: %s %s", counted(len(plan), "client"), agreeing(len(plan), "trains", "train"))
         config = {**self.client_defaults, **(dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {})}
         if plan and (problem := self.server.settings_problem({**config, **plan[0].config})):
             log(WARNING, "%s: %s", type(self).__name__, problem)
@@ -300,7 +302,8 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                 batch.reject(client_id(proxy), str(err))
         receive_round(self.server, server_round, raws, batch, type(self).__name__)
         if failures and not self.accept_failures:
-            log(WARNING, "round %s: %d clients failed and accept_failures is False: the round changes nothing", server_round, len(failures))
+            log(WARNING, "round %s: %s failed and accept_failures is False: the round changes nothing", server_round,
+                counted(len(failures), "client"))
             batch.accepted.clear()
         model = self.server.aggregate(server_round, batch.accepted)
         parameters = None if model is None else ndarrays_to_parameters(self.server.to_arrays(model))

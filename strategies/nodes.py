@@ -10,6 +10,7 @@ from typing import Any
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 
+from flower_pfl.engine.wording import agreeing, counted
 from strategies.failures import LOST_AFTER, NO_REPLY, NodeFailures
 
 #: seconds a round waits for missing nodes before it goes on with those connected (run config ``node-wait-timeout``)
@@ -53,8 +54,8 @@ class NodeWatch:
             now = time.monotonic()
             if now >= deadline:
                 missing = sorted(self.seen - set(nodes) - set(lost))
-                log(WARNING, "%d nodes connected, %d wanted; going on with them after %.0f s%s", len(nodes), needed,
-                    self.timeout, f" (missing since an earlier round: {missing})" if missing else "")
+                log(WARNING, "%s connected, %d wanted; going on with %s after %.0f s%s", counted(len(nodes), "node"), needed,
+                    agreeing(len(nodes), "it", "them"), self.timeout, f" (missing since an earlier round: {missing})" if missing else "")
                 self.failures.disconnected(missing)
                 self.settled = len(nodes)
                 break

@@ -179,7 +179,7 @@ def test_without_its_state_a_resumed_client_would_differ(tmp_path, monkeypatch, 
     (folder,) = list((tmp_path / "resumed").iterdir())
     state = client_state_dir / tensor_files.read(folder / CHECKPOINT)[1]["run-key"]
     shutil.rmtree(state / "partition-2")  # one client lost its disk
-    with pytest.raises(ConfigError, match=f"1 nodes lack .*partition 2: no client state of round [1-4] \\(to 4\\) in {state}/partition-2"):
+    with pytest.raises(ConfigError, match=f"1 node lacks .*partition 2: no client state of round [1-4] \\(to 4\\) in {state}/partition-2"):
         _run(tmp_path / "resumed", "scaffold", "message", **{"resume-from": str(folder)})
     shutil.rmtree(state)  # all of them
     with pytest.raises(ConfigError, match=f"{NODES} nodes lack"):

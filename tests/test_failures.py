@@ -62,8 +62,8 @@ def test_one_line_per_node_and_cause_and_the_lost_node_named_once(caplog, tmp_pa
     log = (tmp_path / "failures.log").read_text()
     entries = re.findall(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d round (\d+) node (\d+)", log, re.MULTILINE)
     assert len(entries) == 7 * 2 + 7 and log.count("actor_id: 5f2b") == 14  # every failure, in full
-    assert failures.report() == ["ActorDiedError: 14 failures of node 7 since round 1, 1 of them lost",
-                                 "no reply: 7 failures of node 9 since round 1, 1 of them lost"]
+    assert failures.report() == ["ActorDiedError: 14 failures of node 7 since round 1, lost",
+                                 "no reply: 7 failures of node 9 since round 1, lost"]
     summary = failures.summary()
     assert summary["lost_nodes"] == {"7": {"cause": "ActorDiedError", "since": 1}, "9": {"cause": "no reply", "since": 1}}
     assert (summary["failed_nodes"], summary["client_failures"]) == (2, 21)

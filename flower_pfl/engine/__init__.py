@@ -7,6 +7,6 @@ method's server half), ``method_server`` (a server algorithm with sampling, rank
 ``client_contract`` (what clients owe a method, and what is said when they do not),
 ``client_algorithm`` (a method's client half: the local-training loop and its hooks),
 ``minibatches``, ``evaluation``, ``client_metrics``, ``attention_log`` (diagnostics), ``model_split``,
-``wire`` (tensors as bytes), ``extras`` (optional parts) and ``deprecated`` (renamed names kept for a
+``wire`` (tensors as bytes), ``wording`` (sentences built from counts), ``extras`` (optional parts) and ``deprecated`` (renamed names kept for a
 release; ``client_step`` and ``server_step`` are such names).
 """

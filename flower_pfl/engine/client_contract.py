@@ -12,10 +12,13 @@ from typing import Any
 from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, LOCAL_STEPS, LR, PROXIMAL_MU, ClientAlgorithm
 from flower_pfl.engine.client_metrics import is_finite_number
 from flower_pfl.engine.server_algorithm import ServerAlgorithm
+from flower_pfl.engine.wording import agreeing, counted
 
 #: where users read how to run a method's client algorithm in their own app
 _DOCS = "see 'Using a strategy in your own Flower app' in the documentation (docs/strategies.md, docs/client-contract.md)"
 #: how a user's own loop runs the client algorithm a training instruction names
+#: a client's reply, counted (``wording.counted``)
+REPLY, REPLIES = "client's reply", "clients' replies"
 _USER_LOOP = "client_apps.own_loop.algorithm_for(config, model, context.state)"
 
 
@@ -61,7 +64,8 @@ def _fix(algorithm: type[ClientAlgorithm], send: str = "") -> str:
 def missing_algorithm_message(method: ServerAlgorithm, algorithm: str, count: int) -> str:
     """``count`` replies lacked what ``method``'s client algorithm ``algorithm`` returns (their clients do not run it)."""
     name = type(method).__name__
-    return (f"{count} clients' replies lack what {name}'s client algorithm {algorithm} returns: their ClientApp does not "
+    return (f"{counted(count, REPLY, REPLIES)} {agreeing(count, 'lacks', 'lack')} what {name}'s client algorithm {algorithm} "
+            f"returns: {agreeing(count, 'its', 'their')} ClientApp does not "
             f"run it. {name} cannot work without it; {_fix(method.client_algorithm())}; {_DOCS}")
 
 
@@ -70,7 +74,7 @@ def ignored_algorithm_message(method: ServerAlgorithm, algorithm: type[ClientAlg
     instructions named: their clients trained without it, so the method ran as another one."""
     name = type(method).__name__
     fix = _fix(algorithm, " and send what its finish() returns with the reply")
-    return (f"{ignored} of {accepted} clients' replies lack the receipt '{CLIENT_ALGORITHM}' = '{algorithm.name}': their "
-            f"ClientApp ignored the training config's '{CLIENT_ALGORITHM}' = '{algorithm.name}', which names {name}'s "
+    return (f"{ignored} of {counted(accepted, REPLY, REPLIES)} {agreeing(ignored, 'lacks', 'lack')} the receipt "
+            f"'{CLIENT_ALGORITHM}' = '{algorithm.name}': {agreeing(ignored, 'its', 'their')} ClientApp ignored the training config's '{CLIENT_ALGORITHM}' = '{algorithm.name}', which names {name}'s "
             f"client algorithm {algorithm.__name__}. {name} then {method.ignored_algorithm_consequence(algorithm)}. "
             f"To run it, {fix}; {_DOCS}")

@@ -39,6 +39,7 @@ from flower_pfl.engine.reply_checks import (
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm, ServerAlgorithm
 from flower_pfl.engine.store import to_host
+from flower_pfl.engine.wording import agreeing, counted
 
 
 class MethodServer:
@@ -142,9 +143,10 @@ class MethodServer:
         if not missing or self.rank_key is None or self._unranked_reported:
             return None
         self._unranked_reported = True
-        unanswered = " (their app does not answer the question for it, which is not asked again)" if self._rank_query_unanswered else ""
-        return (f"{missing} of {len(pool)} nodes have not reported '{self.rank_key}', the rank that orders nodes for "
-                f"sampling{unanswered}: until a reply of theirs carries it, draws order them by node id, which changes "
+        unanswered = " (the app does not answer the question for it, which is not asked again)" if self._rank_query_unanswered else ""
+        return (f"{missing} of {counted(len(pool), 'node')} {agreeing(missing, 'has', 'have')} not reported '{self.rank_key}', "
+                f"the rank that orders nodes for sampling{unanswered}: until a reply of "
+                f"{agreeing(missing, 'its carries it, draws order it', 'theirs carries it, draws order them')} by node id, which changes "
                 f"from run to run, so the same seed may sample other clients; {advice}")
 
     @property

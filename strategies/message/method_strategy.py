@@ -27,6 +27,7 @@ from flower_pfl.engine.reply_checks import (
     is_number,
 )
 from flower_pfl.engine.server_algorithm import Instruction, ServerAlgorithm
+from flower_pfl.engine.wording import agreeing, counted
 from strategies.aggregated_metrics import (
     ACCURACY,
     IDENTITIES,
@@ -227,7 +228,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         nodes = self._nodes(grid)
         self._prepare_draw(grid, nodes, self.server.participants(len(nodes)))
         plan = self.server.plan_training(server_round, nodes)
-        log(INFO, "configure_train: %d nodes train", len(plan))
+        log(INFO, "configure_train: %s %s", counted(len(plan), "node"), agreeing(len(plan), "trains", "train"))
         config = ConfigRecord({**self.client_defaults, **config})
         self._outbox = self._messages(plan, config, server_round, MessageType.TRAIN)
         if plan and (problem := self.server.settings_problem({**config, **plan[0].config})):
