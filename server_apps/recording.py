@@ -17,13 +17,14 @@ from flwr.serverapp.strategy import Strategy as MessageStrategy
 
 from flower_pfl.engine.reply_checks import UpdateRejected, check_evaluation
 from flower_pfl.engine.sampling import Sampler
+from flower_pfl.engine.wording import agreeing, counted
 from flower_pfl.run.results import RunFailed, RunRecorder
 from server_apps.checkpoints import Checkpointer
 from server_apps.guard import ReplyGuard
 from server_apps.seeded import SampledGrid, in_rank_order, node_id
 from strategies.aggregated_metrics import ACCURACY
 from strategies.arrays import record_numpy
-from strategies.failures import NodeFailures
+from strategies.failures import RAY_ACTOR_LOSSES, NodeFailures
 from strategies.legacy import record_failures
 from strategies.nodes import NodeWatch, split_replies
 
@@ -55,12 +56,20 @@ class _Schedule:
         left = coverage.clients - len(lost)
         if not lost or not coverage.clients or left >= coverage.evaluated:
             return
-        causes = ", ".join(sorted({s.cause for s in lost.values()}))
-        reason = (f"{len(lost)} of the federation's {coverage.clients} nodes lost since round "
-                  f"{min(s.since for s in lost.values())} ({causes}): the {left} left cannot make an evaluated round that "
-                  f"counts (min-evaluated-share {coverage.share:g} asks for {coverage.evaluated}). A lost Ray worker or "
-                  "SuperNode is not replaced during a run: bring the nodes back and continue from the last checkpoint "
-                  f"with resume-from = '{self.recorder.out_dir}'")
+        causes = sorted({s.cause for s in lost.values()})
+        since, shown, n = min(s.since for s in lost.values()), ", ".join(causes), len(lost)
+        short = (f"the {left} left cannot make an evaluated round that counts (min-evaluated-share {coverage.share:g} "
+                 f"asks for {coverage.evaluated})")
+        resume = f"continue from the last checkpoint with resume-from = '{self.recorder.out_dir}'"
+        if RAY_ACTOR_LOSSES.issuperset(causes):  # a simulation's virtual nodes stay: their actors died with their worker
+            reason = (f"the Ray worker behind the actors of {n} of the federation's {coverage.clients} nodes is gone since "
+                      f"round {since} ({shown}): the actors died with it and are not replaced during a run, so every "
+                      f"message to {agreeing(n, 'that node', 'those nodes')} fails, and {short}. Ray's logs say why the "
+                      "worker died (out of memory is the usual cause: fewer actors per machine, with a larger "
+                      f"client-resources-num-cpus, or more memory for the worker); then {resume}")
+        else:
+            reason = (f"{n} of the federation's {counted(coverage.clients, 'node')} lost since round {since} ({shown}): "
+                      f"{short}. A lost SuperNode is not replaced during a run: bring the nodes back and {resume}")
         self.recorder.fail(reason)
         raise RunFailed(f"round {server_round}: {reason}")
 

@@ -31,6 +31,8 @@ NO_REPLY = "no reply"
 UNNAMED = None
 #: the cause of a node the SuperLink stopped listing without a failure recorded first
 DISCONNECTED = "disconnected"
+#: the errors Ray gives for the messages of actors whose worker (its process, or the machine under it) is gone
+RAY_ACTOR_LOSSES = frozenset({"ActorDiedError", "ActorUnavailableError", "RayActorError", "WorkerCrashedError", "NodeDiedError"})
 #: Flower's wrappers around the error a client raised: the cause is the error inside
 _WRAPPERS = frozenset({"ClientAppException", "Exception", "BaseException"})
 _NAMES = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit|Interrupt))\b")

@@ -120,11 +120,12 @@ def test_a_message_strategy_stops_sending_to_a_lost_node():
     assert sorted(m.metadata.dst_node_id for m in sent) == [11, 13]
 
 
-def _schedule(tmp_path, lost: int, clients: int = 12) -> _Schedule:
+def _schedule(tmp_path, lost: int, clients: int = 12, first: str = RAY_DIED) -> _Schedule:
+    """``lost`` nodes lost: node 0 by ``first``, the others by a dead Ray actor."""
     recorder = RunRecorder(tmp_path, {}, 10, log=lambda _: None, coverage=Coverage(clients=clients, share=0.8))
     failures = NodeFailures(lost_after=1)
     for node in range(lost):
-        failures.record(2 + node % 2, node, RAY_DIED)
+        failures.record(2 + node % 2, node, RAY_DIED if node else first)
     failures.end_round(3)
     return _Schedule(recorder, 5, None, 0, failures=failures)
 
@@ -134,11 +135,25 @@ def test_the_run_stops_when_the_nodes_left_cannot_make_a_round_that_counts(tmp_p
     with pytest.raises(RunFailed) as stopped:
         _schedule(tmp_path / "b", lost=3).check_losses(4)
     message = str(stopped.value)
-    assert message.startswith("round 4: 3 of the federation's 12 nodes lost since round 2 (ActorDiedError): the 9 left "
-                              "cannot make an evaluated round that counts (min-evaluated-share 0.8 asks for 10)")
+    # a simulation's nodes stay: what is gone is the Ray worker that ran their actors
+    assert message.startswith("round 4: the Ray worker behind the actors of 3 of the federation's 12 nodes is gone since "
+                              "round 2 (ActorDiedError): the actors died with it and are not replaced during a run, so "
+                              "every message to those nodes fails, and the 9 left cannot make an evaluated round that "
+                              "counts (min-evaluated-share 0.8 asks for 10). Ray's logs say why the worker died")
+    assert "nodes lost" not in message and "client-resources-num-cpus" in message
     assert f"resume-from = '{tmp_path / 'b'}'" in message and "learning rate" not in message
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] in message
+
+
+def test_nodes_lost_for_other_causes_too_are_named_as_lost_nodes(tmp_path):
+    """Where a lost node failed with an error of its own, the run cannot blame a Ray worker alone."""
+    with pytest.raises(RunFailed) as stopped:
+        _schedule(tmp_path, lost=3, first="RuntimeError('disk full')").check_losses(4)
+    message = str(stopped.value)
+    assert message.startswith("round 4: 3 of the federation's 12 nodes lost since round 2 (ActorDiedError, RuntimeError): "
+                              "the 9 left cannot make an evaluated round that counts")
+    assert "Ray worker behind" not in message and "A lost SuperNode is not replaced during a run" in message
 
 
 def test_in_process_a_client_that_always_fails_is_lost_and_the_run_goes_on_or_stops(tmp_path, monkeypatch):
