@@ -40,6 +40,7 @@ from strategies.aggregated_metrics import (
 )
 from strategies.arrays import array_numpy, numpy_record, record_numpy
 from strategies.failures import LOST_AFTER
+from strategies.final_results import compact_final_results, log_final_results
 from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
@@ -183,9 +184,13 @@ class MethodStrategy(PerMethodDocs, Strategy):
         self.tracking = StrategyTracking.of(tracker, tracker_dir, self, {"clients_per_round": clients_per_round, "seed": seed})
 
     def start(self, *args: Any, **kwargs: Any) -> Any:
-        """Flower's ``Strategy.start``; then the trackers get the run's summary and are closed."""
+        """Flower's ``Strategy.start``, its closing block a line per round and phase (``strategies.final_results``);
+        then the trackers get the run's summary and are closed."""
         try:
-            return super().start(*args, **kwargs)
+            with compact_final_results():
+                result = super().start(*args, **kwargs)
+            log_final_results(result)
+            return result
         finally:
             if self.tracking is not None:
                 self.tracking.finish()
