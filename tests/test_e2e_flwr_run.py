@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -199,17 +200,31 @@ def test_own_legacy_app_with_fedacs_swapped_in(simulation):
 
 
 @pytest.mark.xdist_group("flwr-run-e")
-def test_plain_app_names_its_strategy_and_metric(simulation):
-    """examples/plain_app under ``flwr run``: a plain client reporting ``eval-acc``; the ServerApp builds
-    FedMCSA from its import path with ``accuracy_key="eval-acc"``. The client ignores FedMCSA's proximal
-    term, and the run says so once and completes with the app's metric names."""
-    config = {"strategy": "strategies.message.FedMCSA", "strategy-args": '{"accuracy_key": "eval-acc"}', "num-rounds": 3}
-    run = simulation.run(config, nodes=6, app=ROOT / "examples" / "plain_app")
+def test_plain_app_names_its_strategy_and_metric(simulation, tmp_path):
+    """examples/plain_app without its query function, under ``flwr run`` (20 nodes, 5 rounds): a plain client
+    reporting ``eval-acc``; the ServerApp builds FedMCSA from its import path with ``accuracy_key="eval-acc"``.
+    The guest sends the app no query it did not offer; it says once how it ranks nodes, and once that the
+    client ignores FedMCSA's proximal term; the run completes with the app's metric names, and its console
+    stays short (Flower's own FedAvg prints 104 lines for this run) and free of tracebacks."""
+    app = tmp_path / "plain_app"
+    shutil.copytree(ROOT / "examples" / "plain_app", app)
+    client = app / "plain_app" / "client_app.py"
+    source = client.read_text()
+    client.write_text(source[:source.index("@app.query()")])  # an app that answers no query
+    config = {"strategy": "strategies.message.FedMCSA", "strategy-args": '{"accuracy_key": "eval-acc"}', "num-rounds": 5}
+    run = simulation.run(config, nodes=20, app=app)
     _completed(run)
-    accuracies = _accuracies(run["log"], r"plain-app: round \d+ eval-acc ([0-9.]+)")
-    assert len(accuracies) == 3 and all(0 <= a <= 1 for a in accuracies), run["log"][-3000:]
-    assert "'eval-acc-mean'" in run["log"] and "'eval-acc-bmta'" in run["log"], run["log"][-3000:]
-    assert run["log"].count("receipt 'client-algorithm' = 'proximal'") == 1, run["log"][-3000:]
+    log = run["log"]
+    accuracies = _accuracies(log, r"plain-app: round \d+ eval-acc ([0-9.]+)")
+    assert len(accuracies) == 5 and all(0 <= a <= 1 for a in accuracies), log[-3000:]
+    assert "'eval-acc-mean'" in log and "'eval-acc-bmta'" in log, log[-3000:]
+    assert log.count("receipt 'client-algorithm' = 'proximal'") == 1, log[-3000:]
+    assert "Traceback" not in log and "No query function" not in log and len(log.splitlines()) < 100, log
+    (ranks,) = [line for line in log.splitlines() if "not reported 'partition-id'" in line]
+    assert "20 of 20 nodes have not reported" in ranks and "rank_query=True" in ranks
+    assert log.count("configure_train: 10 nodes train") == 5  # the strategy's per-round progress
+    finals = [line for line in log.splitlines() if re.search(r"\tround \d (train|evaluate): ", line)]
+    assert len(finals) == 10 and all("eval-acc-mean" in line for line in finals if "evaluate" in line), log
 
 
 @pytest.mark.xdist_group("flwr-run-f")
