@@ -122,3 +122,16 @@ def test_without_accuracy_key_the_run_goes_on_and_says_which_metrics_the_clients
     assert all("eval-acc" in m and "accuracy-mean" not in m for m in rounds.values())
     said = [r.getMessage() for r in caplog.records if "no client reports 'accuracy'" in r.getMessage()]
     assert len(said) == 1 and "eval-acc" in said[0]
+
+
+@pytest.mark.parametrize("rank_query", [False, True])
+def test_the_run_config_says_whether_the_apps_clients_answer_the_rank_query(rank_query, caplog):
+    """The app answers queries (``@app.query()``): its run config may say so, ``strategy-args =
+    '{"rank_query": true}'``, and the nodes are ranked before the first draw; without it nobody is asked and
+    one line says how nodes are ranked until their replies say."""
+    caplog.set_level(logging.WARNING)
+    rounds = _run("message", "strategies.message.FedMCSA", {"accuracy_key": "eval-acc", "rank_query": rank_query,
+                                                             "clients_per_round": 3})  # a draw: 3 of 6
+    assert sorted(rounds) == list(range(1, ROUNDS + 1))
+    unranked = [r.getMessage() for r in caplog.records if "not reported 'partition-id'" in r.getMessage()]
+    assert len(unranked) == (0 if rank_query else 1), unranked
