@@ -223,8 +223,8 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
         instructions = {RUN_KEY: f"{out.name}-{secrets.token_hex(4)}"}  # unique per run
     ranks = {node: i["partition-id"] for node, i in info.items()}
     run = _Run(cfg, RankedGrid(grid, ranks), initial, resumed, info, out, recorder, instructions)  # type: ignore[arg-type]
-    log(INFO, "flower-pfl: %s on %s (%s), %d nodes, %d rounds, evaluation every %d; results in %s", cfg.label, cfg.dataset,
-        cfg.model, len(ranks), cfg.num_rounds, cfg.eval_every, out)
+    log(INFO, "flower-pfl: %s on %s (%s), %s, %s, evaluation every %d; results in %s", cfg.label, cfg.dataset,
+        cfg.model, counted(len(ranks), "node"), counted(cfg.num_rounds, "round"), cfg.eval_every, out)
     return run
 
 

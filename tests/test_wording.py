@@ -12,6 +12,7 @@ from flower_pfl.engine.client_contract import ignored_algorithm_message, missing
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.wording import agreeing, counted
 from flower_pfl.methods.fedmcsa import FedMCSA
+from flower_pfl.run.progress import summary_lines
 from strategies.failures import NO_REPLY, NodeFailures
 
 #: what a count of one, or a plural subject, must not be built into
@@ -68,3 +69,9 @@ def test_the_client_algorithm_lines(count):
     assert ": its ClientApp does not run it" in missing if one else ": their ClientApp does not run it" in missing
     assert ignored.startswith(f"{count} of 3 clients' replies {'lacks' if one else 'lack'} the receipt")
     assert all(agrees(line) for line in (missing, ignored))
+
+
+@pytest.mark.parametrize(("rounds", "said"), [(1, "1 round in"), (12, "12 rounds in")])
+def test_the_closing_line_counts_rounds(rounds, said, tmp_path):
+    (line, *_) = summary_lines({"status": "completed", "num_rounds": rounds, "wall_time_s": 5.0}, tmp_path)
+    assert f"run completed: {said}" in line and agrees(line)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flower_pfl.engine.extras import require
+from flower_pfl.engine.wording import counted
 
 if TYPE_CHECKING:
     from flower_pfl.experiment.config import ExperimentConfig
@@ -57,10 +58,11 @@ def run_title(cfg: ExperimentConfig, num_nodes: int | None = None) -> str:
     extra = [f"{k}={format_value(cfg.to_run_config()[k])}" for k in _PARTITION_KEYS.get(partition, ())]
     extra += ["paired-clients"] if cfg.paired_clients else []
     data = f"{cfg.dataset}, {partition} partition" + (f" ({', '.join(extra)})" if extra else "")
-    clients = f"{cfg.clients_per_round} of {num_nodes} clients per round" if num_nodes else f"{cfg.clients_per_round} clients per round"
+    clients = (f"{cfg.clients_per_round} of {counted(num_nodes, 'client')} per round" if num_nodes
+               else f"{counted(cfg.clients_per_round, 'client')} per round")
     seed = f"seed {cfg.seed}" + (f" (data {cfg.data_seed})" if cfg.data_seed >= 0 else "")
-    tail = (f"{data} · {cfg.model} · {clients} · {cfg.num_rounds} rounds · lr={format_value(cfg.lr)}, "
-            f"{cfg.local_steps} local steps of batch {cfg.batch_size} · {seed} · {cfg.api} API")
+    tail = (f"{data} · {cfg.model} · {clients} · {counted(cfg.num_rounds, 'round')} · lr={format_value(cfg.lr)}, "
+            f"{counted(cfg.local_steps, 'local step')} of batch {cfg.batch_size} · {seed} · {cfg.api} API")
     return f"{head}\n{tail}"
 
 

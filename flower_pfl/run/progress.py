@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flower_pfl.engine.wording import counted
+
 #: every console line of the package starts with this
 PREFIX = "flower-pfl:"
 
@@ -51,16 +53,17 @@ def summary_lines(summary: Mapping[str, Any], out: str | Path) -> list[str]:
     """The closing block of a run from its ``summary.json`` content and results folder."""
     status = summary.get("status", "?")
     rounds, wall = summary.get("num_rounds", "?"), summary.get("wall_time_s", math.nan)
+    rounds = counted(rounds, "round") if isinstance(rounds, int) else f"{rounds} rounds"
     per_round = f", {summary['seconds_per_round']:.2f} s/round" if "seconds_per_round" in summary else ""
     if status == "completed":
-        lines = [f"{PREFIX} run completed: {rounds} rounds in {clock(wall)}{per_round}"]
+        lines = [f"{PREFIX} run completed: {rounds} in {clock(wall)}{per_round}"]
     elif status == "degraded":
         why = " and ".join(w for w, n in (("short of clients", summary.get("short_evaluated_rounds", 0)
                                            + summary.get("short_training_rounds", 0)),
                                           ("without an accepted update", summary.get("idle_rounds", 0))) if n)
-        lines = [f"{PREFIX} run degraded: {rounds} rounds in {clock(wall)}{per_round}, some of them {why or 'short'}"]
+        lines = [f"{PREFIX} run degraded: {rounds} in {clock(wall)}{per_round}, some of them {why or 'short'}"]
     else:
-        lines = [f"{PREFIX} run {status} after {clock(wall)} (of {rounds} rounds)"]
+        lines = [f"{PREFIX} run {status} after {clock(wall)} (of {rounds})"]
     lines += shortfall_lines(summary)
     if "bmta" in summary:
         lines += [

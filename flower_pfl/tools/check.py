@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from client_apps.flower_internals import parse_config_args
+from flower_pfl.engine.wording import counted
 from flower_pfl.experiment.build import check_device
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig, nearest_keys
 
@@ -73,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flower-pfl: {message}", file=sys.stderr)
     if cfg is None:
         return 2
-    print(f"flower-pfl: the run config is good: {cfg.label} on {cfg.dataset} ({cfg.model}), {cfg.num_rounds} rounds, "
-          f"{cfg.clients_per_round} clients per round")
+    print(f"flower-pfl: the run config is good: {cfg.label} on {cfg.dataset} ({cfg.model}), {counted(cfg.num_rounds, 'round')}, "
+          f"{counted(cfg.clients_per_round, 'client')} per round")
     return 0
 
 
