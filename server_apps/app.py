@@ -248,12 +248,12 @@ def _check_client_state(cfg: ExperimentConfig, info: Mapping[int, Mapping[str, A
     if not lacking:
         return
     shown = "; ".join(lacking[:10]) + (f"; and {len(lacking) - 10} more" if len(lacking) > 10 else "")
+    who = f"{counted(len(lacking), 'node')} {agreeing(len(lacking), 'lacks', 'lack')} the client state this checkpoint needs"
     if not cfg.allow_empty_client_state:
-        raise ConfigError(f"{counted(len(lacking), 'node')} {agreeing(len(lacking), 'lacks', 'lack')} the client state this checkpoint needs, so the resumed run would "
+        raise ConfigError(f"{who}, so the resumed run would "
                           f"not continue the checkpointed one: {shown}. Resume from the client-state folder the run "
                           "wrote, or set allow-empty-client-state = true to start those clients' state afresh")
-    log(WARNING, "%s %s the client state this checkpoint needs and %s it afresh (allow-empty-client-state): %s",
-        counted(len(lacking), "node"), agreeing(len(lacking), "lacks", "lack"), agreeing(len(lacking), "starts", "start"), shown)
+    log(WARNING, "%s and %s it afresh (allow-empty-client-state): %s", who, agreeing(len(lacking), "starts", "start"), shown)
 
 
 def _build(run: _Run) -> tuple[Any, Sampler]:

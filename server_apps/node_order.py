@@ -73,7 +73,7 @@ def _nodes(ids: list[int], shown: int = 5) -> str:
     """``node 3``, ``nodes 3, 8``, or the first ``shown`` and how many more: ``nodes 1, 2, 3, 4, 5 and 12 more``."""
     ids = sorted(ids)
     text = listed(ids, shown)
-    return f"node{'s' if len(ids) > 1 else ''} {text}"
+    return f"{agreeing(len(ids), 'node', 'nodes')} {text}"
 
 
 def _report(info: dict[int, dict[str, Any]], errors: dict[str, list[int]], asked: int) -> None:

@@ -148,7 +148,8 @@ class NodeFailures:
             since = min(new[n].since for n in nodes)
             log(WARNING, "round %s: %s lost: %s failed in %s it was sent work, since round %s (%s); "
                 "not sampled from now on (lost-node-rounds = %d)", server_round, _nodes(nodes),
-                agreeing(len(nodes), "it", "each"), _last(self.lost_after), since, cause, self.lost_after)
+                agreeing(len(nodes), "it", "each"), agreeing(self.lost_after, "the last round", f"the last {self.lost_after} rounds"),
+                since, cause, self.lost_after)
         return sorted(new)
 
     def disconnected(self, nodes: Iterable[Any]) -> None:
@@ -194,11 +195,6 @@ class NodeFailures:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         with self.log_file.open("a") as fh:
             fh.write(f"{stamp} round {server_round} node {node}{f' {phase}' if phase else ''}: {reason}\n")
-
-
-def _last(rounds: int) -> str:
-    """``the last round``, ``the last 3 rounds``."""
-    return "the last round" if rounds == 1 else f"the last {rounds} rounds"
 
 
 def _nodes(nodes: Iterable[Any]) -> str:

@@ -18,8 +18,10 @@ from typing import Any
 from flwr.common.logger import log
 from flwr.serverapp.strategy import Result
 
-#: the logger Flower's ``start`` writes to, and the line that opens its closing block
-FLOWER_LOGGER, FINAL_RESULTS = "flwr", "Final results:"
+from flower_pfl.run.quiet import FLOWER_LOGGER
+
+#: the line that opens the closing block of Flower's ``start``
+FINAL_RESULTS = "Final results:"
 
 
 class _FlowersClosingBlock(logging.Filter):

@@ -16,9 +16,9 @@ from flower_pfl.engine.wording import agreeing, counted
 
 #: where users read how to run a method's client algorithm in their own app
 _DOCS = "see 'Using a strategy in your own Flower app' in the documentation (docs/strategies.md, docs/client-contract.md)"
-#: how a user's own loop runs the client algorithm a training instruction names
 #: a client's reply, counted (``wording.counted``)
 REPLY, REPLIES = "client's reply", "clients' replies"
+#: how a user's own loop runs the client algorithm a training instruction names
 _USER_LOOP = "client_apps.own_loop.algorithm_for(config, model, context.state)"
 
 
