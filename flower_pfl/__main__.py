@@ -8,7 +8,7 @@ import sys
 TOOLS = {
     "sweep": "run methods × settings × seeds and report them",
     "compare": "tables and learning curves of finished runs",
-    "superlink": "status or stop of the local SuperLink that flwr run started",
+    "superlink": "start (and wait for), status or stop of the local SuperLink that flwr run uses",
     "credentials": "TLS certificates and SuperNode keys for a deployment",
     "methods": "the method table: every run-config method and its hyperparameters",
     "data": "the data set table: every run-config dataset, its samples, partitions, files and keys",

@@ -7,6 +7,7 @@ A small Python process stands in for `flower-superlink`: it listens on a free po
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,3 +114,58 @@ def test_home_and_ports_come_from_flowers_environment_variables(monkeypatch, tmp
     monkeypatch.delenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT")
     monkeypatch.delenv("FLWR_LOCAL_CONTROL_API_PORT")
     assert superlink.flwr_home() == Path.home() / ".flwr" and superlink.local_ports() == (39091, 39093)
+
+
+SERVES = """
+import http.server, sys, time
+time.sleep(float(sys.argv[2]))
+if sys.argv[3] == "exit":
+    sys.exit(3)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if sys.argv[3] == "answer" else 503)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_superlink(monkeypatch):
+    """``superlink.start`` runs a stand-in that answers its health check after ``delay`` seconds ("answer"),
+    never ("refuse") or exits with code 3 ("exit"); it names this home's log file, as the real one does."""
+    def use(delay: float, how: str) -> None:
+        monkeypatch.setattr(superlink, "command", lambda home, ports: [
+            sys.executable, "-c", SERVES, str(ports[0]), str(delay), how, "--log-file", str(superlink.folder(home) / "superlink.log")])
+    return use
+
+
+def test_start_waits_until_the_superlink_answers_and_keeps_one_already_running(tmp_path, fake_superlink):
+    fake_superlink(2.0, "answer")
+    ports = (free_port(), free_port())
+    pid, lines = superlink.start(tmp_path, ports, timeout=60)
+    try:
+        assert superlink.answers(ports[0]) and re.search(rf"pid {pid} \(port {ports[0]}, .*answered after [2-9]\.\d s", lines[0]), lines
+        assert superlink.start(tmp_path, ports)[0] == pid  # running: kept, not started twice
+        assert superlink.status(tmp_path, ports)[0] == 0
+    finally:
+        assert superlink.stop(tmp_path, ports, timeout=5)[0] == 0
+    assert _gone(pid)
+
+
+@pytest.mark.parametrize("how,said", [("exit", "exited with code 3 before it answered"), ("refuse", "did not answer within 1 s")])
+def test_start_says_why_a_superlink_did_not_come_up_and_leaves_nothing_running(tmp_path, fake_superlink, how, said):
+    fake_superlink(0.0, how)
+    ports = (free_port(), free_port())
+    with pytest.raises(superlink.StartError, match=said) as failed:
+        superlink.start(tmp_path, ports, timeout=1)
+    assert str(superlink.folder(tmp_path.resolve()) / "superlink.log") in str(failed.value)
+    assert not superlink.find(tmp_path, ports)[0]  # stopped, or gone by itself
+
+
+def test_start_refuses_ports_another_process_holds(tmp_path, spawn):
+    port = free_port()
+    spawn(tmp_path / "theirs", port)
+    with pytest.raises(superlink.StartError, match=f"ports {port}, .* are taken by another process"):
+        superlink.start(tmp_path / "mine", (port, free_port()))

@@ -1,12 +1,15 @@
-"""Show or stop the local SuperLink that ``flwr run`` starts in the background.
+"""Start, show or stop the local SuperLink that ``flwr run`` uses.
 
-``flwr run`` (Flower 1.41, ``flwr/cli/local_superlink.py``) starts ``flower-superlink`` on fixed
+``flwr run`` (Flower 1.41 and 1.42, ``flwr/cli/local_superlink.py``) starts ``flower-superlink`` on fixed
 ports (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``, default 39091, and ``FLWR_LOCAL_CONTROL_API_PORT``,
-default 39093) with its log and database in ``$FLWR_HOME/local-superlink/``, and keeps no PID file.
-This finds the process listening on those ports whose command line names this ``FLWR_HOME``'s
-``local-superlink`` folder, and stops it and the processes it started (the runs it executes)
-by PID: SIGTERM, then SIGKILL for what is still there after ``--timeout`` seconds.
+default 39093) with its log and database in ``$FLWR_HOME/local-superlink/``, keeps no PID file, and
+gives up when it does not answer within 15 s (a loaded machine can take longer). ``start`` starts
+the same SuperLink and waits until it answers, up to ``--timeout`` seconds; ``flwr run`` then uses it.
+``status`` and ``stop`` find the process listening on those ports whose command line names this
+``FLWR_HOME``'s ``local-superlink`` folder; ``stop`` stops it and the processes it started (the runs
+it executes) by PID: SIGTERM, then SIGKILL for what is still there after ``--timeout`` seconds.
 
+    python -m flower_pfl superlink start
     python -m flower_pfl superlink status
     python -m flower_pfl superlink stop
 
@@ -23,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +35,12 @@ PROC = Path("/proc")
 LISTEN = "0A"  # socket state in /proc/net/tcp
 KILL_WAIT = 5.0  # seconds a SIGKILLed process gets to disappear
 STILL_RUNNING = "still running (not stopped: another user's process?)"
+#: seconds ``start`` waits for the SuperLink to answer (``flwr run`` waits 15)
+START_TIMEOUT = 120.0
+
+
+class StartError(RuntimeError):
+    """The SuperLink did not start, or did not answer in time; the message says which and where its log is."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +237,70 @@ def _wait(pids: Sequence[int], timeout: float) -> None:
         time.sleep(0.1)
 
 
+def folder(home: Path) -> Path:
+    """Where the local SuperLink of ``home`` keeps its database and log (as ``flwr run`` places them)."""
+    return Path(home) / "local-superlink"
+
+
+def command(home: Path, ports: Sequence[int]) -> list[str]:
+    """The command line ``flwr run`` starts the local SuperLink of ``home`` with, on ``ports`` (HTTP API,
+    Control API): a simulation SuperLink whose runs execute in processes of their own."""
+    port, control = ports
+    return [executable("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+            "--control-api-address", f"127.0.0.1:{control}", "--host", "127.0.0.1", "--port", str(port),
+            "--log-file", str(folder(home) / "superlink.log"), "--log-rotation-interval-hours", "24",
+            "--log-rotation-backup-count", "7", "--database", str(folder(home) / "state.db")]
+
+
+def answers(port: int, timeout: float = 2.0) -> bool:
+    """Whether a SuperLink answers its health check on ``port``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def start(home: Path, ports: Sequence[int], timeout: float = START_TIMEOUT,
+          env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    """Start the local SuperLink of ``home`` on ``ports`` as ``flwr run`` would, detached, and wait until it
+    answers (up to ``timeout`` seconds, however long its start-up takes); ``(pid, lines)``. A SuperLink of
+    this home already running is kept. Raises ``StartError`` when the ports are another process's, when the
+    SuperLink exits, or when it does not answer in time (then it is stopped), naming its log."""
+    home = Path(home).expanduser().resolve()
+    mine, others = find(home, ports)
+    if mine:
+        return mine[0].pid, [f"local SuperLink of FLWR_HOME={home} already runs: {mine[0].describe()}"]
+    if others:
+        raise StartError(f"ports {', '.join(map(str, ports))} are taken by another process: "
+                         + "; ".join(p.describe() for p in others))
+    folder(home).mkdir(parents=True, exist_ok=True)
+    log = folder(home) / "superlink.log"
+    environment_ = {**(env or os.environ), "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    started = time.monotonic()
+    process = subprocess.Popen(command(home, ports), env=environment_, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    while not answers(ports[0]):
+        if process.poll() is not None:
+            raise StartError(f"flower-superlink exited with code {process.returncode} before it answered; see {log}")
+        if time.monotonic() - started > timeout:
+            terminate([process.pid], KILL_WAIT)
+            raise StartError(f"flower-superlink (pid {process.pid}) did not answer within {timeout:g} s; see {log}")
+        time.sleep(0.2)
+    return process.pid, [f"local SuperLink of FLWR_HOME={home}: pid {process.pid} (port {ports[0]}, Control API "
+                         f"{ports[1]}) answered after {time.monotonic() - started:.1f} s; its log: {log}"]
+
+
+def pin(home: Path, port: int) -> Path:
+    """Make the SuperLink on ``port`` the default connection of ``home``'s Flower configuration (its
+    ``config.toml``, replaced), so that ``flwr run`` and ``flwr ls`` use it as they would a deployment's:
+    they neither probe the local one (for 0.4 s, which a loaded machine can miss) nor start one. For a
+    ``FLWR_HOME`` of a tool's own (a sweep's, a test's), not a user's."""
+    path = Path(home) / "config.toml"
+    path.write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    return path
+
+
 def status(home: Path, ports: Sequence[int]) -> tuple[int, list[str]]:
     """Exit code 0 and a description when this home's local SuperLink runs, else 1."""
     mine, others = find(home, ports)
@@ -257,14 +331,26 @@ def stop(home: Path, ports: Sequence[int], timeout: float = 10.0) -> tuple[int, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flower_pfl superlink", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("status", "stop"))
+    parser.add_argument("action", choices=("start", "status", "stop"))
     parser.add_argument("--flwr-home", type=Path, default=None, help="default: $FLWR_HOME, else ~/.flwr")
     parser.add_argument("--port", type=int, action="append", default=None,
                         help="ports to look at (repeatable; default: the local SuperLink's HTTP API and Control API ports)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help=f"start: seconds to wait for it to answer (default {START_TIMEOUT:g}); "
+                             "stop: seconds between SIGTERM and SIGKILL (default 10)")
     args = parser.parse_args(argv)
     home, ports = args.flwr_home or flwr_home(), args.port or list(local_ports())
-    code, lines = status(home, ports) if args.action == "status" else stop(home, ports, args.timeout)
+    if len(ports) != 2 and args.action == "start":
+        parser.error("start takes two ports (--port HTTP_API --port CONTROL_API) or none")
+    if args.action == "start":
+        try:
+            code, lines = 0, start(home, ports, START_TIMEOUT if args.timeout is None else args.timeout)[1]
+        except StartError as err:
+            code, lines = 1, [str(err)]
+    elif args.action == "status":
+        code, lines = status(home, ports)
+    else:
+        code, lines = stop(home, ports, 10.0 if args.timeout is None else args.timeout)
     print("\n".join(lines))
     return code
 
