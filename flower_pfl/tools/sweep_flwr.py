@@ -1,8 +1,10 @@
 """The sweep's ``flwr-run`` engine: each cell through ``flwr run`` on a local SuperLink of its own.
 
-The SuperLink that ``flwr run`` starts lives under the sweep's own ``FLWR_HOME`` and ports, so
-sweeps never share one with each other or with a user's; ``stop`` ends it (and the processes it
-started) by PID. A cell's console output goes to ``flwr.log`` in its folder.
+The engine starts the SuperLink under the sweep's own ``FLWR_HOME`` and ports before the first cell
+(``superlink.start``, which waits however long the machine takes to start it) and names it in that
+home's Flower configuration, so sweeps never share one with each other or with a user's, and ``flwr
+run`` neither races Flower's own start-up limit nor starts a second one; ``stop`` ends it (and the
+processes it started) by PID. A cell's console output goes to ``flwr.log`` in its folder.
 """
 
 from __future__ import annotations
@@ -65,17 +67,16 @@ class FlwrRunEngine:
                                          FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                                          FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.port),
                                          FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port))
-        self._first = threading.Lock()  # the first run starts the SuperLink; the others wait for it
-        self._started = threading.Event()
+        self._starting = threading.Lock()  # the first cell starts the SuperLink; the others wait for it
 
     def run_cell(self, cell: Cell) -> dict[str, Any]:
-        if not self._started.is_set():
-            with self._first:
-                if not self._started.is_set():
-                    try:
-                        return self._run(cell)
-                    finally:
-                        self._started.set()
+        with self._starting:
+            if not superlink.answers(self.port):
+                try:
+                    superlink.start(self.home, (self.port, self.control_port), env=self.env)
+                except superlink.StartError as err:
+                    return {"status": "failed", "error": f"the sweep's SuperLink: {err}"}
+                superlink.pin(self.home, self.port)
         return self._run(cell)
 
     def command(self, cell: Cell) -> list[str]:
