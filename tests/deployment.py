@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from local_runs import ROOT, flwr_command
+from local_runs import ROOT, Streamed, flwr_command, staged_app
 
 from flower_pfl.tools import superlink
 from flower_pfl.tools.sweep_flwr import free_port
@@ -188,16 +188,31 @@ class LocalDeployment:
             time.sleep(1)
         raise TimeoutError(f"not every SuperNode came online: {self.supernodes()}\n{self.log_tail()}")
 
-    def run(self, run_config: str, app: Path = ROOT, timeout: int = 600) -> dict:
-        """``flwr run`` to the end; returns the run's entry of ``flwr ls`` (its status is the truth:
-        ``flwr run --stream`` exits 0 even when the run failed) with the streamed log."""
-        before = {r["run-id"] for r in self.runs()}
-        proc = subprocess.run(flwr_command("run", str(app), "deploy", "--stream", "--run-config", run_config), cwd=ROOT,
-                              env=self.env, capture_output=True, text=True, timeout=timeout)
-        new = [r for r in self.runs() if r["run-id"] not in before]
-        if len(new) != 1:
-            raise RuntimeError(f"expected one new run\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}\n{self.log_tail()}")
-        return {**new[0], "log": proc.stdout + proc.stderr}
+    def start_run(self, run_config: str, app: Path = ROOT) -> Streamed:
+        """``flwr run`` in the background, its output streamed (``Streamed``)."""
+        return Streamed(subprocess.Popen(flwr_command("run", str(staged_app(app)), "deploy", "--stream", "--run-config", run_config),
+                                         cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+    def run(self, run_config: str, app: Path = ROOT, timeout: int = 480) -> dict:
+        """``flwr run`` to the end; returns the run's entry of ``flwr ls``, found by the id ``flwr run`` printed (its
+        status is the truth: ``flwr run --stream`` exits 0 even when the run failed), with the streamed log. A run
+        that does not end within ``timeout`` seconds is stopped, and the failure names the phase it was in."""
+        return self.finish(self.start_run(run_config, app), timeout)
+
+    def finish(self, stream: Streamed, timeout: float = 480) -> dict:
+        """``run``'s end of a run ``start_run`` started."""
+        if not stream.wait(timeout):
+            run_id = stream.run_id()
+            if run_id is not None:
+                subprocess.run(flwr_command("stop", str(run_id), "deploy"), cwd=ROOT, env=self.env, capture_output=True,
+                               timeout=120, check=False)
+            stream.proc.kill()
+            raise AssertionError(f"flwr run did not end within {timeout:g} s: {stream.phases()}\n{self.log_tail()}")
+        run_id = stream.run_id()
+        if run_id is None:
+            raise RuntimeError(f"flwr run submitted no run\n{stream.text()[-3000:]}\n{self.log_tail()}")
+        (entry,) = [r for r in self.runs() if int(r["run-id"]) == run_id]
+        return {**entry, "log": stream.text()}
 
     def runs(self) -> list[dict]:
         """``flwr ls``: every run with its status."""

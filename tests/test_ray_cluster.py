@@ -34,8 +34,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def simulation(cluster, tmp_path_factory):
-    sim = LocalSimulation(tmp_path_factory.mktemp("flwr_home"))
-    sim.env["RAY_ADDRESS"] = cluster.address  # the SuperLink (and its simulation) joins the cluster
+    sim = LocalSimulation(tmp_path_factory.mktemp("flwr_home"), ray_address=cluster.address)  # its runs join the cluster
     yield sim
     assert not sim.stop(), "the test's SuperLink or one of its runs is still running"
 
@@ -104,7 +103,6 @@ def test_a_run_across_two_nodes_gives_the_in_process_numbers_and_survives_a_lost
           f"({'; '.join(summary['failures_by_cause'])}), {len(log.splitlines())} console lines")
 
     # what a user can do: continue the run from its last checkpoint on the nodes left
-    simulation.runs()  # the lost run is known: the next new run is the resumed one
     resumed = simulation.run({**longer, "output-dir": str(tmp_path / "lost"), "resume-from": str(folder)}, nodes=6)
     assert resumed["status"] == "finished:completed", resumed["status-details"] + resumed["log"][-3000:]
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
