@@ -1,10 +1,10 @@
 """End to end through ``flwr run``: a private local SuperLink, Ray-backed virtual clients.
 
-Each ``flwr run`` costs a process start-up (about 20 s), so each run here checks every guarantee it
+Each ``flwr run`` costs process start-ups (about 15 s), so each run here checks every guarantee it
 can: a run that finishes is compared, to the last bit, with the in-process run of the same config
 (``server_apps.inprocess``: the same ServerApp and ClientApp without Ray), which proves both that
 the same seed gives the same numbers under ``flwr run`` and that nothing is lost on the way through
-Ray. Tests are grouped (``xdist_group``) so that each group's runs share one SuperLink.
+Ray. Tests are grouped (``xdist_group``) so that each group's runs share one SuperLink and one Ray.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 from local_runs import ONE_BY_ONE, ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
+from ray_cluster import RayCluster
 from test_trackers import assert_series_match, expected_series, mlflow_run, mlflow_series, tensorboard_events
 
 from flower_pfl.engine.disk_store import DiskClientModelStore
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.run import tensor_files
-from flower_pfl.run.results import CHECKPOINT, MODELS, SERVER_STATE, load_models, load_state
+from flower_pfl.run.results import CHECKPOINT, MODELS, load_models
 from server_apps.inprocess import run_in_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -32,7 +33,24 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def simulation(tmp_path_factory):
-    sim = LocalSimulation(tmp_path_factory.mktemp("flwr_home"))
+    """A SuperLink and a Ray of one CPU, shared by a test process's runs: each run's simulation joins that Ray
+    instead of starting and stopping one of its own (seconds of every run), and one virtual-client actor serves
+    its nodes (each actor imports PyTorch and the app; the numbers do not depend on how many there are). The
+    actors are each run's own."""
+    cluster = RayCluster()
+    try:
+        cluster.start_head(cpus=1)
+        sim = LocalSimulation(tmp_path_factory.mktemp("flwr_home"), ray_address=cluster.address)
+        yield sim
+        assert not sim.stop(), "the test's SuperLink or one of its runs is still running"
+    finally:
+        assert not cluster.stop(), "a process of the test's Ray cluster is still running"
+
+
+@pytest.fixture
+def simulation_with_its_own_ray(tmp_path):
+    """A SuperLink whose runs start a Ray of their own, as a user's ``flwr run`` does."""
+    sim = LocalSimulation(tmp_path / "flwr_home")
     yield sim
     assert not sim.stop(), "the test's SuperLink or one of its runs is still running"
 
@@ -66,53 +84,50 @@ def _own_models_evaluated(run_dir: Path, last_round: int) -> None:
 
 # --- same seed, same numbers ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("method,api", [pytest.param("fedavg", "message", marks=pytest.mark.xdist_group("flwr-run-a")),
-                                        pytest.param("scaffold", "legacy", marks=pytest.mark.xdist_group("flwr-run-a")),
-                                        pytest.param("fedmcsa", "legacy", marks=pytest.mark.xdist_group("flwr-run-b"))])
-def test_flwr_run_gives_the_in_process_numbers_of_the_same_seed(simulation, tmp_path, monkeypatch, method, api):
-    """Flower's own FedAvg, and this package's strategies through the legacy API (whose server gathers
-    results on threads): a ``flwr run`` gives, to the last bit, the numbers of the in-process run with
-    the same seed, although Flower's runtime threads draw from Python's global ``random`` and node ids
-    differ; the run writes every result file. FedAvg runs examples/own_data_app: its data and model by
-    import path load in every process ``flwr run`` starts (the app's folder is on their path)."""
-    config = {"method": method, "api": api, "num-rounds": 3, "clients-per-round": 3, "eval-every": 1, "seed": 3}
-    app = ROOT / "examples" / "own_data_app" if method == "fedavg" else ROOT
-    if app != ROOT:  # the app lists only the keys it sets (api is the default, message)
-        config.pop("api")
+@pytest.mark.xdist_group("flwr-run-a")
+def test_flwr_run_gives_the_in_process_numbers_of_the_same_seed(simulation_with_its_own_ray, tmp_path, monkeypatch):
+    """Flower's own FedAvg in examples/own_data_app, whose data and model by import path load in every process
+    ``flwr run`` starts (the app's folder is on their path), on a Ray of the run's own, as a user's: a ``flwr
+    run`` gives, to the last bit, the numbers of the in-process run with the same seed, although Flower's
+    runtime threads draw from Python's global ``random`` and node ids differ; the run writes every result file.
+    (The package's strategies, through both APIs, are held to the same in the resume tests below: their killed
+    and resumed runs give the in-process numbers of a run never interrupted, the rounds before the kill too.)"""
+    method, api, simulation = "fedavg", "message", simulation_with_its_own_ray
+    config = {"method": method, "num-rounds": 3, "clients-per-round": 3, "eval-every": 1, "seed": 3}
+    app = ROOT / "examples" / "own_data_app"  # the app lists only the keys it sets (api is the default, message)
     run = simulation.run({**config, "output-dir": str(tmp_path / "flwr")}, nodes=6, app=app)
     _completed(run)
     run_dir = results(tmp_path / "flwr")
     check_results(run_dir, method, rounds=3, nodes=6, per_round=3, evaluated=[1, 2, 3])
-    if app != ROOT:  # the app's own keys (its data, model, partition and training) beside the overrides
-        monkeypatch.syspath_prepend(str(app))
-        config = {**tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"], **config}
-        assert json.loads((run_dir / "summary.json").read_text())["client_groups"]["5"] == "machine5"
+    # the app's own keys (its data, model, partition and training) beside the overrides
+    monkeypatch.syspath_prepend(str(app))
+    config = {**tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"], **config, "api": api}
+    assert json.loads((run_dir / "summary.json").read_text())["client_groups"]["5"] == "machine5"
     in_process = run_in_process({**config, **ONE_BY_ONE, "output-dir": str(tmp_path / "in-process")}, num_nodes=6)
     assert numbers(run_dir) == numbers(in_process)
-    assert (run_dir / MODELS).exists() == (method == "fedmcsa")
-    if method == "fedmcsa":
-        _own_models_evaluated(run_dir, last_round=3)
+    assert not (run_dir / MODELS).exists()  # a global-model method keeps no personalized models
 
 
 # --- a killed server resumes ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("method", [pytest.param("fedmcsa", marks=pytest.mark.xdist_group("flwr-run-c")),
-                                    pytest.param("fedattn", marks=pytest.mark.xdist_group("flwr-run-d")),
                                     pytest.param("scaffold", marks=pytest.mark.xdist_group("flwr-run-e"))])
 def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, tmp_path, method):
-    """A personalized method with its models in the disk store (rolled back to the checkpoint), a
-    global-model method with server-side state (FedAttn's attention module) and one whose clients keep
-    state (SCAFFOLD's c_i, restored from the nodes' disks): SIGKILL the ServerApp's process after its
-    first checkpoint, resume from the results folder, and compare with the run that was never interrupted."""
+    """A personalized method through the legacy API (whose server gathers results on threads) with its models in
+    the disk store (rolled back to the checkpoint), and through the Message API a method with state on both
+    sides (SCAFFOLD's server control variate in the checkpoint, the clients' c_i restored from the nodes'
+    disks) and live trackers: SIGKILL the ServerApp's process after its first checkpoint, resume from the
+    results folder, and compare every number, those of the rounds before the kill too, with the in-process run
+    of the same seed that was never interrupted. (Every method's resume is compared in-process, by
+    ``tests/test_checkpoint.py``: what the server's checkpoint holds is the same whatever runs it.)"""
     settings = {"method": method, "num-rounds": 8, "clients-per-round": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 4,
-                **({"store": "disk"} if method == "fedmcsa" else {}),
+                **({"store": "disk", "api": "legacy"} if method == "fedmcsa" else {}),
                 **({"tracker": "tensorboard,mlflow"} if method == "scaffold" else {})}
     killed = tmp_path / "killed"
     proc = simulation.start({**settings, "output-dir": str(killed)}, nodes=6, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     folder = kill_after_checkpoint(proc, killed, 2, simulation.server_processes)
     assert tensor_files.read(folder / CHECKPOINT)[1]["round"] < 8, "the run finished before it was killed"
-    simulation.runs()  # the killed run is known: the next new run is the resumed one
 
     _completed(simulation.run({**settings, "resume-from": str(folder), "output-dir": str(killed)}, nodes=6))
     whole = run_in_process({**settings, **ONE_BY_ONE, "tracker": "", "output-dir": str(tmp_path / "whole")}, num_nodes=6)
@@ -122,8 +137,6 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
         _own_models_evaluated(folder, last_round=8)
         resumed, uninterrupted = _by_partition(folder, _stored(folder)), _by_partition(whole, _stored(whole))
         assert resumed.keys() == uninterrupted.keys() and all(torch.equal(resumed[p], uninterrupted[p]) for p in resumed)
-    if method == "fedattn":  # the attention module is saved with the results
-        assert set(load_state(folder / SERVER_STATE)["attention"]) == {"w_q", "w_k", "w_v"}
     if method == "scaffold":  # the trackers went on in the same runs: every round once, as metrics.jsonl has it
         expected = expected_series(folder)
         assert_series_match(tensorboard_events(folder / "tensorboard")["scalars"], expected, float32=True)
@@ -134,7 +147,7 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
 
 # --- runs that must fail, and say why ------------------------------------------------------------
 
-@pytest.mark.xdist_group("flwr-run-b")
+@pytest.mark.xdist_group("flwr-run-a")
 def test_bad_run_config_stops_the_run_with_a_clear_message(simulation, tmp_path):
     """Given under its earlier name (``sigma``), a method key still reaches the run, whose error names it as it is now."""
     run = simulation.run({"sigma": -1.0, "output-dir": str(tmp_path)}, nodes=2)
@@ -143,7 +156,7 @@ def test_bad_run_config_stops_the_run_with_a_clear_message(simulation, tmp_path)
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
-@pytest.mark.xdist_group("flwr-run-b")
+@pytest.mark.xdist_group("flwr-run-a")
 def test_a_run_no_node_can_serve_is_one_message_and_its_tracebacks_go_to_a_file(simulation, tmp_path):
     """A data set none of the nodes has: one message naming the key and the fix, no traceback on the
     console; the nodes' tracebacks are kept in a file the console names, and no results folder is made."""
@@ -176,12 +189,13 @@ def test_a_run_that_accepts_no_update_ends_failed_and_says_why(simulation, tmp_p
 
 @pytest.mark.xdist_group("flwr-run-f")
 def test_many_clients_partial_participation(simulation, tmp_path):
-    run = simulation.run({"method": "fedacs", "train-samples-per-client": 50, "num-rounds": 2, "clients-per-round": 50,
-                          "eval-every": 2, "output-dir": str(tmp_path)}, nodes=500)
+    """The README's federation: 100 virtual nodes, 20 sampled a round, every node evaluated."""
+    run = simulation.run({"method": "fedacs", "train-samples-per-client": 50, "num-rounds": 2, "clients-per-round": 20,
+                          "eval-every": 2, "output-dir": str(tmp_path)}, nodes=100)
     _completed(run)
     rows = [json.loads(line) for line in (results(tmp_path) / "metrics.jsonl").read_text().splitlines()]
-    assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [50, 50]
-    assert [r["clients-evaluated"] for r in rows if r["phase"] == "evaluate"] == [500, 500]  # rounds 1 and 2
+    assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [20, 20]
+    assert [r["clients-evaluated"] for r in rows if r["phase"] == "evaluate"] == [100, 100]  # rounds 1 and 2
 
 
 # --- users' own apps -----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from flower_pfl.engine.model_split import mean_features
 from flower_pfl.engine.reply_checks import RawReply, UpdateRejected
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.experiment.models import DNN, MLR
+from flower_pfl.run.results import SERVER_STATE, load_state
 
 from .runs import assert_as_recorded
 
@@ -417,6 +418,8 @@ def test_legacy_fedattn_without_parameter_names_is_refused():
 
 # --- one whole run -------------------------------------------------------------------------------
 
-def test_short_run_as_recorded(short_runs):
+def test_short_run_as_recorded_and_its_attention_module_saved(short_runs):
     summary = short_runs("fedattn")
     assert_as_recorded("fedattn", summary)
+    saved = load_state(summary["folder"] / SERVER_STATE)["attention"]  # with the results, as in its checkpoints
+    assert set(saved) == {"w_q", "w_k", "w_v"} and saved["w_q"].shape == saved["w_k"].shape and saved["w_q"].shape[1] == 16  # d_k
