@@ -7,12 +7,11 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 
 import pytest
 from deployment import LocalDeployment, _alive, _descendants
-from local_runs import ONE_BY_ONE, ROOT, flwr_command, kill_after_checkpoint, numbers
+from local_runs import ONE_BY_ONE, kill_after_checkpoint, numbers
 
 from client_apps.flower_internals import HEARTBEAT_PATIENCE
 from flower_pfl.engine.wire import fingerprint
@@ -26,62 +25,42 @@ from server_apps.inprocess import run_in_process
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
-def _check_fedmcsa_run(run: dict, out) -> None:
-    """Finished; two rounds of metrics; each node evaluated the personalized model stored for it."""
-    assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
-    (run_dir,) = list(out.iterdir())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows if r["phase"] == "train"] == [1, 2]
-    assert all(r["clients-accepted"] == 2 for r in rows if r["phase"] == "train")
-    assert [r["round"] for r in rows if r["phase"] == "evaluate"] == [1, 2]
-    store = dict(zip(("ids", "rows", "initial"), load_models(run_dir / MODELS)))
-    stored = {int(i): fingerprint([row]) for i, row in zip(store["ids"], store["rows"])}
-    last = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
-    last = {r["node-id"]: r for r in last if r["round"] == 2}
-    assert sorted(r["partition-id"] for r in last.values()) == [0, 1]
-    assert {nid: r["model-fingerprint"] for nid, r in last.items()} == stored  # its own model, nobody else's
-    assert len(set(stored.values())) == 2  # and the two personalized models differ
+def _each_node_evaluated_its_own_model(run_dir, server_round: int) -> None:
+    """Each node that evaluated in ``server_round`` (the last) evaluated the personalized model stored for it,
+    nobody else's, and the personalized models differ."""
+    ids, rows, _ = load_models(run_dir / MODELS)
+    stored = {int(i): fingerprint([row]) for i, row in zip(ids, rows)}
+    evaluated = {r["node-id"]: r["model-fingerprint"] for r in map(json.loads, (run_dir / "clients.jsonl").read_text().splitlines())
+                 if r["round"] == server_round}
+    assert len(evaluated) >= 2 and evaluated == {node: stored[node] for node in evaluated}, (evaluated, stored)
+    assert len(set(evaluated.values())) == len(evaluated)
 
 
-RUN = "method='fedmcsa' num-rounds=2 clients-per-round=2 eval-every=1 output-dir='{out}'"
-
-
-def test_two_rounds_of_fedmcsa_over_tls_with_supernode_authentication(tmp_path):
-    """TLS and SuperNode authentication together (the other deployment tests run without either);
-    a SuperNode whose key was never registered is turned away while the run's nodes stay online."""
-    out = tmp_path / "results"
+def test_killed_serverapp_resumes_on_the_same_supernodes_over_tls_with_authentication(tmp_path):
+    """A deployment with TLS and SuperNode authentication (the other runs without either): SIGKILL the ServerApp
+    process after its first checkpoint, resume from the results folder on the same SuperLink and SuperNodes
+    (whose clients get their SCAFFOLD c_i back from their own disk), and compare with the uninterrupted run
+    (in-process: test_e2e_flwr_run.py shows it gives the numbers of an uninterrupted ``flwr run``). Then a
+    SuperNode whose key was never registered is turned away while the run's nodes stay online."""
+    settings = {"method": "scaffold", "num-rounds": 2, "clients-per-round": 2, "eval-every": 1, "checkpoint-every": 1, "seed": 2}
+    killed = tmp_path / "killed"
     with LocalDeployment(tmp_path / "deployment", nodes=2, tls=True, auth=True) as deployment:
-        run = deployment.run(RUN.format(out=out))
+        stream = deployment.start_run(run_config_text({**settings, "output-dir": str(killed)}))
+        folder = kill_after_checkpoint(stream.proc, killed, 1, lambda: [pid for p in deployment.procs for pid in _descendants(p.pid)
+                                                                        if "flwr-serverapp" in " ".join(superlink.cmdline(pid))],
+                                       lambda: stream.phases() + "\n" + deployment.log_tail())
+        assert tensor_files.read(folder / CHECKPOINT)[1]["round"] < 2
+        resumed = deployment.run(run_config_text({**settings, "resume-from": str(folder), "output-dir": str(killed)}))
         key, _ = write_node_key(tmp_path / "stranger")
         stranger = deployment.start_supernode("stranger", 0, key, retries=2)
         assert stranger.wait(timeout=120) != 0
         assert "Failed to activate SuperNode" in (tmp_path / "deployment" / "stranger.log").read_text()
         assert sum(n["status"] == "online" for n in deployment.supernodes()) == 2
     assert not deployment.left_running, "processes of the deployment are still running"
-    _check_fedmcsa_run(run, out)
-
-
-def test_killed_serverapp_resumes_on_the_same_supernodes(tmp_path):
-    """Deployment: SIGKILL the ServerApp process after its first checkpoint, resume from the results
-    folder on the same SuperLink and SuperNodes (whose clients get their SCAFFOLD c_i back from their
-    own disk), and compare with the uninterrupted run (in-process: test_e2e_flwr_run.py shows it gives
-    the numbers of an uninterrupted ``flwr run``)."""
-    settings = {"method": "scaffold", "num-rounds": 3, "clients-per-round": 2, "eval-every": 1, "checkpoint-every": 1, "seed": 2}
-    killed = tmp_path / "killed"
-    with LocalDeployment(tmp_path / "deployment", nodes=2) as deployment:
-        proc = subprocess.Popen(flwr_command("run", str(ROOT), "deploy", "--stream", "--run-config",
-                                             run_config_text({**settings, "output-dir": str(killed)})),
-                                cwd=ROOT, env=deployment.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        folder = kill_after_checkpoint(proc, killed, 1, lambda: [pid for p in deployment.procs for pid in _descendants(p.pid)
-                                                                 if "flwr-serverapp" in " ".join(superlink.cmdline(pid))],
-                                       deployment.log_tail)
-        assert tensor_files.read(folder / CHECKPOINT)[1]["round"] < 3
-        resumed = deployment.run(run_config_text({**settings, "resume-from": str(folder), "output-dir": str(killed)}))
-    assert not deployment.left_running, "processes of the deployment are still running"
     assert resumed["status"] == "finished:completed", resumed["status-details"] + resumed["log"][-3000:]
     whole = run_in_process({**settings, **ONE_BY_ONE, "output-dir": str(tmp_path / "whole")}, num_nodes=2)
     assert numbers(folder) == numbers(whole)
-    assert [r["round"] for r in numbers(folder)[0] if r["phase"] == "evaluate"] == [1, 2, 3]
+    assert [r["round"] for r in numbers(folder)[0] if r["phase"] == "evaluate"] == [1, 2]
 
 
 def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path):
@@ -90,11 +69,13 @@ def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path):
     in answers once the SuperLink declares it offline (Flower's heartbeat patience), one wait for
     the third node ends after ``node-wait-timeout`` and later rounds do not wait for it again; the
     log names the lost node by its id, once as lost, and the summary lists it with Flower's error. With
-    ``min-evaluated-share = 0.5`` the two left still make rounds that count. The SuperNodes declare Flower's shortest heartbeat interval,
+    ``min-evaluated-share = 0.5`` the two left still make rounds that count, each evaluating the FedMCSA model
+    personalized for it. The SuperNodes declare Flower's shortest heartbeat interval,
     10 s, so the SuperLink notices the loss after 20 s instead of 60."""
     timeout, rounds, victim, interval = 10, 4, 2, 10.0  # victim: the partition whose SuperNode is lost
-    out, stream = tmp_path / "results", tmp_path / "flwr-run.log"
-    settings = (f"method='fedmcsa' num-rounds={rounds} clients-per-round=3 eval-every=1 node-wait-timeout={timeout} "
+    out = tmp_path / "results"
+    # evaluated in rounds 1 and 4 only: every message of a deployment starts a ClientApp process (seconds of CPU)
+    settings = (f"method='fedmcsa' num-rounds={rounds} clients-per-round=3 eval-every={rounds} node-wait-timeout={timeout} "
                 f"min-evaluated-share=0.5 output-dir='{out}'")
 
     def rows(name):
@@ -102,20 +83,17 @@ def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path):
         return [json.loads(line) for line in found[0].read_text().splitlines() if line.strip()] if found else []
 
     with LocalDeployment(tmp_path / "deployment", nodes=3, heartbeat=interval) as deployment:
-        before = {r["run-id"] for r in deployment.runs()}
         started = time.monotonic()
-        with stream.open("w") as sink:
-            proc = subprocess.Popen(flwr_command("run", str(ROOT), "deploy", "--stream", "--run-config", settings),
-                                    cwd=ROOT, env=deployment.env, stdout=sink, stderr=subprocess.STDOUT)
+        stream = deployment.start_run(settings)
         try:
             # round 1 trained and every node evaluated (its row names node id and partition)
             deadline, first = time.time() + 300, []
-            while time.time() < deadline and proc.poll() is None:
+            while time.time() < deadline and stream.proc.poll() is None:
                 first = [r for r in rows("clients.jsonl") if r["round"] == 1]
                 if any(r["phase"] == "train" and r["round"] == 1 for r in rows("metrics.jsonl")) and len(first) == 3:
                     break
                 time.sleep(0.2)
-            assert len(first) == 3, "round 1 did not finish on three nodes\n" + stream.read_text()[-3000:] + deployment.log_tail()
+            assert len(first) == 3, "round 1 did not finish on three nodes: " + stream.phases() + deployment.log_tail()
             lost = {r["partition-id"]: r["node-id"] for r in first}[victim]
             (node,) = [p for p in deployment.procs if f"partition-id={victim} " in " ".join(map(str, p.args))]
             family = _descendants(node.pid)
@@ -132,15 +110,14 @@ def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path):
                 time.sleep(0.1)
             assert not [pid for pid in family if _alive(pid)], "the lost SuperNode's processes still run"
             before_kill = killed - started  # start-up and one round on three nodes
-            proc.wait(timeout=300)
+            run = deployment.finish(stream, timeout=300)
             finished = time.monotonic()
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        (run,) = [r for r in deployment.runs() if r["run-id"] not in before]
+            if stream.proc.poll() is None:
+                stream.proc.kill()
+                stream.proc.wait()
     assert not deployment.left_running, "processes of the deployment are still running"
-    log = stream.read_text()
+    log = run["log"]
     assert run["status"] == "finished:completed", run["status-details"] + log[-3000:]
 
     metrics = rows("metrics.jsonl")
@@ -154,6 +131,7 @@ def test_a_lost_supernode_delays_a_round_at_most_node_wait_timeout(tmp_path):
     last = [r for r in rows("clients.jsonl") if r["round"] == rounds]
     assert sorted(r["partition-id"] for r in last) == sorted({0, 1, 2} - {victim})
     assert lost not in {r["node-id"] for r in last}
+    _each_node_evaluated_its_own_model(next(out.iterdir()), rounds)
 
     # the lost node is named by its own id, never as node 1 (the SuperLink's id in the errors it makes)
     assert not re.search(r"\bnode 1\b|nodes \[1\]|\[1\]\)", log), log[-3000:]
