@@ -9,6 +9,8 @@ server must end exactly where it ends when that client simply fails.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -169,26 +171,49 @@ def _round(strategy: Any, api: str, rnd: int, state: dict, clients: Clients, hos
     return dict(metrics)
 
 
+def _client_manager() -> Any:
+    return fb.client_manager([str(n) for n in NODES])
+
+
 def _start(entry: Any, api: str, honest_rounds: int = 1) -> tuple[Any, dict, Clients]:
     """A strategy after ``honest_rounds`` honest rounds (after one, every method has state), with its clients."""
     fb.set_task_identity()
     legacy, message, initial = _twins(entry)
     strategy = message if api == "message" else legacy
     state = {"names": list(initial), "arrays": ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()}),
-             "params": legacy.initial_parameters, "cm": fb.client_manager([str(n) for n in NODES])}
+             "params": legacy.initial_parameters, "cm": _client_manager()}
     clients = Clients()
     for rnd in range(1, honest_rounds + 1):
         _round(strategy, api, rnd, state, clients, None, fail=False)
     return strategy, state, clients
 
 
+def _copy(server: tuple[Any, dict, Clients]) -> tuple[Any, dict, Clients]:
+    """An independent copy of a server, its round state and its clients (with client proxies of its own)."""
+    strategy, state, clients = server
+    twin = copy.deepcopy((strategy, {k: v for k, v in state.items() if k != "cm"}, clients))
+    return twin[0], {**twin[1], "cm": _client_manager()}, twin[2]
+
+
+@functools.cache
+def _honest_then_failed(label: str, api: str, honest_rounds: int) -> tuple[tuple[Any, dict, Clients], tuple[Any, dict, Clients], dict]:
+    """``_start``'s server, and a copy of it after a round in which the first participant failed, with that round's
+    metrics: every hostile case of a method and API starts from a copy of the first and must end like the second."""
+    (entry,) = [e for e in OURS if e.label == label]
+    start = _start(entry, api, honest_rounds)
+    failed = _copy(start)
+    metrics = _round(failed[0], api, honest_rounds + 1, failed[1], failed[2], None, fail=True)
+    return start, failed, metrics
+
+
 def _check_refused_like_a_failure(entry: Any, case: Case, api: str, caplog: pytest.LogCaptureFixture) -> None:
     honest = 0 if case.extras is not None and entry.method in EXTRAS_UNTIL_KNOWN else 1
-    strategy, state, clients = _start(entry, api, honest)
-    twin = _start(entry, api, honest)  # the same seed and clients: the same server so far
+    start, failed, expected = _honest_then_failed(entry.label, api, honest)  # the same seed and clients: the same server so far
+    twin = _copy(failed)  # reading a server's state may complete it (pFedLA widens its hypernetworks as it reads them)
+    fb.set_task_identity()
+    strategy, state, clients = _copy(start)
     caplog.clear()
     metrics = _round(strategy, api, honest + 1, state, clients, case, fail=False)
-    expected = _round(twin[0], api, honest + 1, twin[1], twin[2], None, fail=True)
     assert metrics["clients-rejected"] == 1 and metrics["clients-accepted"] == expected["clients-accepted"] > 0
     refusals = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert len(refusals) == 1 and f"client {state['hostile']} " in refusals[0], refusals
