@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,6 +17,16 @@ from flower_pfl.tools import superlink
 from flower_pfl.tools.sweep_flwr import free_port
 
 PROC = Path("/proc")
+#: ``python -c DEATH_WATCH <address> <node manager port> <timeout>``: exits 0 once Ray's node table lists that node dead
+DEATH_WATCH = """
+import sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+deadline = time.monotonic() + float(sys.argv[3])
+while any(n["Alive"] for n in ray.nodes() if n["NodeManagerPort"] == int(sys.argv[2])):
+    if time.monotonic() > deadline:
+        sys.exit(1)
+    time.sleep(0.5)
+"""
 
 
 class _Ports:
@@ -54,13 +65,16 @@ class RayCluster:
         self.port = self.ports.one()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: dict[str, subprocess.Popen] = {}
+        self.node_manager_ports: dict[str, int] = {}  # how Ray's node table names each node
 
     def _start(self, name: str, args: list[str], cpus: int, timeout: float = 90.0) -> subprocess.Popen:
         cwd = self.root / name
         cwd.mkdir()
+        flags = self.ports.flags(self.NODE_PORTS)
+        self.node_manager_ports[name] = int(flags[0].split("=")[1])
         command = [superlink.executable("ray"), "start", "--block", f"--num-cpus={cpus}", "--node-ip-address=127.0.0.1",
                    "--disable-usage-stats", "--object-store-memory=200000000", f"--temp-dir={self.root / ('t' + name)}",
-                   *self.ports.worker_range(), *self.ports.flags(self.NODE_PORTS), *args]
+                   *self.ports.worker_range(), *flags, *args]
         log = (self.root / f"{name}.log").open("w")
         node = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=superlink.environment())
@@ -101,6 +115,17 @@ class RayCluster:
         node = self.nodes[name]
         os.killpg(node.pid, signal.SIGKILL)
         node.wait(timeout=30)
+
+    def wait_until_declared_dead(self, name: str, timeout: float = 180.0) -> float:
+        """Wait until the head has declared the killed node ``name`` dead (it misses the node's heartbeats
+        for some seconds first); returns the seconds waited. Flower sizes a run's actor pool from the nodes
+        Ray lists as alive: a run started before puts actors on the dead node, where they wait minutes."""
+        started = time.monotonic()
+        probe = subprocess.run([sys.executable, "-c", DEATH_WATCH, self.address, str(self.node_manager_ports[name]), str(timeout)],
+                               capture_output=True, text=True, timeout=timeout + 60, env=superlink.environment())
+        if probe.returncode != 0:
+            raise RuntimeError(f"the head did not declare node {name} dead within {timeout:g} s:\n{probe.stdout[-1500:]}{probe.stderr[-1500:]}")
+        return time.monotonic() - started
 
     def _group(self) -> list[int]:
         """The processes left in this cluster's nodes' process groups."""

@@ -102,7 +102,9 @@ def test_a_run_across_two_nodes_gives_the_in_process_numbers_and_survives_a_lost
     print(f"\nworker lost after round 2: {summary['status']}, {summary['client_failures']} failures "
           f"({'; '.join(summary['failures_by_cause'])}), {len(log.splitlines())} console lines")
 
-    # what a user can do: continue the run from its last checkpoint on the nodes left
+    # what a user can do: continue the run from its last checkpoint on the nodes left, once the head has declared
+    # the lost one dead (Flower sizes a run's actor pool from the nodes Ray lists as alive)
+    cluster.wait_until_declared_dead("worker")
     resumed = simulation.run({**longer, "output-dir": str(tmp_path / "lost"), "resume-from": str(folder)}, nodes=6)
     assert resumed["status"] == "finished:completed", resumed["status-details"] + resumed["log"][-3000:]
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
