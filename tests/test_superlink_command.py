@@ -117,7 +117,8 @@ def test_home_and_ports_come_from_flowers_environment_variables(monkeypatch, tmp
 
 
 SERVES = """
-import http.server, sys, time
+import http.server, os, sys, time
+open(sys.argv[5] + ".path", "w").write(os.environ["PATH"])  # beside its log: the PATH it was started with
 time.sleep(float(sys.argv[2]))
 if sys.argv[3] == "exit":
     sys.exit(3)
@@ -147,6 +148,9 @@ def test_start_waits_until_the_superlink_answers_and_keeps_one_already_running(t
     pid, lines = superlink.start(tmp_path, ports, timeout=60)
     try:
         assert superlink.answers(ports[0]) and re.search(rf"pid {pid} \(port {ports[0]}, .*answered after [2-9]\.\d s", lines[0]), lines
+        # the Flower processes it starts by name (flower-superexec) come from this environment, not another on PATH
+        path = (superlink.folder(tmp_path.resolve()) / "superlink.log.path").read_text()
+        assert path.split(os.pathsep)[0] == str(Path(sys.executable).parent)
         assert superlink.start(tmp_path, ports)[0] == pid  # running: kept, not started twice
         assert superlink.status(tmp_path, ports)[0] == 0
     finally:

@@ -172,9 +172,7 @@ def environment(**variables: str) -> dict[str, str]:
     """This process's environment plus ``variables``, with this Python's scripts folder first on
     ``PATH``: Flower starts ``flower-superlink``, ``flower-superexec`` and its apps by name."""
     scripts = str(Path(sys.executable).parent)
-    path = os.environ.get("PATH", "")
-    if scripts not in path.split(os.pathsep):
-        path = os.pathsep.join(filter(None, [scripts, path]))
+    path = os.pathsep.join([scripts, *(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != scripts)])
     return {**os.environ, "PATH": path, **variables}
 
 
@@ -264,7 +262,8 @@ def answers(port: int, timeout: float = 2.0) -> bool:
 def start(home: Path, ports: Sequence[int], timeout: float = START_TIMEOUT,
           env: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Start the local SuperLink of ``home`` on ``ports`` as ``flwr run`` would, detached, and wait until it
-    answers (up to ``timeout`` seconds, however long its start-up takes); ``(pid, lines)``. A SuperLink of
+    answers (up to ``timeout`` seconds, however long its start-up takes); ``(pid, lines)``. ``env``: its
+    environment (default: this one, with this Python's scripts folder first on ``PATH``, ``environment``). A SuperLink of
     this home already running is kept. Raises ``StartError`` when the ports are another process's, when the
     SuperLink exits, or when it does not answer in time (then it is stopped), naming its log."""
     home = Path(home).expanduser().resolve()
@@ -276,7 +275,8 @@ def start(home: Path, ports: Sequence[int], timeout: float = START_TIMEOUT,
                          + "; ".join(p.describe() for p in others))
     folder(home).mkdir(parents=True, exist_ok=True)
     log = folder(home) / "superlink.log"
-    environment_ = {**(env or os.environ), "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    # Flower's processes the SuperLink starts by name (flower-superexec, the runs) come from its environment
+    environment_ = {**(env if env is not None else environment()), "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1"}
     started = time.monotonic()
     process = subprocess.Popen(command(home, ports), env=environment_, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
