@@ -318,7 +318,7 @@ def run_precision(rounds: Sequence[int] = (3, 10), num_nodes: int = 100) -> list
     with tempfile.TemporaryDirectory() as tmp:
         for n in rounds:
             folder = run_in_process({"method": "fedamp", "num-rounds": n, "eval-every": min(5, n), "output-dir": tmp},
-                                    num_nodes=num_nodes)
+                                    num_clients=num_nodes)
             out.append(results_precision(folder, f"fedamp run, after round {n}"))
     return out
 

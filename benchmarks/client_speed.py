@@ -143,7 +143,7 @@ def bare(fed: Federation, rounds: int, batched: bool, per_round: int = PER_ROUND
 
 def package(config: dict[str, Any], rounds: int, batched: bool, out: Path, nodes: int = NODES) -> float:
     """Steady seconds per round of the package's in-process run (from its ``metrics.jsonl``)."""
-    folder = run_in_process({**config, "num-rounds": rounds, "batch-clients": batched, "output-dir": str(out)}, num_nodes=nodes)
+    folder = run_in_process({**config, "num-rounds": rounds, "batch-clients": batched, "output-dir": str(out)}, num_clients=nodes)
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     ends = {r["round"]: r["elapsed_s"] for r in rows}  # the last row of each round
     return (ends[rounds] - ends[2]) / (rounds - 2)

@@ -27,7 +27,7 @@ def _run(job: dict) -> dict:
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)  # after Flower's logger is set up by the import
 
-    out = run_in_process(job["overrides"], num_nodes=job["num_nodes"])
+    out = run_in_process(job["overrides"], num_clients=job["num_nodes"])
     summary = json.loads((out / "summary.json").read_text())
     return {**job, "summary": summary, "results_dir": str(out)}
 

@@ -37,7 +37,7 @@ def record(runs: list[tuple[str, str]], apis: list[str], overrides: dict) -> dic
         for api in apis:
             for method, aggregation in runs:
                 folder = run_in_process({**SETTING, **overrides, "method": method, "aggregation": aggregation, "api": api,
-                                         "output-dir": tmp}, num_nodes=NUM_NODES)
+                                         "output-dir": tmp}, num_clients=NUM_NODES)
                 rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
                 clients = [json.loads(line) for line in (folder / "clients.jsonl").read_text().splitlines()]
                 for row in rows:

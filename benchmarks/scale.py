@@ -77,7 +77,7 @@ def run_setting(config: dict[str, Any], clients: int) -> dict[str, Any]:
     host_start, start = _host_peak(), time.perf_counter()
     try:
         with written_cifar():
-            folder = run_in_process(config, num_nodes=clients)
+            folder = run_in_process(config, num_clients=clients)
     finally:
         checkpoints.Checkpointer.save = save  # type: ignore[method-assign]
     run_s = time.perf_counter() - start

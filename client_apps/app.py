@@ -18,12 +18,13 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
 
 from client_apps import persisted_state
 from client_apps.flower_internals import handle_legacy_message_from_msgtype
+from client_apps.hosting import client_context, hosted_clients, hosts_itself, keep_state
 from client_apps.own_loop import RecordState
 from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.batched import ClientRound, train_together, unbatched, unbatched_evaluation
@@ -41,6 +42,8 @@ from flower_pfl.experiment.data.placement import on_device
 from flower_pfl.methods.registry import client_algorithm_for
 from flower_pfl.run.quiet import silence_runtime_noise
 from strategies.arrays import numpy_record, record_numpy
+from strategies.client_packs import Tally, is_pack, pack, unpack
+from strategies.failures import listed
 
 silence_runtime_noise()  # loaded before Ray starts in a simulation, and in every Ray actor (flower_pfl.run.quiet)
 app = ClientApp()
@@ -49,6 +52,10 @@ app = ClientApp()
 MODEL_FINGERPRINT = "model-fingerprint"
 #: what a node's seeded draws are for (``Node.seeded_draws``)
 PHASES = ("train", "evaluate")
+#: why a node's clients train and evaluate one by one with ``batch-clients = false``
+ONE_BY_ONE = "batch-clients = false"
+#: why they do when their instructions could not start as one computation
+COULD_NOT_START = "the clients could not start as one computation ({err!r}): one by one"
 
 
 @dataclass
@@ -144,11 +151,12 @@ class Node:
             evaluation = self.start_evaluate(config or {})
             return evaluation.metrics(self._test(evaluation.model))
 
-    def start_evaluate(self, config: Mapping[str, Any]) -> Evaluation:
-        """The model this node evaluates for ``config`` (the node's model holds the received one), with the
-        client state restored, and the metrics it adds."""
+    def start_evaluate(self, config: Mapping[str, Any], received: int | None = None) -> Evaluation:
+        """The model this node evaluates for ``config`` (the node's model holds the received one, whose
+        ``fingerprint`` is ``received`` when known), with the client state restored, and the metrics it adds."""
         persisted_state.restore(self.state, self.node_config, config, self.partition_id)
-        received = fingerprint(self.model.state_dict().values())  # before any personalization
+        if received is None:
+            received = fingerprint(self.model.state_dict().values())  # before any personalization
         algorithm = client_algorithm_for(config)
         with self.seeded_draws(config, "evaluate"):
             model, extra = algorithm.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
@@ -224,25 +232,52 @@ def _legacy(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     if is_legacy(msg):
         return _legacy(msg, context)
+    return Message(content=_answer(msg.content, context, MessageType.TRAIN), reply_to=msg)
+
+
+def _train(content: RecordDict, context: Context) -> RecordDict:
+    """One client's reply to its training instruction ``content``."""
     node = Node.from_context(context)
-    received = msg.content.array_records["arrays"]
+    received = content.array_records["arrays"]
     node.load(record_numpy(received))
-    metrics, payload = node.fit(msg.content["config"])
-    return _train_reply(msg, list(received.keys()), node.arrays(), metrics, payload)
+    metrics, payload = node.fit(content["config"])
+    return _train_reply(list(received.keys()), node.arrays(), metrics, payload)
 
 
-def _train_reply(msg: Message, names: list[str], arrays: list[np.ndarray], metrics: dict[str, Any], payload: Extras) -> Message:
+def _train_reply(names: list[str], arrays: list[np.ndarray], metrics: dict[str, Any], payload: Extras) -> RecordDict:
     reply = RecordDict({"arrays": numpy_record(dict(zip(names, arrays))), "metrics": MetricRecord(metrics)})
     if payload:
         reply["payload"] = ConfigRecord(dict[str, Any](payload))
-    return Message(content=reply, reply_to=msg)
+    return reply
 
 
-def train_round(messages: Sequence[Message], contexts: Sequence[Context]) -> tuple[list[Message] | None, str]:
-    """The replies ``train`` gives to a round's training messages (Message API), the clients trained as
+class Decoded:
+    """``record_numpy`` once per record: a node's clients that received one model (a global model's) decode it
+    once."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[ArrayRecord, dict[str, np.ndarray]]] = {}
+        self._prints: dict[int, int] = {}
+
+    def __call__(self, record: ArrayRecord) -> dict[str, np.ndarray]:
+        if (seen := self._seen.get(id(record))) is None or seen[0] is not record:
+            seen = self._seen[id(record)] = (record, record_numpy(record))
+            self._prints.pop(id(record), None)
+        return seen[1]
+
+    def fingerprint(self, record: ArrayRecord) -> int:
+        """``fingerprint`` of the record's arrays, the model a client received (once per record)."""
+        arrays = self(record)
+        if (crc := self._prints.get(id(record))) is None:
+            crc = self._prints[id(record)] = fingerprint(arrays.values())
+        return crc
+
+
+def train_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> tuple[list[RecordDict] | None, str]:
+    """The replies ``train`` gives to clients' training instructions (Message API), the clients trained as
     one computation (``flower_pfl.engine.batched``), with a line on what ran; ``None`` and why when
     they cannot be (another client algorithm each, or one that cannot run batched)."""
-    configs = [m.content["config"] for m in messages]
+    configs = [c["config"] for c in contents]
     algorithms = {client_algorithm_for(c) for c in configs}
     nodes = [Node.from_context(c) for c in contexts]
     model = nodes[0].model
@@ -251,36 +286,34 @@ def train_round(messages: Sequence[Message], contexts: Sequence[Context]) -> tup
     (algorithm,) = algorithms
     if (why := unbatched(algorithm, model)) is not None:
         return None, f"{algorithm.__name__}: {why}"
-    rounds, names = [], []
-    for node, msg, config in zip(nodes, messages, configs):
-        received = msg.content.array_records["arrays"]
-        node.load(record_numpy(received))
+    rounds, names, decoded = [], [], Decoded()
+    for node, content, config in zip(nodes, contents, configs):
+        received = content.array_records["arrays"]
+        node.load(decoded(received))
         rounds.append(node.start_fit(config))
         names.append(list(received.keys()))
-    replies = []
     with nodes[0].computing():
         trained = train_together(model, rounds)
-    for node, msg, config, name, (tensors, result, extras) in zip(nodes, messages, configs, names, trained):
-        arrays = [t.cpu().numpy() for t in tensors]
-        replies.append(_train_reply(msg, name, arrays, node.end_fit(config, result), extras))
-    return replies, f"{algorithm.__name__}: {counted(len(messages), 'client')} as one computation"
+    return [_train_reply(name, [t.cpu().numpy() for t in tensors], node.end_fit(config, result), extras)
+            for node, config, name, (tensors, result, extras) in zip(nodes, configs, names, trained)], \
+        f"{algorithm.__name__}: {counted(len(contents), 'client')} as one computation"
 
 
-def evaluate_round(messages: Sequence[Message], contexts: Sequence[Context]) -> tuple[list[Message], list[str | None]]:
-    """The replies ``evaluate`` gives to a round's evaluation messages (Message API), the forward passes of
+def evaluate_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> tuple[list[RecordDict], list[str | None]]:
+    """The replies ``evaluate`` gives to clients' evaluation instructions (Message API), the forward passes of
     the clients that evaluate a model of the run's architecture as one computation
-    (``flower_pfl.engine.evaluation.evaluate_together``); and, per message, why its forward pass ran on its
+    (``flower_pfl.engine.evaluation.evaluate_together``); and, per client, why its forward pass ran on its
     own (``None``: with the round's)."""
     nodes = [Node.from_context(c) for c in contexts]
     model = nodes[0].model
     why = unbatched_evaluation(model)
     with nodes[0].computing():
-        return _evaluate_nodes(nodes, messages, model, why)
+        return _evaluate_nodes(nodes, contents, model, why)
 
 
-def _evaluate_nodes(nodes: Sequence[Node], messages: Sequence[Message], model: torch.nn.Module,
-                    why: str | None) -> tuple[list[Message], list[str | None]]:
-    configs = [_evaluation_config(m) for m in messages]
+def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model: torch.nn.Module,
+                    why: str | None) -> tuple[list[RecordDict], list[str | None]]:
+    configs = [_evaluation_config(c) for c in contents]
     evaluations: list[Evaluation] = []
     results: list[EvalResult | None] = []
     reasons: list[str | None] = []
@@ -291,9 +324,11 @@ def _evaluate_nodes(nodes: Sequence[Node], messages: Sequence[Message], model: t
         for i, result in zip(positions, evaluate_together(architecture, states, tests)):
             results[i] = result
 
-    for node, msg, config in zip(nodes, messages, configs):
-        node.load(record_numpy(msg.content.array_records["arrays"]))
-        evaluation = node.start_evaluate(config)
+    decoded = Decoded()
+    for node, content, config in zip(nodes, contents, configs):
+        received = content.array_records["arrays"]
+        node.load(decoded(received))
+        evaluation = node.start_evaluate(config, decoded.fingerprint(received))
         evaluations.append(evaluation)
         evaluated = evaluation.model
         if why is None and (evaluated is model or isinstance(evaluated, Personalization)):
@@ -314,22 +349,27 @@ def _evaluate_nodes(nodes: Sequence[Node], messages: Sequence[Message], model: t
                                   "client (not a Personalization: what differs between clients is not all in its state_dict)")
     for kind in list(kinds):
         run(kind)
-    replies = [Message(content=RecordDict({"metrics": MetricRecord(e.metrics(r))}), reply_to=msg)
-               for e, r, msg in zip(evaluations, cast(list[EvalResult], results), messages)]  # every result is in
+    replies = [RecordDict({"metrics": MetricRecord(e.metrics(r))})
+               for e, r in zip(evaluations, cast(list[EvalResult], results))]  # every result is in
     return replies, reasons
 
 
-def _evaluation_config(msg: Message) -> Mapping[str, Any]:
-    return msg.content.config_records["config"] if "config" in msg.content.config_records else {}
+def _evaluation_config(content: RecordDict) -> Mapping[str, Any]:
+    return content.config_records["config"] if "config" in content.config_records else {}
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     if is_legacy(msg):
         return _legacy(msg, context)
+    return Message(content=_answer(msg.content, context, MessageType.EVALUATE), reply_to=msg)
+
+
+def _evaluate(content: RecordDict, context: Context) -> RecordDict:
+    """One client's reply to its evaluation instruction ``content``."""
     node = Node.from_context(context)
-    node.load(record_numpy(msg.content.array_records["arrays"]))
-    return Message(content=RecordDict({"metrics": MetricRecord(node.evaluate(_evaluation_config(msg)))}), reply_to=msg)
+    node.load(record_numpy(content.array_records["arrays"]))
+    return RecordDict({"metrics": MetricRecord(node.evaluate(_evaluation_config(content)))})
 
 
 @app.query()
@@ -337,7 +377,13 @@ def query(msg: Message, context: Context) -> Message:
     """Tell the server this node's ``partition-id`` (to order nodes reproducibly) and its training
     label counts and most frequent label (only to group clients in diagnostic plots), and the natural
     group or domain its data come from (for the summary); in a resumed run, also whether it lacks the
-    client state the checkpoint needs (``persisted_state.missing``)."""
+    client state the checkpoint needs (``persisted_state.missing``). A node that hosts several clients
+    answers for each of them (a pack, ``strategies.client_packs``)."""
+    return Message(content=_answer(msg.content, context, MessageType.QUERY), reply_to=msg)
+
+
+def _query(content: RecordDict, context: Context) -> RecordDict:
+    """One client's answer to the query ``content``."""
     try:
         node = Node.from_context(context)
     except Exception as err:  # in a cluster, say which machine could not load its data
@@ -348,10 +394,72 @@ def query(msg: Message, context: Context) -> Message:
     reply = RecordDict({"metrics": MetricRecord(info)})
     if node.data.group:
         reply[CLIENT_GROUP] = ConfigRecord({CLIENT_GROUP: node.data.group})
-    config: Mapping[str, Any] = msg.content.config_records.get("config", {})
+    config: Mapping[str, Any] = content.config_records.get("config", {})
     if RESUMED_AFTER in config:
         needed = dict(zip(config[STATE_PARTITIONS], config[STATE_ROUNDS]))
         if node.partition_id in needed and (problem := persisted_state.missing(
                 node.node_config, config, node.partition_id, int(needed[node.partition_id]))):
             reply[CLIENT_STATE] = ConfigRecord({"missing": problem})
-    return Message(content=reply, reply_to=msg)
+    return reply
+
+
+#: a phase's answer for one client, and for a node's clients together
+_ONE = {MessageType.TRAIN: _train, MessageType.EVALUATE: _evaluate, MessageType.QUERY: _query}
+
+
+def _answer(content: RecordDict, context: Context, phase: str) -> RecordDict:
+    """The reply to an instruction of ``phase``: the client's own where the node is its one client, else a
+    pack with each hosted client's (``client_apps.hosting``)."""
+    num_clients = run_settings(context.run_config).num_clients
+    if not is_pack(content):
+        if hosts_itself(context.node_config, num_clients):
+            return _ONE[phase](content, context)
+        if phase != MessageType.QUERY:
+            hosted, _ = hosted_clients(context.node_config, num_clients)
+            raise ValueError(f"this node hosts clients {listed(hosted)}: it answers a {phase} instruction for each of "
+                             "them in one message (a pack, strategies.client_packs), as this package's ServerApp "
+                             "sends; a server that sends one message per node needs one client per node (num-clients = 0)")
+    hosted, total = hosted_clients(context.node_config, num_clients)
+    contents = unpack(content)[0] if is_pack(content) else {c: content for c in hosted}  # a plain query asks them all
+    errors = {c: repr(ValueError(f"client {c} is not hosted by this node (it hosts {listed(hosted)})"))
+              for c in contents if c not in hosted}
+    mine = {c: x for c, x in contents.items() if c not in errors}
+    contexts = {c: client_context(context, c, total) for c in mine}
+    replies, failed, tally = _hosted(mine, contexts, phase, run_settings(context.run_config).batch_clients)
+    for client, own in contexts.items():
+        keep_state(context, client, own)
+    return pack(replies, {**errors, **failed}, tally.record() if phase != MessageType.QUERY else None)
+
+
+def _hosted(contents: dict[int, RecordDict], contexts: dict[int, Context], phase: str,
+            together: bool) -> tuple[dict[int, RecordDict], dict[int, str], Tally]:
+    """The replies of a node's clients to their instructions of ``phase``, trained or evaluated as one
+    computation where ``together`` and their client algorithm allow, else one by one; the reasons of the
+    clients that failed; how they ran."""
+    tally, clients = Tally(), list(contents)
+    if together and clients and phase != MessageType.QUERY:
+        batched = train_round if phase == MessageType.TRAIN else evaluate_round
+        try:
+            replies, how = batched([contents[c] for c in clients], [contexts[c] for c in clients])
+        except Exception as err:  # e.g. one client's malformed instruction: each client is answered on its own
+            tally.apart(COULD_NOT_START.format(err=err), len(clients))
+        else:
+            if phase == MessageType.EVALUATE:  # a forward pass on its own counts as one by one
+                for why in cast(list[str | None], how):
+                    tally.together += why is None
+                    if why is not None:
+                        tally.apart(why)
+                return dict(zip(clients, cast(list[RecordDict], replies))), {}, tally
+            if replies is not None:
+                tally.together += len(clients)
+                return dict(zip(clients, replies)), {}, tally
+            tally.apart(cast(str, how), len(clients))
+    elif clients and phase != MessageType.QUERY:
+        tally.apart(ONE_BY_ONE, len(clients))
+    answers, errors = {}, {}
+    for client in clients:
+        try:
+            answers[client] = _ONE[phase](contents[client], contexts[client])
+        except Exception as err:  # one client's failure is its own
+            errors[client] = repr(err)
+    return answers, errors, tally

@@ -40,6 +40,7 @@ from flower_pfl.run.quiet import DivertRecords, silence_runtime_noise
 from flower_pfl.run.results import FAILURES, MODELS, SERVER_STATE, Coverage, RunFailed, RunRecorder, save_models, save_state
 from flower_pfl.run.trackers import RunTrackers, TrackerSettings, require_trackers
 from server_apps.checkpoints import Checkpointer, Resumption, set_flower_state
+from server_apps.client_grid import ClientGrid
 from server_apps.cluster import check_cluster_paths
 from server_apps.console import divert_client_failures, quiet_round_loop
 from server_apps.factory import build_legacy_strategy, build_message_strategy, participants
@@ -205,6 +206,10 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
         # every node loads its data to answer (what they cannot serve fails before the folder exists) and, in a
         # resumed run, says whether it has the client state the checkpoint needs
         info = query_nodes(grid, config=_state_query(resumed) if resumed is not None else None)
+        if cfg.api == "legacy" and any("node" in i for i in info.values()):
+            raise ConfigError("api 'legacy' sends each client a message of its own: its nodes host one client each "
+                              "(num-clients = 0, no partition-ids in the node config); api 'message' runs nodes that "
+                              "host several clients")
         if resumed is not None:
             _check_client_state(cfg, info)
         out = resumed.folder if resumed is not None else run_dir(cfg)
@@ -222,9 +227,12 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
         recorder = RunRecorder(out, settings, cfg.num_rounds, log=say, trackers=trackers, coverage=coverage, figures=cfg.figures)
         instructions = {RUN_KEY: f"{out.name}-{secrets.token_hex(4)}"}  # unique per run
     ranks = {node: i["partition-id"] for node, i in info.items()}
-    run = _Run(cfg, RankedGrid(grid, ranks), initial, resumed, info, out, recorder, instructions)  # type: ignore[arg-type]
+    hosts = {client: i["node"] for client, i in info.items() if "node" in i}
+    run = _Run(cfg, RankedGrid(ClientGrid(grid, hosts) if hosts else grid, ranks), initial, resumed, info, out,  # type: ignore[arg-type]
+               recorder, instructions)
+    where = f"{counted(len(ranks), 'client')} on {counted(len(set(hosts.values())), 'node')}" if hosts else counted(len(ranks), "node")
     log(INFO, "flower-pfl: %s on %s (%s), %s, %s, evaluation every %d; results in %s", cfg.label, cfg.dataset,
-        cfg.model, counted(len(ranks), "node"), counted(cfg.num_rounds, "round"), cfg.eval_every, out)
+        cfg.model, where, counted(cfg.num_rounds, "round"), cfg.eval_every, out)
     return run
 
 
@@ -330,11 +338,14 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
 def _account_failures(run: _Run, failures: NodeFailures) -> None:
     """The run's failing clients: full reasons in ``failures.log``, the account in the summary."""
     failures.log_file = run.out / FAILURES
+    if any("node" in i for i in run.info.values()):  # the strategies' ids are clients (``server_apps.client_grid``)
+        failures.noun = "client"
     run.recorder.failures = failures
 
 
 def training_line(report: Mapping[str, Any]) -> str:
-    """The console's line on how an in-process run's clients trained and evaluated (``InProcessGrid.training_report``)."""
+    """The console's line on how the run's clients trained and evaluated on nodes that host several
+    (``ClientGrid.training_report``)."""
     line = (f"client trainings: {report['clients_trained_together']} with their round's clients as one computation, "
             f"{report['clients_trained_one_by_one']} one by one")
     reasons = report.get("one_by_one_because", {})
@@ -364,9 +375,11 @@ def _finish(run: _Run, strategy: Any, final: Any) -> Path:
             extra = save_run_diagnostics(method, server.last_participants, run.info, out, title, figures=cfg.figures)
         except MissingExtra as err:  # the diagnostics' figures are optional
             log(WARNING, "flower-pfl: the diagnostics' figures are not drawn: %s", err)
+    if hosts := {i["node"] for i in run.info.values() if "node" in i}:  # nodes that host several clients
+        extra["federation_nodes"] = len(hosts)
     if groups := {str(i["partition-id"]): i[CLIENT_GROUP] for i in run.info.values() if CLIENT_GROUP in i}:
         extra["client_groups"] = dict(sorted(groups.items(), key=lambda kv: int(kv[0])))  # the domain, writer, ... of each client
-    if (report := getattr(run.grid, "training_report", None)) is not None:  # an in-process grid: how clients trained
+    if (report := getattr(run.grid, "training_report", None)) is not None:  # nodes hosting several clients: how they ran
         extra.update(report())
         log(INFO, "flower-pfl: %s", training_line(extra))
     summary = run.recorder.finish(title=title, extra=extra)  # logs the closing block

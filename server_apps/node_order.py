@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from logging import WARNING
 from typing import Any
 
-from flwr.app import ConfigRecord
+from flwr.app import ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -23,6 +23,7 @@ from client_apps.persisted_state import CLIENT_STATE
 from flower_pfl.engine.wording import agreeing, counted
 from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ConfigError
+from strategies.client_packs import is_pack, unpack
 from strategies.failures import listed, unwrap
 from strategies.nodes import query
 
@@ -36,25 +37,64 @@ def query_nodes(grid: Grid, timeout: float = 120.0, config: Mapping[str, Any] | 
     (``config``: what the query asks besides; a node that lacks a resumed run's client state adds
     ``"client-state-missing"``, its message).
 
+    Where a node hosts several clients (``client_apps.hosting``), it answers for each of them, and the
+    result is by client id (its ``partition-id``) for every client, each with ``"node"``, the id of the
+    node that hosts it (``server_apps.client_grid``).
+
     Every node loads its data and model to answer, so a run config they cannot serve fails here, before
     any training: ``ConfigError`` with the nodes' errors when no node answers and some report an error.
     Nodes that fail while others answer, and nodes that claim the same partition, are logged as warnings."""
     asked = list(grid.get_node_ids())
     info: dict[int, dict[str, Any]] = {}
+    hosted: dict[int, list[dict[str, Any]]] = {}
     errors: dict[str, list[int]] = {}
     for node, reply in query(grid, asked, timeout, ConfigRecord(dict(config or {}))):
         if reply.has_error():
             errors.setdefault(_gist(reply.error.reason or ""), []).append(node)
-        elif reply.content.metric_records:
-            metrics = next(iter(reply.content.metric_records.values()))
-            if "partition-id" in metrics:
-                info[node] = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
-            if CLIENT_GROUP in reply.content.config_records:
-                info.setdefault(node, {})[CLIENT_GROUP] = str(reply.content.config_records[CLIENT_GROUP][CLIENT_GROUP])
-            if CLIENT_STATE in reply.content.config_records:
-                info.setdefault(node, {})["client-state-missing"] = str(reply.content.config_records[CLIENT_STATE]["missing"])
-    _report(info, errors, len(asked))
+        elif is_pack(reply.content):
+            contents, failed = unpack(reply.content)
+            hosted[node] = [{**about, "node": node} for about in map(_about, contents.values()) if "partition-id" in about]
+            by_gist: dict[str, list[int]] = {}
+            for client, why in failed.items():
+                by_gist.setdefault(_gist(why), []).append(client)
+            for why, clients in by_gist.items():  # the node's error where all its clients have it
+                errors.setdefault(why if not contents else f"clients {listed(sorted(clients))}: {why}", []).append(node)
+        elif about := _about(reply.content):
+            info[node] = about
+    if hosted:
+        info = _by_client(info, hosted)
+    _report(info, errors, len(asked), by_client=bool(hosted))
     return info
+
+
+def _about(content: RecordDict) -> dict[str, Any]:
+    """What one client's answer says: its partition id, label counts, group, missing client state."""
+    about: dict[str, Any] = {}
+    if content.metric_records:
+        metrics = next(iter(content.metric_records.values()))
+        if "partition-id" in metrics:
+            about = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
+    if CLIENT_GROUP in content.config_records:
+        about[CLIENT_GROUP] = str(content.config_records[CLIENT_GROUP][CLIENT_GROUP])
+    if CLIENT_STATE in content.config_records:
+        about["client-state-missing"] = str(content.config_records[CLIENT_STATE]["missing"])
+    return about
+
+
+def _by_client(single: dict[int, dict[str, Any]], hosted: dict[int, list[dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    """Every client's answer by its id, with its node; ``ConfigError`` when two nodes host the same client."""
+    nodes: dict[int, list[int]] = {}
+    out: dict[int, dict[str, Any]] = {}
+    answers = [{**about, "node": node} for node, about in single.items() if "partition-id" in about]
+    for about in answers + [a for clients in hosted.values() for a in clients]:
+        client = int(about["partition-id"])
+        nodes.setdefault(client, []).append(about["node"])
+        out[client] = about
+    if shared := {c: n for c, n in nodes.items() if len(n) > 1}:
+        shown = "; ".join(f"client {c} on {_nodes(n)}" for c, n in sorted(shared.items())[:5])
+        raise ConfigError(f"{counted(len(shared), 'client')} hosted by more than one node ({shown}): each client must be "
+                          "hosted by one node (check the nodes' partition-ids)")
+    return dict(sorted(out.items()))
 
 
 def _gist(reason: str) -> str:
@@ -76,7 +116,7 @@ def _nodes(ids: list[int], shown: int = 5) -> str:
     return f"{agreeing(len(ids), 'node', 'nodes')} {text}"
 
 
-def _report(info: dict[int, dict[str, Any]], errors: dict[str, list[int]], asked: int) -> None:
+def _report(info: dict[int, dict[str, Any]], errors: dict[str, list[int]], asked: int, by_client: bool = False) -> None:
     """Raise when every node failed; warn about failed nodes and nodes sharing a partition-id."""
     if errors and not info:
         shown = sorted(errors.items(), key=lambda item: -len(item[1]))[:3]
@@ -84,7 +124,7 @@ def _report(info: dict[int, dict[str, Any]], errors: dict[str, list[int]], asked
         raise ConfigError(f"no node could serve this run config; {'; '.join(f'{_nodes(ids)}: {why}' for why, ids in shown)}{more}")
     for why, ids in errors.items():
         log(WARNING, "%s failed to answer the start-up query: %s", _nodes(ids), why)
-    if len(info) < asked:
+    if len(info) < asked and not by_client:
         unranked = asked - len(info)
         log(WARNING, "%d of %s did not report a partition-id; %s sampled after the others", unranked, counted(asked, "node"),
             agreeing(unranked, "it is", "they are"))

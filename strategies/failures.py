@@ -109,6 +109,8 @@ class NodeFailures:
         self._told: set[tuple[Any, str]] = set()
         #: the latest round whose replies were recorded
         self.round = 0
+        #: what the ids name: "node", or "client" where nodes host several clients (``server_apps.client_grid``)
+        self.noun = "node"
 
     def record(self, server_round: int, node: Any, reason: str, phase: str = "") -> None:
         """A node that failed (``reason``: Flower's error reason) or never answered (``NO_REPLY``)."""
@@ -126,7 +128,7 @@ class NodeFailures:
         if (node, cause) not in self._told:  # one line per node and cause; repeats are counted
             self._told.add((node, cause))
             what = "sent no reply" if cause == NO_REPLY else f"failed ({cause}: {_first_line(reason)})"
-            who = "a client (the legacy API does not say which)" if node is UNNAMED else f"node {node}"
+            who = "a client (the legacy API does not say which)" if node is UNNAMED else f"{self.noun} {node}"
             log(WARNING, "round %s: %s %s; its stored model is unchanged%s", server_round, who, what,
                 "" if self.log_file is None else f" (repeats are counted; full reasons in {self.log_file})")
         self._write(server_round, node, phase, reason)
@@ -147,7 +149,7 @@ class NodeFailures:
             nodes = sorted(n for n, s in new.items() if s.cause == cause)
             since = min(new[n].since for n in nodes)
             log(WARNING, "round %s: %s lost: %s failed in %s it was sent work, since round %s (%s); "
-                "not sampled from now on (lost-node-rounds = %d)", server_round, _nodes(nodes),
+                "not sampled from now on (lost-node-rounds = %d)", server_round, _nodes(nodes, self.noun),
                 agreeing(len(nodes), "it", "each"), agreeing(self.lost_after, "the last round", f"the last {self.lost_after} rounds"),
                 since, cause, self.lost_after)
         return sorted(new)
@@ -161,7 +163,7 @@ class NodeFailures:
         for node in new:
             seen = self.history.get(node)
             self.lost[node] = Streak(seen.cause, seen.since) if seen is not None else Streak(DISCONNECTED, self.round + 1)
-        log(WARNING, "%s lost: no longer connected (%s); not sampled from now on", _nodes(new),
+        log(WARNING, "%s lost: no longer connected (%s); not sampled from now on", _nodes(new, self.noun),
             ", ".join(f"{n}: {self.lost[n].cause} since round {self.lost[n].since}" for n in new))
 
     def report(self) -> list[str]:
@@ -172,7 +174,7 @@ class NodeFailures:
             total = sum(self.history[n].total for n in nodes)
             since = min(self.history[n].since for n in nodes)
             lost = [n for n in nodes if n in self.lost]
-            lines.append(f"{cause}: {counted(total, 'failure')} of {_nodes(nodes)} since round {since}"
+            lines.append(f"{cause}: {counted(total, 'failure')} of {_nodes(nodes, self.noun)} since round {since}"
                          + ("" if not lost else ", lost" if len(nodes) == 1 else f", {len(lost)} of them lost"))
         return lines
 
@@ -194,12 +196,12 @@ class NodeFailures:
             return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         with self.log_file.open("a") as fh:
-            fh.write(f"{stamp} round {server_round} node {node}{f' {phase}' if phase else ''}: {reason}\n")
+            fh.write(f"{stamp} round {server_round} {self.noun} {node}{f' {phase}' if phase else ''}: {reason}\n")
 
 
-def _nodes(nodes: Iterable[Any]) -> str:
+def _nodes(nodes: Iterable[Any], noun: str = "node") -> str:
     """``node 7``, ``2 nodes [7, 9]``, or ``12 nodes [1, 2, 3, 4, 5 and 7 more]`` (``listed``)."""
     nodes = list(nodes)
     if nodes == [UNNAMED]:
         return "clients the legacy API did not name"
-    return f"node {nodes[0]}" if len(nodes) == 1 else f"{len(nodes)} nodes [{listed(nodes)}]"
+    return f"{noun} {nodes[0]}" if len(nodes) == 1 else f"{len(nodes)} {noun}s [{listed(nodes)}]"

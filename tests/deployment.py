@@ -59,10 +59,12 @@ class LocalDeployment:
     """
 
     def __init__(self, work: Path, nodes: int = 2, tls: bool = False, auth: bool = False,
-                 heartbeat: float | None = None) -> None:
+                 heartbeat: float | None = None, clients_per_node: int = 1) -> None:
         if auth and not tls:
             raise ValueError("SuperNode authentication needs TLS")
         self.work, self.nodes, self.tls, self.auth = Path(work), nodes, tls, auth
+        #: more than 1: SuperNode ``i`` hosts clients ``i·k`` to ``i·k + k − 1`` (node config ``partition-ids``)
+        self.clients_per_node = clients_per_node
         self.port = free_port()
         self.home = self.work / "flwr_home"
         self.env = superlink.environment(FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0",
@@ -118,8 +120,11 @@ class LocalDeployment:
 
     def start_supernode(self, name: str, partition_id: int, key: Path | None = None, retries: int = 30) -> subprocess.Popen:
         """One more SuperNode (``key``: its authentication key, whether registered or not)."""
+        k = self.clients_per_node
+        hosted = f"partition-id={partition_id} num-partitions={self.nodes}" if k == 1 else \
+            f"partition-id={partition_id} partition-ids='{partition_id * k}-{partition_id * k + k - 1}' num-partitions={self.nodes * k}"
         node = [superlink.executable("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
-                "--node-config", f"partition-id={partition_id} num-partitions={self.nodes}", "--max-retries", str(retries)]
+                "--node-config", hosted, "--max-retries", str(retries)]
         node += ["--root-certificates", str(self.certs["ca"])] if self.tls else ["--insecure"]
         if key is not None:
             node += ["--auth-supernode-private-key", str(key)]

@@ -212,24 +212,24 @@ def _summary(tmp_path, **settings) -> dict:
     from server_apps.inprocess import run_in_process
 
     folder = run_in_process({"num-rounds": 2, "clients-per-round": 3, "local-steps": 3, "eval-every": 2, "model": "dnn",
-                             "output-dir": str(tmp_path), **settings}, num_nodes=4)
+                             "output-dir": str(tmp_path), **settings}, num_clients=4)
     return json.loads((folder / "summary.json").read_text())
 
 
 def test_an_in_process_run_says_how_its_clients_trained(tmp_path):
-    from server_apps.inprocess import LEGACY_EVALUATION, LEGACY_ONE_BY_ONE
+    from client_apps.app import ONE_BY_ONE
 
     batched = _summary(tmp_path / "a", method="fedmcsa")
     assert (batched["clients_trained_together"], batched["clients_trained_one_by_one"]) == (6, 0)
     assert (batched["clients_evaluated_together"], batched["clients_evaluated_one_by_one"]) == (8, 0)  # rounds 0 and 2
     off = _summary(tmp_path / "b", method="fedmcsa", **{"batch-clients": False})
-    assert (off["clients_trained_together"], off["clients_trained_one_by_one"]) == (0, 6) and "one_by_one_because" not in off
+    assert (off["clients_trained_together"], off["clients_trained_one_by_one"]) == (0, 6)
+    assert off["one_by_one_because"] == {ONE_BY_ONE: 6} and off["evaluated_one_by_one_because"] == {ONE_BY_ONE: 8}
     assert (off["clients_evaluated_together"], off["clients_evaluated_one_by_one"]) == (0, 8)
     assert off["final_accuracy"] == batched["final_accuracy"] and off["final_accuracy_std"] == same_math(batched["final_accuracy_std"])
     assert off["bmta"] == same_math(batched["bmta"])
-    legacy = _summary(tmp_path / "d", method="fedmcsa", api="legacy")
-    assert legacy["one_by_one_because"] == {LEGACY_ONE_BY_ONE: 6}
-    assert legacy["evaluated_one_by_one_because"] == {LEGACY_EVALUATION: 8}
+    legacy = _summary(tmp_path / "d", method="fedmcsa", api="legacy")  # one node per client, each message its own
+    assert "clients_trained_together" not in legacy and legacy["federation_clients"] == 4
 
 
 def test_a_batched_run_repeats_to_the_last_bit(tmp_path):
@@ -240,7 +240,7 @@ def test_a_batched_run_repeats_to_the_last_bit(tmp_path):
 
     settings = {"method": "scaffold", "num-rounds": 3, "clients-per-round": 3, "local-steps": 3, "eval-every": 1,
                 "model": "dnn"}
-    first, second = (run_in_process({**settings, "output-dir": str(tmp_path / name)}, num_nodes=5) for name in "ab")
+    first, second = (run_in_process({**settings, "output-dir": str(tmp_path / name)}, num_clients=5) for name in "ab")
     assert json.loads((first / "summary.json").read_text())["clients_trained_together"] == 9
     assert numbers(first) == numbers(second)
 

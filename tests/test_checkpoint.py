@@ -83,7 +83,7 @@ class Killed(Exception):
 def _run(tmp_path: Path, label: str, api: str, **extra) -> Path:
     method, _, aggregation = label.partition("+")
     return run_in_process({**SETTING, "model": model_for(label), "method": method, "aggregation": aggregation or "default",
-                           "api": api, "output-dir": str(tmp_path), **extra}, num_nodes=NODES)
+                           "api": api, "output-dir": str(tmp_path), **extra}, num_clients=NODES)
 
 
 def _numbers(folder: Path) -> tuple[list, list, dict]:

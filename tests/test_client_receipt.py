@@ -220,5 +220,5 @@ def test_the_package_apps_send_the_receipt(api, tmp_path, caplog):
 
     for method in ("fedmcsa", "igfl", "ditto"):
         run_in_process({"num-rounds": 2, "clients-per-round": 3, "local-steps": 2, "eval-every": 2, "seed": 0, "method": method,
-                        "api": api, "output-dir": str(tmp_path)}, num_nodes=4)
+                        "api": api, "output-dir": str(tmp_path)}, num_clients=4)
     assert not _receipt_warnings(caplog)

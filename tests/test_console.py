@@ -148,7 +148,7 @@ def test_runtime_noise_goes_other_warnings_stay(flower_lines, monkeypatch):
 def test_a_run_prints_its_progress_and_flowers_loop_only_when_verbose(flower_lines, monkeypatch, tmp_path, api, verbose):
     monkeypatch.delenv(quiet.VERBOSE_ENV, raising=False)
     out = run_in_process({"api": api, "verbose": verbose, "num-rounds": 2, "clients-per-round": 2, "eval-every": 1,
-                          "output-dir": str(tmp_path)}, num_nodes=3)
+                          "output-dir": str(tmp_path)}, num_clients=3)
     messages = flower_lines.messages
     ours = [m for m in messages if m.startswith("flower-pfl: round ")]
     assert [m.split("  ")[0] for m in ours] == ["flower-pfl: round 1/2", "flower-pfl: round 2/2"]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from deployment import LocalDeployment, _alive, _descendants
-from local_runs import ONE_BY_ONE, kill_after_checkpoint, numbers
+from local_runs import kill_after_checkpoint, numbers
 
 from client_apps.flower_internals import HEARTBEAT_PATIENCE
 from flower_pfl.engine.wire import fingerprint
@@ -40,11 +40,12 @@ def test_killed_serverapp_resumes_on_the_same_supernodes_over_tls_with_authentic
     """A deployment with TLS and SuperNode authentication (the other runs without either): SIGKILL the ServerApp
     process after its first checkpoint, resume from the results folder on the same SuperLink and SuperNodes
     (whose clients get their SCAFFOLD c_i back from their own disk), and compare with the uninterrupted run
-    (in-process: test_e2e_flwr_run.py shows it gives the numbers of an uninterrupted ``flwr run``). Then a
+    (in-process: test_e2e_flwr_run.py shows it gives the numbers of an uninterrupted ``flwr run``). Each SuperNode
+    hosts three clients (its node config's ``partition-ids``) and trains them as one computation. Then a
     SuperNode whose key was never registered is turned away while the run's nodes stay online."""
     settings = {"method": "scaffold", "num-rounds": 2, "clients-per-round": 2, "eval-every": 1, "checkpoint-every": 1, "seed": 2}
     killed = tmp_path / "killed"
-    with LocalDeployment(tmp_path / "deployment", nodes=2, tls=True, auth=True) as deployment:
+    with LocalDeployment(tmp_path / "deployment", nodes=2, tls=True, auth=True, clients_per_node=3) as deployment:
         stream = deployment.start_run(run_config_text({**settings, "output-dir": str(killed)}))
         folder = kill_after_checkpoint(stream.proc, killed, 1, lambda: [pid for p in deployment.procs for pid in _descendants(p.pid)
                                                                         if "flwr-serverapp" in " ".join(superlink.cmdline(pid))],
@@ -58,7 +59,7 @@ def test_killed_serverapp_resumes_on_the_same_supernodes_over_tls_with_authentic
         assert sum(n["status"] == "online" for n in deployment.supernodes()) == 2
     assert not deployment.left_running, "processes of the deployment are still running"
     assert resumed["status"] == "finished:completed", resumed["status-details"] + resumed["log"][-3000:]
-    whole = run_in_process({**settings, **ONE_BY_ONE, "output-dir": str(tmp_path / "whole")}, num_nodes=2)
+    whole = run_in_process({**settings, "output-dir": str(tmp_path / "whole")}, num_clients=6, num_nodes=2)
     assert numbers(folder) == numbers(whole)
     assert [r["round"] for r in numbers(folder)[0] if r["phase"] == "evaluate"] == [1, 2]
 

@@ -57,6 +57,6 @@ def test_bfloat16_changes_the_numbers_a_little_and_keeps_float32_parameters(tmp_
     runs = {}
     for precision in ("float32", "bfloat16"):
         folder = run_in_process({"num-rounds": 3, "clients-per-round": 4, "local-steps": 5, "eval-every": 1, "device": "cuda",
-                                 "precision": precision, "figures": False, "output-dir": str(tmp_path / precision)}, num_nodes=6)
+                                 "precision": precision, "figures": False, "output-dir": str(tmp_path / precision)}, num_clients=6)
         runs[precision] = json.loads((folder / "summary.json").read_text())
     assert abs(runs["bfloat16"]["final_accuracy"] - runs["float32"]["final_accuracy"]) < 0.1

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from local_runs import ONE_BY_ONE, ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
+from local_runs import ROOT, LocalSimulation, check_results, kill_after_checkpoint, numbers, results
 from ray_cluster import RayCluster
 from test_trackers import assert_series_match, expected_series, mlflow_run, mlflow_series, tensorboard_events
 
@@ -93,17 +93,21 @@ def test_flwr_run_gives_the_in_process_numbers_of_the_same_seed(simulation_with_
     (The package's strategies, through both APIs, are held to the same in the resume tests below: their killed
     and resumed runs give the in-process numbers of a run never interrupted, the rounds before the kill too.)"""
     method, api, simulation = "fedavg", "message", simulation_with_its_own_ray
-    config = {"method": method, "num-rounds": 3, "clients-per-round": 3, "eval-every": 1, "seed": 3}
+    config = {"method": method, "num-rounds": 3, "clients-per-round": 3, "eval-every": 1, "seed": 3, "num-clients": 6}
     app = ROOT / "examples" / "own_data_app"  # the app lists only the keys it sets (api is the default, message)
-    run = simulation.run({**config, "output-dir": str(tmp_path / "flwr")}, nodes=6, app=app)
+    run = simulation.run({**config, "output-dir": str(tmp_path / "flwr")}, nodes=2, app=app)  # 3 clients per node
     _completed(run)
     run_dir = results(tmp_path / "flwr")
     check_results(run_dir, method, rounds=3, nodes=6, per_round=3, evaluated=[1, 2, 3])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # the nodes say how they ran their clients (this app's convolutional model: one by one on the CPU)
+    assert summary["clients_trained_together"] + summary["clients_trained_one_by_one"] == 9
+    assert summary["clients_evaluated_together"] + summary["clients_evaluated_one_by_one"] == 18
     # the app's own keys (its data, model, partition and training) beside the overrides
     monkeypatch.syspath_prepend(str(app))
     config = {**tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"], **config, "api": api}
-    assert json.loads((run_dir / "summary.json").read_text())["client_groups"]["5"] == "machine5"
-    in_process = run_in_process({**config, **ONE_BY_ONE, "output-dir": str(tmp_path / "in-process")}, num_nodes=6)
+    assert summary["client_groups"]["5"] == "machine5"
+    in_process = run_in_process({**config, "output-dir": str(tmp_path / "in-process")}, num_clients=6, num_nodes=2)
     assert numbers(run_dir) == numbers(in_process)
     assert not (run_dir / MODELS).exists()  # a global-model method keeps no personalized models
 
@@ -116,28 +120,32 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
     """A personalized method through the legacy API (whose server gathers results on threads) with its models in
     the disk store (rolled back to the checkpoint), and through the Message API a method with state on both
     sides (SCAFFOLD's server control variate in the checkpoint, the clients' c_i restored from the nodes'
-    disks) and live trackers: SIGKILL the ServerApp's process after its first checkpoint, resume from the
+    disks), on nodes that host three clients each, and live trackers: SIGKILL the ServerApp's process after its first checkpoint, resume from the
     results folder, and compare every number, those of the rounds before the kill too, with the in-process run
     of the same seed that was never interrupted. (Every method's resume is compared in-process, by
     ``tests/test_checkpoint.py``: what the server's checkpoint holds is the same whatever runs it.)"""
     settings = {"method": method, "num-rounds": 8, "clients-per-round": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 4,
                 **({"store": "disk", "api": "legacy"} if method == "fedmcsa" else {}),
-                **({"tracker": "tensorboard,mlflow"} if method == "scaffold" else {})}
+                **({"tracker": "tensorboard,mlflow", "num-clients": 6} if method == "scaffold" else {})}
+    nodes = 6 if method == "fedmcsa" else 2  # the legacy API's nodes are one client each; SCAFFOLD's host 3 clients each
     killed = tmp_path / "killed"
-    proc = simulation.start({**settings, "output-dir": str(killed)}, nodes=6, stdout=subprocess.DEVNULL,
+    proc = simulation.start({**settings, "output-dir": str(killed)}, nodes=nodes, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     folder = kill_after_checkpoint(proc, killed, 2, simulation.server_processes)
     assert tensor_files.read(folder / CHECKPOINT)[1]["round"] < 8, "the run finished before it was killed"
 
-    _completed(simulation.run({**settings, "resume-from": str(folder), "output-dir": str(killed)}, nodes=6))
-    whole = run_in_process({**settings, **ONE_BY_ONE, "tracker": "", "output-dir": str(tmp_path / "whole")}, num_nodes=6)
+    _completed(simulation.run({**settings, "resume-from": str(folder), "output-dir": str(killed)}, nodes=nodes))
+    whole = run_in_process({**settings, "tracker": "", "output-dir": str(tmp_path / "whole")}, num_clients=6, num_nodes=nodes)
     assert numbers(folder) == numbers(whole)
     check_results(folder, method, rounds=8, nodes=6, per_round=3, evaluated=[1, 2, 4, 6, 8])
     if method == "fedmcsa":
         _own_models_evaluated(folder, last_round=8)
         resumed, uninterrupted = _by_partition(folder, _stored(folder)), _by_partition(whole, _stored(whole))
         assert resumed.keys() == uninterrupted.keys() and all(torch.equal(resumed[p], uninterrupted[p]) for p in resumed)
-    if method == "scaffold":  # the trackers went on in the same runs: every round once, as metrics.jsonl has it
+    if method == "scaffold":
+        # its nodes trained their clients as one computation, to the same bits as in process
+        assert json.loads((folder / "summary.json").read_text())["clients_trained_together"] > 0
+        # the trackers went on in the same runs: every round once, as metrics.jsonl has it
         expected = expected_series(folder)
         assert_series_match(tensorboard_events(folder / "tensorboard")["scalars"], expected, float32=True)
         client, run = mlflow_run(folder)
@@ -189,13 +197,17 @@ def test_a_run_that_accepts_no_update_ends_failed_and_says_why(simulation, tmp_p
 
 @pytest.mark.xdist_group("flwr-run-f")
 def test_many_clients_partial_participation(simulation, tmp_path):
-    """The README's federation: 100 virtual nodes, 20 sampled a round, every node evaluated."""
+    """The README's federation: 100 clients on 2 nodes, 20 sampled a round and trained by their nodes as one
+    computation, every client evaluated."""
     run = simulation.run({"method": "fedacs", "train-samples-per-client": 50, "num-rounds": 2, "clients-per-round": 20,
-                          "eval-every": 2, "output-dir": str(tmp_path)}, nodes=100)
+                          "num-clients": 100, "eval-every": 2, "output-dir": str(tmp_path)}, nodes=2)
     _completed(run)
+    assert "100 clients on 2 nodes" in run["log"], run["log"][-3000:]
     rows = [json.loads(line) for line in (results(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [20, 20]
     assert [r["clients-evaluated"] for r in rows if r["phase"] == "evaluate"] == [100, 100]  # rounds 1 and 2
+    summary = json.loads((results(tmp_path) / "summary.json").read_text())
+    assert summary["clients_trained_together"] == 40 and summary["clients_evaluated_together"] == 200
 
 
 # --- users' own apps -----------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def test_own_data_app_runs_the_packages_apps_on_its_own_data_and_model(monkeypat
     config = {**tomllib.loads((OWN_DATA_APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"], "figures": False}
     summaries = {}
     for method in ("fedavg", "local"):
-        folder = run_in_process({**config, "method": method, "output-dir": str(tmp_path / method)}, num_nodes=8)
+        folder = run_in_process({**config, "method": method, "output-dir": str(tmp_path / method)}, num_clients=8)
         summaries[method] = json.loads((folder / "summary.json").read_text())
         assert summaries[method]["status"] == "completed" and folder.name.startswith(f"{method}-vibrations-build-seed0")
     assert summaries["fedavg"]["client_groups"] == {str(i): f"machine{i}" for i in range(8)}

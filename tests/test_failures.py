@@ -177,7 +177,7 @@ def test_in_process_a_client_that_always_fails_is_lost_and_the_run_goes_on_or_st
     monkeypatch.setattr(capp.Node, "start_fit", flaky_fit)
     monkeypatch.setattr(capp.Node, "evaluate", flaky_evaluate)
     settings = {**SMALL, "lost-node-rounds": 2, "batch-clients": False}
-    out = run_in_process({**settings, "min-evaluated-share": 0.5, "output-dir": str(tmp_path / "on")}, num_nodes=4)
+    out = run_in_process({**settings, "min-evaluated-share": 0.5, "output-dir": str(tmp_path / "on")}, num_clients=4)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [(r["clients-accepted"], r["clients-failed"]) for r in rows if r["phase"] == "train"]
     assert train == [(3, 1), (3, 1), (3, 0), (3, 0), (3, 0), (3, 0)]
@@ -189,7 +189,7 @@ def test_in_process_a_client_that_always_fails_is_lost_and_the_run_goes_on_or_st
     assert (out / "failures.log").read_text().count("device lost") == 3
 
     with pytest.raises(RunFailed, match=r"round 2: 1 of the federation's 4 nodes lost since round 1 \(RuntimeError\)"):
-        run_in_process({**settings, "output-dir": str(tmp_path / "off")}, num_nodes=4)
+        run_in_process({**settings, "output-dir": str(tmp_path / "off")}, num_clients=4)
     (stopped,) = list((tmp_path / "off").iterdir())
     assert json.loads((stopped / "summary.json").read_text())["lost_nodes"]
 

@@ -72,7 +72,7 @@ def test_femnist_run_end_to_end(tmp_path):
     out = run_in_process({"dataset": "femnist", "data-source": "flwr-datasets", "hub-dataset": str(tmp_path / "femnist"),
                           "partition": "natural", "model": "cnn", "method": "fedmcsa", "num-rounds": 2,
                           "clients-per-round": 2, "local-steps": 2, "eval-every": 1,
-                          "output-dir": str(tmp_path / "out")}, num_nodes=4)
+                          "output-dir": str(tmp_path / "out")}, num_clients=4)
     assert json.loads((out / "summary.json").read_text())["evaluated_rounds"] == 2
 
 

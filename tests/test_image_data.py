@@ -63,6 +63,6 @@ def test_fmnist_cnn_run_end_to_end(tmp_path):
     files.write_fashion_mnist(tmp_path / "data", 400, 100)
     out = run_in_process({"dataset": "fmnist", "data-dir": str(tmp_path / "data"), "partition": "pathological",
                           "model": "cnn", "method": "fedacs", "num-rounds": 2, "clients-per-round": 3,
-                          "local-steps": 2, "eval-every": 1, "output-dir": str(tmp_path / "out")}, num_nodes=5)
+                          "local-steps": 2, "eval-every": 1, "output-dir": str(tmp_path / "out")}, num_clients=5)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["evaluated_rounds"] == 2 and 0 <= summary["bmta"] <= 1

@@ -141,23 +141,23 @@ def test_a_run_starts_the_clients_it_did_not_train_from_what_init_says(init, tmp
     """One round, 2 of 6 clients train, all 6 evaluate: the other 4 keep their starting models."""
     settings = {"init": init, "num-rounds": 1, "clients-per-round": 2, "local-steps": 2, "eval-every": 1, "seed": 2,
                 "output-dir": str(tmp_path)}
-    out = run_in_process(settings, num_nodes=6)
+    out = run_in_process(settings, num_clients=6)
     ids, rows, initial = load_models(out / MODELS)
     cfg = ExperimentConfig.from_mapping(settings)
-    expected = {node: _flat(initial_arrays(cfg, node - 1001)) for node in ids}  # node 1001 + i holds partition i
-    kept = [node for node, row in zip(ids, rows) if torch.equal(row, expected[node])]
+    expected = {client: _flat(initial_arrays(cfg, client)) for client in ids}  # one node hosts them: ids are partition ids
+    kept = [client for client, row in zip(ids, rows) if torch.equal(row, expected[client])]
     assert len(ids) == 6 and len(kept) == 4
     assert torch.equal(initial, _flat(initial_arrays(cfg)))
     if init == "zero":
         assert not initial.any()
     if init == "independent":
-        assert len({tuple(expected[node].tolist()) for node in kept}) == 4
+        assert len({tuple(expected[client].tolist()) for client in kept}) == 4
 
 
 def test_zero_init_warns_about_hidden_layers_and_the_update_bound(tmp_path, caplog):
     caplog.set_level(logging.WARNING)
     run_in_process({"init": "zero", "model": "dnn", "num-rounds": 1, "clients-per-round": 2, "local-steps": 1,
-                    "output-dir": str(tmp_path)}, num_nodes=3)
+                    "output-dir": str(tmp_path)}, num_clients=3)
     text = " ".join(r.getMessage() for r in caplog.records)
     assert "cannot break the symmetry" in text and "learns only its output bias" in text and "max-update-ratio = 0 turns it off" in text
 

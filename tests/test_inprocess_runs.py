@@ -16,7 +16,7 @@ SMALL = {"num-rounds": 12, "clients-per-round": 8, "local-steps": 10, "eval-ever
 @pytest.fixture(scope="module")
 def run_dirs(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    return {m: run_in_process({**SMALL, "method": m, "output-dir": str(out)}, num_nodes=16)
+    return {m: run_in_process({**SMALL, "method": m, "output-dir": str(out)}, num_clients=16)
             for m in ("fedavg", "local", "fedmcsa", "fedacs")}  # every method's own short run is in tests/methods
 
 
@@ -58,7 +58,7 @@ def test_same_seed_same_numbers_even_with_random_node_ids(tmp_path, method):
     for name, ids in [("a", None), ("b", rng.choice(2**40, 8, replace=False).tolist()),
                       ("c", rng.choice(2**40, 8, replace=False).tolist())]:
         out = run_in_process({**SMALL, "method": method, "num-rounds": 4, "clients-per-round": 3,
-                              "output-dir": str(tmp_path / name)}, num_nodes=8, node_ids=ids)
+                              "output-dir": str(tmp_path / name)}, num_clients=8, num_nodes=8, node_ids=ids)
         summaries.append(json.loads((out / "summary.json").read_text()))
     assert all(s["bmta"] == summaries[0]["bmta"] and s["final_accuracy"] == summaries[0]["final_accuracy"] for s in summaries)
 
@@ -77,7 +77,7 @@ def test_failing_client_does_not_stop_the_round(tmp_path, monkeypatch):
         return original(self, config)
 
     monkeypatch.setattr(capp.Node, "start_fit", flaky)
-    out = run_in_process({**SMALL, "num-rounds": 2, "clients-per-round": 4, "output-dir": str(tmp_path)}, num_nodes=4)
+    out = run_in_process({**SMALL, "num-rounds": 2, "clients-per-round": 4, "output-dir": str(tmp_path)}, num_clients=4)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["phase"] == "train"]
     assert [r["clients-failed"] for r in train] == [1, 1] and [r["clients-accepted"] for r in train] == [3, 3]
@@ -92,7 +92,7 @@ def test_failing_client_does_not_stop_the_round(tmp_path, monkeypatch):
 def test_data_scarce_dirichlet_run_with_partial_participation(tmp_path):
     out = run_in_process({**SMALL, "method": "fedacs", "partition": "dirichlet", "dirichlet-alpha": 0.5,
                           "train-samples-per-client": 50, "num-rounds": 3, "clients-per-round": 4,
-                          "output-dir": str(tmp_path)}, num_nodes=40)
+                          "output-dir": str(tmp_path)}, num_clients=40)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["clients-accepted"] for r in rows if r["phase"] == "train"] == [4, 4, 4]
     assert all(r["clients-evaluated"] == 40 for r in rows if r["phase"] == "evaluate")
@@ -106,7 +106,7 @@ def test_run_without_any_successful_evaluation_fails_after_writing_results(tmp_p
 
     monkeypatch.setattr(capp.Node, "start_evaluate", broken)  # each evaluation, together or one by one
     with pytest.raises(RunFailed, match="no client evaluation produced a finite accuracy"):
-        run_in_process({**SMALL, "num-rounds": 2, "output-dir": str(tmp_path)}, num_nodes=4)
+        run_in_process({**SMALL, "num-rounds": 2, "output-dir": str(tmp_path)}, num_clients=4)
     (run_dir,) = list(tmp_path.iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["evaluated_rounds"] == 0 and summary["status"] == "failed"
@@ -114,7 +114,7 @@ def test_run_without_any_successful_evaluation_fails_after_writing_results(tmp_p
 
 def test_fedacs_saves_last_round_similarity_grouped_by_label(tmp_path):
     out = run_in_process({**SMALL, "method": "fedacs", "partition": "pathological", "classes-per-client": 2,
-                          "num-rounds": 4, "clients-per-round": 6, "output-dir": str(tmp_path)}, num_nodes=12)
+                          "num-rounds": 4, "clients-per-round": 6, "output-dir": str(tmp_path)}, num_clients=12)
     snap = np.load(out / "similarity_last_round.npz")
     assert snap["similarity"].shape == (6, 6) and snap["mask"].diagonal().all()
     assert list(snap["labels"]) == sorted(snap["labels"])  # grouped by dominant label
@@ -126,7 +126,7 @@ def test_fedacs_saves_last_round_similarity_grouped_by_label(tmp_path):
 def test_igfl_self_attention_heatmap_by_label_set_with_paired_clients(tmp_path):
     """IGFL's Figure 2 setting: 10 clients in twins that share their two label shards, all train."""
     out = run_in_process({**SMALL, "method": "igfl-s", "igfl-attention": "self", "partition": "shards", "paired-clients": True,
-                          "num-rounds": 6, "clients-per-round": 10, "output-dir": str(tmp_path)}, num_nodes=10)
+                          "num-rounds": 6, "clients-per-round": 10, "output-dir": str(tmp_path)}, num_clients=10)
     saved = np.load(out / "attention.npz")
     mean = saved["model"]
     assert mean.shape == (10, 10) and np.allclose(mean.sum(1), 1.0, atol=1e-5)  # every row is a softmax
@@ -150,7 +150,7 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
 @pytest.mark.parametrize("method", ["fedavg", "pfedme"])
 def test_mcsa_transfer_runs(tmp_path, method):
     out = run_in_process({**SMALL, "method": method, "aggregation": "mcsa", "num-rounds": 3, "output-dir": str(tmp_path)},
-                         num_nodes=8)
+                         num_clients=8)
     assert out.name.startswith(f"{method}+mcsa-") and (out / "attention.npz").exists()
     assert json.loads((out / "summary.json").read_text())["evaluated_rounds"] == 2
 
@@ -160,7 +160,7 @@ def test_disk_store_gives_the_numbers_of_the_memory_store(tmp_path):
     from flower_pfl.run.results import load_models
 
     runs = {store: run_in_process({**SMALL, "num-rounds": 4, "clients-per-round": 4, "store": store,
-                                   "output-dir": str(tmp_path / store)}, num_nodes=8) for store in ("memory", "disk")}
+                                   "output-dir": str(tmp_path / store)}, num_clients=8) for store in ("memory", "disk")}
     assert (runs["disk"] / "store" / "index.json").exists() and not (runs["memory"] / "store").exists()
     numbers = {s: [json.loads(line) | {"elapsed_s": 0} for line in (d / "metrics.jsonl").read_text().splitlines()]
                for s, d in runs.items()}
@@ -171,3 +171,27 @@ def test_disk_store_gives_the_numbers_of_the_memory_store(tmp_path):
     ids, rows, _ = load_models(runs["memory"] / "personalized_models.safetensors")
     assert disk.ids() == ids and (disk.get(ids) == rows).all()
     assert not (runs["disk"] / "personalized_models.safetensors").exists()
+
+
+def test_the_numbers_do_not_depend_on_how_the_clients_are_spread_over_nodes(tmp_path):
+    """40 nodes of one client (each trains alone), 4 nodes of 10 and one node of all 40 (each trains its round's
+    clients as one computation): the same seed samples the same clients, and every metric and every client's
+    evaluation agree within what reordered float32 sums allow; a node's clients keep their own state (SCAFFOLD's
+    c_i)."""
+    from floats import same_math
+    from local_runs import numbers
+
+    settings = {**SMALL, "method": "scaffold", "model": "dnn", "num-rounds": 4, "clients-per-round": 8, "eval-every": 2}
+    runs = {nodes: numbers(run_in_process({**settings, "output-dir": str(tmp_path / str(nodes))}, num_clients=40, num_nodes=nodes))
+            for nodes in (40, 4, 1)}
+    rows, clients = runs[40]
+    assert len(rows) == 4 + 3 and len(clients) == 40 * 3  # 4 rounds trained; 1, 2 and 4 evaluated, every client
+    for nodes in (4, 1):
+        other_rows, other_clients = runs[nodes]
+        assert [(r["round"], r["phase"]) for r in other_rows] == [(r["round"], r["phase"]) for r in rows]
+        for mine, theirs in zip(other_rows, rows):
+            assert {k: v for k, v in mine.items() if isinstance(v, float)} == same_math(
+                {k: v for k, v in theirs.items() if isinstance(v, float)}), nodes
+        assert [(c["round"], c["partition-id"]) for c in other_clients] == [(c["round"], c["partition-id"]) for c in clients]
+        assert [c["accuracy"] for c in other_clients] == same_math([c["accuracy"] for c in clients])
+

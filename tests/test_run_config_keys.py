@@ -24,7 +24,7 @@ def test_a_misspelt_key_is_refused_naming_the_nearest(key, nearest):
 
 def test_an_in_process_run_refuses_a_typo_before_it_starts(tmp_path):
     with pytest.raises(ConfigError, match="'apple-dlr'.*did you mean"):
-        run_in_process({"method": "apple", "apple-dlr": 0.01, "output-dir": str(tmp_path)}, num_nodes=2)
+        run_in_process({"method": "apple", "apple-dlr": 0.01, "output-dir": str(tmp_path)}, num_clients=2)
     assert not any(tmp_path.iterdir())  # nothing written
 
 

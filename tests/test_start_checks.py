@@ -62,7 +62,7 @@ def test_output_dir_not_writable(tmp_path):
 def test_unusable_output_dir_fails_the_run_before_training(tmp_path):
     (tmp_path / "results").write_text("")
     with pytest.raises(ConfigError, match="'output-dir'"):
-        run_in_process({**QUICK, "output-dir": str(tmp_path / "results")}, num_nodes=2)
+        run_in_process({**QUICK, "output-dir": str(tmp_path / "results")}, num_clients=2)
 
 
 # --- device -------------------------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def no_gpu(monkeypatch):
 def test_cuda_without_a_gpu_fails_before_the_results_folder(tmp_path, no_gpu):
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match=r"run config 'device' = 'cuda': no CUDA device is visible .*use 'auto' or 'cpu'"):
-        run_in_process({**QUICK, "device": "cuda", "output-dir": str(out)}, num_nodes=2)
+        run_in_process({**QUICK, "device": "cuda", "output-dir": str(out)}, num_clients=2)
     assert not out.exists()
 
 
@@ -128,7 +128,7 @@ def test_missing_data_fails_at_start_before_the_results_folder(tmp_path, monkeyp
     out = tmp_path / "out"
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError) as err:
-        run_in_process({**QUICK, **FMNIST, "data-dir": str(tmp_path / "empty"), "output-dir": str(out)}, num_nodes=3)
+        run_in_process({**QUICK, **FMNIST, "data-dir": str(tmp_path / "empty"), "output-dir": str(out)}, num_clients=3, num_nodes=3)
     message = str(err.value)
     assert message.startswith("no node could serve this run config; nodes 1001, 1002, 1003: ")
     assert f"on host {socket.gethostname()}: run config 'dataset'" in message  # the machine, for a Ray cluster

@@ -146,8 +146,8 @@ def test_sweep_files_reproduce_the_recorded_grids(tmp_path, toml, recorded, kind
     cells = sweep_grid.from_toml(SWEEPS / f"{toml}.toml").cells(tmp_path)
     jobs = [j for j in json.loads((RESULTS / recorded / "results.json").read_text())["runs"] if j.get("kind", "table") == kind]
 
-    def key(config: dict, nodes: int) -> str:
-        return json.dumps({**_comparable(config), "nodes": nodes}, sort_keys=True)
+    def key(config: dict, clients: int) -> str:  # a cell's run config names its clients (num-clients), a job's its nodes
+        return json.dumps({**{k: v for k, v in _comparable(config).items() if k != "num-clients"}, "clients": clients}, sort_keys=True)
 
     assert sorted(key(c.run_config, c.num_nodes) for c in cells) == sorted(key(j["overrides"], j["num_nodes"]) for j in jobs)
 
@@ -412,7 +412,7 @@ def test_a_cell_that_fails_is_recorded_and_the_command_says_so(tmp_path, capsys)
 def test_flwr_run_engine_gives_the_in_process_figures(tmp_path):
     """The same cell through `flwr run` (a private SuperLink, stopped afterwards) and in-process."""
     s = _sweep('methods = ["fedmcsa"]\nseeds = [0]\nreferences = []\n[base]\nnum-rounds = 2\nnum-nodes = 3\n'
-               'clients-per-round = 2\neval-every = 1\nbatch-clients = false')  # flwr run trains them one by one
+               'clients-per-round = 2\neval-every = 1\nbatch-clients = false')  # one by one: the same bits on 2 nodes and on 1
     by_flwr = sweep.run(s, tmp_path / "flwr", engine="flwr-run", progress=False)["cells"][0]
     in_process = sweep.run(s, tmp_path / "inprocess", progress=False)["cells"][0]
     assert by_flwr["status"] == in_process["status"] == "completed", by_flwr.get("error")

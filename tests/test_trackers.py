@@ -84,7 +84,7 @@ RUN = {"method": "fedmcsa", "num-rounds": 4, "clients-per-round": 3, "eval-every
 
 
 def test_a_runs_trackers_hold_what_its_results_folder_holds(tmp_path):
-    run_dir = run_in_process({**RUN, "output-dir": str(tmp_path), "tracker": "tensorboard,mlflow"}, num_nodes=6)
+    run_dir = run_in_process({**RUN, "output-dir": str(tmp_path), "tracker": "tensorboard,mlflow"}, num_clients=6)
     expected = expected_series(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     clients = Counter(json.loads(line)["round"] for line in (run_dir / "clients.jsonl").read_text().splitlines())
@@ -192,7 +192,7 @@ def test_a_missing_tracker_package_stops_the_run_at_start_naming_the_extra(tmp_p
     real = importlib.util.find_spec
     monkeypatch.setattr(extras.importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
     with pytest.raises(MissingExtra, match=r"tracker 'mlflow'.*pip install 'flower-pfl\[mlflow\]'"):
-        run_in_process({**RUN, "output-dir": str(tmp_path), "tracker": "mlflow"}, num_nodes=3)
+        run_in_process({**RUN, "output-dir": str(tmp_path), "tracker": "mlflow"}, num_clients=3)
     assert not list(tmp_path.iterdir())  # nothing written
     with pytest.raises(MissingExtra, match=r"flower-pfl\[mlflow\]"):
         strategies.FedMCSA(tracker=["mlflow"])

@@ -474,7 +474,7 @@ def package_job(setting: str, overrides: dict[str, Any], out: Path, seed: int) -
                 "=train-samples": rc["train-samples-per-client"], "=half-rounds": rc["num-rounds"] // 2}
     rc |= {k: computed.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
     t0 = time.time()
-    folder = run_in_process(rc, num_nodes=SETTINGS[setting]["num_nodes"])
+    folder = run_in_process(rc, num_clients=SETTINGS[setting]["num_nodes"])
     seconds = time.time() - t0
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     ev = [r for r in rows if r.get("phase") == "evaluate" and "accuracy-mean" in r]

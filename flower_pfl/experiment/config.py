@@ -102,6 +102,9 @@ class ExperimentConfig:
     #: multiplies the shared or independent starting models (1: PyTorch's default scale)
     init_scale: float = 1.0
     num_rounds: int = 100
+    #: the clients of the federation, spread over the nodes (``client_apps.hosting``): a node trains its round's
+    #: clients as one computation; 0: one client per node
+    num_clients: int = 0
     clients_per_round: int = 20
     lr: float = 0.02
     batch_size: int = 20
@@ -151,8 +154,8 @@ class ExperimentConfig:
     #: draw the run's figures at its end (learning curve, attention and similarity heatmaps); false: the numbers
     #: only (``python -m flower_pfl compare`` draws curves from them later)
     figures: bool = True
-    #: in-process runs (``server_apps.inprocess``): a round's clients train as one computation where their
-    #: client algorithm allows (``flower_pfl.engine.batched``), with the numbers of training them one by one
+    #: a node's clients of a round train (and evaluate) as one computation where their client algorithm allows
+    #: (``flower_pfl.engine.batched``), with the numbers of training them one by one within its tolerance
     batch_clients: bool = True
     #: live trackers, comma-separated: "tensorboard", "mlflow", "wandb" ("": none; ``flower_pfl.run.trackers``)
     tracker: str = ""
@@ -195,6 +198,8 @@ class ExperimentConfig:
         _say_plausible_units(options, specs)
         if self.paired_clients and self.partition == "natural":
             _fail("paired_clients", self.paired_clients, f"false with partition 'natural' (twins split a partition of {', '.join(SCHEMES)})")
+        if self.num_clients < 0:
+            _fail("num_clients", self.num_clients, "an integer >= 0 (0: one client per node)")
         if self.train_samples_per_client < 0:
             _fail("train_samples_per_client", self.train_samples_per_client, "an integer >= 0 (0 keeps all)")
         if not 0 < self.train_fraction < 1:

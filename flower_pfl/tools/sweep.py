@@ -96,7 +96,7 @@ def run_cell_in_process(cell: Cell) -> dict[str, Any]:
     log = cell.folder / "run.log"
     try:
         with _output_to(log):
-            run_in_process(cell.run_config, num_nodes=cell.num_nodes)
+            run_in_process(cell.run_config, num_clients=cell.num_nodes, num_nodes=cell.nodes_for(1))
     except Exception as err:
         return {"status": "failed", "error": f"{type(err).__name__}: {err} (log: {log})"}
     folder = finished(cell)

@@ -10,6 +10,7 @@ processes it started) by PID. A cell's console output goes to ``flwr.log`` in it
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -85,7 +86,8 @@ class FlwrRunEngine:
         (on a Ray cluster too), the environment of ``flwr run`` does not."""
         run_config = {**cell.run_config, "client-state-dir": cell.run_config.get("client-state-dir") or str(self.home / "client-state")}
         return [superlink.executable("flwr"), "run", str(self.app), "--run-config", run_config_text(run_config),
-                "--federation-config", run_config_text({"num-supernodes": cell.num_nodes, **self.federation}), "--stream"]
+                "--federation-config", run_config_text({"num-supernodes": cell.nodes_for(os.cpu_count() or 1), **self.federation}),
+                "--stream"]
 
     def _run(self, cell: Cell) -> dict[str, Any]:
         log = cell.folder / "flwr.log"

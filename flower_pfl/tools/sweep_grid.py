@@ -42,8 +42,18 @@ class Cell:
     setting: str
     seed: int
     run_config: dict[str, Any]
+    #: the sweep's ``num-nodes``: the clients of the federation (the run config's ``num-clients``)
     num_nodes: int
     folder: Path
+    #: the nodes that host them (0: the engine's choice, ``nodes_for``)
+    nodes: int = 0
+
+    def nodes_for(self, fast: int) -> int:
+        """The nodes of this cell's run: its own ``nodes``, else one per client for the legacy API (whose nodes are
+        one client each), else at most ``fast`` (one per core: each node trains its clients as one computation)."""
+        if self.nodes:
+            return self.nodes
+        return self.num_nodes if self.run_config.get("api") == "legacy" else min(self.num_nodes, max(fast, 1))
 
     def describe(self) -> dict[str, Any]:
         return {"method": self.method, "setting": self.setting, "seed": self.seed, NUM_NODES: self.num_nodes}
@@ -137,7 +147,8 @@ class Sweep:
                         cfg = ExperimentConfig.from_mapping({**defaults, **run_config})
                     except ConfigError as err:
                         raise ConfigError(f"{err} (method {method!r}, setting {setting!r})") from None
-                    cells.append(Cell(method, setting, seed, cfg.to_run_config(), num_nodes, folder))
+                    cells.append(Cell(method, setting, seed, {**cfg.to_run_config(), "num-clients": cfg.num_clients or num_nodes},
+                                      cfg.num_clients or num_nodes, folder))
         return cells
 
     def tracker_keys(self, merged: Mapping[str, Any], setting: str, out: Path) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def short_run(label: str, out_dir: str | Path, **overrides: Any) -> dict[str, An
     results ``folder``."""
     method, _, aggregation = label.partition("+")
     folder = run_in_process({**SETTING, "model": model_for(label), "method": method, "aggregation": aggregation or "default",
-                             "output-dir": str(out_dir), **overrides}, num_nodes=NUM_NODES)
+                             "output-dir": str(out_dir), **overrides}, num_clients=NUM_NODES)
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     clients = sorted((json.loads(line) for line in (folder / "clients.jsonl").read_text().splitlines()),
                      key=lambda c: (c["round"], c["partition-id"]))

@@ -1,0 +1,123 @@
+"""The federation's clients as the strategies' nodes, when a node hosts several clients.
+
+``ClientGrid`` wraps the run's grid (``flwr run``'s, a SuperLink's, the in-process one). To the
+strategies, every client is a node whose id is the client's id (its ``partition-id``), so sampling,
+the per-client models, reply checks and failure accounting work on clients exactly as they do when
+each node is one client. On the wire, a call's messages are grouped by the node that hosts their
+clients and sent as one message per node (a pack, ``strategies.client_packs``); each node's
+reply is split back into one reply per client:
+
+- a client the node could not serve gets an error reply of its own: its node's other clients count;
+- a node that fails, or sends nothing within the call's timeout, gives each of its clients an error
+  reply that names the node and its clients;
+- the nodes' accounts of how they ran their clients (as one computation, or one by one and why) add
+  up in ``training_report``.
+
+A client is connected while its node is (``get_node_ids``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from flwr.app import Error, Message, MessageType
+from flwr.serverapp import Grid
+
+from strategies.client_packs import REPORT, Tally, pack, unpack
+from strategies.failures import NO_REPLY, listed
+
+#: error code of a client's failure inside its node's reply (Flower's code for a ClientApp that raised)
+CLIENT_FAILED = 1
+#: error code of the clients of a node that failed or did not reply
+NODE_FAILED = 2
+
+
+class ClientGrid:
+    """The part of ``flwr.serverapp.Grid`` strategies use, with clients for nodes (see the module)."""
+
+    def __init__(self, grid: Grid, hosts: Mapping[int, int]) -> None:
+        """``hosts``: client id -> the id of the node that hosts it."""
+        self._grid = grid
+        self.hosts = dict(hosts)
+        self._clients: dict[int, list[int]] = {}
+        for client, node in self.hosts.items():
+            self._clients.setdefault(node, []).append(client)
+        #: how the nodes trained and evaluated their clients
+        self.training, self.evaluation = Tally(), Tally()
+
+    def clients_of(self, node: int) -> list[int]:
+        return list(self._clients.get(node, []))
+
+    def get_node_ids(self) -> list[int]:
+        """The clients whose node is connected."""
+        connected = set(self._grid.get_node_ids())
+        return [client for client, node in self.hosts.items() if node in connected]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        """Send ``messages`` (one per client) as one message per node; one reply per client."""
+        groups: dict[tuple[int, str, str], list[Message]] = {}
+        replies: list[Message] = []
+        for msg in messages:
+            meta = msg.metadata
+            if not meta.message_id:  # as a grid does: the strategies match replies by it
+                meta.__dict__["_message_id"] = uuid.uuid4().hex
+            if meta.dst_node_id not in self.hosts:
+                replies.append(Message(Error(code=NODE_FAILED, reason=f"no node hosts client {meta.dst_node_id}"), reply_to=msg))
+                continue
+            groups.setdefault((self.hosts[meta.dst_node_id], meta.message_type, meta.group_id), []).append(msg)
+        sent = {}
+        for (node, kind, group), inside in groups.items():
+            packed = pack({m.metadata.dst_node_id: m.content for m in inside})
+            sent[node, kind, group] = Message(packed, dst_node_id=node, message_type=kind, group_id=group or None,
+                                              ttl=min(m.metadata.ttl for m in inside))
+        answered = self._grid.send_and_receive(list(sent.values()), timeout=timeout)
+        by_id = {m.metadata.message_id: key for key, m in sent.items() if m.metadata.message_id}
+        got: dict[tuple[int, str, str], Message] = {}
+        for reply in answered:
+            key = by_id.get(reply.metadata.reply_to_message_id)
+            if key is None:  # a grid that sets no message ids (the in-process one): one message per node and type
+                key = next((k for k in sent if k[0] == reply.metadata.src_node_id and k[1] == reply.metadata.message_type), None)
+            if key is not None:
+                got[key] = reply
+        for key, inside in groups.items():
+            replies.extend(self._split(key[0], inside, got.get(key)))
+        return replies
+
+    def _split(self, node: int, inside: list[Message], reply: Message | None) -> list[Message]:
+        """One reply per client of ``inside`` from ``node``'s ``reply`` (``None``: none came)."""
+        who = f"node {node} (hosting clients {listed(sorted(self.clients_of(node)))})"
+        if reply is None:
+            return [_failed(m, NODE_FAILED, f"{NO_REPLY} from {who}") for m in inside]
+        if reply.has_error():
+            return [_failed(m, reply.error.code, f"{who} failed: {reply.error.reason}") for m in inside]
+        try:
+            contents, errors = unpack(reply.content)
+        except (KeyError, ValueError) as err:
+            return [_failed(m, NODE_FAILED, f"{who} sent a malformed reply: {err}") for m in inside]
+        if REPORT in reply.content.config_records:
+            tally = {MessageType.TRAIN: self.training, MessageType.EVALUATE: self.evaluation}.get(reply.metadata.message_type)
+            if tally is not None:
+                tally.add(Tally.from_record(reply.content.config_records[REPORT]))
+        out = []
+        for msg in inside:
+            client = msg.metadata.dst_node_id
+            if client in contents:
+                out.append(Message(contents[client], reply_to=msg))
+            else:
+                out.append(_failed(msg, CLIENT_FAILED, errors.get(client, f"{who} sent no reply for client {client}")))
+        return out
+
+    def training_report(self) -> dict[str, Any]:
+        """How the run's clients were trained and evaluated on their nodes: as one computation, or one by one
+        and why."""
+        return {**self.training.report("clients_trained", "one_by_one_because"),
+                **self.evaluation.report("clients_evaluated", "evaluated_one_by_one_because")}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
+def _failed(msg: Message, code: int, reason: str) -> Message:
+    return Message(Error(code=code, reason=reason), reply_to=msg)
