@@ -142,6 +142,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         server_round += self.offset
         if not self.evaluate_now(server_round):
+            self._outbox = []  # Flower's loop still calls aggregate_evaluate: no instruction went out, none is missing
             return []
         if self.guard is not None and self.nodes.failures.lost:  # Flower's own strategy: not the lost nodes
             grid = SampledGrid(grid, self.nodes.alive(grid.get_node_ids()))  # type: ignore[assignment]

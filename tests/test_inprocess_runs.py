@@ -195,3 +195,12 @@ def test_the_numbers_do_not_depend_on_how_the_clients_are_spread_over_nodes(tmp_
         assert [(c["round"], c["partition-id"]) for c in other_clients] == [(c["round"], c["partition-id"]) for c in clients]
         assert [c["accuracy"] for c in other_clients] == same_math([c["accuracy"] for c in clients])
 
+
+def test_a_round_without_evaluation_counts_no_client_as_silent(tmp_path):
+    """Flower's own FedAvg, evaluated in rounds 1, 3 and 4: Flower's loop asks for the evaluation of a round that
+    sent none, and no training instruction of that round may be taken for one without a reply."""
+    out = run_in_process({**SMALL, "method": "fedavg", "num-rounds": 4, "clients-per-round": 4, "eval-every": 3,
+                          "output-dir": str(tmp_path)}, num_clients=8)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["client_failures"] == 0 and summary["failed_nodes"] == 0
+    assert "no reply" not in ((out / "failures.log").read_text() if (out / "failures.log").exists() else "")
