@@ -183,8 +183,17 @@ class Evaluation:
 
 
 def run_settings(run_config: Mapping[str, Any]) -> ExperimentConfig:
-    """The run config, parsed and checked once per process (``ExperimentConfig.from_mapping``)."""
-    return _parsed(tuple(sorted(run_config.items())))
+    """The run config, parsed and checked once per process (``ExperimentConfig.from_mapping``); the clients of
+    one message, which share their node's run config, look it up once."""
+    last = _LAST_SETTINGS
+    if last and last[0] is run_config:
+        return last[1]
+    cfg = _parsed(tuple(sorted(run_config.items())))
+    _LAST_SETTINGS[:] = [run_config, cfg]
+    return cfg
+
+
+_LAST_SETTINGS: list[Any] = []  # the run config last parsed (the object) and its settings
 
 
 @lru_cache(maxsize=4)

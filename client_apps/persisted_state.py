@@ -111,9 +111,8 @@ def persist(records: RecordDict, node_config: Mapping[str, Any], config: Mapping
 
 def _persist(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int,
              server_round: int, checkpoint_every: int) -> None:
-    folder = _folder(node_config, config, partition_id)
     state = RecordState(records)
-    if folder is None or not len(state):
+    if not len(state) or (folder := _folder(node_config, config, partition_id)) is None:  # most methods keep none
         return
     folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}

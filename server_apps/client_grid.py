@@ -96,10 +96,10 @@ class ClientGrid:
             contents, errors = unpack(reply.content)
         except (KeyError, ValueError) as err:
             return [_failed(m, NODE_FAILED, f"{who} sent a malformed reply: {err}") for m in inside]
-        if REPORT in reply.content.config_records:
+        if (report := reply.content.get(REPORT)) is not None:
             tally = {MessageType.TRAIN: self.training, MessageType.EVALUATE: self.evaluation}.get(reply.metadata.message_type)
             if tally is not None:
-                tally.add(Tally.from_record(reply.content.config_records[REPORT]))
+                tally.add(Tally.from_record(report))
         out = []
         for msg in inside:
             client = msg.metadata.dst_node_id

@@ -34,7 +34,7 @@ Record = ArrayRecord | ConfigRecord | MetricRecord
 
 
 def is_pack(content: RecordDict) -> bool:
-    return PACK in content.config_records
+    return isinstance(content.get(PACK), ConfigRecord)  # not ``content.config_records``: it copies every record
 
 
 def pack(contents: Mapping[int, RecordDict], errors: Mapping[int, str] | None = None,
@@ -64,7 +64,9 @@ def pack(contents: Mapping[int, RecordDict], errors: Mapping[int, str] | None = 
 def unpack(content: RecordDict) -> tuple[dict[int, RecordDict], dict[int, str]]:
     """Each client's ``RecordDict`` by client id, and the reasons of the clients that failed; ``ValueError``
     for a pack whose table of contents does not match its records."""
-    table = content.config_records[PACK]
+    table = content[PACK]
+    if not isinstance(table, ConfigRecord):
+        raise ValueError(f"malformed pack: {PACK!r} is a {type(table).__name__}, not a ConfigRecord")
     contents: dict[int, RecordDict] = {}
     for client in _ids(table.get("clients", [])):
         names, places = _entries(table, f"{client}.names"), _entries(table, f"{client}.records")
@@ -74,7 +76,7 @@ def unpack(content: RecordDict) -> tuple[dict[int, RecordDict], dict[int, str]]:
             contents[client] = RecordDict({str(n): content[_RECORD.format(int(p))] for n, p in zip(names, places)})
         except KeyError as err:
             raise ValueError(f"malformed pack: client {client}'s record {err} is missing") from None
-    errors = {int(c): str(why) for c, why in content.config_records.get(ERRORS, {}).items()}
+    errors = {int(c): str(why) for c, why in (content.get(ERRORS) or {}).items()}
     return contents, errors
 
 
