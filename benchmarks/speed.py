@@ -1,14 +1,17 @@
 """Where a round's time goes: the in-process grid against ``flwr run``, measured side by side.
 
-    python -m benchmarks.speed                       # FedAvg, Ditto, FedMCSA, Local; about 10 min on 2 cores
+    python -m benchmarks.speed                       # FedAvg, Ditto, FedMCSA, Local; about 20 min on 2 cores
+    python -m benchmarks.speed --methods fedmcsa --skip-aggregation   # the quick start's method
     python -m benchmarks.speed --methods fedavg --federation client-resources-num-cpus=2
 
 For each method, on Synthetic(0.5, 0.5) with 100 clients, 20 per round, 20 local steps of 20
 samples and every client evaluated every 5 rounds, it prints:
 
 - the steady seconds per round (rounds 6-25: four evaluations in twenty rounds) of the package's
-  ServerApp and ClientApp run in one process (``server_apps.inprocess``, one torch thread) and
-  through ``flwr run`` (a local SuperLink of its own, Ray-backed virtual clients);
+  ServerApp and ClientApp run in one process (``server_apps.inprocess``, one torch thread: one node
+  hosting the 100 clients, whose round is one computation, and 100 nodes of one client, each trained
+  alone) and through ``flwr run`` (a local SuperLink of its own, Ray-backed virtual nodes: 100 nodes of
+  one client, and one node per core hosting the clients in blocks, ``--nodes``);
 - where the ``flwr run`` round's time goes, measured by timers around the package's own code in
   every process (``benchmarks/speed_probe.py``): the ServerApp's own work, pushing messages into
   and pulling replies out of Flower's LinkState, Flower's polling before a message reaches an actor
@@ -54,12 +57,14 @@ PARTS = ("serverapp", "push", "dispatch wait", "ray", "setup", "load", "train", 
          "actors idle", "reply wait")
 
 
-def run_config(method: str, out: Path) -> dict[str, Any]:
-    return {**ExperimentConfig().to_run_config(), **SETTING, "method": method, "output-dir": str(out)}
+def run_config(method: str, out: Path, nodes: int = NUM_NODES) -> dict[str, Any]:
+    """The setting's run config for ``nodes`` nodes hosting the ``NUM_NODES`` clients."""
+    return {**ExperimentConfig().to_run_config(), **SETTING, "method": method, "output-dir": str(out),
+            "num-clients": 0 if nodes == NUM_NODES else NUM_NODES}
 
 
-def in_process(method: str, work: Path) -> dict[str, Any]:
-    """One in-process run of the package's apps (timed), analysed."""
+def in_process(method: str, work: Path, nodes: int = 1) -> dict[str, Any]:
+    """One in-process run of the package's apps (timed) on ``nodes`` nodes, analysed."""
     import logging
 
     import torch
@@ -67,13 +72,13 @@ def in_process(method: str, work: Path) -> dict[str, Any]:
     from server_apps.inprocess import in_process_grid
 
     logging.getLogger("flwr").setLevel(logging.WARNING)  # the run's own lines; flwr run's are in its log
-    timings = work / f"inprocess-{method}"
+    timings = work / f"inprocess-{nodes}-{method}"
     timings.mkdir(parents=True)
     os.environ[speed_probe.TIMINGS] = str(timings)
     torch.set_num_threads(1)
-    config = run_config(method, work / "results")
+    config = run_config(method, work / "results", nodes)
     try:
-        speed_probe.run_timed(in_process_grid(speed_probe.clientapp, NUM_NODES, config), config)  # type: ignore[arg-type]
+        speed_probe.run_timed(in_process_grid(speed_probe.clientapp, nodes, config), config)  # type: ignore[arg-type]
     finally:
         del os.environ[speed_probe.TIMINGS]
     return speed_probe.analyse(speed_probe.read(timings), *WINDOW)
@@ -87,6 +92,7 @@ def timed_app(work: Path) -> Path:
     text = (PROJECT / "pyproject.toml").read_text()
     text = re.sub(r'serverapp = ".*"', 'serverapp = "speed_probe:serverapp"', text)
     text = re.sub(r'clientapp = ".*"', 'clientapp = "speed_probe:clientapp"', text)
+    text = re.sub(r"fab-include = \[.*\]", 'fab-include = ["speed_probe.py"]', text)  # the package comes installed
     (app / "pyproject.toml").write_text(text)
     shutil.copy(Path(__file__).with_name("speed_probe.py"), app / "speed_probe.py")
     return app
@@ -101,13 +107,13 @@ def timed_engine(home: Path, app: Path, federation: Mapping[str, Any]) -> FlwrRu
     return engine
 
 
-def flwr_run(engine: FlwrRunEngine, method: str, work: Path, label: str) -> dict[str, Any]:
-    """One ``flwr run`` of the timed app: its milestones (seconds since the command started) and the
-    analysis of its timings."""
+def flwr_run(engine: FlwrRunEngine, method: str, work: Path, label: str, nodes: int = NUM_NODES) -> dict[str, Any]:
+    """One ``flwr run`` of the timed app on ``nodes`` virtual nodes: its milestones (seconds since the command
+    started) and the analysis of its timings."""
     timings = work / f"flwr-{label}-{method}"
     timings.mkdir(parents=True)
     written = Path(engine.env[speed_probe.TIMINGS])  # the SuperLink's processes keep the folder they started with
-    cell = Cell(method, label, 0, run_config(method, work / "results"), NUM_NODES, timings)
+    cell = Cell(method, label, 0, run_config(method, work / "results", nodes), NUM_NODES, timings, nodes=nodes)
     seen: dict[str, float] = {}
     t0 = time.time()
     with subprocess.Popen(engine.command(cell), cwd=engine.app, env=engine.env, stdout=subprocess.PIPE,
@@ -170,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--flower-default", action="store_true",
                         help="also run the first method under Flower's default resources (2 CPUs per virtual client)")
     parser.add_argument("--skip-aggregation", action="store_true", help="leave out the aggregation table")
+    parser.add_argument("--nodes", type=int, default=os.cpu_count() or 1,
+                        help="the nodes of the fast flwr run layout, each hosting a block of the clients (default: one per core)")
     parser.add_argument("--out", type=Path, help="also write table.md and results.json here")
     parser.add_argument("--keep", action="store_true", help="keep the runs' timings, logs and results folders (printed at the end)")
     args = parser.parse_args(argv)
@@ -183,7 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for method in args.methods:
             inproc = in_process(method, work)
-            runs = {"in-process": inproc, "flwr run": flwr_run(engine, method, work, "flwr")}
+            runs = {"in-process": inproc, f"in-process, {NUM_NODES} nodes": in_process(method, work, NUM_NODES),
+                    f"flwr run, {args.nodes} nodes": flwr_run(engine, method, work, "fast", args.nodes),
+                    f"flwr run, {NUM_NODES} nodes": flwr_run(engine, method, work, "flwr")}
             if args.flower_default and method == args.methods[0]:
                 engines.append(timed_engine(work / "flwr-home-default", engine.app, {}))
                 runs["flwr run, Flower's default resources"] = flwr_run(engines[-1], method, work, "default")
