@@ -391,7 +391,7 @@ MISSING = [
 @pytest.mark.parametrize(("name", "extra", "expected"), MISSING, ids=[m[0] for m in MISSING])
 def test_missing_files_name_what_was_expected(tmp_path, name, extra, expected):
     cfg = ExperimentConfig(dataset=name, data_dir=str(tmp_path), **({"partition": "iid"} | extra))
-    where = f"'{re.escape(name)}': no files under data-dir '{re.escape(str(tmp_path))}' "
+    where = f"'{re.escape(name)}': no files under data-dir '{re.escape(str(tmp_path))}'[: ]"
     with pytest.raises(ConfigError, match=f"{where}.*{re.escape(expected)}"):
         load_client_data(cfg, 0, 2)
 

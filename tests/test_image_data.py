@@ -1,5 +1,6 @@
 """Image data sets through torchvision from a local folder, on files the tests write."""
 
+import gzip
 import json
 import os
 
@@ -7,6 +8,7 @@ import image_files as files
 import numpy as np
 import pytest
 
+from flower_pfl.experiment.build import load_client_data
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data.images import to_float
 from flower_pfl.experiment.datasets import registry
@@ -32,6 +34,65 @@ def test_emnist_is_returned_upright(tmp_path):
     assert x.shape == (25, 1, 28, 28)
     assert np.array_equal(x[:20, 0], written["train"][0]) and (x[:, 0, 0, :5] == 255).all()
     assert np.array_equal(y[20:], written["test"][1])
+
+
+def _as_published(raw):
+    """The idx files under ``raw`` gzipped, as LeCun, Zalando and EMNIST ship them, the unpacked ones removed."""
+    for path in sorted(raw.glob("*-ubyte")):
+        with gzip.open(f"{path}.gz", "wb") as packed:
+            packed.write(path.read_bytes())
+        path.unlink()
+
+
+@pytest.mark.parametrize("name", ["fmnist", "emnist"])
+def test_gzipped_idx_files_as_published_are_read(tmp_path, name):
+    written = files.write_fashion_mnist(tmp_path, 30, 10) if name == "fmnist" else \
+        files.write_emnist(tmp_path, "byclass", 30, 10, classes=62)
+    raw = tmp_path / ("FashionMNIST" if name == "fmnist" else "EMNIST") / "raw"
+    _as_published(raw)
+    assert {p.suffix for p in raw.iterdir()} == {".gz"}
+    x, y = load_image_pool(name, tmp_path)
+    first = "train"
+    assert x.shape == (40, 1, 28, 28) and np.array_equal(x[:30, 0], written[first][0]) and np.array_equal(y[:30], written[first][1])
+    assert len(list(raw.glob("*-ubyte"))) == 4  # unpacked next to them, once, as torchvision's own download does
+
+
+def test_a_missing_file_is_named_exactly_beside_those_found(tmp_path):
+    files.write_fashion_mnist(tmp_path, 10, 5)
+    (tmp_path / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    cfg = ExperimentConfig.from_mapping({"dataset": "fmnist", "partition": "iid", "data-dir": str(tmp_path)})
+    with pytest.raises(ConfigError) as err:
+        load_client_data(cfg, 0, 2)
+    message = str(err.value)
+    assert "files missing under data-dir" in message and "missing FashionMNIST/raw/t10k-labels-idx1-ubyte" in message
+    assert "found FashionMNIST/raw/train-images-idx3-ubyte, FashionMNIST/raw/train-labels-idx1-ubyte, " \
+           "FashionMNIST/raw/t10k-images-idx3-ubyte;" in message
+    assert "Dataset not found" not in message and message.endswith("set 'data-dir' or 'download = true'")
+
+
+def test_a_truncated_idx_file_is_named_with_what_is_wrong(tmp_path):
+    files.write_fashion_mnist(tmp_path, 10, 5)
+    images = tmp_path / "FashionMNIST" / "raw" / "train-images-idx3-ubyte"
+    images.write_bytes(images.read_bytes()[:-100])
+    cfg = ExperimentConfig.from_mapping({"dataset": "fmnist", "partition": "iid", "data-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"cannot be read: .*train-images-idx3-ubyte: its header says 10 x 28 x 28 bytes"
+                                          r" of data \(7856 bytes in all\) but the file has 7756: truncated"):
+        load_client_data(cfg, 0, 2)
+
+
+@pytest.mark.parametrize(("name", "extra", "archive"), [
+    ("shakespeare", {"model": "char-lstm", "partition": "natural"}, "LEAF's"),
+    ("ag-news", {"model": "fasttext"}, "ag_news_csv"),
+    ("har", {"partition": "natural"}, "UCI HAR Dataset"),
+])
+@pytest.mark.parametrize("download", [False, True])
+def test_a_data_set_without_a_download_says_where_its_files_come_from(tmp_path, name, extra, archive, download):
+    cfg = ExperimentConfig(dataset=name, data_dir=str(tmp_path), download=download, **({"partition": "iid"} | extra))
+    with pytest.raises(ConfigError) as err:
+        load_client_data(cfg, 0, 2)
+    message = str(err.value)
+    assert f"'{name}' has no download: its files are" in message and archive in message
+    assert "download = true" not in message and "download failed" not in message
 
 
 def test_cifar10_pickled_batches(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ import torch
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data import ClientData
 from flower_pfl.experiment.data.client_data import split_indices
+from flower_pfl.experiment.data.files import MalformedFile, MissingFiles
 from flower_pfl.experiment.data.imports import is_import_path
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.data.partition import domain_partition, keep_train_samples, natural_partition, partition_indices
@@ -118,12 +119,29 @@ def _pool(dataset: DataSet, request: DataRequest, num_partitions: int) -> Pool:
         if where.source != FILES or not dataset.has_files:
             raise ConfigError(f"run config 'dataset' = {request.dataset!r}: {err}; set 'hub-dataset' to a folder holding "
                               "the hub's files, or run where the hub can be reached") from err
-        fix = ("the download failed; put the files there or check the internet access" if where.download
-               else "set 'data-dir' or 'download = true'")
-        raise ConfigError(f"run config 'dataset' = {request.dataset!r}: no files under data-dir "
-                          f"{str(Path(where.data_dir).resolve())!r} ({', '.join(dataset.expected_files())}): {err}; {fix}") from err
+        raise ConfigError(missing_files_message(dataset, request.dataset, Path(where.data_dir), where.download, err)) from err
+    except MalformedFile as err:
+        raise ConfigError(f"run config 'dataset' = {request.dataset!r}: a file under data-dir cannot be read: {err}") from err
     except ValueError as err:  # a data set of one's own that is not what the package takes
         raise ConfigError(str(err)) from err
+
+
+def missing_files_message(dataset: DataSet, name: str, data_dir: Path, download: bool, err: FileNotFoundError) -> str:
+    """What a run whose data files are missing says: which files were found and which are missing (or what
+    was looked for), and what to do: ``download = true`` only where the data set has a download."""
+    where = f"data-dir {str(data_dir.resolve())!r}"
+    if isinstance(err, MissingFiles):
+        what = f"{'files missing under' if err.found else 'no files under'} {where}: {err.detail}"
+    else:
+        what = f"no files under {where} ({', '.join(dataset.expected_files())}): {err}"
+    if not dataset.downloadable:
+        fix = (f"{name!r} has no download: its files are {dataset.files_text}; unpack them under data-dir, or set "
+               "'data-dir' to where they are")
+    elif download:
+        fix = "the download failed; put the files there or check the internet access"
+    else:
+        fix = "set 'data-dir' or 'download = true'"
+    return f"run config 'dataset' = {name!r}: {what}; {fix}"
 
 
 def _partition(dataset: DataSet, pool: Pool, request: DataRequest, num_partitions: int) -> tuple[list[np.ndarray], list[str]]:

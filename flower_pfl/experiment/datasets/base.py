@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from flower_pfl.engine.params import check_params
+from flower_pfl.experiment.data.files import require_files
 from flower_pfl.experiment.data.hub import Hub, load_hub_columns
 from flower_pfl.experiment.data.images import decode_images, to_float, torchvision_pool
 from flower_pfl.experiment.data.info import DataInfo
@@ -116,6 +117,9 @@ class DataSet:
     split_gap: ClassVar[int] = 0
     #: where its figures come from, and the layout of its files, for the documentation
     files_text: ClassVar[str] = ""
+    #: ``download = true`` fetches its files (torchvision's downloads); ``False``: they come from an archive
+    #: the user unpacks under ``data-dir`` (``files_text`` says which)
+    downloadable: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_params(self)
@@ -205,8 +209,17 @@ class TorchvisionImages(DataSet):
     def info(self) -> DataInfo:
         return DataInfo(self.shape, self.classes, self.kind)
 
+    downloadable = True
+
     def expected_files(self) -> list[str]:
         return list(self.files)
 
     def load_files(self, root: Path, download: bool) -> Pool:
+        self.require(root, download)
         return Pool(*torchvision_pool(self.torchvision_class, root, download, self.name))
+
+    def require(self, root: Path, download: bool) -> None:
+        """Without ``download``: every expected file there (a publisher's ``.gz`` unpacked next to it), or
+        ``MissingFiles`` naming what was found and what is missing (``flower_pfl.experiment.data.files``)."""
+        if not download:
+            require_files(root, self.expected_files())

@@ -39,6 +39,7 @@ class Digits(DataSet):
     kind = "image"
     natural = "domain"
     files_text = "each domain's own (MNIST, SVHN, USPS: torchvision's; MNIST-M: the hub's)"
+    downloadable = True
 
     domains: str = param("mnist,svhn,usps", key="digits-domains", must=DOMAIN_LIST,
                          doc="the digit data sets, comma-separated: client i holds domain i mod their number (mnist, svhn, usps, mnist-m)")

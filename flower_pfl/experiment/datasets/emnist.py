@@ -33,5 +33,6 @@ class EMNIST(TorchvisionImages):
                 for kind in ("images-idx3", "labels-idx1")]
 
     def load_files(self, root: Path, download: bool) -> Pool:
+        self.require(root, download)
         x, y = torchvision_pool("EMNIST", root, download, self.name, split=self.split)
         return Pool(x.transpose(0, 1, 3, 2).copy(), y)  # EMNIST's files store every image transposed
