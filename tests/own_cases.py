@@ -73,3 +73,8 @@ def wrong_logits(input_shape, num_classes):
 
 def broken(input_shape, num_classes):
     return nn.Linear(3, num_classes)  # does not take the samples' shape
+
+
+def wrong_width(input_shape, num_classes):
+    """A model that ignores the data's shape: 7 inputs, 4 outputs."""
+    return torch.nn.Linear(7, 4)

@@ -70,3 +70,38 @@ def test_the_documentations_check_commands_pass(capsys):
     assert commands
     for command in commands:
         assert check.main(shlex.split(command)[4:]) == 0, f"{command}: {capsys.readouterr().err}"
+
+
+# --- check: from any folder, the data files looked for, the model against the data ---------------------------
+
+def test_check_runs_from_any_folder_on_the_packages_own_run_config(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml here
+    assert check.main(["--run-config", "method='fedavg' num-rounds=3"]) == 0
+    assert "the run config is good: fedavg on synthetic" in capsys.readouterr().out
+    assert check.main(["--run-config", "num-round=3"]) == 2
+    err = capsys.readouterr().err
+    assert "'num-round' is not in any run config" in err and "'num-rounds'" in err  # the nearest key
+
+
+def test_check_looks_for_the_data_files_and_names_the_missing_ones(capsys, tmp_path, monkeypatch):
+    import image_files
+
+    monkeypatch.chdir(tmp_path)
+    settings = f"dataset='fmnist' partition='iid' model='cnn' data-dir='{tmp_path / 'data'}'"
+    assert check.main(["--run-config", settings]) == 2
+    err = capsys.readouterr().err
+    assert "no files under data-dir" in err and err.count("FashionMNIST/raw/") == 4 and "set 'data-dir' or 'download = true'" in err
+    image_files.write_fashion_mnist(tmp_path / "data", 10, 5)
+    (tmp_path / "data" / "FashionMNIST" / "raw" / "t10k-images-idx3-ubyte").unlink()
+    assert check.main(["--run-config", settings]) == 2
+    assert "missing FashionMNIST/raw/t10k-images-idx3-ubyte" in capsys.readouterr().err
+    image_files.write_fashion_mnist(tmp_path / "again", 10, 5)
+    assert check.main(["--run-config", settings.replace("'data'", "'again'").replace(str(tmp_path / "data"), str(tmp_path / "again"))]) == 0
+    assert "the run config is good" in capsys.readouterr().out
+
+
+def test_check_refuses_a_model_that_cannot_take_the_datas_samples(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert check.main(["--run-config", "model='tests.own_cases:wrong_width'"]) == 2
+    err = capsys.readouterr().err
+    assert "'tests.own_cases:wrong_width': the model fails on a batch of 2 samples of shape (60,)" in err

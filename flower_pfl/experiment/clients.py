@@ -11,6 +11,7 @@ every client's training part, turns the raw samples into tensors.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -124,6 +125,28 @@ def _pool(dataset: DataSet, request: DataRequest, num_partitions: int) -> Pool:
         raise ConfigError(f"run config 'dataset' = {request.dataset!r}: a file under data-dir cannot be read: {err}") from err
     except ValueError as err:  # a data set of one's own that is not what the package takes
         raise ConfigError(str(err)) from err
+
+
+def missing_data(cfg: ExperimentConfig) -> str | None:
+    """What a run of ``cfg`` would stop on because its data files are not under ``data-dir`` (looked for, not
+    loaded: a file's ``.gz`` counts, a pattern needs one match); ``None`` when they are there, or when the data
+    come from the hub, a download, a generator or a function."""
+    dataset = data_set(cfg)
+    where = data_request(cfg).where
+    if where.source != FILES or not dataset.has_files or where.download or is_import_path(cfg.dataset):
+        return None
+    root = Path(where.data_dir)
+    found: list[str] = []
+    missing: list[str] = []
+    for name in dataset.expected_files():
+        if " (" in name:  # a description, not a file (a domain read from the hub's files)
+            continue
+        pattern = re.sub(r"<[^>]*>", "*", name)
+        there = any(root.glob(pattern)) if "*" in pattern else (root / name).is_file() or Path(f"{root / name}.gz").is_file()
+        (found if there else missing).append(name)
+    if not missing:
+        return None
+    return missing_files_message(dataset, cfg.dataset, root, where.download, MissingFiles(root, found, missing))
 
 
 def missing_files_message(dataset: DataSet, name: str, data_dir: Path, download: bool, err: FileNotFoundError) -> str:

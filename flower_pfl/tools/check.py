@@ -1,12 +1,16 @@
-"""``python -m flower_pfl check [APP] --run-config "key=value ..."``: the run config ``flwr run`` would
-start, checked as the package's ServerApp checks it, before anything starts.
+"""``flower-pfl check [APP] --run-config "key=value ..."`` (or ``python -m flower_pfl check``): the run
+config ``flwr run`` would start, checked as the package's ServerApp and ClientApp check it, before
+anything starts.
 
 Flower refuses a ``--run-config`` key that the app's ``pyproject.toml`` does not list with only
 ``Invalid run configuration`` (the key is named in the SuperLink's log), and the ServerApp refuses a
-bad value only once the run has started. This reads the app's defaults and the overrides as ``flwr
-run`` reads them, and says every problem at once: a key no run config has (with the nearest known
-keys), a value out of range, a device this machine lacks; a percent written as a fraction is said as a
-warning. Exit status 0 when the run config is good, 2 when it is not.
+bad value only once the run has started. This reads the app's defaults (``APP``'s ``pyproject.toml``;
+without ``APP``, the current folder's when it is a Flower app, else the package's own defaults, so it
+runs from any folder) and the overrides as ``flwr run`` reads them, and says every problem at once: a
+key no run config has (with the nearest known keys), a value out of range, a device this machine lacks,
+data files that are not under ``data-dir`` (looked for, not loaded), a model that cannot take the data's
+samples; a percent written as a fraction is said as a warning. Exit status 0 when the run config is
+good, 2 when it is not.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from typing import Any
 
 from client_apps.flower_internals import parse_config_args
 from flower_pfl.engine.wording import counted
-from flower_pfl.experiment.build import check_device
+from flower_pfl.experiment.build import check_device, check_method_applies, make_model
+from flower_pfl.experiment.clients import missing_data
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig, nearest_keys
 
 
@@ -40,11 +45,20 @@ def app_config(app: Path) -> dict[str, Any]:
     return flat(table)
 
 
+def _is_app(folder: Path) -> bool:
+    """Whether ``folder`` holds a Flower app's ``pyproject.toml`` (with ``[tool.flwr.app]``)."""
+    try:
+        with (folder / "pyproject.toml").open("rb") as file:
+            return "app" in tomllib.load(file).get("tool", {}).get("flwr", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
 def problems(run_config: Mapping[str, Any], defaults: Mapping[str, Any], app: str) -> tuple[list[str], list[str], ExperimentConfig | None]:
     """What is wrong with ``run_config`` (the app's ``defaults`` with the overrides), what is worth a
     warning, and the parsed config when nothing is wrong."""
-    errors = [f"run config key '{key}' is not in {app}/pyproject.toml's [tool.flwr.app.config], so flwr run refuses it"
-              f"{nearest_keys(key)}" for key in run_config if key not in defaults]
+    where = f"{app}/pyproject.toml's [tool.flwr.app.config], so flwr run refuses it" if app != "the package" else "any run config"
+    errors = [f"run config key '{key}' is not in {where}{nearest_keys(key)}" for key in run_config if key not in defaults]
     cfg = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -53,21 +67,38 @@ def problems(run_config: Mapping[str, Any], defaults: Mapping[str, Any], app: st
             check_device(cfg.device)
         except ConfigError as err:
             errors.append(str(err))
+        if cfg is not None:
+            errors += data_and_model_problems(cfg)
     return errors, [str(w.message) for w in caught], (None if errors else cfg)
+
+
+def data_and_model_problems(cfg: ExperimentConfig) -> list[str]:
+    """The data files a run of ``cfg`` would miss (looked for, not loaded), and whether its model can be built for
+    the data and the method (``make_model`` runs a model of one's own on a batch of the data's shape)."""
+    try:
+        if (missing := missing_data(cfg)) is not None:
+            return [missing]
+        make_model(cfg)
+        check_method_applies(cfg)
+    except ConfigError as err:
+        return [str(err)]
+    return []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flower_pfl check", description=__doc__.splitlines()[0])
-    parser.add_argument("app", nargs="?", default=".", help="the Flower app's folder, as flwr run takes it (default: .)")
+    parser.add_argument("app", nargs="?", help="the Flower app's folder, as flwr run takes it (default: the current folder "
+                                               "when it is a Flower app, else the package's own run config)")
     parser.add_argument("--run-config", action="append", help='"key=value ..." or a .toml file, as flwr run takes it')
     args = parser.parse_args(argv)
+    app = args.app if args.app is not None else "." if _is_app(Path(".")) else None
     try:
-        defaults = app_config(Path(args.app))
+        defaults = app_config(Path(app)) if app is not None else ExperimentConfig().to_run_config()
         overrides = parse_config_args(args.run_config)
     except Exception as err:  # no pyproject, no [tool.flwr.app], a malformed --run-config: Flower's own words
         print(f"flower-pfl: cannot read the run config: {getattr(err, 'message', None) or err}", file=sys.stderr)
         return 2
-    errors, warned, cfg = problems({**defaults, **overrides}, defaults, args.app)
+    errors, warned, cfg = problems({**defaults, **overrides}, defaults, app or "the package")
     for message in warned:
         print(f"flower-pfl: warning: {message}", file=sys.stderr)
     for message in errors:
