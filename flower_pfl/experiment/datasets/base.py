@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from flower_pfl.engine.extras import require
 from flower_pfl.engine.params import check_params
 from flower_pfl.experiment.data.files import require_files
 from flower_pfl.experiment.data.hub import Hub, load_hub_columns
@@ -221,5 +222,6 @@ class TorchvisionImages(DataSet):
     def require(self, root: Path, download: bool) -> None:
         """Without ``download``: every expected file there (a publisher's ``.gz`` unpacked next to it), or
         ``MissingFiles`` naming what was found and what is missing (``flower_pfl.experiment.data.files``)."""
+        require("torchvision", why=f"dataset = {self.name!r}")  # the missing extra first: files alone would not do
         if not download:
             require_files(root, self.expected_files())
