@@ -230,7 +230,7 @@ SHAPES = [
     ("mnist-m", "digits", {}, (3, 32, 32), "float32"),
     ("ag-news", "ag_news", {"model": "fasttext"}, (200,), "int64"),
     ("shakespeare", "shakespeare", {"model": "char-lstm", "partition": "natural"}, (80,), "int64"),
-    ("har", "har", {"partition": "natural"}, (9, 128), "float32"),
+    ("har", "har", {"partition": "natural", "min_test_samples": 1}, (9, 128), "float32"),  # the fixture's subjects are small
 ]
 
 
@@ -303,7 +303,7 @@ def test_digits_per_domain_draws_from_each(digits):
 
 # --- natural partitions and their splits -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("source", ["torchvision", "flwr-datasets"])
-@pytest.mark.parametrize(("fraction", "cuts"), [(0.75, {HELENA: 40, KENT: 20}), (0.25, {HELENA: 30, KENT: 20})])
+@pytest.mark.parametrize(("fraction", "cuts"), [(0.75, {HELENA: 36, KENT: 16}), (0.25, {HELENA: 30, KENT: 16})])
 def test_shakespeare_one_role_per_client_split_in_time(shakespeare, source, fraction, cuts):
     root, texts, windows = shakespeare
     hub = str(root / "hub") if source == "flwr-datasets" else ""
@@ -313,20 +313,22 @@ def test_shakespeare_one_role_per_client_split_in_time(shakespeare, source, frac
     assert [c.group for c in data] == [HELENA, KENT]  # sorted; FOOL has fewer than 81 windows
     for c in data:
         xs, ys = windows[c.group]
-        cut = cuts[c.group]  # at most train-fraction of the windows, and room for 79 windows between the parts
+        # at most train-fraction of the windows, room for 79 windows between the parts and at least 5 test windows
+        # (min-test-samples: the fraction alone would leave HELENA and KENT one test window each at 0.75)
+        cut = cuts[c.group]
         assert np.array_equal(c.x_train.numpy(), as_letter_ids(xs[:cut])) and letters(c.y_train.tolist()) == "".join(ys[:cut])
         assert np.array_equal(c.x_test.numpy(), as_letter_ids(xs[cut + 79:])) and letters(c.y_test.tolist()) == "".join(ys[cut + 79:])
-        assert len(c.y_test) == SIZES[c.group] - cut - 79
+        assert len(c.y_test) == SIZES[c.group] - cut - 79 >= 5
         # the first test window starts with the last training window's target: no test character was seen as input
         assert letters(c.x_test[0].tolist()) == texts[c.group][cut + 79:cut + 159]
         assert letters(c.x_test[0, :1].tolist()) == letters(c.y_train[-1:].tolist())
-    with pytest.raises(ValueError, match="has 2 natural clients \\(1 more have fewer than 81 samples\\)"):
+    with pytest.raises(ValueError, match="has 2 natural clients \\(1 more have fewer than 85 samples, too few"):
         load_client_data(cfg, 0, 3)
 
 
 def test_har_one_subject_per_client(har):
     root, written = har
-    cfg = ExperimentConfig(dataset="har", partition="natural", data_dir=str(root))
+    cfg = ExperimentConfig(dataset="har", partition="natural", data_dir=str(root), min_test_samples=1)  # small subjects
     data = [load_client_data(cfg, pid, 3) for pid in range(3)]
     assert [c.group for c in data] == ["subject01", "subject02", "subject03"]
     x = np.concatenate([written["train"][0], written["test"][0]])

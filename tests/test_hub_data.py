@@ -59,7 +59,8 @@ def test_sources_are_checked_at_start_and_the_hubs_files_are_found_under_data_di
     labels = np.random.default_rng(1).integers(0, 62, 40)
     files.write_hub_folder(tmp_path / "flwrlabs" / "femnist", "image", "character", labels, (28, 28), writers=[f"w{i % 4}" for i in range(40)])
     cfg = ExperimentConfig(dataset="femnist", partition="natural", data_dir=str(tmp_path))
-    assert sum(len(load_client_data(cfg, pid, 4).y_test) for pid in range(4)) == 4 * 2  # 10 samples a writer, 8 for training
+    # 10 samples a writer: 8 for training at train-fraction 0.75, but min-test-samples (5) keeps 5 for testing
+    assert sum(len(load_client_data(cfg, pid, 4).y_test) for pid in range(4)) == 4 * 5
     with pytest.raises(ConfigError, match="could not be read from the local folder"):
         load_client_data(ExperimentConfig(dataset="femnist", partition="natural", data_source="flwr-datasets",
                                           hub_dataset=str(tmp_path / "nowhere")), 0, 2)

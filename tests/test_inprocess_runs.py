@@ -204,3 +204,16 @@ def test_a_round_without_evaluation_counts_no_client_as_silent(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["client_failures"] == 0 and summary["failed_nodes"] == 0
     assert "no reply" not in ((out / "failures.log").read_text() if (out / "failures.log").exists() else "")
+
+
+def test_the_summary_gives_the_clients_test_set_sizes(run_dirs, summaries):
+    """min, median and max of the evaluated clients' test sets, and how many have fewer than a handful, from
+    each client's latest evaluation in clients.jsonl."""
+    from flower_pfl.run.results import HANDFUL
+
+    rows = [json.loads(line) for line in (run_dirs["fedavg"] / "clients.jsonl").read_text().splitlines()]
+    latest = {r["partition-id"]: r["num-examples"] for r in rows}
+    sizes = sorted(latest.values())
+    sizes_in = summaries["fedavg"]["client_test_samples"]
+    assert sizes_in == {"min": sizes[0], "median": float(np.median(sizes)), "max": sizes[-1], "clients": 16}
+    assert summaries["fedavg"]["clients_with_few_test_samples"] == sum(n < HANDFUL for n in sizes)

@@ -22,7 +22,7 @@ import torch
 
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data import ClientData
-from flower_pfl.experiment.data.client_data import split_indices
+from flower_pfl.experiment.data.client_data import smallest_share, split_indices
 from flower_pfl.experiment.data.files import MalformedFile, MissingFiles
 from flower_pfl.experiment.data.imports import is_import_path
 from flower_pfl.experiment.data.info import DataInfo
@@ -50,6 +50,7 @@ class DataRequest:
     train_fraction: float
     train_samples: int
     seed: int
+    min_test: int = 0
 
     def data_set(self) -> DataSet:
         return OwnData(self.dataset) if is_import_path(self.dataset) else registry.instance(self.dataset, dict(self.options))
@@ -66,7 +67,7 @@ def data_request(cfg: ExperimentConfig) -> DataRequest:
     where = Where(cfg.data_source, cfg.data_dir, cfg.download, cfg.hub_dataset)
     schemes = (("alpha", cfg.dirichlet_alpha), ("classes_per_client", cfg.classes_per_client), ("shards_per_client", cfg.shards_per_client))
     return DataRequest(cfg.dataset, options, where, cfg.partition, schemes, cfg.paired_clients, cfg.train_fraction,
-                       cfg.train_samples_per_client, cfg.data_rng_seed)
+                       cfg.train_samples_per_client, cfg.data_rng_seed, cfg.min_test_samples)
 
 
 def data_info(cfg: ExperimentConfig) -> DataInfo:
@@ -101,7 +102,8 @@ def client_datasets(request: DataRequest, num_partitions: int) -> tuple[ClientDa
     temporal = dataset.temporal_split and request.partition == "natural"
     raw = []
     for idx in parts:
-        tr, te = split_indices(len(idx), request.train_fraction, split_rng, temporal, dataset.split_gap if temporal else 0)
+        tr, te = split_indices(len(idx), request.train_fraction, split_rng, temporal, dataset.split_gap if temporal else 0,
+                               min_test=request.min_test if request.partition == "natural" else 0)
         x_train, y_train = pool.x[idx[tr]], pool.y[idx[tr]]
         if request.train_samples:
             x_train, y_train = keep_train_samples(x_train, y_train, request.train_samples, scarce_rng)
@@ -177,6 +179,8 @@ def _partition(dataset: DataSet, pool: Pool, request: DataRequest, num_partition
         if pool.groups is None:
             raise ConfigError(f"run config 'partition' = 'natural' is invalid for dataset {request.dataset!r}: its samples "
                               "name no natural clients (a function of one's own returns them as a third value)")
-        return natural_partition(pool.groups, num_partitions, min_size=2 + (dataset.split_gap if dataset.temporal_split else 0))
+        gap = dataset.split_gap if dataset.temporal_split else 0
+        return natural_partition(pool.groups, num_partitions,
+                                 min_size=smallest_share(request.min_test, gap))
     parts = partition_indices(pool.y, num_partitions, request.partition, seed=request.seed, paired=request.paired, **options)
     return parts, [""] * num_partitions

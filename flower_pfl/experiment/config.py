@@ -102,6 +102,10 @@ class ExperimentConfig:
     #: multiplies the shared or independent starting models (1: PyTorch's default scale)
     init_scale: float = 1.0
     num_rounds: int = 100
+    #: a natural client (writer, speaking role, subject) whose share would leave fewer test samples than this is
+    #: left out, as LEAF's minimum-samples option leaves users out: one test sample's accuracy (0 or 1) would
+    #: count as much as any client's in the unweighted mean (0: keep every client the split can serve)
+    min_test_samples: int = 5
     #: the clients of the federation, spread over the nodes (``client_apps.hosting``): a node trains its round's
     #: clients as one computation; 0: one client per node
     num_clients: int = 0
@@ -198,6 +202,8 @@ class ExperimentConfig:
         _say_plausible_units(options, specs)
         if self.paired_clients and self.partition == "natural":
             _fail("paired_clients", self.paired_clients, f"false with partition 'natural' (twins split a partition of {', '.join(SCHEMES)})")
+        if self.min_test_samples < 0:
+            _fail("min_test_samples", self.min_test_samples, "an integer >= 0 (0: keep every natural client)")
         if self.num_clients < 0:
             _fail("num_clients", self.num_clients, "an integer >= 0 (0: one client per node)")
         if self.train_samples_per_client < 0:

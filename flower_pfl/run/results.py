@@ -64,6 +64,28 @@ class FailureAccount(Protocol):
     def summary(self) -> Mapping[str, Any]: ...
 
 
+#: fewer test samples than this make a client's accuracy a coarse figure (one sample: 0 or 1)
+HANDFUL = 5
+
+
+def test_set_sizes(clients: Path) -> dict[str, Any]:
+    """The evaluated clients' test-set sizes (each client's latest ``num-examples`` in ``clients.jsonl``): the
+    summary's ``client_test_samples`` (min, median, max, clients) and ``clients_with_few_test_samples``
+    (fewer than ``HANDFUL``); nothing when no client was evaluated."""
+    latest: dict[str, int] = {}
+    if clients.exists():
+        for row in map(json.loads, _complete_lines(clients)):
+            if "num-examples" in row:
+                latest[str(row.get("partition-id", row.get("node-id")))] = int(row["num-examples"])
+    if not latest:
+        return {}
+    sizes = sorted(latest.values())
+    middle = len(sizes) // 2
+    median = sizes[middle] if len(sizes) % 2 else (sizes[middle - 1] + sizes[middle]) / 2
+    return {"client_test_samples": {"min": sizes[0], "median": median, "max": sizes[-1], "clients": len(sizes)},
+            "clients_with_few_test_samples": sum(n < HANDFUL for n in sizes)}
+
+
 class RunRecorder:
     """Writes results as a run goes, so an interrupted run keeps what it had.
 
@@ -185,6 +207,11 @@ class RunRecorder:
                        f"{self.coverage.clients} clients (min-evaluated-share {self.coverage.share:g}); see the run's log"}
         else:
             summary = {"evaluated_rounds": 0, "error": "no client evaluation succeeded; see the run's log"}
+        summary.update(test_set_sizes(self.out_dir / CLIENTS))
+        if few := summary.get("clients_with_few_test_samples"):
+            self._log(f"flower-pfl: {few} of the {summary['client_test_samples']['clients']} evaluated clients have fewer than "
+                      f"{HANDFUL} test samples: each counts as much as any other in the unweighted mean (min-test-samples "
+                      "leaves such natural clients out)")
         summary.update({"status": self._status(), "idle_rounds": self.idle_rounds, **self._shortfalls(),
                         "num_rounds": self.num_rounds, "wall_time_s": self.elapsed,
                         "seconds_per_round": self.elapsed / max(self.num_rounds, 1), **(extra or {})})

@@ -26,20 +26,28 @@ class ClientData:
 
 
 def split_indices(size: int, train_fraction: float, rng: np.random.Generator, temporal: bool = False,
-                  gap: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                  gap: int = 0, min_test: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A client's train and test indices into its ``size`` samples, at least one on each side: a seeded
     shuffle cut at ``train_fraction``, or (``temporal``) the first samples for training and the test part
-    starting ``gap`` samples after them (LEAF's split of overlapping windows of one text)."""
+    starting ``gap`` samples after them (LEAF's split of overlapping windows of one text). With
+    ``min_test``, the cut moves earlier where the fraction would leave fewer test samples than that (a
+    client too small for it keeps what the fraction gives: ``smallest_share`` says which are)."""
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
     if size < 2 + gap:
         raise ValueError(f"a client needs at least {2 + gap} samples to split into train and test")
     if temporal:
-        cut = min(max(int(train_fraction * size), 1), size - 1 - gap)
+        cut = min(max(min(int(train_fraction * size), size - gap - min_test), 1), size - 1 - gap)
         return np.arange(cut), np.arange(cut + gap, size)
     perm = rng.permutation(size)
-    cut = min(max(int(round(train_fraction * size)), 1), size - 1)
+    cut = min(max(min(int(round(train_fraction * size)), size - min_test), 1), size - 1)
     return perm[:cut], perm[cut:]
+
+
+def smallest_share(min_test: int, gap: int = 0) -> int:
+    """The fewest samples a client needs for ``split_indices`` (with ``min_test``) to leave it at least
+    ``min_test`` test samples and one training sample."""
+    return max(2 + gap, 1 + gap + min_test)
 
 
 def train_test_split(x: np.ndarray, y: np.ndarray, train_fraction: float, rng: np.random.Generator) -> ClientData:

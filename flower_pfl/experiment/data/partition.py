@@ -106,7 +106,8 @@ def natural_partition(groups: np.ndarray, num_partitions: int, min_size: int = 2
     sizes = np.bincount(inverse, minlength=len(names))
     usable = [g for g in range(len(names)) if sizes[g] >= min_size]
     if num_partitions > len(usable):
-        small = f" ({len(names) - len(usable)} more have fewer than {min_size} samples)" if len(usable) < len(names) else ""
+        small = (f" ({len(names) - len(usable)} more have fewer than {min_size} samples, too few for a training part and a "
+                 "test part of min-test-samples)") if len(usable) < len(names) else ""
         raise ValueError(f"the data set has {len(usable)} natural clients{small}, fewer than the {num_partitions} "
                          "partitions asked for (num-supernodes)")
     order = np.argsort(inverse, kind="stable")
