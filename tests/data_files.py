@@ -332,3 +332,26 @@ def write_har(root: Path, subjects: dict[str, list[int]], seed: int = 0) -> dict
         out[part] = (x, y, ids)
         first += n
     return out
+
+
+def write_leaf_shakespeare_split(root: Path, texts: dict[str, str], train_share: float = 0.8,
+                                 folders: tuple[str, str] = ("train", "test")) -> dict[str, tuple[list[str], list[str]]]:
+    """LEAF's split output (``preprocess.sh -t sample``): ``shakespeare/data/train/all_data_niid_0_keep_0_train_9.json``
+    and ``.../test/all_data_niid_0_keep_0_test_9.json``, each role's first windows for training and its later ones
+    (after the 80-character overlap) for testing; returns each role's (train, test) windows as (x, y) pairs.
+    ``folders`` names the two folders under ``shakespeare/data`` (both ``all_data``: the files put together)."""
+    windows = {user: leaf_windows(text) for user, text in texts.items()}
+    parts: dict[str, dict[str, dict[str, list[str]]]] = {"train": {}, "test": {}}
+    for user, (x, y) in windows.items():
+        cut = int(train_share * len(y))
+        parts["train"][user] = {"x": x[:cut], "y": y[:cut]}
+        parts["test"][user] = {"x": x[cut + LEAF_WINDOW - 1:], "y": y[cut + LEAF_WINDOW - 1:]}
+    for (kind, data), folder_name in zip(parts.items(), folders):
+        folder = root / "shakespeare" / "data" / folder_name
+        folder.mkdir(parents=True, exist_ok=True)
+        users = list(data)
+        (folder / f"all_data_niid_0_keep_0_{kind}_9.json").write_text(json.dumps({
+            "users": users, "hierarchies": [u.rsplit("_", 1)[0] for u in users],
+            "num_samples": [len(data[u]["y"]) for u in users], "user_data": data}))
+    return {user: ((parts["train"][user]["x"], parts["train"][user]["y"]), (parts["test"][user]["x"], parts["test"][user]["y"]))
+            for user in windows}

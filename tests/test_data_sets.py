@@ -385,7 +385,7 @@ MISSING = [
     ("cinic10", {}, "CINIC-10/train/<class>/*.png"),
     ("digits", {}, "MNIST/raw/train-images-idx3-ubyte, MNIST/raw/train-labels-idx1-ubyte"),
     ("ag-news", {"model": "fasttext"}, "ag_news_csv/train.csv"),
-    ("shakespeare", {"model": "char-lstm", "partition": "natural"}, "shakespeare/data/all_data/*.json"),
+    ("shakespeare", {"model": "char-lstm", "partition": "natural"}, "shakespeare/data/*/*.json"),
     ("har", {"partition": "natural"}, "UCI HAR Dataset/train/Inertial Signals/body_acc_x_train.txt"),
 ]
 
@@ -426,4 +426,32 @@ def test_an_unreachable_hub_id_is_not_called_a_local_folder(tmp_path, offline):
 def test_digits_names_a_missing_mnist_m_folder(tmp_path, offline):
     cfg = ExperimentConfig(dataset="digits", partition="natural", data_dir=str(tmp_path), options={"digits-domains": "mnist-m"})
     with pytest.raises(ConfigError, match="Mike0307/MNIST-M"):
+        load_client_data(cfg, 0, 1)
+
+
+# --- LEAF's own train/test output ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("folders", [("train", "test"), ("all_data", "all_data")], ids=["train-test", "put-into-all_data"])
+def test_leafs_train_and_test_output_keeps_leafs_split(tmp_path, folders):
+    """LEAF's split files as its preprocessing writes them, in train/ and test/ or put together into all_data/
+    (where name order puts ..._test_9.json first): every role's training and test windows are LEAF's, in time order."""
+    sizes = {KENT: 500, HELENA: 600, FOOL: 450}  # windows: LEAF's test part starts 79 windows after its training part
+    texts = {user: files.play_text(n + files.LEAF_WINDOW, seed=i) for i, (user, n) in enumerate(sizes.items())}
+    split = files.write_leaf_shakespeare_split(tmp_path, texts, folders=folders)
+    cfg = ExperimentConfig(dataset="shakespeare", partition="natural", model="char-lstm", data_dir=str(tmp_path))
+    data = [load_client_data(cfg, pid, 3) for pid in range(3)]
+    assert [c.group for c in data] == sorted(sizes)
+    for c in data:
+        (x_train, y_train), (x_test, y_test) = split[c.group]
+        assert np.array_equal(c.x_train.numpy(), as_letter_ids(x_train)) and letters(c.y_train.tolist()) == "".join(y_train)
+        assert np.array_equal(c.x_test.numpy(), as_letter_ids(x_test)) and letters(c.y_test.tolist()) == "".join(y_test)
+
+
+def test_leafs_train_output_without_its_test_output_is_named(tmp_path):
+    texts = {KENT: files.play_text(100 + files.LEAF_WINDOW, seed=0)}
+    files.write_leaf_shakespeare_split(tmp_path, texts)
+    for path in (tmp_path / "shakespeare" / "data" / "test").iterdir():
+        path.unlink()
+    cfg = ExperimentConfig(dataset="shakespeare", partition="natural", model="char-lstm", data_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"files missing under data-dir .*found shakespeare/data/train/\*\.json; "
+                                          r"missing shakespeare/data/test/\*\.json; 'shakespeare' has no download"):
         load_client_data(cfg, 0, 1)

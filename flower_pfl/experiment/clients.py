@@ -101,9 +101,16 @@ def client_datasets(request: DataRequest, num_partitions: int) -> tuple[ClientDa
     split_rng, scarce_rng = np.random.default_rng([request.seed, 1]), np.random.default_rng([request.seed, 2])
     temporal = dataset.temporal_split and request.partition == "natural"
     raw = []
-    for idx in parts:
-        tr, te = split_indices(len(idx), request.train_fraction, split_rng, temporal, dataset.split_gap if temporal else 0,
-                               min_test=request.min_test if request.partition == "natural" else 0)
+    published = pool.test is not None and request.partition == "natural"  # the publisher's split of each natural client
+    for idx, group in zip(parts, groups):
+        if published:
+            tr, te = np.flatnonzero(~pool.test[idx]), np.flatnonzero(pool.test[idx])  # type: ignore[index]
+            if not len(tr) or not len(te):
+                raise ConfigError(f"run config 'dataset' = {request.dataset!r}: the files' own split gives {group!r} "
+                                  f"{len(tr)} training and {len(te)} test samples; each needs some")
+        else:
+            tr, te = split_indices(len(idx), request.train_fraction, split_rng, temporal, dataset.split_gap if temporal else 0,
+                                   min_test=request.min_test if request.partition == "natural" else 0)
         x_train, y_train = pool.x[idx[tr]], pool.y[idx[tr]]
         if request.train_samples:
             x_train, y_train = keep_train_samples(x_train, y_train, request.train_samples, scarce_rng)
@@ -179,8 +186,8 @@ def _partition(dataset: DataSet, pool: Pool, request: DataRequest, num_partition
         if pool.groups is None:
             raise ConfigError(f"run config 'partition' = 'natural' is invalid for dataset {request.dataset!r}: its samples "
                               "name no natural clients (a function of one's own returns them as a third value)")
-        gap = dataset.split_gap if dataset.temporal_split else 0
+        gap = dataset.split_gap if dataset.temporal_split else 0  # the publisher's own split (pool.test) decides alone
         return natural_partition(pool.groups, num_partitions,
-                                 min_size=smallest_share(request.min_test, gap))
+                                 min_size=2 if pool.test is not None else smallest_share(request.min_test, gap))
     parts = partition_indices(pool.y, num_partitions, request.partition, seed=request.seed, paired=request.paired, **options)
     return parts, [""] * num_partitions

@@ -65,16 +65,18 @@ class Pool:
     """A data set's samples before they are partitioned: raw ``x`` (an array indexed by sample: uint8
     images, float signals, int64 ids, or objects such as strings), int64 labels ``y``, and optionally each
     sample's natural client (``groups``: writer, speaking role, subject) or domain (``domains``, the digit
-    data set it comes from)."""
+    data set it comes from), and where the publisher splits it, which samples are its test part (``test``;
+    a natural client's split then keeps the publisher's, as LEAF's train/test output)."""
 
     x: np.ndarray
     y: np.ndarray
     groups: np.ndarray | None = None
     domains: np.ndarray | None = None
+    test: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.y = np.asarray(self.y, dtype=np.int64)
-        for name in ("groups", "domains"):
+        for name in ("groups", "domains", "test"):
             value = getattr(self, name)
             if value is not None and len(value) != len(self.y):
                 raise ValueError(f"the pool has {len(self.y)} labels and {len(value)} {name}")
@@ -83,13 +85,14 @@ class Pool:
 
     def take(self, index: np.ndarray) -> Pool:
         pick = lambda a: None if a is None else a[index]
-        return Pool(self.x[index], self.y[index], pick(self.groups), pick(self.domains))
+        return Pool(self.x[index], self.y[index], pick(self.groups), pick(self.domains), pick(self.test))
 
     @staticmethod
     def join(pools: Sequence[Pool]) -> Pool:
         """The pools' samples one after the other."""
         both = lambda name: None if any(getattr(p, name) is None for p in pools) else np.concatenate([getattr(p, name) for p in pools])
-        return Pool(np.concatenate([p.x for p in pools]), np.concatenate([p.y for p in pools]), both("groups"), both("domains"))
+        return Pool(np.concatenate([p.x for p in pools]), np.concatenate([p.y for p in pools]), both("groups"), both("domains"),
+                    both("test"))
 
 
 Encoder = Callable[[np.ndarray], torch.Tensor]
