@@ -355,3 +355,19 @@ def write_leaf_shakespeare_split(root: Path, texts: dict[str, str], train_share:
             "num_samples": [len(data[u]["y"]) for u in users], "user_data": data}))
     return {user: ((parts["train"][user]["x"], parts["train"][user]["y"]), (parts["test"][user]["x"], parts["test"][user]["y"]))
             for user in windows}
+
+
+# --- MedMNIST ---------------------------------------------------------------------------------------------
+def write_medmnist(root: Path, subset: str, sizes: tuple[int, int, int] = (12, 4, 4), classes: int = 11,
+                   seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``<subset>.npz`` as MedMNIST ships it (``np.savez_compressed``: ``train_images`` uint8 (n, 28, 28),
+    ``train_labels`` uint8 (n, 1), and the same for ``val`` and ``test``); returns each part's (images, labels)."""
+    rng = np.random.default_rng(seed)
+    parts = {}
+    for part, n in zip(("train", "val", "test"), sizes):
+        labels = rng.integers(0, classes, (n, 1)).astype(np.uint8)
+        parts[part] = (rng.integers(0, 256, (n, 28, 28)).astype(np.uint8), labels)
+    root.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(root / f"{subset}.npz", **{f"{p}_{k}": a for p, (images, labels) in parts.items()
+                                                    for k, a in (("images", images), ("labels", labels))})
+    return parts

@@ -98,6 +98,12 @@ HAR_SUBJECTS = {"train": [1, 1, 1, 3, 3, 3, 3], "test": [2, 2, 2]}
 
 
 @pytest.fixture(scope="module")
+def medmnist(tmp_path_factory):
+    root = tmp_path_factory.mktemp("medmnist")
+    return root, files.write_medmnist(root, "organamnist")
+
+
+@pytest.fixture(scope="module")
 def har(tmp_path_factory):
     root = tmp_path_factory.mktemp("har")
     return root, files.write_har(root, HAR_SUBJECTS)
@@ -231,6 +237,7 @@ SHAPES = [
     ("ag-news", "ag_news", {"model": "fasttext"}, (200,), "int64"),
     ("shakespeare", "shakespeare", {"model": "char-lstm", "partition": "natural"}, (80,), "int64"),
     ("har", "har", {"partition": "natural", "min_test_samples": 1}, (9, 128), "float32"),  # the fixture's subjects are small
+    ("medmnist", "medmnist", {}, (1, 28, 28), "float32"),
 ]
 
 
@@ -455,3 +462,23 @@ def test_leafs_train_output_without_its_test_output_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"files missing under data-dir .*found shakespeare/data/train/\*\.json; "
                                           r"missing shakespeare/data/test/\*\.json; 'shakespeare' has no download"):
         load_client_data(cfg, 0, 1)
+
+
+# --- MedMNIST --------------------------------------------------------------------------------------------------
+def test_medmnist_npz_as_shipped_pools_its_three_parts(medmnist):
+    root, written = medmnist
+    pool = pool_of("medmnist", root)
+    assert pool.x.shape == (20, 1, 28, 28) and pool.x.dtype == np.uint8 and registry.instance("medmnist", {}).info().num_classes == 11
+    assert np.array_equal(pool.x[:, 0], np.concatenate([written[p][0] for p in ("train", "val", "test")]))
+    assert np.array_equal(pool.y, np.concatenate([written[p][1].reshape(-1) for p in ("train", "val", "test")]))
+
+
+def test_medmnist_names_a_missing_subset_and_a_file_that_is_not_its_npz(tmp_path):
+    files.write_medmnist(tmp_path, "organamnist")
+    cfg = ExperimentConfig(dataset="medmnist", partition="iid", data_dir=str(tmp_path), options={"medmnist-subset": "organcmnist"})
+    with pytest.raises(ConfigError, match=r"missing organcmnist\.npz; 'medmnist' has no download: its files are MedMNIST's"):
+        load_client_data(cfg, 0, 2)
+    np.savez(tmp_path / "organsmnist.npz", images=np.zeros((2, 28, 28), np.uint8))
+    cfg = ExperimentConfig(dataset="medmnist", partition="iid", data_dir=str(tmp_path), options={"medmnist-subset": "organsmnist"})
+    with pytest.raises(ConfigError, match=r"organsmnist\.npz: not MedMNIST's \.npz .*train_images"):
+        load_client_data(cfg, 0, 2)
