@@ -127,3 +127,16 @@ def test_fmnist_cnn_run_end_to_end(tmp_path):
                           "local-steps": 2, "eval-every": 1, "output-dir": str(tmp_path / "out")}, num_clients=5)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["evaluated_rounds"] == 2 and 0 <= summary["bmta"] <= 1
+
+
+def test_gtsrb_as_its_archives_unpack(tmp_path):
+    """Training images in class folders, test images named by the GT csv: both parts pooled, resized to 32x32, each
+    image still its one colour (the label in its red channel)."""
+    written = files.write_gtsrb(tmp_path, per_class=1, test=5)
+    x, y = load_image_pool("gtsrb", tmp_path)
+    assert x.shape == (43 + 5, 3, 32, 32) and x.dtype == np.uint8
+    assert np.array_equal(y, np.concatenate([written["train"], written["test"]]))
+    assert np.array_equal(x[:, 0, 16, 16], 5 * y) and (x[:, 1] == 100).all()
+    cfg = ExperimentConfig.from_mapping({"dataset": "gtsrb", "partition": "iid", "data-dir": str(tmp_path / "none")})
+    with pytest.raises(ConfigError, match=r"no files under data-dir .*gtsrb/GTSRB/Training/<class>/\*\.ppm.*set 'data-dir' or"):
+        load_client_data(cfg, 0, 2)
