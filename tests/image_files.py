@@ -123,3 +123,23 @@ def write_gtsrb(root: Path, per_class: int, test: int, classes: int = 43, seed: 
         rows.append(f"{name};{w};{h};1;1;{w - 1};{h - 1};{c}")
     (root / "gtsrb" / "GT-final_test.csv").write_text("\n".join(rows) + "\n")
     return {"train": np.asarray(train), "test": test_labels}
+
+
+def write_country211(root: Path, countries: tuple[str, ...] = ("AD", "AE", "AF"), per_part: int = 2,
+                     seed: int = 0) -> dict[str, list[int]]:
+    """Country211 as OpenAI's archive unpacks: ``country211/{train,valid,test}/<ISO code>/<n>.jpg``, images of varied
+    sizes, each one colour (its country's index, in sorted order, encoded in red); returns each part's labels."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[int]] = {}
+    for part in ("train", "valid", "test"):
+        out[part] = []
+        for label, code in enumerate(sorted(countries)):
+            folder = root / "country211" / part / code
+            folder.mkdir(parents=True)
+            for n in range(per_part):
+                w, h = (int(v) for v in rng.integers(40, 90, 2))
+                Image.fromarray(np.full((h, w, 3), (40 * label, 100, 200), np.uint8)).save(folder / f"{n}.jpg", quality=100)
+                out[part].append(label)
+    return out

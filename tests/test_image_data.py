@@ -140,3 +140,10 @@ def test_gtsrb_as_its_archives_unpack(tmp_path):
     cfg = ExperimentConfig.from_mapping({"dataset": "gtsrb", "partition": "iid", "data-dir": str(tmp_path / "none")})
     with pytest.raises(ConfigError, match=r"no files under data-dir .*gtsrb/GTSRB/Training/<class>/\*\.ppm.*set 'data-dir' or"):
         load_client_data(cfg, 0, 2)
+
+
+def test_country211_as_its_archive_unpacks(tmp_path):
+    written = files.write_country211(tmp_path)
+    x, y = load_image_pool("country211", tmp_path)
+    assert x.shape == (18, 3, 32, 32) and np.array_equal(y, written["train"] + written["valid"] + written["test"])
+    assert np.allclose(x[:, 0, 16, 16], 40 * y, atol=3) and registry.instance("country211", {}).info().num_classes == 211

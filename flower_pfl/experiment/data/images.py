@@ -45,6 +45,29 @@ def torchvision_pool(class_name: str, root: str | Path, download: bool, dataset:
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def torchvision_resized_pool(class_name: str, root: str | Path, download: bool, dataset: str, splits: Sequence[str],
+                             side: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``splits`` of torchvision's data set ``class_name`` (one of images of many sizes, read by its
+    ``split`` argument) under ``root``, pooled: each image in colour resized to ``side`` x ``side`` (bilinear)
+    as uint8 ``(n, 3, side, side)``, and int64 labels. Missing files raise ``FileNotFoundError``."""
+    require("torchvision", why=f"dataset = {dataset!r}")
+    from PIL import Image
+    from torchvision import datasets
+
+    images, labels = [], []
+    for split in splits:
+        try:
+            part = getattr(datasets, class_name)(str(root), split=split, download=download)
+        except (RuntimeError, FileNotFoundError) as err:  # no folder, or a part's index file missing
+            raise FileNotFoundError(f"{class_name}'s {split} part not found under {Path(root).resolve()} ({err})") from err
+        for i in range(len(part)):
+            image, label = part[i]
+            images.append(np.asarray(image.convert("RGB").resize((side, side), Image.Resampling.BILINEAR)))
+            labels.append(label)
+    x = channels_first(np.stack(images)) if images else np.zeros((0, 3, side, side), np.uint8)
+    return x, np.asarray(labels, dtype=np.int64)
+
+
 def decode_images(images: Sequence[Any], shape: tuple[int, ...]) -> np.ndarray:
     """Images (PIL images, as the hub's columns give them, or arrays) as uint8 ``(n, C, H, W)`` of ``shape``'s
     channels (grey ones with 1, colour ones with 3)."""

@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from flower_pfl.engine.extras import require
-from flower_pfl.experiment.data.images import channels_first
+from flower_pfl.experiment.data.images import torchvision_resized_pool
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.datasets.base import DataSet, Pool
 
@@ -36,19 +33,4 @@ class GTSRB(DataSet):
         return ["gtsrb/GTSRB/Training/<class>/*.ppm", "gtsrb/GTSRB/Final_Test/Images/*.ppm", "gtsrb/GT-final_test.csv"]
 
     def load_files(self, root: Path, download: bool) -> Pool:
-        require("torchvision", why=f"dataset = {self.name!r}")
-        from PIL import Image
-        from torchvision import datasets
-
-        images, labels = [], []
-        for split in ("train", "test"):
-            try:
-                part = datasets.GTSRB(str(root), split=split, download=download)
-            except (RuntimeError, FileNotFoundError) as err:  # no folder, or the test part's csv missing
-                raise FileNotFoundError(f"GTSRB's {split} part not found under {Path(root).resolve()} ({err})") from err
-            for i in range(len(part)):
-                image, label = part[i]
-                images.append(np.asarray(image.convert("RGB").resize((SIDE, SIDE), Image.Resampling.BILINEAR)))
-                labels.append(label)
-        x = channels_first(np.stack(images)) if images else np.zeros((0, 3, SIDE, SIDE), np.uint8)
-        return Pool(x, np.asarray(labels))
+        return Pool(*torchvision_resized_pool("GTSRB", root, download, self.name, ("train", "test"), SIDE))
