@@ -143,3 +143,21 @@ def write_country211(root: Path, countries: tuple[str, ...] = ("AD", "AE", "AF")
                 Image.fromarray(np.full((h, w, 3), (40 * label, 100, 200), np.uint8)).save(folder / f"{n}.jpg", quality=100)
                 out[part].append(label)
     return out
+
+
+def write_flowers102(root: Path, labels: list[int], split: dict[str, list[int]], seed: int = 0) -> None:
+    """Flowers-102 as its archives unpack: ``flowers-102/jpg/image_00001.jpg`` ... (images of varied sizes, each one
+    colour: its 0-based label in red), ``imagelabels.mat`` (``labels``, 1-based, by image id) and ``setid.mat``
+    (``trnid``, ``valid``, ``tstid``: 1-based image ids of each part)."""
+    from PIL import Image
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(seed)
+    folder = root / "flowers-102" / "jpg"
+    folder.mkdir(parents=True)
+    for n, label in enumerate(labels, 1):
+        w, h = (int(v) for v in rng.integers(40, 90, 2))
+        Image.fromarray(np.full((h, w, 3), (2 * label, 100, 200), np.uint8)).save(folder / f"image_{n:05d}.jpg", quality=100)
+    savemat(root / "flowers-102" / "imagelabels.mat", {"labels": np.asarray(labels) + 1})
+    savemat(root / "flowers-102" / "setid.mat", {"trnid": np.asarray(split["train"]), "valid": np.asarray(split["val"]),
+                                                "tstid": np.asarray(split["test"])})

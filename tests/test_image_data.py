@@ -147,3 +147,17 @@ def test_country211_as_its_archive_unpacks(tmp_path):
     x, y = load_image_pool("country211", tmp_path)
     assert x.shape == (18, 3, 32, 32) and np.array_equal(y, written["train"] + written["valid"] + written["test"])
     assert np.allclose(x[:, 0, 16, 16], 40 * y, atol=3) and registry.instance("country211", {}).info().num_classes == 211
+
+
+def test_flowers102_as_its_archives_unpack(tmp_path, monkeypatch):
+    from torchvision.datasets import flowers102
+
+    # our .mat files cannot match the real ones' md5 sums; everything else is torchvision's own code
+    monkeypatch.setattr(flowers102, "check_integrity", lambda path, md5=None: os.path.isfile(path))
+    labels = [0, 5, 101, 7, 7, 3, 50, 9]
+    split = {"train": [2, 1, 3], "val": [5, 4], "test": [8, 6, 7]}  # 1-based image ids, in setid.mat's order
+    files.write_flowers102(tmp_path, labels, split)
+    x, y = load_image_pool("flowers102", tmp_path)
+    ids = split["train"] + split["val"] + split["test"]
+    assert x.shape == (8, 3, 32, 32) and y.tolist() == [labels[i - 1] for i in ids]
+    assert np.allclose(x[:, 0, 16, 16], 2 * y, atol=3) and registry.instance("flowers102", {}).info().num_classes == 102
