@@ -265,13 +265,13 @@ class Decoded:
     once."""
 
     def __init__(self) -> None:
+        #: by ``id``: each record is held, so no other object takes its id while this lives
         self._seen: dict[int, tuple[ArrayRecord, dict[str, np.ndarray]]] = {}
         self._prints: dict[int, int] = {}
 
     def __call__(self, record: ArrayRecord) -> dict[str, np.ndarray]:
-        if (seen := self._seen.get(id(record))) is None or seen[0] is not record:
+        if (seen := self._seen.get(id(record))) is None:
             seen = self._seen[id(record)] = (record, record_numpy(record))
-            self._prints.pop(id(record), None)
         return seen[1]
 
     def fingerprint(self, record: ArrayRecord) -> int:
@@ -419,22 +419,20 @@ _ONE = {MessageType.TRAIN: _train, MessageType.EVALUATE: _evaluate, MessageType.
 def _answer(content: RecordDict, context: Context, phase: str) -> RecordDict:
     """The reply to an instruction of ``phase``: the client's own where the node is its one client, else a
     pack with each hosted client's (``client_apps.hosting``)."""
-    num_clients = run_settings(context.run_config).num_clients
-    if not is_pack(content):
-        if hosts_itself(context.node_config, num_clients):
-            return _ONE[phase](content, context)
-        if phase != MessageType.QUERY:
-            hosted, _ = hosted_clients(context.node_config, num_clients)
-            raise ValueError(f"this node hosts clients {listed(hosted)}: it answers a {phase} instruction for each of "
-                             "them in one message (a pack, strategies.client_packs), as this package's ServerApp "
-                             "sends; a server that sends one message per node needs one client per node (num-clients = 0)")
-    hosted, total = hosted_clients(context.node_config, num_clients)
-    contents = unpack(content)[0] if is_pack(content) else {c: content for c in hosted}  # a plain query asks them all
+    cfg, packed = run_settings(context.run_config), is_pack(content)
+    if not packed and hosts_itself(context.node_config, cfg.num_clients):
+        return _ONE[phase](content, context)
+    hosted, total = hosted_clients(context.node_config, cfg.num_clients)
+    if not packed and phase != MessageType.QUERY:
+        raise ValueError(f"this node hosts clients {listed(hosted)}: it answers a {phase} instruction for each of "
+                         "them in one message (a pack, strategies.client_packs), as this package's ServerApp "
+                         "sends; a server that sends one message per node needs one client per node (num-clients = 0)")
+    contents = unpack(content)[0] if packed else {c: content for c in hosted}  # a plain query asks them all
     errors = {c: repr(ValueError(f"client {c} is not hosted by this node (it hosts {listed(hosted)})"))
               for c in contents if c not in hosted}
     mine = {c: x for c, x in contents.items() if c not in errors}
     contexts = {c: client_context(context, c, total) for c in mine}
-    replies, failed, tally = _hosted(mine, contexts, phase, run_settings(context.run_config).batch_clients)
+    replies, failed, tally = _hosted(mine, contexts, phase, cfg.batch_clients)
     for client, own in contexts.items():
         keep_state(context, client, own)
     return pack(replies, {**errors, **failed}, tally.record() if phase != MessageType.QUERY else None)
