@@ -11,7 +11,6 @@ every client's training part, turns the raw samples into tensors.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data import ClientData
 from flower_pfl.experiment.data.client_data import smallest_share, split_indices
-from flower_pfl.experiment.data.files import MalformedFile, MissingFiles
+from flower_pfl.experiment.data.files import MalformedFile, MissingFiles, located
 from flower_pfl.experiment.data.imports import is_import_path
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.data.partition import domain_partition, keep_train_samples, natural_partition, partition_indices
@@ -145,14 +144,8 @@ def missing_data(cfg: ExperimentConfig) -> str | None:
     if where.source != FILES or not dataset.has_files or where.download or is_import_path(cfg.dataset):
         return None
     root = Path(where.data_dir)
-    found: list[str] = []
-    missing: list[str] = []
-    for name in dataset.expected_files():
-        if " (" in name:  # a description, not a file (a domain read from the hub's files)
-            continue
-        pattern = re.sub(r"<[^>]*>", "*", name)
-        there = any(root.glob(pattern)) if "*" in pattern else (root / name).is_file() or Path(f"{root / name}.gz").is_file()
-        (found if there else missing).append(name)
+    # an entry with a description is no file (a domain read from the hub's files)
+    found, missing = located(root, [name for name in dataset.expected_files() if " (" not in name])
     if not missing:
         return None
     return missing_files_message(dataset, cfg.dataset, root, where.download, MissingFiles(root, found, missing))

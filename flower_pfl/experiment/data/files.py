@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -37,23 +38,33 @@ class MalformedFile(ValueError):
     """A data file that is there but cannot be read, and why."""
 
 
+def located(root: Path, expected: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Which of ``expected`` (relative to ``root``) are there and which are missing: a file counts when it or its
+    publisher's ``<file>.gz`` is; a pattern (``*``, or ``<name>`` for any part) needs one match."""
+    found: list[str] = []
+    missing: list[str] = []
+    for name in expected:
+        pattern = re.sub(r"<[^>]*>", "*", name)
+        path = root / name
+        there = any(root.glob(pattern)) if "*" in pattern else path.is_file() or Path(f"{path}.gz").is_file()
+        (found if there else missing).append(name)
+    return found, missing
+
+
 def require_files(root: Path, expected: Sequence[str]) -> None:
     """Every file of ``expected`` (paths relative to ``root``) is there, unpacked from ``<file>.gz`` where only
     that is; ``MissingFiles`` names what was found and what is missing, ``MalformedFile`` an idx file whose
     header does not match its size."""
     root = Path(root)
-    found: list[str] = []
-    missing: list[str] = []
+    found, missing = located(root, expected)
+    if missing:
+        raise MissingFiles(root, found, missing)
     for name in expected:
         path = root / name
         if not path.is_file() and Path(f"{path}.gz").is_file():
             gunzip(Path(f"{path}.gz"), path)
-        (found if path.is_file() else missing).append(name)
-    if missing:
-        raise MissingFiles(root, found, missing)
-    for name in expected:
         if name.endswith("-ubyte"):
-            check_idx(root / name)
+            check_idx(path)
 
 
 def gunzip(source: Path, target: Path) -> None:
