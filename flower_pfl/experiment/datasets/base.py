@@ -39,7 +39,7 @@ from flower_pfl.engine.extras import require
 from flower_pfl.engine.params import check_params
 from flower_pfl.experiment.data.files import require_files
 from flower_pfl.experiment.data.hub import Hub, load_hub_columns
-from flower_pfl.experiment.data.images import decode_images, to_float, torchvision_pool
+from flower_pfl.experiment.data.images import decode_images, to_float, torchvision_pool, torchvision_resized_pool
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.data.partition import SCHEMES
 
@@ -228,3 +228,29 @@ class TorchvisionImages(DataSet):
         require("torchvision", why=f"dataset = {self.name!r}")  # the missing extra first: files alone would not do
         if not download:
             require_files(root, self.expected_files())
+
+
+@dataclass
+class ResizedTorchvisionImages(DataSet):
+    """A colour image data set of many image sizes that torchvision reads from its own files, by ``split``: its
+    class ``torchvision_class``, the ``parts`` pooled, the ``files`` it reads (patterns), the number of
+    ``classes``; every image resized to ``SIDE`` x ``SIDE`` as FL-bench does
+    (``flower_pfl.experiment.data.images.torchvision_resized_pool``)."""
+
+    #: the side the images are resized to (FL-bench's 32 x 32)
+    SIDE: ClassVar[int] = 32
+    kind = "image"
+    downloadable = True
+    torchvision_class: ClassVar[str]
+    parts: ClassVar[tuple[str, ...]]
+    files: ClassVar[tuple[str, ...]]
+    classes: ClassVar[int]
+
+    def info(self) -> DataInfo:
+        return DataInfo((3, self.SIDE, self.SIDE), self.classes, self.kind)
+
+    def expected_files(self) -> list[str]:
+        return list(self.files)
+
+    def load_files(self, root: Path, download: bool) -> Pool:
+        return Pool(*torchvision_resized_pool(self.torchvision_class, root, download, self.name, self.parts, self.SIDE))
