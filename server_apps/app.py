@@ -168,6 +168,11 @@ class _Run:
         return {node: i["partition-id"] for node, i in self.info.items()}
 
     @property
+    def hosts(self) -> dict[int, int]:
+        """Client id -> the node hosting it, where nodes host several clients (else empty: ids are nodes)."""
+        return hosting(self.info)
+
+    @property
     def offset(self) -> int:
         """The rounds done before this process started (a resumed run's checkpointed round)."""
         return self.resumed.round if self.resumed is not None else 0
@@ -175,6 +180,12 @@ class _Run:
     @property
     def layout(self) -> dict[str, list[int]]:
         return {name: list(a.shape) for name, a in self.initial.items()}
+
+
+def hosting(info: Mapping[int, Mapping[str, Any]]) -> dict[int, int]:
+    """Client id -> hosting node of the start-up query's answers (``query_nodes``), where nodes host several
+    clients; empty where every node is one client."""
+    return {client: int(i["node"]) for client, i in info.items() if "node" in i}
 
 
 def _warn_about_init(cfg: ExperimentConfig, initial: Mapping[str, np.ndarray]) -> None:
@@ -206,7 +217,7 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
         # every node loads its data to answer (what they cannot serve fails before the folder exists) and, in a
         # resumed run, says whether it has the client state the checkpoint needs
         info = query_nodes(grid, config=_state_query(resumed) if resumed is not None else None)
-        if cfg.api == "legacy" and any("node" in i for i in info.values()):
+        if cfg.api == "legacy" and hosting(info):
             raise ConfigError("api 'legacy' sends each client a message of its own: its nodes host one client each "
                               "(num-clients = 0, no partition-ids in the node config); api 'message' runs nodes that "
                               "host several clients")
@@ -227,7 +238,7 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
         recorder = RunRecorder(out, settings, cfg.num_rounds, log=say, trackers=trackers, coverage=coverage, figures=cfg.figures)
         instructions = {RUN_KEY: f"{out.name}-{secrets.token_hex(4)}"}  # unique per run
     ranks = {node: i["partition-id"] for node, i in info.items()}
-    hosts = {client: i["node"] for client, i in info.items() if "node" in i}
+    hosts = hosting(info)
     run = _Run(cfg, RankedGrid(ClientGrid(grid, hosts) if hosts else grid, ranks), initial, resumed, info, out,  # type: ignore[arg-type]
                recorder, instructions)
     where = f"{counted(len(ranks), 'client')} on {counted(len(set(hosts.values())), 'node')}" if hosts else counted(len(ranks), "node")
@@ -338,7 +349,7 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
 def _account_failures(run: _Run, failures: NodeFailures) -> None:
     """The run's failing clients: full reasons in ``failures.log``, the account in the summary."""
     failures.log_file = run.out / FAILURES
-    if any("node" in i for i in run.info.values()):  # the strategies' ids are clients (``server_apps.client_grid``)
+    if run.hosts:  # the strategies' ids are clients (``server_apps.client_grid``)
         failures.noun = "client"
     run.recorder.failures = failures
 
@@ -375,8 +386,8 @@ def _finish(run: _Run, strategy: Any, final: Any) -> Path:
             extra = save_run_diagnostics(method, server.last_participants, run.info, out, title, figures=cfg.figures)
         except MissingExtra as err:  # the diagnostics' figures are optional
             log(WARNING, "flower-pfl: the diagnostics' figures are not drawn: %s", err)
-    if hosts := {i["node"] for i in run.info.values() if "node" in i}:  # nodes that host several clients
-        extra["federation_nodes"] = len(hosts)
+    if hosts := run.hosts:  # nodes that host several clients
+        extra["federation_nodes"] = len(set(hosts.values()))
     if groups := {str(i["partition-id"]): i[CLIENT_GROUP] for i in run.info.values() if CLIENT_GROUP in i}:
         extra["client_groups"] = dict(sorted(groups.items(), key=lambda kv: int(kv[0])))  # the domain, writer, ... of each client
     if (report := getattr(run.grid, "training_report", None)) is not None:  # nodes hosting several clients: how they ran
