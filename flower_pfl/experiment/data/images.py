@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from flower_pfl.engine.extras import require
+from flower_pfl.experiment.data.files import MalformedFile
 
 
 def channels_first(x: np.ndarray) -> np.ndarray:
@@ -66,6 +67,26 @@ def torchvision_resized_pool(class_name: str, root: str | Path, download: bool, 
             labels.append(label)
     x = channels_first(np.stack(images)) if images else np.zeros((0, 3, side, side), np.uint8)
     return x, np.asarray(labels, dtype=np.int64)
+
+
+def read_images(paths: Sequence[str | Path], side: int | None = None, grey: bool = False) -> np.ndarray:
+    """Image files as uint8 ``(n, C, H, W)``: in colour (grey ones repeated to three channels) or, with ``grey``,
+    one channel; with ``side``, each resized to ``side`` x ``side`` (bilinear, as torchvision's ``Resize``),
+    else all of one size. A file PIL cannot read raises ``MalformedFile`` naming it."""
+    require("PIL", why="image files")
+    from PIL import Image, UnidentifiedImageError
+
+    def one(path: str | Path) -> np.ndarray:
+        try:
+            with Image.open(path) as image:
+                image = image.convert("L" if grey else "RGB")
+                return np.asarray(image if side is None else image.resize((side, side), Image.Resampling.BILINEAR))
+        except (UnidentifiedImageError, OSError) as err:
+            raise MalformedFile(f"{path}: not an image file PIL can read ({err})") from err
+
+    if not paths:
+        return np.zeros((0, 1 if grey else 3, side or 1, side or 1), np.uint8)
+    return channels_first(np.stack([one(p) for p in paths]))
 
 
 def decode_images(images: Sequence[Any], shape: tuple[int, ...]) -> np.ndarray:

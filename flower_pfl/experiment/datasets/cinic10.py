@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from flower_pfl.experiment.data.hub import Hub
+from flower_pfl.experiment.data.images import read_images
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.datasets.base import DataSet, Pool
-from flower_pfl.experiment.datasets.tiny_imagenet import read_rgb
 
 FOLDER = "CINIC-10"
 PARTS = ("train", "valid", "test")
@@ -44,4 +44,4 @@ class CINIC10(DataSet):
                 files = sorted((folder / part / name).glob("*.png"))
                 paths += [str(f) for f in files]
                 labels += [label] * len(files)
-        return Pool(read_rgb(paths), np.asarray(labels))
+        return Pool(read_images(paths), np.asarray(labels))

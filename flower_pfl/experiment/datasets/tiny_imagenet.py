@@ -7,24 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_pfl.engine.extras import require
 from flower_pfl.experiment.data.hub import Hub
+from flower_pfl.experiment.data.images import read_images
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.datasets.base import DataSet, Pool
 
 FOLDER = "tiny-imagenet-200"
-
-
-def read_rgb(paths: list[str]) -> np.ndarray:
-    """Image files as uint8 ``(n, 3, H, W)`` (grey ones repeated to three channels)."""
-    require("PIL", why="image files")
-    from PIL import Image
-
-    def one(path: str) -> np.ndarray:
-        with Image.open(path) as image:
-            return np.asarray(image.convert("RGB"))
-
-    return np.stack([one(p) for p in paths]).transpose(0, 3, 1, 2).copy() if paths else np.zeros((0, 3, 1, 1), np.uint8)
 
 
 @dataclass
@@ -61,4 +49,4 @@ class TinyImageNet(DataSet):
             file, wnid = line.split("\t")[:2]
             paths.append(str(folder / "val" / "images" / file))
             labels.append(label[wnid])
-        return Pool(read_rgb(paths), np.asarray(labels))
+        return Pool(read_images(paths), np.asarray(labels))
