@@ -79,8 +79,8 @@ def read_images(paths: Sequence[str | Path], side: int | None = None, grey: bool
     def one(path: str | Path) -> np.ndarray:
         try:
             with Image.open(path) as image:
-                image = image.convert("L" if grey else "RGB")
-                return np.asarray(image if side is None else image.resize((side, side), Image.Resampling.BILINEAR))
+                converted = image.convert("L" if grey else "RGB")
+                return np.asarray(converted if side is None else converted.resize((side, side), Image.Resampling.BILINEAR))
         except (UnidentifiedImageError, OSError) as err:
             raise MalformedFile(f"{path}: not an image file PIL can read ({err})") from err
 
