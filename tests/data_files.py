@@ -228,17 +228,32 @@ AG_NEWS_TEST = (
 )
 
 
-def write_ag_news_csv(root: Path, train: tuple[tuple[int, str, str], ...] = AG_NEWS_TRAIN,
-                      test: tuple[tuple[int, str, str], ...] = AG_NEWS_TEST) -> Path:
-    """The archive's ``ag_news_csv/train.csv`` and ``test.csv``: rows ``"class","title","description"``, every
-    field quoted as the original's (a quote inside doubled). Returns the folder."""
-    folder = root / "ag_news_csv"
+def write_news_csv(root: Path, folder_name: str, train: tuple[tuple[int, str, str], ...], test: tuple[tuple[int, str, str], ...],
+                   classes: tuple[str, ...]) -> Path:
+    """One of Zhang et al.'s archives, ``<folder_name>/train.csv``, ``test.csv`` and ``classes.txt``: rows
+    ``"class","title","text"``, every field quoted as the originals' (a quote inside doubled). Returns the folder."""
+    folder = root / folder_name
     folder.mkdir(parents=True)
     for name, rows in (("train.csv", train), ("test.csv", test)):
         with (folder / name).open("w", newline="", encoding="utf-8") as fh:
             csv.writer(fh, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows([(str(c), t, d) for c, t, d in rows])
-    (folder / "classes.txt").write_text("World\nSports\nBusiness\nSci/Tech\n")
+    (folder / "classes.txt").write_text("".join(f"{c}\n" for c in classes))
     return folder
+
+
+def write_ag_news_csv(root: Path, train: tuple[tuple[int, str, str], ...] = AG_NEWS_TRAIN,
+                      test: tuple[tuple[int, str, str], ...] = AG_NEWS_TEST) -> Path:
+    """The archive's ``ag_news_csv/``."""
+    return write_news_csv(root, "ag_news_csv", train, test, ("World", "Sports", "Business", "Sci/Tech"))
+
+
+#: Sogou News's rows: pinyin, with the archive's escaped newlines (a backslash and an n)
+SOGOU_TRAIN = (
+    (1, "zu2qiu2 bi3sai4", "zhong1guo2 dui4 ying2 le5 \\n\\n bi3sai4 jie2shu4"),
+    (5, "shou3ji1 xin1pin3", "xin1 shou3ji1 fa1bu4 le5"),
+    (3, "dian4ying3", "\"da4pian4\" shang4ying4"),
+)
+SOGOU_TEST = ((2, "gu3shi4", "gu3shi4 shang4zhang3"), (4, "qi4che1", "xin1 qi4che1 shang4shi4"))
 
 
 def write_ag_news_hub(folder: Path, train: list[tuple[str, int]], test: list[tuple[str, int]]) -> None:

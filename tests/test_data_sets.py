@@ -199,6 +199,31 @@ def test_ag_news_hub_folder(ag_news):
     assert list(pool.x) == ["Stocks rise again.", "A goal, then two.", "New phone", "Rain in Paris"] and list(pool.y) == [2, 1, 3, 0]
 
 
+def test_sogou_news_archive_csv_and_hub_folder(tmp_path):
+    """Classes 1-5 as 0-4, title and content as one text, the archive's escaped newlines read as spaces; the hub's
+    title and content columns joined the same way."""
+    files.write_news_csv(tmp_path, "sogou_news_csv", files.SOGOU_TRAIN, files.SOGOU_TEST,
+                         ("sports", "finance", "entertainment", "automobile", "technology"))
+    pool = pool_of("sogou-news", tmp_path)
+    assert list(pool.y) == [0, 4, 2, 1, 3]
+    assert pool.x[0] == "zu2qiu2 bi3sai4 zhong1guo2 dui4 ying2 le5    bi3sai4 jie2shu4"
+    assert pool.x[2] == 'dian4ying3 "da4pian4" shang4ying4'
+    from datasets import ClassLabel, Value
+
+    features = {"title": Value("string"), "content": Value("string"), "label": ClassLabel(num_classes=5)}
+    files.write_hub_split(tmp_path / "hub", "train", {"title": ["ti3yu4", "ke1ji4"], "content": ["bi3sai4", "shou3ji1"],
+                                                      "label": [0, 4]}, features)
+    hub = registry.instance("sogou-news", {}).pool(Where(source="flwr-datasets", hub_dataset=str(tmp_path / "hub")), 2, 0)
+    assert list(hub.x) == ["ti3yu4 bi3sai4", "ke1ji4 shou3ji1"] and list(hub.y) == [0, 4]
+
+
+def test_a_news_archive_row_without_a_class_is_named_by_file_and_line(tmp_path):
+    folder = files.write_news_csv(tmp_path, "sogou_news_csv", files.SOGOU_TRAIN, files.SOGOU_TEST, ("a", "b", "c", "d", "e"))
+    (folder / "test.csv").write_text('"2","gu3shi4","ok"\n"9","too","high"\n')
+    with pytest.raises(clients.MalformedFile, match=r"sogou_news_csv/test\.csv, line 2: expected a class 1-5"):
+        pool_of("sogou-news", tmp_path)
+
+
 def test_shakespeare_leaf_json(shakespeare):
     root, texts, windows = shakespeare
     pool = pool_of("shakespeare", root)

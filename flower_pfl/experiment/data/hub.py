@@ -21,7 +21,8 @@ _ALIASES = {"valid": "validation", "val": "validation", "dev": "validation"}
 @dataclass(frozen=True)
 class Hub:
     """A data set on the hub: its ``id`` (and ``config``), the sample column ``x``, the label column ``y``,
-    the natural-client column ``group`` (``""``: none) and the labelled ``splits`` pooled (``train`` first)."""
+    the natural-client column ``group`` (``""``: none), the labelled ``splits`` pooled (``train`` first), and
+    ``more`` columns the data set reads besides (a title before the text)."""
 
     id: str
     x: str
@@ -29,6 +30,7 @@ class Hub:
     group: str = ""
     config: str | None = None
     splits: tuple[str, ...] = ("train", "test")
+    more: tuple[str, ...] = ()
 
 
 def _split_name(name: str) -> str:
@@ -53,7 +55,7 @@ def load_hub_columns(spec: Hub, source: str = "") -> dict[str, list[Any]]:
     present = [names[_split_name(s)] for s in spec.splits if _split_name(s) in names]
     if not present or _split_name(spec.splits[0]) not in names:
         raise FileNotFoundError(f"{path} has no {spec.splits[0]!r} split (it has {sorted(splits)})")
-    columns = [c for c in (spec.x, spec.y, spec.group) if c]
+    columns = [c for c in (spec.x, spec.y, spec.group, *spec.more) if c]
     out: dict[str, list[Any]] = {c: [] for c in columns}
     for name in present:
         part = splits[name]

@@ -44,10 +44,9 @@ class WordTexts(DataSet):
 class NewsArchive(WordTexts):
     """One of Zhang et al.'s (2015) text classification archives: ``<folder>/train.csv`` and ``test.csv``, rows of
     a class (1 to ``classes``) and text fields (title, then description or content), read as one text each (the
-    parts pooled); or the hub's ``text``/``label`` columns (``hub_text``: the columns joined into the text)."""
+    parts pooled); or the hub's columns (its ``more`` columns, then its ``x``, joined into one text)."""
 
     folder: ClassVar[str]
-    hub_text: ClassVar[tuple[str, ...]] = ("text",)
 
     def expected_files(self) -> list[str]:
         return [f"{self.folder}/train.csv", f"{self.folder}/test.csv"]
@@ -67,5 +66,7 @@ class NewsArchive(WordTexts):
         return Pool(np.asarray(texts, dtype=object), np.asarray(labels))
 
     def from_hub(self, columns: Mapping[str, Sequence[Any]]) -> Pool:
-        texts = [" ".join(str(c) for c in row) for row in zip(*(columns[name] for name in self.hub_text))]
-        return Pool(np.asarray(texts, dtype=object), np.asarray(columns["label"]))
+        spec = self.hub_spec()
+        assert spec is not None
+        texts = [" ".join(str(c) for c in row) for row in zip(*(columns[name] for name in (*spec.more, spec.x)))]
+        return Pool(np.asarray(texts, dtype=object), np.asarray(columns[spec.y]))
