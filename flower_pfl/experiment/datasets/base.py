@@ -37,9 +37,9 @@ import torch
 
 from flower_pfl.engine.extras import require
 from flower_pfl.engine.params import check_params
-from flower_pfl.experiment.data.files import require_files
+from flower_pfl.experiment.data.files import MissingFiles, require_files
 from flower_pfl.experiment.data.hub import Hub, load_hub_columns
-from flower_pfl.experiment.data.images import decode_images, to_float, torchvision_pool, torchvision_resized_pool
+from flower_pfl.experiment.data.images import decode_images, read_images, to_float, torchvision_pool, torchvision_resized_pool
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.data.partition import SCHEMES
 
@@ -254,3 +254,49 @@ class ResizedTorchvisionImages(DataSet):
 
     def load_files(self, root: Path, download: bool) -> Pool:
         return Pool(*torchvision_resized_pool(self.torchvision_class, root, download, self.name, self.parts, self.SIDE))
+
+
+@dataclass
+class ClassFolders(DataSet):
+    """An image data set shipped as one folder of images per class: ``<folder>/<part>/<class>/*`` for each of
+    ``parts`` (``""``: the class folders straight under ``folder``), its classes ``class_names`` in label order;
+    every part's images pooled, read in colour and resized to ``side`` x ``side`` (bilinear). With
+    ``parts_are_domains`` each part is a domain (the pool's ``domains``), and ``chosen_parts`` may take some."""
+
+    kind = "image"
+    folder: ClassVar[str]
+    parts: ClassVar[tuple[str, ...]] = ("",)
+    class_names: ClassVar[tuple[str, ...]]
+    side: ClassVar[int]
+    #: the image files' name endings, as the archive has them
+    suffixes: ClassVar[tuple[str, ...]] = (".jpg",)
+    parts_are_domains: ClassVar[bool] = False
+
+    def info(self) -> DataInfo:
+        return DataInfo((3, self.side, self.side), len(self.class_names), self.kind)
+
+    def chosen_parts(self) -> tuple[str, ...]:
+        return self.parts
+
+    def class_folder(self, part: str, name: str) -> str:
+        return "/".join(p for p in (self.folder, part, name) if p)
+
+    def expected_files(self) -> list[str]:
+        return [f"{self.class_folder(part, '<class>')}/*{self.suffixes[0]}" for part in self.chosen_parts()]
+
+    def load_files(self, root: Path, download: bool) -> Pool:
+        """Every class folder must be there (one may be empty); ``MissingFiles`` names those that are not."""
+        require_files(root, self.expected_files())
+        folders = [(part, label, self.class_folder(part, name)) for part in self.chosen_parts() for label, name in enumerate(self.class_names)]
+        if missing := [f"{folder}/" for _, _, folder in folders if not (Path(root) / folder).is_dir()]:
+            raise MissingFiles(Path(root), self.expected_files(), missing)
+        paths: list[Path] = []
+        labels: list[int] = []
+        domains: list[str] = []
+        for part, label, folder in folders:
+            files = sorted(p for p in (Path(root) / folder).iterdir() if p.suffix.lower() in self.suffixes)
+            paths += files
+            labels += [label] * len(files)
+            domains += [part] * len(files)
+        return Pool(read_images(paths, self.side), np.asarray(labels),
+                    domains=np.asarray(domains, dtype=object) if self.parts_are_domains else None)
