@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,19 @@ PERCENT = Rule(lambda v: 0 < v <= 100, "a number in (0, 100]")
 
 def one_of(*choices: Any) -> Rule:
     return Rule(lambda v: v in choices, "one of " + ", ".join(str(c) for c in choices))
+
+
+def comma_list(value: str) -> list[str]:
+    """A run-config value ``"a, b,c"`` as ``["a", "b", "c"]``."""
+    return [d.strip() for d in value.split(",") if d.strip()]
+
+
+def some_of(choices: Iterable[str], what: str) -> Rule:
+    """A comma-separated list (``comma_list``) of one or more distinct ``what`` among ``choices``."""
+    options = tuple(choices)
+    return Rule(lambda v: isinstance(v, str) and bool(comma_list(v)) and set(comma_list(v)) <= set(options)
+                and len(set(comma_list(v))) == len(comma_list(v)),
+                f"a comma-separated list of distinct {what} among {', '.join(options)}")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flower_pfl.engine.params import NON_NEGATIVE_INT, Rule, param
+from flower_pfl.engine.params import NON_NEGATIVE_INT, comma_list, param, some_of
 from flower_pfl.experiment.data.images import resize
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.datasets.base import DATA_SOURCES, HUB, DataSet, Pool, Where
@@ -21,15 +21,6 @@ DOMAINS: dict[str, type[DataSet]] = {"mnist": MNIST, "svhn": SVHN, "usps": USPS,
 SIDE, CHANNELS = 32, 3
 
 
-def domain_list(value: str) -> list[str]:
-    return [d.strip() for d in value.split(",") if d.strip()]
-
-
-DOMAIN_LIST = Rule(lambda v: bool(domain_list(v)) and all(d in DOMAINS for d in domain_list(v))
-                   and len(set(domain_list(v))) == len(domain_list(v)),
-                   f"a comma-separated list of distinct domains among {', '.join(DOMAINS)}")
-
-
 @dataclass
 class Digits(DataSet):
     """Digits under feature shift (FedBN, Li et al. 2021; PFLlib's Digit5): one label space (the 10 digits), each
@@ -41,7 +32,7 @@ class Digits(DataSet):
     files_text = "each domain's own (MNIST, SVHN, USPS: torchvision's; MNIST-M: the hub's)"
     downloadable = True
 
-    domains: str = param("mnist,svhn,usps", key="digits-domains", must=DOMAIN_LIST,
+    domains: str = param("mnist,svhn,usps", key="digits-domains", must=some_of(DOMAINS, "domains"),
                          doc="the digit data sets, comma-separated: client i holds domain i mod their number (mnist, svhn, usps, mnist-m)")
     per_domain: int = param(0, key="digits-per-domain", must=NON_NEGATIVE_INT,
                             doc="samples drawn from each domain, seeded (0: all; PFLlib's Digit5 draws about 34,000)")
@@ -54,7 +45,7 @@ class Digits(DataSet):
         return DataInfo((CHANNELS, SIDE, SIDE), 10, self.kind)
 
     def expected_files(self) -> list[str]:
-        return [f for d in domain_list(self.domains) for f in DOMAINS[d]().expected_files()]
+        return [f for d in comma_list(self.domains) for f in DOMAINS[d]().expected_files()]
 
     def pool(self, where: Where, num_partitions: int, seed: int) -> Pool:
         """Every domain's samples (``domains``: the domain's name), resized; ``digits-per-domain`` of each."""
@@ -62,7 +53,7 @@ class Digits(DataSet):
             raise ValueError("run config 'hub-dataset' is invalid for dataset 'digits': leave it empty; each domain is read "
                              "from <data-dir>/<hub id> where that folder exists, else from the hub")
         pools = []
-        for i, name in enumerate(domain_list(self.domains)):
+        for i, name in enumerate(comma_list(self.domains)):
             part = DOMAINS[name]().pool(where, num_partitions, seed)
             if self.per_domain and len(part.y) > self.per_domain:
                 part = part.take(np.sort(np.random.default_rng([seed, 4, i]).choice(len(part.y), self.per_domain, replace=False)))
