@@ -125,24 +125,42 @@ def write_gtsrb(root: Path, per_class: int, test: int, classes: int = 43, seed: 
     return {"train": np.asarray(train), "test": test_labels}
 
 
+def write_one_colour_images(folder: Path, names: list[str], colour: tuple[int, int, int], rng: np.random.Generator,
+                            sizes: tuple[int, int] = (40, 90)) -> None:
+    """Images ``names`` in ``folder`` (made), each of a random size in ``sizes`` and all of one colour."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        w, h = (int(v) for v in rng.integers(*sizes, 2))
+        Image.fromarray(np.full((h, w, 3), colour, np.uint8)).save(folder / name, quality=100)
+
+
 def write_country211(root: Path, countries: tuple[str, ...] = ("AD", "AE", "AF"), per_part: int = 2,
                      seed: int = 0) -> dict[str, list[int]]:
     """Country211 as OpenAI's archive unpacks: ``country211/{train,valid,test}/<ISO code>/<n>.jpg``, images of varied
     sizes, each one colour (its country's index, in sorted order, encoded in red); returns each part's labels."""
-    from PIL import Image
-
     rng = np.random.default_rng(seed)
     out: dict[str, list[int]] = {}
     for part in ("train", "valid", "test"):
         out[part] = []
         for label, code in enumerate(sorted(countries)):
-            folder = root / "country211" / part / code
-            folder.mkdir(parents=True)
-            for n in range(per_part):
-                w, h = (int(v) for v in rng.integers(40, 90, 2))
-                Image.fromarray(np.full((h, w, 3), (40 * label, 100, 200), np.uint8)).save(folder / f"{n}.jpg", quality=100)
-                out[part].append(label)
+            write_one_colour_images(root / "country211" / part / code, [f"{n}.jpg" for n in range(per_part)], (40 * label, 100, 200), rng)
+            out[part] += [label] * per_part
     return out
+
+
+def write_class_folders(folder: Path, classes: tuple[str, ...], counts: dict[str, int], red: int, blue: int = 200,
+                        seed: int = 0) -> list[int]:
+    """One folder per class under ``folder`` (every one made, some may stay empty), ``counts[class]`` JPEGs of varied
+    sizes in each, named so that sorting keeps their order; every image one colour: its label times ``red`` in red,
+    ``blue`` in blue. Returns the labels in the loader's order (class, then file name)."""
+    rng = np.random.default_rng(seed)
+    labels = []
+    for label, name in enumerate(classes):
+        write_one_colour_images(folder / name, [f"{name}_{n:03d}.jpg" for n in range(counts.get(name, 0))], (red * label, 100, blue), rng)
+        labels += [label] * counts.get(name, 0)
+    return labels
 
 
 def write_flowers102(root: Path, labels: list[int], split: dict[str, list[int]], seed: int = 0) -> None:
@@ -161,3 +179,25 @@ def write_flowers102(root: Path, labels: list[int], split: dict[str, list[int]],
     savemat(root / "flowers-102" / "imagelabels.mat", {"labels": np.asarray(labels) + 1})
     savemat(root / "flowers-102" / "setid.mat", {"trnid": np.asarray(split["train"]), "valid": np.asarray(split["val"]),
                                                 "tstid": np.asarray(split["test"])})
+
+
+def write_stanford_cars(root: Path, train: list[int], test: list[int], classes: int = 196, seed: int = 0) -> None:
+    """Stanford Cars as torchvision reads it (the devkit, train and test archives unpacked under ``stanford_cars/``, the
+    test labels' .mat beside them): ``devkit/cars_meta.mat`` (``class_names``), ``devkit/cars_train_annos.mat`` and
+    ``cars_test_annos_withlabels.mat`` (``annotations``: bounding box, 1-based ``class``, ``fname``), JPEGs of varied
+    sizes in ``cars_train/`` and ``cars_test/``, each one colour (its 0-based label in red); at least two per part."""
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(seed)
+    base = root / "stanford_cars"
+    (base / "devkit").mkdir(parents=True)
+    savemat(base / "devkit" / "cars_meta.mat", {"class_names": np.asarray([f"Make {c} 2012" for c in range(classes)], dtype=object)})
+    fields = ("bbox_x1", "bbox_y1", "bbox_x2", "bbox_y2", "class", "fname")
+    for labels, folder, annotations_mat in ((train, "cars_train", "devkit/cars_train_annos.mat"),
+                                        (test, "cars_test", "cars_test_annos_withlabels.mat")):
+        records = np.zeros((1, len(labels)), dtype=[(f, "O") for f in fields])
+        names = [f"{n:05d}.jpg" for n in range(1, len(labels) + 1)]
+        for n, (label, name) in enumerate(zip(labels, names)):
+            write_one_colour_images(base / folder, [name], (label, 100, 200), rng)
+            records[0, n] = (1, 1, 30, 20, label + 1, name)
+        savemat(base / annotations_mat, {"annotations": records})

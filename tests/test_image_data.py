@@ -84,6 +84,8 @@ def test_a_truncated_idx_file_is_named_with_what_is_wrong(tmp_path):
     ("shakespeare", {"model": "char-lstm", "partition": "natural"}, "LEAF's"),
     ("ag-news", {"model": "fasttext"}, "ag_news_csv"),
     ("har", {"partition": "natural"}, "UCI HAR Dataset"),
+    ("kvasir", {}, "kvasir-dataset-v2.zip"),
+    ("stanford-cars", {}, "cars_train.tgz"),
 ])
 @pytest.mark.parametrize("download", [False, True])
 def test_a_data_set_without_a_download_says_where_its_files_come_from(tmp_path, name, extra, archive, download):
@@ -161,3 +163,52 @@ def test_flowers102_as_its_archives_unpack(tmp_path, monkeypatch):
     ids = split["train"] + split["val"] + split["test"]
     assert x.shape == (8, 3, 32, 32) and y.tolist() == [labels[i - 1] for i in ids]
     assert np.allclose(x[:, 0, 16, 16], 2 * y, atol=3) and registry.instance("flowers102", {}).info().num_classes == 102
+
+
+def test_kvasir_as_its_archive_unpacks(tmp_path):
+    """Eight class folders in sorted order (one empty), each image resized to 64x64 and still its one colour."""
+    from flower_pfl.experiment.datasets.kvasir import Kvasir
+
+    counts = {"dyed-lifted-polyps": 2, "esophagitis": 1, "polyps": 3, "ulcerative-colitis": 1}
+    labels = files.write_class_folders(tmp_path / "kvasir-dataset-v2", Kvasir.class_names, counts, red=30)
+    x, y = load_image_pool("kvasir", tmp_path)
+    assert x.shape == (7, 3, 64, 64) and y.tolist() == labels == [0, 0, 2, 6, 6, 6, 7]
+    assert np.allclose(x[:, 0, 32, 32], 30 * y, atol=3) and np.allclose(x[:, 2], 200, atol=3)
+    (tmp_path / "kvasir-dataset-v2" / "normal-cecum").rmdir()
+    cfg = ExperimentConfig.from_mapping({"dataset": "kvasir", "partition": "iid", "data-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"found kvasir-dataset-v2/<class>/\*\.jpg; missing kvasir-dataset-v2/normal-cecum/;"
+                                          r" 'kvasir' has no download: its files are the archive's"):
+        load_client_data(cfg, 0, 2)
+
+
+def test_office_caltech10_domains_as_fedbns_archive_unpacks(tmp_path):
+    """Each domain's class folders, the domains in the order asked; one domain per client with the natural partition."""
+    from flower_pfl.experiment.datasets.office_caltech10 import OfficeCaltech10
+
+    names = OfficeCaltech10.class_names
+    written = {domain: files.write_class_folders(tmp_path / "office_caltech_10" / domain, names, {names[0]: 2, names[9]: n}, red=25,
+                                                 blue=50 * d, seed=d)
+               for d, (domain, n) in enumerate({"amazon": 3, "caltech": 2, "dslr": 1, "webcam": 2}.items())}
+    pool = registry.instance("office-caltech10", {"office-caltech10-domains": "webcam,amazon"}).load_files(tmp_path, download=False)
+    assert pool.x.shape == (9, 3, 64, 64) and pool.y.tolist() == written["webcam"] + written["amazon"]
+    assert pool.domains.tolist() == ["webcam"] * 4 + ["amazon"] * 5
+    assert np.allclose(pool.x[:, 0, 9, 9], 25 * pool.y, atol=3) and np.allclose(pool.x[:4, 2], 150, atol=3)
+    cfg = ExperimentConfig(dataset="office-caltech10", data_dir=str(tmp_path), partition="natural", min_test_samples=1,
+                           options={"office-caltech10-domains": "dslr,caltech"})
+    data = [load_client_data(cfg, pid, 2) for pid in range(2)]
+    assert [c.num_train + len(c.y_test) for c in data] == [3, 4]
+    with pytest.raises(ValueError, match="distinct domains among amazon, caltech, dslr, webcam"):
+        registry.instance("office-caltech10", {"office-caltech10-domains": "amazon,imagenet"})
+
+
+def test_stanford_cars_as_its_archives_unpack(tmp_path):
+    """The annotations' 1-based classes as 0-196, the train part then the test part, each image resized to 64x64."""
+    train, test = [0, 195, 17], [42, 3]
+    files.write_stanford_cars(tmp_path, train, test)
+    x, y = load_image_pool("stanford-cars", tmp_path)
+    assert x.shape == (5, 3, 64, 64) and y.tolist() == train + test
+    assert np.allclose(x[:, 0, 32, 32], y, atol=3) and registry.instance("stanford-cars", {}).info().num_classes == 196
+    (tmp_path / "stanford_cars" / "cars_test_annos_withlabels.mat").unlink()
+    cfg = ExperimentConfig.from_mapping({"dataset": "stanford-cars", "partition": "iid", "data-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"missing stanford_cars/cars_test_annos_withlabels\.mat; 'stanford-cars' has no download"):
+        load_client_data(cfg, 0, 2)

@@ -253,6 +253,10 @@ class ResizedTorchvisionImages(DataSet):
         return list(self.files)
 
     def load_files(self, root: Path, download: bool) -> Pool:
+        """Without a download (or where there is none): every expected file there, else ``MissingFiles``."""
+        download = download and self.downloadable
+        if not download:
+            require_files(root, self.expected_files())
         return Pool(*torchvision_resized_pool(self.torchvision_class, root, download, self.name, self.parts, self.SIDE))
 
 
