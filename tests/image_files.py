@@ -201,3 +201,23 @@ def write_stanford_cars(root: Path, train: list[int], test: list[int], classes: 
             write_one_colour_images(base / folder, [name], (label, 100, 200), rng)
             records[0, n] = (1, 1, 30, 20, label + 1, name)
         savemat(base / annotations_mat, {"annotations": records})
+
+
+def write_omniglot(root: Path, characters: dict[str, dict[str, int]]) -> list[tuple[str, int]]:
+    """Omniglot as its two archives unpack: ``omniglot-py/<set>/<alphabet>/<character>/<id>_<drawer>.png``, 105x105
+    1-bit drawings; ``characters[set]`` maps ``alphabet/character`` to its drawings. A character's drawings have
+    its running number (in sorted order across both sets) of black rows at the top. Returns each drawing's
+    ``(character, label)`` in that order."""
+    from PIL import Image
+
+    out = []
+    names = [(part, c) for part in ("images_background", "images_evaluation") for c in sorted(characters.get(part, {}))]
+    for label, (part, character) in enumerate(names):
+        folder = root / "omniglot-py" / part / character
+        folder.mkdir(parents=True)
+        for drawer in range(1, characters[part][character] + 1):
+            pixels = np.ones((105, 105), bool)
+            pixels[: 10 * (label + 1)] = False
+            Image.fromarray(pixels).save(folder / f"{label + 1:04d}_{drawer:02d}.png")
+            out.append((character, label))
+    return out

@@ -212,3 +212,17 @@ def test_stanford_cars_as_its_archives_unpack(tmp_path):
     cfg = ExperimentConfig.from_mapping({"dataset": "stanford-cars", "partition": "iid", "data-dir": str(tmp_path)})
     with pytest.raises(ConfigError, match=r"missing stanford_cars/cars_test_annos_withlabels\.mat; 'stanford-cars' has no download"):
         load_client_data(cfg, 0, 2)
+
+
+def test_omniglot_characters_numbered_in_sorted_order_across_both_sets(tmp_path):
+    """Both sets' characters, alphabet and character in sorted order (not the file system's), grey 28x28; each
+    drawing's black top rows say which character it is."""
+    drawn = files.write_omniglot(tmp_path, {
+        "images_background": {"Latin/character02": 2, "Greek/character01": 3, "Latin/character01": 1},
+        "images_evaluation": {"Atlantean/character01": 2},
+    })
+    x, y = load_image_pool("omniglot", tmp_path)
+    assert x.shape == (8, 1, 28, 28) and y.tolist() == [label for _, label in drawn] == [0, 0, 0, 1, 2, 2, 3, 3]
+    assert [c for c, _ in drawn][:4] == ["Greek/character01"] * 3 + ["Latin/character01"]
+    black_rows = (x[:, 0, :, 14] < 128).sum(1)
+    assert np.allclose(black_rows, 28 * 10 * (y + 1) / 105, atol=1)
