@@ -221,3 +221,24 @@ def write_omniglot(root: Path, characters: dict[str, dict[str, int]]) -> list[tu
             Image.fromarray(pixels).save(folder / f"{label + 1:04d}_{drawer:02d}.png")
             out.append((character, label))
     return out
+
+
+def write_covidx(root: Path, parts: dict[str, list[str]], seed: int = 0) -> dict[str, list[str]]:
+    """COVIDx CXR as its Kaggle archive unpacks into ``covidx/``: ``<part>.txt`` lines ``patient file class source``
+    and the images in ``<part>/`` (grey PNGs and JPEGs of varied sizes; positive ones bright, negative ones dark).
+    ``parts[part]`` lists each image's class. Returns each part's file names."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    base = root / "covidx"
+    names: dict[str, list[str]] = {}
+    for part, classes in parts.items():
+        (base / part).mkdir(parents=True)
+        names[part] = [f"{part}-{n}.{'png' if n % 2 else 'jpg'}" for n in range(len(classes))]
+        lines = []
+        for n, (name, cls) in enumerate(zip(names[part], classes)):
+            w, h = (int(v) for v in rng.integers(70, 120, 2))
+            Image.fromarray(np.full((h, w), 220 if cls == "positive" else 30, np.uint8), "L").save(base / part / name)
+            lines.append(f"{100 + n} {name} {cls} {'bimcv' if n % 2 else 'rsna'}")
+        (base / f"{part}.txt").write_text("\n".join(lines) + "\n")
+    return names

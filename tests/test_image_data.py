@@ -226,3 +226,21 @@ def test_omniglot_characters_numbered_in_sorted_order_across_both_sets(tmp_path)
     assert [c for c, _ in drawn][:4] == ["Greek/character01"] * 3 + ["Latin/character01"]
     black_rows = (x[:, 0, :, 14] < 128).sum(1)
     assert np.allclose(black_rows, 28 * 10 * (y + 1) / 105, atol=1)
+
+
+def test_covidx_list_files_and_image_folders(tmp_path):
+    """train, val and test lists in that order (val optional), grey X-rays as colour 64x64; an image a list names but
+    that is not there, and a class of COVIDx's older releases, are named."""
+    files.write_covidx(tmp_path, {"train": ["positive", "negative", "negative"], "val": ["positive"], "test": ["negative", "positive"]})
+    x, y = load_image_pool("covidx", tmp_path)
+    assert x.shape == (6, 3, 64, 64) and y.tolist() == [1, 0, 0, 1, 0, 1]
+    assert np.allclose(x[:, :, 30, 30], np.where(y == 1, 220, 30)[:, None], atol=3)
+    (tmp_path / "covidx" / "val.txt").unlink()
+    assert load_image_pool("covidx", tmp_path)[1].tolist() == [1, 0, 0, 0, 1]
+    (tmp_path / "covidx" / "test" / "test-1.png").unlink()
+    cfg = ExperimentConfig.from_mapping({"dataset": "covidx", "partition": "iid", "data-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"found covidx/train\.txt, covidx/test\.txt; missing covidx/test/test-1\.png; 'covidx' has no download"):
+        load_client_data(cfg, 0, 2)
+    (tmp_path / "covidx" / "train.txt").write_text("7 a.png COVID-19 cohen\n")
+    with pytest.raises(ConfigError, match=r"train\.txt, line 1: expected 'patient file class source' with class negative or positive"):
+        load_client_data(cfg, 0, 2)
