@@ -67,6 +67,14 @@ def require_files(root: Path, expected: Sequence[str]) -> None:
             check_idx(path)
 
 
+def require_listed(root: Path, lists: Sequence[str], paths: Sequence[Path]) -> None:
+    """Every file ``paths`` that the list files ``lists`` (found, relative to ``root``) name is there; else
+    ``MissingFiles`` naming the first five missing and how many more."""
+    if missing := [p for p in paths if not p.is_file()]:
+        names = [str(p.relative_to(root)) for p in missing[:5]]
+        raise MissingFiles(Path(root), lists, names + ([f"and {len(missing) - 5} more files the lists name"] if len(missing) > 5 else []))
+
+
 def gunzip(source: Path, target: Path) -> None:
     """``source`` (gzip) unpacked into ``target``, atomically: a reader never sees half a file."""
     handle, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")

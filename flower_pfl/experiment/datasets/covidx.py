@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_pfl.experiment.data.files import MalformedFile, MissingFiles, require_files
+from flower_pfl.experiment.data.files import MalformedFile, require_files, require_listed
 from flower_pfl.experiment.data.images import read_images
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.datasets.base import DataSet, Pool
@@ -57,7 +57,5 @@ class COVIDx(DataSet):
                                         f"{' or '.join(CLASSES)} (COVIDx CXR-2 or later), got {line.strip()!r}")
                 paths.append(base / part / fields[1])
                 labels.append(CLASSES[fields[2]])
-        if missing := [p for p in paths if not p.is_file()]:
-            raise MissingFiles(Path(root), self.expected_files(), [str(p.relative_to(root)) for p in missing[:5]]
-                               + ([f"and {len(missing) - 5} more images the lists name"] if len(missing) > 5 else []))
+        require_listed(Path(root), self.expected_files(), paths)
         return Pool(read_images(paths, SIDE), np.asarray(labels))
