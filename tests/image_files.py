@@ -242,3 +242,20 @@ def write_covidx(root: Path, parts: dict[str, list[str]], seed: int = 0) -> dict
             lines.append(f"{100 + n} {name} {cls} {'bimcv' if n % 2 else 'rsna'}")
         (base / f"{part}.txt").write_text("\n".join(lines) + "\n")
     return names
+
+
+def write_domainnet(root: Path, images: dict[str, dict[str, list[tuple[str, int]]]], seed: int = 0) -> None:
+    """DomainNet as its domains' archives unpack into ``domainnet/`` (``<domain>/<class>/<domain>_<n>.jpg``, JPEGs of
+    varied sizes) with the publisher's split lists beside them (``<domain>_{train,test}.txt``: ``path label``).
+    ``images[domain][part]`` lists ``(class, label)``: each image's red is its label halved, its blue the domain's
+    place in ``images`` times 40."""
+    rng = np.random.default_rng(seed)
+    base = root / "domainnet"
+    for d, (domain, parts) in enumerate(images.items()):
+        for part, rows in parts.items():
+            lines = []
+            for n, (cls, label) in enumerate(rows):
+                name = f"{domain}_{part}_{n:03d}.jpg"
+                write_one_colour_images(base / domain / cls, [name], (label // 2, 100, 40 * d), rng)
+                lines.append(f"{domain}/{cls}/{name} {label}")
+            (base / f"{domain}_{part}.txt").write_text("\n".join(lines) + "\n")

@@ -244,3 +244,41 @@ def test_covidx_list_files_and_image_folders(tmp_path):
     (tmp_path / "covidx" / "train.txt").write_text("7 a.png COVID-19 cohen\n")
     with pytest.raises(ConfigError, match=r"train\.txt, line 1: expected 'patient file class source' with class negative or positive"):
         load_client_data(cfg, 0, 2)
+
+
+#: DomainNet's lists number its 345 classes in sorted order: aircraft_carrier 0, bird 32, teapot 296, zebra 344
+DOMAINNET = {
+    "sketch": {"train": [("bird", 32), ("aircraft_carrier", 0), ("zebra", 344)], "test": [("teapot", 296), ("bird", 32)]},
+    "clipart": {"train": [("zebra", 344), ("teapot", 296), ("bird", 32)], "test": [("aircraft_carrier", 0), ("zebra", 344)]},
+}
+
+
+@pytest.mark.parametrize(("classes", "labels", "test"), [
+    ("fedbn", [0, 9, 4, 0, 9, 4, 0, 9], [0, 0, 1, 1, 0, 0, 0, 1]),
+    ("all", [32, 0, 344, 296, 32, 344, 296, 32, 0, 344], [0, 0, 0, 1, 1, 0, 0, 0, 1, 1]),
+])
+def test_domainnet_split_lists_and_domains(tmp_path, classes, labels, test):
+    """The domains in the order asked, each domain's train list then its test list (the publisher's split, kept with one
+    domain per client); FedBN's classes relabelled 0-9 in its order, or the lists' 345 labels."""
+    files.write_domainnet(tmp_path, DOMAINNET)
+    options = {"domainnet-domains": "sketch,clipart", "domainnet-classes": classes}
+    pool = registry.instance("domainnet", options).load_files(tmp_path, False)
+    assert pool.x.shape == (len(labels), 3, 64, 64) and pool.y.tolist() == labels and pool.test.tolist() == [bool(t) for t in test]
+    assert pool.domains.tolist() == ["sketch"] * (len(labels) // 2) + ["clipart"] * (len(labels) // 2)
+    assert np.allclose(pool.x[:, 2, 32, 32], np.where(pool.domains == "clipart", 40, 0), atol=3)  # blue: the domain
+    cfg = ExperimentConfig(dataset="domainnet", data_dir=str(tmp_path), partition="natural", min_test_samples=1, options=options)
+    sketch = load_client_data(cfg, 0, 2)
+    in_sketch = [(y, t) for y, t, d in zip(labels, test, pool.domains) if d == "sketch"]
+    assert sorted(sketch.y_train.tolist()) == sorted(y for y, t in in_sketch if not t)
+    assert sorted(sketch.y_test.tolist()) == sorted(y for y, t in in_sketch if t)
+
+
+def test_domainnet_names_a_missing_image_and_a_missing_list(tmp_path):
+    files.write_domainnet(tmp_path, DOMAINNET)
+    (tmp_path / "domainnet" / "sketch" / "bird" / "sketch_test_001.jpg").unlink()
+    cfg = ExperimentConfig(dataset="domainnet", data_dir=str(tmp_path), partition="iid", options={"domainnet-domains": "sketch,clipart"})
+    with pytest.raises(ConfigError, match=r"missing domainnet/sketch/bird/sketch_test_001\.jpg; 'domainnet' has no download"):
+        load_client_data(cfg, 0, 2)
+    cfg = ExperimentConfig(dataset="domainnet", data_dir=str(tmp_path), partition="iid", options={"domainnet-domains": "real"})
+    with pytest.raises(ConfigError, match=r"no files under data-dir .*: missing domainnet/real_train\.txt, domainnet/real_test\.txt; "):
+        load_client_data(cfg, 0, 2)
