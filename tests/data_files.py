@@ -386,3 +386,21 @@ def write_medmnist(root: Path, subset: str, sizes: tuple[int, int, int] = (12, 4
     np.savez_compressed(root / f"{subset}.npz", **{f"{p}_{k}": a for p, (images, labels) in parts.items()
                                                     for k, a in (("images", images), ("labels", labels))})
     return parts
+
+
+def write_amazon_review(root: Path, per_domain: tuple[int, ...] = (3, 2, 2, 3), features: int = 5003, seed: int = 0) -> dict[str, Any]:
+    """PFLlib's ``AmazonReview/amazon.npz``: a sparse feature-by-review count matrix (``xx_data``, ``xx_row``: feature,
+    ``xx_col``: review, ``xx_shape``), labels -1/+1 ``yy`` ``(n, 1)`` and the domains' ``offset`` ``(5, 1)``. A few
+    counts fall on features past the 5,000 kept. Returns the dense reviews ``(n, features)`` and the labels."""
+    rng = np.random.default_rng(seed)
+    n = sum(per_domain)
+    dense = np.zeros((n, features), np.float32)
+    for r in range(n):
+        dense[r, rng.choice(features, 6, replace=False)] = rng.integers(1, 4, 6)
+    dense[0, features - 1] = 2
+    feature, review = np.nonzero(dense.T)
+    yy = rng.choice([-1, 1], size=(n, 1))
+    (root / "AmazonReview").mkdir(parents=True)
+    np.savez(root / "AmazonReview" / "amazon.npz", xx_data=dense.T[feature, review], xx_row=feature, xx_col=review,
+             xx_shape=np.asarray([features, n]), yy=yy, offset=np.concatenate([[0], np.cumsum(per_domain)]).reshape(-1, 1))
+    return {"x": dense, "y": yy.reshape(-1)}

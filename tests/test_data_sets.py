@@ -507,3 +507,20 @@ def test_medmnist_names_a_missing_subset_and_a_file_that_is_not_its_npz(tmp_path
     cfg = ExperimentConfig(dataset="medmnist", partition="iid", data_dir=str(tmp_path), options={"medmnist-subset": "organsmnist"})
     with pytest.raises(ConfigError, match=r"organsmnist\.npz: not MedMNIST's \.npz .*train_images"):
         load_client_data(cfg, 0, 2)
+
+
+def test_amazon_review_sparse_counts_by_domain(tmp_path):
+    """The feature-by-review matrix back to one row per review (the first 5,000 features), -1/+1 as 0/1, the domains
+    from the offsets; one domain per client with the natural partition."""
+    written = files.write_amazon_review(tmp_path)
+    pool = pool_of("amazon-review", tmp_path)
+    assert pool.x.shape == (10, 5000) and np.array_equal(pool.x, written["x"][:, :5000])
+    assert pool.y.tolist() == ((written["y"] + 1) // 2).tolist()
+    assert pool.domains.tolist() == ["books"] * 3 + ["dvd"] * 2 + ["electronics"] * 2 + ["kitchen"] * 3
+    cfg = ExperimentConfig(dataset="amazon-review", data_dir=str(tmp_path), partition="natural", min_test_samples=1)
+    kitchen = load_client_data(cfg, 3, 4)
+    assert sorted(map(tuple, torch.cat([kitchen.x_train, kitchen.x_test]).tolist())) == sorted(map(tuple, written["x"][7:, :5000].tolist()))
+    with np.load(tmp_path / "AmazonReview" / "amazon.npz") as npz:
+        np.savez(tmp_path / "AmazonReview" / "amazon.npz", **{k: npz[k] for k in npz.files if k != "offset"})
+    with pytest.raises(clients.MalformedFile, match=r"amazon\.npz: not PFLlib's amazon\.npz \(xx_data, .*offset\)"):
+        pool_of("amazon-review", tmp_path)
