@@ -226,6 +226,11 @@ def test_omniglot_characters_numbered_in_sorted_order_across_both_sets(tmp_path)
     assert [c for c, _ in drawn][:4] == ["Greek/character01"] * 3 + ["Latin/character01"]
     black_rows = (x[:, 0, :, 14] < 128).sum(1)
     assert np.allclose(black_rows, 28 * 10 * (y + 1) / 105, atol=1)
+    pool = registry.instance("omniglot", {"omniglot-labels": "alphabet"}).load_files(tmp_path, download=False)
+    assert pool.y.tolist() == [1, 1, 1, 2, 2, 2, 0, 0]  # Atlantean, Greek, Latin
+    assert pool.groups.tolist() == ["drawer01", "drawer02", "drawer03", "drawer01", "drawer01", "drawer02", "drawer01", "drawer02"]
+    cfg = ExperimentConfig(dataset="omniglot", data_dir=str(tmp_path), partition="natural", min_test_samples=1)
+    assert [load_client_data(cfg, pid, 2).num_train + len(load_client_data(cfg, pid, 2).y_test) for pid in range(2)] == [4, 3]
 
 
 def test_covidx_list_files_and_image_folders(tmp_path):
