@@ -71,8 +71,8 @@ def torchvision_resized_pool(class_name: str, root: str | Path, download: bool, 
 
 def read_images(paths: Sequence[str | Path], side: int | None = None, grey: bool = False) -> np.ndarray:
     """Image files as uint8 ``(n, C, H, W)``: in colour (grey ones repeated to three channels) or, with ``grey``,
-    one channel; with ``side``, each resized to ``side`` x ``side`` (bilinear, as torchvision's ``Resize``),
-    else all of one size. A file PIL cannot read raises ``MalformedFile`` naming it."""
+    one channel; with ``side``, each resized to ``side`` x ``side`` (bilinear, as torchvision's ``Resize``) into
+    one array filled in place, else all of one size. A file PIL cannot read raises ``MalformedFile`` naming it."""
     require("PIL", why="image files")
     from PIL import Image, UnidentifiedImageError
 
@@ -84,9 +84,15 @@ def read_images(paths: Sequence[str | Path], side: int | None = None, grey: bool
         except (UnidentifiedImageError, OSError) as err:
             raise MalformedFile(f"{path}: not an image file PIL can read ({err})") from err
 
+    channels = 1 if grey else 3
     if not paths:
-        return np.zeros((0, 1 if grey else 3, side or 1, side or 1), np.uint8)
-    return channels_first(np.stack([one(p) for p in paths]))
+        return np.zeros((0, channels, side or 1, side or 1), np.uint8)
+    if side is None:
+        return channels_first(np.stack([one(p) for p in paths]))
+    out = np.empty((len(paths), channels, side, side), np.uint8)  # filled in place: no second copy of a large set
+    for i, path in enumerate(paths):
+        out[i] = one(path).reshape(side, side, channels).transpose(2, 0, 1)
+    return out
 
 
 def decode_images(images: Sequence[Any], shape: tuple[int, ...]) -> np.ndarray:
