@@ -11,8 +11,8 @@ from flower_pfl.engine.params import NON_NEGATIVE_INT, param
 from flower_pfl.experiment.data.files import require_files, require_listed
 from flower_pfl.experiment.data.images import read_images
 from flower_pfl.experiment.data.info import DataInfo
+from flower_pfl.experiment.data.wilds import integers, read_metadata
 from flower_pfl.experiment.datasets.base import DataSet, Pool
-from flower_pfl.experiment.datasets.camelyon17 import integers, read_metadata
 
 FOLDER = "iwildcam_v2.0"
 #: PFLlib's side; WILDS's labels (its ``y``: the categories seen in its training part, made contiguous)
