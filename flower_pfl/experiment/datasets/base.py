@@ -245,6 +245,8 @@ class ResizedTorchvisionImages(DataSet):
     parts: ClassVar[tuple[str, ...]]
     files: ClassVar[tuple[str, ...]]
     classes: ClassVar[int]
+    #: a package torchvision needs to read its files besides itself (scipy for ``.mat`` files; ``""``: none)
+    needs: ClassVar[str] = ""
 
     def info(self) -> DataInfo:
         return DataInfo((3, self.SIDE, self.SIDE), self.classes, self.kind)
@@ -254,6 +256,8 @@ class ResizedTorchvisionImages(DataSet):
 
     def load_files(self, root: Path, download: bool) -> Pool:
         """Without a download (or where there is none): every expected file there, else ``MissingFiles``."""
+        if self.needs:
+            require(self.needs, why=f"dataset = {self.name!r}")
         download = download and self.downloadable
         if not download:
             require_files(root, self.expected_files())

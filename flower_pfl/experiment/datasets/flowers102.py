@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from flower_pfl.engine.extras import require
-from flower_pfl.experiment.datasets.base import Pool, ResizedTorchvisionImages
+from flower_pfl.experiment.datasets.base import ResizedTorchvisionImages
 
 
 @dataclass
@@ -17,9 +15,6 @@ class Flowers102(ResizedTorchvisionImages):
     name = "flowers102"
     files_text = ("torchvision's `flowers-102/jpg/image_<n>.jpg`, `flowers-102/imagelabels.mat` and "
                   "`flowers-102/setid.mat` (102flowers.tgz unpacked beside the two .mat files)")
+    needs = "scipy"  # its .mat files
     torchvision_class, parts, classes = "Flowers102", ("train", "val", "test"), 102
     files = ("flowers-102/jpg/image_<n>.jpg", "flowers-102/imagelabels.mat", "flowers-102/setid.mat")
-
-    def load_files(self, root: Path, download: bool) -> Pool:
-        require("scipy", why="Flowers-102's .mat files")
-        return super().load_files(root, download)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from flower_pfl.engine.extras import require
-from flower_pfl.experiment.datasets.base import Pool, ResizedTorchvisionImages
+from flower_pfl.experiment.datasets.base import ResizedTorchvisionImages
 
 
 @dataclass
@@ -20,10 +18,7 @@ class StanfordCars(ResizedTorchvisionImages):
     files_text = ("torchvision's `stanford_cars/`: `devkit/cars_meta.mat`, `devkit/cars_train_annos.mat`, `cars_train/*.jpg`, "
                   "`cars_test/*.jpg` and `cars_test_annos_withlabels.mat` (car_devkit.tgz, cars_train.tgz and cars_test.tgz "
                   "unpacked there, with the test labels' .mat beside them, as the Kaggle copy ships them)")
+    needs = "scipy"  # its .mat files
     torchvision_class, parts, classes = "StanfordCars", ("train", "test"), 196
     files = ("stanford_cars/devkit/cars_meta.mat", "stanford_cars/devkit/cars_train_annos.mat", "stanford_cars/cars_train/*.jpg",
              "stanford_cars/cars_test/*.jpg", "stanford_cars/cars_test_annos_withlabels.mat")
-
-    def load_files(self, root: Path, download: bool) -> Pool:
-        require("scipy", why="Stanford Cars' .mat files")
-        return super().load_files(root, download)
