@@ -230,7 +230,8 @@ def test_omniglot_characters_numbered_in_sorted_order_across_both_sets(tmp_path)
     assert pool.y.tolist() == [1, 1, 1, 2, 2, 2, 0, 0]  # Atlantean, Greek, Latin
     assert pool.groups.tolist() == ["drawer01", "drawer02", "drawer03", "drawer01", "drawer01", "drawer02", "drawer01", "drawer02"]
     cfg = ExperimentConfig(dataset="omniglot", data_dir=str(tmp_path), partition="natural", min_test_samples=1)
-    assert [load_client_data(cfg, pid, 2).num_train + len(load_client_data(cfg, pid, 2).y_test) for pid in range(2)] == [4, 3]
+    clients = [load_client_data(cfg, pid, 2) for pid in range(2)]
+    assert [c.num_train + len(c.y_test) for c in clients] == [4, 3]
 
 
 def test_covidx_list_files_and_image_folders(tmp_path):

@@ -43,8 +43,8 @@ def leaf_files(name: str) -> list[str]:
 def read_leaf_files(root: Path, name: str) -> LeafSamples:
     """LEAF's ``<name>/data/train/`` and ``test/`` output with LEAF's split kept (every training file before every
     test file, so a user's samples keep their order), else ``<name>/data/all_data/``: its train and test files
-    as LEAF's split, any other files as no split. ``MissingFiles`` when only one part of the split is there or
-    no file at all, ``MalformedFile`` for a file that is not LEAF's JSON."""
+    as LEAF's split, any other files as no split. ``MissingFiles`` when only one part of the split is there,
+    ``FileNotFoundError`` when no file is, ``MalformedFile`` for a file that is not LEAF's JSON."""
     root = Path(root)
     folders = (f"{name}/data/train", f"{name}/data/test")
     train, test = (sorted((root / f).glob("*.json")) for f in folders)
