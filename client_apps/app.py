@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from logging import WARNING
 from typing import Any, cast
 
 import numpy as np
@@ -21,10 +22,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
 from client_apps import persisted_state
+from client_apps.client_states import ClientStates, state_node_config
 from client_apps.flower_internals import handle_legacy_message_from_msgtype
-from client_apps.hosting import client_context, hosted_clients, hosts_itself, keep_state
+from client_apps.hosting import hosted_clients, hosts_itself
 from client_apps.own_loop import RecordState
 from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.batched import ClientRound, train_together, unbatched, unbatched_evaluation
@@ -54,8 +57,9 @@ MODEL_FINGERPRINT = "model-fingerprint"
 PHASES = ("train", "evaluate")
 #: why a node's clients train and evaluate one by one with ``batch-clients = false``
 ONE_BY_ONE = "batch-clients = false"
-#: why they do when their instructions could not start as one computation
-COULD_NOT_START = "the clients could not start as one computation ({err!r}): one by one"
+#: why they do when they failed as one computation
+FAILED_TOGETHER = ("the clients failed as one computation ({err!r}): they started again one by one, each from its "
+                   "state before the message")
 
 
 @dataclass
@@ -77,9 +81,8 @@ class Node:
         cfg = run_settings(context.run_config)
         pid = int(context.node_config["partition-id"])
         data = load_client_data(cfg, pid, int(context.node_config["num-partitions"]))
-        # the run config names the client-state folder where the node config does not (a Ray cluster's actors)
-        node_config = {**({"client-state-dir": cfg.client_state_dir} if cfg.client_state_dir else {}), **context.node_config}
-        return cls(cfg, pid, data, _model(cfg, threading.get_ident()), context.state, node_config)
+        return cls(cfg, pid, data, _model(cfg, threading.get_ident()), context.state,
+                   state_node_config(context.node_config, cfg.client_state_dir))
 
     def load(self, arrays: Mapping[str, Any] | list[np.ndarray]) -> None:
         state = self.model.state_dict()
@@ -112,7 +115,7 @@ class Node:
         with self.seeded_draws(config, "train"), self.computing():
             result, extras = train_locally(r.algorithm, self.model, r.data, steps=r.steps, lr=r.lr, batch_size=r.batch_size,
                                            generator=r.generator)
-        return self.end_fit(config, result), extras
+        return self.end_fit(result), extras
 
     @contextmanager
     def seeded_draws(self, config: Mapping[str, Any], phase: str) -> Iterator[None]:
@@ -131,16 +134,13 @@ class Node:
 
     def start_fit(self, config: Mapping[str, Any]) -> ClientRound:
         """What this node's training for ``config`` is (the model holds the received one): its client
-        algorithm, data and settings, with the client state restored."""
-        persisted_state.restore(self.state, self.node_config, config, self.partition_id)
+        algorithm, data and settings."""
         algorithm = client_algorithm_for(config)(self.model, config, RecordState(self.state))
         return ClientRound(algorithm, self._train_data(), **training_settings(config, self.cfg.seed, self.partition_id),
                            received=[t.detach().clone() for t in self.model.state_dict().values()])
 
-    def end_fit(self, config: Mapping[str, Any], result: LocalResult) -> dict[str, Any]:
-        """Keep the client state (``persisted_state``); the training metrics of ``result``."""
-        persisted_state.persist(self.state, self.node_config, config, self.partition_id, int(config.get(SERVER_ROUND, 0)),
-                                self.cfg.checkpoint_every)
+    def end_fit(self, result: LocalResult) -> dict[str, Any]:
+        """The training metrics of ``result``."""
         return {"train-loss": result.loss, "num-examples": self.data.num_train}
 
     def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -153,8 +153,7 @@ class Node:
 
     def start_evaluate(self, config: Mapping[str, Any], received: int | None = None) -> Evaluation:
         """The model this node evaluates for ``config`` (the node's model holds the received one, whose
-        ``fingerprint`` is ``received`` when known), with the client state restored, and the metrics it adds."""
-        persisted_state.restore(self.state, self.node_config, config, self.partition_id)
+        ``fingerprint`` is ``received`` when known), and the metrics it adds."""
         if received is None:
             received = fingerprint(self.model.state_dict().values())  # before any personalization
         algorithm = client_algorithm_for(config)
@@ -210,7 +209,19 @@ def _model(cfg: ExperimentConfig, thread: int) -> torch.nn.Module:
 
 
 def is_legacy(msg: Message) -> bool:
-    return any(key.startswith(("fitins.", "evaluateins.")) for key in msg.content.keys())
+    return any(key.startswith(LEGACY_PREFIXES) for key in msg.content.keys())
+
+
+#: how a legacy instruction's records are named (``fitins.config``, ``evaluateins.parameters``, ...)
+LEGACY_PREFIXES = ("fitins.", "evaluateins.")
+
+
+def _legacy_config(content: RecordDict) -> Mapping[str, Any]:
+    """A legacy instruction's config (``fitins.config`` or ``evaluateins.config``)."""
+    for prefix in LEGACY_PREFIXES:
+        if isinstance(config := content.get(prefix + "config"), ConfigRecord):
+            return config
+    return {}
 
 
 class _LegacyClient(NumPyClient):
@@ -229,12 +240,22 @@ class _LegacyClient(NumPyClient):
 
 
 def _legacy(msg: Message, context: Context) -> Message:
-    node = Node.from_context(context)
+    """A legacy instruction (one client per node), the client's state kept once it has answered."""
+    cfg = run_settings(context.run_config)
+    states = ClientStates(context, state_node_config(context.node_config, cfg.client_state_dir), cfg.checkpoint_every,
+                          hosted=False)
+    client, partitions = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    config = _legacy_config(msg.content)
+    own = states.open(client, partitions, config, msg.metadata.message_type)
+    node = Node.from_context(own)
 
     def client_fn(_: Context) -> Client:
         return _LegacyClient(node).to_client()
 
-    return handle_legacy_message_from_msgtype(client_fn, msg, context)
+    reply = handle_legacy_message_from_msgtype(client_fn, msg, own)
+    if not reply.has_error():
+        states.keep(client, own, config, msg.metadata.message_type)
+    return reply
 
 
 @app.train()
@@ -303,7 +324,7 @@ def train_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> 
         names.append(list(received.keys()))
     with nodes[0].computing():
         trained = train_together(model, rounds)
-    return [_train_reply(name, [t.cpu().numpy() for t in tensors], node.end_fit(config, result), extras)
+    return [_train_reply(name, [t.cpu().numpy() for t in tensors], node.end_fit(result), extras)
             for node, config, name, (tensors, result, extras) in zip(nodes, configs, names, trained)], \
         f"{algorithm.__name__}: {counted(len(contents), 'client')} as one computation"
 
@@ -418,55 +439,104 @@ _ONE = {MessageType.TRAIN: _train, MessageType.EVALUATE: _evaluate, MessageType.
 
 def _answer(content: RecordDict, context: Context, phase: str) -> RecordDict:
     """The reply to an instruction of ``phase``: the client's own where the node is its one client, else a
-    pack with each hosted client's (``client_apps.hosting``)."""
+    pack with each hosted client's (``client_apps.hosting``). A client's state is as before the message
+    until the client has answered (``client_apps.client_states``)."""
     cfg, packed = run_settings(context.run_config), is_pack(content)
-    if not packed and hosts_itself(context.node_config, cfg.num_clients):
-        return _ONE[phase](content, context)
-    hosted, total = hosted_clients(context.node_config, cfg.num_clients)
+    hosted = packed or not hosts_itself(context.node_config, cfg.num_clients)
+    states = ClientStates(context, state_node_config(context.node_config, cfg.client_state_dir), cfg.checkpoint_every,
+                          hosted)
+    if not hosted:
+        client, partitions = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+        own = states.open(client, partitions, _config(content), phase)
+        reply = _ONE[phase](content, own)
+        states.keep(client, own, _config(content), phase)
+        return reply
+    clients, total = hosted_clients(context.node_config, cfg.num_clients)
     if not packed and phase != MessageType.QUERY:
-        raise ValueError(f"this node hosts clients {listed(hosted)}: it answers a {phase} instruction for each of "
+        raise ValueError(f"this node hosts clients {listed(clients)}: it answers a {phase} instruction for each of "
                          "them in one message (a pack, strategies.client_packs), as this package's ServerApp "
                          "sends; a server that sends one message per node needs one client per node (num-clients = 0)")
-    contents = unpack(content)[0] if packed else {c: content for c in hosted}  # a plain query asks them all
-    errors = {c: repr(ValueError(f"client {c} is not hosted by this node (it hosts {listed(hosted)})"))
-              for c in contents if c not in hosted}
-    mine = {c: x for c, x in contents.items() if c not in errors}
-    contexts = {c: client_context(context, c, total) for c in mine}
-    replies, failed, tally = _hosted(mine, contexts, phase, cfg.batch_clients)
-    for client, own in contexts.items():
-        keep_state(context, client, own)
+    contents = unpack(content)[0] if packed else {c: content for c in clients}  # a plain query asks them all
+    mine = set(clients)
+    errors = {c: repr(ValueError(f"client {c} is not hosted by this node (it hosts {listed(clients)})"))
+              for c in contents if c not in mine}
+    asked = {c: x for c, x in contents.items() if c in mine}
+    replies, failed, tally = _hosted(asked, Hosted(states, total, phase), cfg.batch_clients)
     return pack(replies, {**errors, **failed}, tally.record() if phase != MessageType.QUERY else None)
 
 
-def _hosted(contents: dict[int, RecordDict], contexts: dict[int, Context], phase: str,
+def _config(content: RecordDict) -> Mapping[str, Any]:
+    config = content.get("config")
+    return config if isinstance(config, ConfigRecord) else {}
+
+
+@dataclass
+class Hosted:
+    """A node's clients in one message of ``phase``: each client's ``Context`` as before the message, and
+    its state kept once it has answered (``ClientStates``)."""
+
+    states: ClientStates
+    total: int
+    phase: str
+
+    def open(self, client: int, content: RecordDict) -> Context:
+        return self.states.open(client, self.total, _config(content), self.phase)
+
+    def keep(self, client: int, context: Context, content: RecordDict) -> None:
+        self.states.keep(client, context, _config(content), self.phase)
+
+
+def _hosted(contents: dict[int, RecordDict], hosted: Hosted,
             together: bool) -> tuple[dict[int, RecordDict], dict[int, str], Tally]:
-    """The replies of a node's clients to their instructions of ``phase``, trained or evaluated as one
-    computation where ``together`` and their client algorithm allow, else one by one; the reasons of the
-    clients that failed; how they ran."""
-    tally, clients = Tally(), list(contents)
+    """The replies of a node's clients to their instructions, trained or evaluated as one computation where
+    ``together`` and their client algorithm allow, else one by one; the reasons of the clients that failed;
+    how they ran. Clients that fail together start again one by one, each from its state before the message."""
+    tally, clients, phase = Tally(), list(contents), hosted.phase
+    answers: dict[int, RecordDict] = {}
+    errors: dict[int, str] = {}
     if together and clients and phase != MessageType.QUERY:
         batched = train_round if phase == MessageType.TRAIN else evaluate_round
+        contexts: dict[int, Context] = {}
+        replies: list[RecordDict] | None = None
         try:
+            contexts = {c: hosted.open(c, contents[c]) for c in clients}
             replies, how = batched([contents[c] for c in clients], [contexts[c] for c in clients])
         except Exception as err:  # e.g. one client's malformed instruction: each client is answered on its own
-            tally.apart(COULD_NOT_START.format(err=err), len(clients))
+            log(WARNING, "%s", FAILED_TOGETHER.format(err=err))
+            tally.apart(FAILED_TOGETHER.format(err=err), len(clients))
         else:
             if phase == MessageType.EVALUATE:  # a forward pass on its own counts as one by one
                 for why in cast(list[str | None], how):
                     tally.together += why is None
                     if why is not None:
                         tally.apart(why)
-                return dict(zip(clients, cast(list[RecordDict], replies))), {}, tally
-            if replies is not None:
+            elif replies is not None:
                 tally.together += len(clients)
-                return dict(zip(clients, replies)), {}, tally
-            tally.apart(cast(str, how), len(clients))
+            else:
+                tally.apart(cast(str, how), len(clients))
+        if replies is not None:
+            for client, reply in zip(clients, replies):
+                _kept(client, reply, contexts[client], contents[client], hosted, answers, errors)
+            return answers, errors, tally
     elif clients and phase != MessageType.QUERY:
         tally.apart(ONE_BY_ONE, len(clients))
-    answers, errors = {}, {}
     for client in clients:
         try:
-            answers[client] = _ONE[phase](contents[client], contexts[client])
+            context = hosted.open(client, contents[client])
+            reply = _ONE[phase](contents[client], context)
         except Exception as err:  # one client's failure is its own
             errors[client] = repr(err)
+        else:
+            _kept(client, reply, context, contents[client], hosted, answers, errors)
     return answers, errors, tally
+
+
+def _kept(client: int, reply: RecordDict, context: Context, content: RecordDict, hosted: Hosted,
+          answers: dict[int, RecordDict], errors: dict[int, str]) -> None:
+    """``client``'s ``reply`` goes out once its state is kept; a client whose state cannot be kept fails."""
+    try:
+        hosted.keep(client, context, content)
+    except Exception as err:
+        errors[client] = repr(err)
+    else:
+        answers[client] = reply

@@ -11,16 +11,14 @@ client or several:
 
 Each hosted client is seen by the client code exactly as a node of its own: a ``Context`` whose node
 config says its ``partition-id`` and the federation's ``num-partitions``, and whose ``state`` is the
-client's own. The node's ``context.state`` keeps every client's records under ``c<id>/<name>``, so what
-a client keeps between rounds (control variates, personal models) stays the client's.
+client's own (``client_apps.client_states``: what a client keeps between rounds, such as control
+variates or personal models, stays the client's, in a file of its own on the node).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-from flwr.app import Context, RecordDict
 
 #: node config key (deployment): the clients a node hosts
 PARTITION_IDS = "partition-ids"
@@ -71,22 +69,3 @@ def hosts_itself(node_config: Mapping[str, Any], num_clients: int) -> bool:
         return False
     ids, _ = hosted_clients(node_config, num_clients)
     return ids == [int(node_config["partition-id"])]
-
-
-def client_context(node: Context, client: int, num_clients: int) -> Context:
-    """Hosted ``client``'s own ``Context``: the node's, with the client's ``partition-id``, the federation's
-    ``num-partitions`` and the client's state (``keep_state`` writes it back)."""
-    prefix = _STATE.format(client)
-    state = RecordDict({k[len(prefix):]: r for k, r in node.state.items() if k.startswith(prefix)})
-    return Context(run_id=node.run_id, node_id=node.node_id,
-                   node_config={**node.node_config, "partition-id": client, "num-partitions": num_clients},
-                   state=state, run_config=node.run_config)
-
-
-def keep_state(node: Context, client: int, context: Context) -> None:
-    """Write ``client``'s state (its ``context.state``) back into the node's."""
-    prefix = _STATE.format(client)
-    for key in [k for k in node.state if k.startswith(prefix)]:
-        del node.state[key]
-    for name, record in context.state.items():
-        node.state[prefix + name] = record

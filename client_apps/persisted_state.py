@@ -1,8 +1,9 @@
-"""Client state that outlives the run, so a resumed run gets it back.
+"""Client state on the node's disk, so a resumed run, and a node that rejoins, gets it back.
 
 A method's client state (SCAFFOLD's c_i, Ditto's and APFL's personal models, pFedMe's θ_i,
 IGFL-C's last delta, FedMCSA's remembered anchor) lives in ``context.state``, which belongs to
-one ``flwr run``. After each training round the ClientApp also writes it, on the node's own disk,
+one ``flwr run`` (``client_apps.client_states``: where a node hosts several clients, only in these
+files). After each training round the ClientApp writes it, on the node's own disk,
 to ``<client-state-dir>/<run>/partition-<id>/round-<r>.safetensors`` (``run``: the results
 folder's name, sent by the server as ``run-key``). A resumed run's instructions carry
 ``resumed-after`` = the server's checkpointed round R; a node whose ``context.state`` is still
@@ -52,20 +53,13 @@ def state_dir(node_config: Mapping[str, Any]) -> Path:
 def missing(node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int, needed: int) -> str | None:
     """Why this node cannot restore the client state of round ``needed`` (a resumed run's start-up
     check; ``config`` carries the run key and the checkpoint's round), else ``None``."""
-    folder = _folder(node_config, config, partition_id)
-    if folder is None:
+    state_folder = folder(node_config, config, partition_id)
+    if state_folder is None:
         return None
     after = int(config[RESUMED_AFTER])
-    if any(needed <= r <= after for r in _versions(folder)):
+    if any(needed <= r <= after for r in _versions(state_folder)):
         return None
-    return f"partition {partition_id}: no client state of round {needed} (to {after}) in {folder}"
-
-
-def _folder(node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int) -> Path | None:
-    run = str(config.get(RUN_KEY, ""))
-    if not re.fullmatch(r"[A-Za-z0-9._+-]+", run) or run in (".", ".."):
-        return None  # no run key (a user's own strategy), or one that is not a plain folder name
-    return state_dir(node_config) / run / f"partition-{partition_id}"
+    return f"partition {partition_id}: no client state of round {needed} (to {after}) in {state_folder}"
 
 
 def _versions(folder: Path) -> dict[int, Path]:
@@ -77,54 +71,87 @@ def _versions(folder: Path) -> dict[int, Path]:
     return out
 
 
-def restore(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int) -> None:
-    """In a resumed run, fill an empty ``context.state`` with the version the server's checkpoint needs."""
-    if RESUMED_AFTER not in config or _RESTORED in records.config_records:
-        return
-    records[_RESTORED] = ConfigRecord({"done": True})
-    folder = _folder(node_config, config, partition_id)
-    state = RecordState(records)
-    if folder is None or len(state):
-        return
-    after = int(config[RESUMED_AFTER])
-    versions = {}
-    for r, path in _versions(folder).items():
-        if r <= after:
-            versions[r] = path
+def folder(node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int) -> Path | None:
+    """The folder of ``partition_id``'s client state in the run ``config``'s run key names (``None``: no run
+    key, as from a user's own strategy, or one that is not a plain folder name)."""
+    run = str(config.get(RUN_KEY, ""))
+    if not re.fullmatch(r"[A-Za-z0-9._+-]+", run) or run in (".", ".."):
+        return None
+    return state_dir(node_config) / run / f"partition-{partition_id}"
+
+
+def latest(state_folder: Path, after: int | None) -> int | None:
+    """The round of the latest version in ``state_folder`` (up to round ``after`` where given: a resumed
+    run's checkpointed round, whose later versions, written by the run that crashed, are deleted), or
+    ``None`` when there is none."""
+    versions = []
+    for r, path in _versions(state_folder).items():
+        if after is None or r <= after:
+            versions.append(r)
         else:
-            path.unlink(missing_ok=True)  # written by the run that crashed, after its last checkpoint
-    if not versions:
-        return
-    tensors, meta = tensor_files.read(versions[max(versions)])
+            path.unlink(missing_ok=True)
+    return max(versions, default=None)
+
+
+def load(records: RecordDict, state_folder: Path, server_round: int) -> None:
+    """Put the version of ``server_round`` into ``records`` (a client's ``context.state``);
+    ``FileNotFoundError`` naming the file when it is not there."""
+    path = state_folder / f"round-{server_round}.safetensors"
+    try:
+        tensors, meta = tensor_files.read(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"the client state of round {server_round} is not in {state_folder} (a node's clients "
+                                "keep their state in files on the machine that trained them: on a Ray cluster, "
+                                "client-state-dir must be a folder every machine shares)") from None
+    state = RecordState(records)
     for key, names in meta["entries"].items():
         state[key] = [tensors[name] for name in names]
 
 
+def restore(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int) -> None:
+    """Fill a new ``context.state`` (once) with the latest version the client kept in this run: in a
+    resumed run, the version the server's checkpoint needs; on a node that rejoins a run (a SuperNode
+    restarted on the same machine), the version it last kept."""
+    if _RESTORED in records.config_records:
+        return
+    records[_RESTORED] = ConfigRecord({"done": True})
+    state_folder = folder(node_config, config, partition_id)
+    if state_folder is None or len(RecordState(records)):
+        return
+    after = int(config[RESUMED_AFTER]) if RESUMED_AFTER in config else None
+    if (last := latest(state_folder, after)) is not None:
+        load(records, state_folder, last)
+
+
 def persist(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int,
             server_round: int, checkpoint_every: int) -> None:
-    """Write the node's client state after training in ``server_round``; drop versions no checkpoint needs."""
+    """``write``, where a node's ``context.state`` holds the state and the file is only for a later resumption:
+    a failed write is a warning."""
     try:
-        _persist(records, node_config, config, partition_id, server_round, checkpoint_every)
+        write(records, node_config, config, partition_id, server_round, checkpoint_every)
     except OSError as err:  # the round's result still counts; only a later resumption would miss this version
         log(WARNING, "could not keep the client state on disk (%s): a resumed run would start it afresh", err)
 
 
-def _persist(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int,
-             server_round: int, checkpoint_every: int) -> None:
+def write(records: RecordDict, node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int,
+          server_round: int, checkpoint_every: int) -> bool:
+    """Write the client state after training in ``server_round`` and drop the versions no checkpoint needs;
+    whether there was anything to write (a state, a run key)."""
     state = RecordState(records)
-    if not len(state) or (folder := _folder(node_config, config, partition_id)) is None:  # most methods keep none
-        return
-    folder.mkdir(parents=True, exist_ok=True)
+    if not len(state) or (state_folder := folder(node_config, config, partition_id)) is None:  # most methods keep none
+        return False
+    state_folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     entries: dict[str, list[str]] = {}
     for key in state:
         entries[key] = [f"{key}.{i}" for i in range(len(state[key]))]
         tensors.update(zip(entries[key], state[key]))
-    tensor_files.write(folder / f"round-{server_round}.safetensors", tensors, {"entries": entries})
+    tensor_files.write(state_folder / f"round-{server_round}.safetensors", tensors, {"entries": entries})
     # the server's last checkpoint is of round ((r - 1) // k) * k (none but the final one for k = 0)
     needed = ((server_round - 1) // checkpoint_every) * checkpoint_every if checkpoint_every > 0 else server_round
-    versions = _versions(folder)
+    versions = _versions(state_folder)
     keep_from = max((r for r in versions if r <= needed), default=server_round)
     for r, path in versions.items():
         if r < keep_from:
             path.unlink(missing_ok=True)
+    return True

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 
 from client_apps.flower_internals import TaskIdentity
-from client_apps.hosting import client_context, hosted_clients, hosts_itself, keep_state, parse_ids
+from client_apps.hosting import hosted_clients, hosts_itself, parse_ids
 from server_apps.client_grid import ClientGrid
 from strategies.arrays import numpy_record
 from strategies.client_packs import ERRORS, PACK, REPORT, Tally, is_pack, pack, unpack
@@ -79,22 +79,6 @@ def test_a_deployed_node_names_its_clients():
             parse_ids(bad)
     with pytest.raises(ValueError, match=r"names clients \[20\] outside the federation's 20"):
         hosted_clients({"partition-ids": "18-20", "num-partitions": 20}, 0)
-
-
-def test_each_hosted_client_keeps_its_own_state_on_the_node():
-    node = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(),
-                   run_config={"seed": 1})
-    for client, value in [(3, 3.0), (4, 4.0)]:
-        own = client_context(node, client, 10)
-        assert own.node_config["partition-id"] == client and own.node_config["num-partitions"] == 10
-        assert len(own.state) == 0
-        own.state["c"] = numpy_record({"c": np.full(1, value)})
-        keep_state(node, client, own)
-    again = client_context(node, 4, 10)
-    assert list(again.state) == ["c"] and again.state["c"]["c"].numpy()[0] == 4.0
-    again.state.clear()
-    keep_state(node, 4, again)  # a client that dropped its state has none left on the node
-    assert list(node.state) == ["c3/c"]
 
 
 # --- the server's view: clients for nodes ------------------------------------------------------------------
