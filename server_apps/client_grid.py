@@ -94,12 +94,13 @@ class ClientGrid:
             return [_failed(m, reply.error.code, f"{who} failed: {reply.error.reason}") for m in inside]
         try:
             contents, errors = unpack(reply.content)
-        except (KeyError, ValueError) as err:
+            report = reply.content.get(REPORT)
+            account = None if report is None else Tally.from_record(report, len(inside))
+        except (KeyError, ValueError) as err:  # a node's malformed reply costs its clients, never the run
             return [_failed(m, NODE_FAILED, f"{who} sent a malformed reply: {err}") for m in inside]
-        if (report := reply.content.get(REPORT)) is not None:
-            tally = {MessageType.TRAIN: self.training, MessageType.EVALUATE: self.evaluation}.get(reply.metadata.message_type)
-            if tally is not None:
-                tally.add(Tally.from_record(report))
+        tally = {MessageType.TRAIN: self.training, MessageType.EVALUATE: self.evaluation}.get(reply.metadata.message_type)
+        if tally is not None and account is not None:
+            tally.add(account)
         out = []
         for msg in inside:
             client = msg.metadata.dst_node_id

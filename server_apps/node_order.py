@@ -52,15 +52,26 @@ def query_nodes(grid: Grid, timeout: float = 120.0, config: Mapping[str, Any] | 
         if reply.has_error():
             errors.setdefault(_gist(reply.error.reason or ""), []).append(node)
         elif is_pack(reply.content):
-            contents, failed = unpack(reply.content)
-            hosted[node] = [{**about, "node": node} for about in map(_about, contents.values()) if "partition-id" in about]
+            try:
+                contents, failed = unpack(reply.content)
+                answers = [_about(c) for c in contents.values()]
+            except ValueError as err:  # a node's malformed answer costs its clients, never the run
+                errors.setdefault(f"a malformed answer ({err})", []).append(node)
+                continue
+            hosted[node] = [{**about, "node": node} for about in answers if "partition-id" in about]
             by_gist: dict[str, list[int]] = {}
             for client, why in failed.items():
                 by_gist.setdefault(_gist(why), []).append(client)
             for why, clients in by_gist.items():  # the node's error where all its clients have it
                 errors.setdefault(why if not contents else f"clients {listed(sorted(clients))}: {why}", []).append(node)
-        elif about := _about(reply.content):
-            info[node] = about
+        else:
+            try:
+                about = _about(reply.content)
+            except ValueError as err:
+                errors.setdefault(f"a malformed answer ({err})", []).append(node)
+                continue
+            if about:
+                info[node] = about
     if hosted:
         info = _by_client(info, hosted)
     _report(info, errors, len(asked), by_client=bool(hosted))
@@ -73,7 +84,12 @@ def _about(content: RecordDict) -> dict[str, Any]:
     if content.metric_records:
         metrics = next(iter(content.metric_records.values()))
         if "partition-id" in metrics:
-            about = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
+            try:
+                about = {k: v if isinstance(v, list) else int(v) for k, v in metrics.items()}
+            except (OverflowError, ValueError) as err:  # NaN or Inf
+                raise ValueError(f"its metrics are not whole numbers ({err})") from None
+            if not isinstance(about["partition-id"], int) or about["partition-id"] < 0:
+                raise ValueError(f"its partition-id is {about['partition-id']!r}, not a client id")
     if CLIENT_GROUP in content.config_records:
         about[CLIENT_GROUP] = str(content.config_records[CLIENT_GROUP][CLIENT_GROUP])
     if CLIENT_STATE in content.config_records:

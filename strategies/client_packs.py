@@ -34,7 +34,8 @@ Record = ArrayRecord | ConfigRecord | MetricRecord
 
 
 def is_pack(content: RecordDict) -> bool:
-    return isinstance(content.get(PACK), ConfigRecord)  # not ``content.config_records``: it copies every record
+    """Whether ``content`` is a pack (well formed or not: ``unpack`` says)."""
+    return PACK in content  # not ``content.config_records``: it copies every record
 
 
 def pack(contents: Mapping[int, RecordDict], errors: Mapping[int, str] | None = None,
@@ -76,8 +77,15 @@ def unpack(content: RecordDict) -> tuple[dict[int, RecordDict], dict[int, str]]:
             contents[client] = RecordDict({str(n): content[_RECORD.format(int(p))] for n, p in zip(names, places)})
         except KeyError as err:
             raise ValueError(f"malformed pack: client {client}'s record {err} is missing") from None
-    errors = {int(c): str(why) for c, why in (content.get(ERRORS) or {}).items()}
-    return contents, errors
+        except (TypeError, ValueError) as err:  # a place that is not a number; a record of no record type
+            raise ValueError(f"malformed pack: client {client}'s records: {err}") from None
+    errors = content.get(ERRORS, ConfigRecord())
+    if not isinstance(errors, ConfigRecord):
+        raise ValueError(f"malformed pack: {ERRORS!r} is a {type(errors).__name__}, not a ConfigRecord")
+    try:
+        return contents, {int(c): str(why) for c, why in errors.items()}
+    except ValueError:
+        raise ValueError(f"malformed pack: {ERRORS!r} names clients that are not client ids: {list(errors)[:5]}") from None
 
 
 def _ids(values: Any) -> list[int]:
@@ -117,9 +125,26 @@ class Tally:
                              "reasons": list(self.reasons), "counts": list(self.reasons.values())})
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> Tally:
-        reasons = {str(w): int(n) for w, n in zip(record.get("reasons", []), record.get("counts", []))}
-        return cls(int(record.get("together", 0)), int(record.get("one-by-one", 0)), reasons)
+    def from_record(cls, record: Mapping[str, Any], clients: int) -> Tally:
+        """The tally a node's reply carries about its ``clients`` clients; ``ValueError`` for one that is not a
+        tally of at most that many clients (a count that is not a whole number, a negative or inflated one)."""
+        def count(value: Any, what: str) -> int:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"malformed report: {what} is {value!r}, not a count of clients")
+            return value
+
+        if not isinstance(record, ConfigRecord):
+            raise ValueError(f"malformed report: a {type(record).__name__}, not a ConfigRecord")
+        reasons, counts = record.get("reasons", []), record.get("counts", [])
+        if not isinstance(reasons, list) or not isinstance(counts, list) or len(reasons) != len(counts):
+            raise ValueError("malformed report: its reasons and their counts are not two lists of one length")
+        tally = cls(count(record.get("together", 0), "'together'"), count(record.get("one-by-one", 0), "'one-by-one'"),
+                    {str(w): count(n, f"the count of {str(w)[:80]!r}") for w, n in zip(reasons, counts)})
+        if tally.together + tally.one_by_one > clients or sum(tally.reasons.values()) > tally.one_by_one:
+            raise ValueError(f"malformed report: it counts {tally.together + tally.one_by_one} clients "
+                             f"({tally.together} together, {tally.one_by_one} one by one, {sum(tally.reasons.values())} "
+                             f"with reasons) where the node was sent {clients}")
+        return tally
 
     def report(self, prefix: str, because: str) -> dict[str, Any]:
         """The summary's entries: ``<prefix>_together``, ``<prefix>_one_by_one`` and, if any, the reasons."""

@@ -41,7 +41,7 @@ def test_a_reply_pack_carries_each_failed_clients_reason_and_the_nodes_account()
     packed = pack({1: _content(1.0)}, errors={2: "ValueError('bad')"}, report=tally.record())
     contents, errors = unpack(packed)
     assert list(contents) == [1] and errors == {2: "ValueError('bad')"}
-    again = Tally.from_record(packed.config_records[REPORT])
+    again = Tally.from_record(packed.config_records[REPORT], 5)
     assert again == tally and again.one_by_one == 2
     assert again.report("clients_trained", "why") == {"clients_trained_together": 3, "clients_trained_one_by_one": 2,
                                                        "why": {"its algorithm cannot run batched": 2}}

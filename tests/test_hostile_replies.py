@@ -234,3 +234,97 @@ def test_message_api_refuses_a_hostile_reply_as_if_the_client_had_failed(entry, 
 @pytest.mark.parametrize("entry,case", _case_params("legacy"))
 def test_legacy_api_refuses_a_hostile_reply_as_if_the_client_had_failed(entry, case, caplog):
     _check_refused_like_a_failure(entry, case, "legacy", caplog)
+
+
+# --- a node's pack: the reply of a node that hosts several clients -------------------------------------------------
+
+from flwr.app import MessageType  # noqa: E402
+
+from client_apps.flower_internals import TaskIdentity  # noqa: E402
+from server_apps.client_grid import ClientGrid  # noqa: E402
+from server_apps.node_order import query_nodes  # noqa: E402
+from strategies.client_packs import ERRORS, PACK, REPORT, Tally, pack  # noqa: E402
+
+
+def _set(record_key: str, key: str, value: Any) -> Callable[[RecordDict], None]:
+    def change(content: RecordDict) -> None:
+        content[record_key][key] = value
+    return change
+
+
+def _replace(record_key: str, record: Any) -> Callable[[RecordDict], None]:
+    def change(content: RecordDict) -> None:
+        content[record_key] = record
+    return change
+
+
+def _drop_record(content: RecordDict) -> None:
+    del content[next(k for k in content if k not in (PACK, ERRORS, REPORT))]
+
+
+#: hostile changes to a node's reply pack (its records, its table of contents, its account of the round)
+PACK_CASES = {
+    "report-count-not-a-number": _set(REPORT, "together", "many"),
+    "report-count-negative": _set(REPORT, "one-by-one", -3),
+    "report-count-inflated": _set(REPORT, "together", 10**9),
+    "report-reasons-without-counts": _set(REPORT, "counts", [1, 2]),
+    "report-reason-count-inflated": _replace(REPORT, ConfigRecord({"together": 0, "one-by-one": 1, "reasons": ["x"],
+                                                                   "counts": [50]})),
+    "report-not-a-config-record": _replace(REPORT, MetricRecord({"together": 1})),
+    "table-clients-not-ids": _set(PACK, "clients", ["3"]),
+    "table-record-place-not-a-number": _set(PACK, "3.records", ["x"]),
+    "table-record-missing": _drop_record,
+    "table-not-a-config-record": _replace(PACK, MetricRecord({"clients": 1})),
+    "errors-not-client-ids": _replace(ERRORS, ConfigRecord({"three": "ValueError('x')"})),
+}
+
+
+class _Nodes:
+    """Two nodes, 50 hosting clients 0-2 and 60 hosting 3-4; each answers a pack (each client's value doubled,
+    with an honest account), node 60's changed by ``change``; a query's answer is each client's partition id."""
+
+    def __init__(self, change: Callable[[RecordDict], None]) -> None:
+        self.change = change
+
+    def get_node_ids(self) -> list[int]:
+        return [50, 60]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from strategies.client_packs import unpack
+
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            if msg.metadata.message_type == MessageType.QUERY:
+                asked = {50: [0, 1, 2], 60: [3, 4]}[node]
+                content = pack({c: RecordDict({"metrics": MetricRecord({"partition-id": c})}) for c in asked})
+            else:
+                contents, _ = unpack(msg.content)
+                content = pack({c: RecordDict({"metrics": MetricRecord({"value": 2 * float(x["config"]["v"])})})
+                                for c, x in contents.items()}, report=Tally(together=len(contents)).record())
+            if node == 60:
+                self.change(content)
+            replies.append(Message(content, reply_to=msg))
+        return replies
+
+
+@pytest.mark.parametrize("case", list(PACK_CASES))
+def test_a_nodes_malformed_pack_costs_its_clients_never_the_run(case):
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    grid = ClientGrid(_Nodes(PACK_CASES[case]), {0: 50, 1: 50, 2: 50, 3: 60, 4: 60})
+    sent = [Message(RecordDict({"config": ConfigRecord({"v": float(c)})}), dst_node_id=c, message_type=MessageType.TRAIN)
+            for c in (0, 2, 3, 4)]
+    replies = {m.metadata.src_node_id: m for m in grid.send_and_receive(sent)}
+    assert {c: m.content["metrics"]["value"] for c, m in replies.items() if not m.has_error()} == {0: 0.0, 2: 4.0}
+    for client in (3, 4):
+        assert replies[client].error.reason.startswith("node 60 (hosting clients 3, 4) sent a malformed reply: malformed")
+    assert grid.training_report()["clients_trained_together"] == 2  # the bad node's account is not taken
+
+
+@pytest.mark.parametrize("case", [c for c in PACK_CASES if c.startswith(("table", "errors"))])
+def test_a_nodes_malformed_start_up_answer_is_named_and_the_others_count(case, caplog):
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    info = query_nodes(_Nodes(PACK_CASES[case]))
+    assert sorted(info) == [0, 1, 2] and {about["node"] for about in info.values()} == {50}
+    assert any("node 60 failed to answer the start-up query: a malformed answer (malformed" in r.getMessage()
+               for r in caplog.records)
