@@ -212,12 +212,14 @@ class MethodServer:
         return num_available if fraction >= 1.0 else max(minimum, math.ceil(fraction * num_available))
 
     def plan_training(self, server_round: int, available: Iterable[ClientId]) -> list[Instruction]:
-        """Sample the round's participants and return the method's training instructions."""
+        """Sample the round's participants and return the method's training instructions; none when no
+        client is available (the method is not asked: a round without participants changes nothing)."""
         self._require()
         pool = self.sampler.order(available)
         sampled = self.last_participants = self.sample(pool, self.participants(len(pool)))
         chosen = set(sampled)
-        plan = on_host(self.method.train_instructions(server_round, sampled, [c for c in pool if c not in chosen]))
+        others = [c for c in pool if c not in chosen]
+        plan = on_host(self.method.train_instructions(server_round, sampled, others)) if sampled else []
         self._sampled = chosen
         self._sent = {ins.client_id: ins.model for ins in plan}
         algorithm = self.method.client_algorithm()
@@ -226,13 +228,16 @@ class MethodServer:
         return [named(ins, algorithm) for ins in plan]
 
     def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float, minimum: int = 1) -> list[Instruction]:
-        """Evaluation instructions for all clients (``fraction >= 1``) or ``max(minimum, ceil(fraction · n))`` of them."""
+        """Evaluation instructions for all clients (``fraction >= 1``) or ``max(minimum, ceil(fraction · n))`` of them;
+        none when no client is available."""
         self._require()
         if fraction <= 0:
             return []
         pool = self.sampler.order(available)
         k = self.evaluators(len(pool), fraction, minimum)
         ids = pool if k >= len(pool) else self.sampler.sample(pool, k, evaluation=True)
+        if not ids:
+            return []
         algorithm = self.method.client_algorithm()
         return [named(ins, algorithm) for ins in on_host(self.method.evaluation_instructions(server_round, ids))]
 

@@ -61,11 +61,11 @@ class ServerAlgorithm:
         self.layout = layout
 
     def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
-        """This round's training instructions, given the sampled clients and the other connected ones."""
+        """This round's training instructions, given the sampled clients (at least one) and the other connected ones."""
         raise NotImplementedError
 
     def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
-        """What each of ``ids`` evaluates (the model it would use) and how."""
+        """What each of ``ids`` (at least one) evaluates (the model it would use) and how."""
         raise NotImplementedError
 
     def train_config(self, num_participants: int) -> Settings:
