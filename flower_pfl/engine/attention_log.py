@@ -47,7 +47,7 @@ class AttentionAccumulator:
             return torch.nn.functional.pad(t, (0, n - t.shape[1], 0, n - t.shape[0]))
 
         self._count = grow(self._count)
-        idx = torch.tensor([self._index[c] for c in ids])
+        idx = torch.tensor([self._index[c] for c in ids], dtype=torch.long)  # long even when ``ids`` is empty
         rows, cols = idx[:, None], idx[None, :]
         self._count[rows, cols] += 1
         for name, w in weights.items():
