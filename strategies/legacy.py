@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from logging import DEBUG, INFO, WARNING
+from logging import DEBUG, WARNING
 from typing import Any, ClassVar, TypedDict
 
 import numpy as np
@@ -55,7 +55,7 @@ from strategies.failures import LOST_AFTER, UNNAMED, NodeFailures
 from strategies.nodes import NODE_WAIT_TIMEOUT
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
-from strategies.replies import receive_round
+from strategies.replies import log_trainers, receive_round
 from strategies.tracking import StrategyTracking, TrackerArg
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
@@ -281,7 +281,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         clients = self._clients(client_manager)
         self._prepare_draw(clients, self.server.participants(len(clients)), server_round)
         plan = self.server.plan_training(server_round, clients)
-        log(INFO, "configure_fit: %s %s", counted(len(plan), "client"), agreeing(len(plan), "trains", "train"))
+        log_trainers("configure_fit", server_round, len(plan), "client", len(self.failures.lost))
         config = {**self.client_defaults, **(dict(self.on_fit_config_fn(server_round)) if self.on_fit_config_fn else {})}
         if plan and (problem := self.server.settings_problem({**config, **plan[0].config})):
             log(WARNING, "%s: %s", type(self).__name__, problem)

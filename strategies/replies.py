@@ -1,15 +1,26 @@
-"""What both APIs' strategies say about replies they cannot use."""
+"""What both APIs' strategies say about a round's trainers and the replies they cannot use."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.common.logger import log
 
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import ClientAlgorithmNotRun, RawReply, RoundReplies
+from flower_pfl.engine.wording import agreeing, counted
+
+
+def log_trainers(step: str, server_round: int, trainers: int, noun: str, lost: int) -> None:
+    """``configure_train: 3 nodes train``; a warning when none does (none available, ``lost`` of them lost):
+    the round then changes nothing."""
+    if trainers:
+        log(INFO, "%s: %s %s", step, counted(trainers, noun), agreeing(trainers, "trains", "train"))
+        return
+    besides = f" besides the {counted(lost, noun)} lost" if lost else ""
+    log(WARNING, "%s: round %s: no %s trains (none connected%s); the round changes nothing", step, server_round, noun, besides)
 
 
 def log_rejected(client_id: Any, server_round: int, reason: str) -> None:

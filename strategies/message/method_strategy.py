@@ -27,7 +27,6 @@ from flower_pfl.engine.reply_checks import (
     is_number,
 )
 from flower_pfl.engine.server_algorithm import Instruction, ServerAlgorithm
-from flower_pfl.engine.wording import agreeing, counted
 from strategies.aggregated_metrics import (
     ACCURACY,
     IDENTITIES,
@@ -44,7 +43,7 @@ from strategies.final_results import compact_final_results, log_final_results
 from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
-from strategies.replies import receive_round
+from strategies.replies import log_trainers, receive_round
 from strategies.tracking import StrategyTracking, TrackerArg
 
 MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
@@ -233,7 +232,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         nodes = self._nodes(grid)
         self._prepare_draw(grid, nodes, self.server.participants(len(nodes)))
         plan = self.server.plan_training(server_round, nodes)
-        log(INFO, "configure_train: %s %s", counted(len(plan), "node"), agreeing(len(plan), "trains", "train"))
+        log_trainers("configure_train", server_round, len(plan), "node", len(self.nodes.failures.lost))
         config = ConfigRecord({**self.client_defaults, **config})
         self._outbox = self._messages(plan, config, server_round, MessageType.TRAIN)
         if plan and (problem := self.server.settings_problem({**config, **plan[0].config})):
