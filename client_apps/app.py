@@ -27,7 +27,7 @@ from flwr.common.logger import log
 from client_apps import persisted_state
 from client_apps.client_states import ClientStates, state_node_config
 from client_apps.flower_internals import handle_legacy_message_from_msgtype
-from client_apps.hosting import hosted_clients, hosts_itself
+from client_apps.hosting import HOSTING, HostingError, hosted_clients, hosts_itself
 from client_apps.own_loop import RecordState
 from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.batched import ClientRound, train_together, unbatched, unbatched_evaluation
@@ -404,7 +404,8 @@ def _evaluate(content: RecordDict, context: Context) -> RecordDict:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server this node's ``partition-id`` (to order nodes reproducibly) and its training
+    """Tell the server this node's ``partition-id`` (to order nodes reproducibly), the federation's
+    ``num-partitions``, and its training
     label counts and most frequent label (only to group clients in diagnostic plots), and the natural
     group or domain its data come from (for the summary); in a resumed run, also whether it lacks the
     client state the checkpoint needs (``persisted_state.missing``). A node that hosts several clients
@@ -420,7 +421,8 @@ def _query(content: RecordDict, context: Context) -> RecordDict:
         raise RuntimeError(f"on host {socket.gethostname()}: {err}") from err
     counts = torch.bincount(node.data.y_train, minlength=dataset_shape(node.cfg)[1])
     dominant = int(counts.argmax()) if node.data.num_train else -1
-    info: dict[str, Any] = {"partition-id": node.partition_id, "dominant-label": dominant, "label-counts": [int(c) for c in counts]}
+    info: dict[str, Any] = {"partition-id": node.partition_id, "num-partitions": int(context.node_config["num-partitions"]),
+                            "dominant-label": dominant, "label-counts": [int(c) for c in counts]}
     reply = RecordDict({"metrics": MetricRecord(info)})
     if node.data.group:
         reply[CLIENT_GROUP] = ConfigRecord({CLIENT_GROUP: node.data.group})
@@ -442,7 +444,13 @@ def _answer(content: RecordDict, context: Context, phase: str) -> RecordDict:
     pack with each hosted client's (``client_apps.hosting``). A client's state is as before the message
     until the client has answered (``client_apps.client_states``)."""
     cfg, packed = run_settings(context.run_config), is_pack(content)
-    hosted = packed or not hosts_itself(context.node_config, cfg.num_clients)
+    try:
+        hosted = packed or not hosts_itself(context.node_config, cfg.num_clients)
+        clients, total = hosted_clients(context.node_config, cfg.num_clients)
+    except HostingError as err:
+        if phase != MessageType.QUERY:
+            raise
+        return RecordDict({HOSTING: ConfigRecord({HOSTING: str(err)})})  # the server names it, and stops at start
     states = ClientStates(context, state_node_config(context.node_config, cfg.client_state_dir), cfg.checkpoint_every,
                           hosted)
     if not hosted:
@@ -451,7 +459,6 @@ def _answer(content: RecordDict, context: Context, phase: str) -> RecordDict:
         reply = _ONE[phase](content, own)
         states.keep(client, own, _config(content), phase)
         return reply
-    clients, total = hosted_clients(context.node_config, cfg.num_clients)
     if not packed and phase != MessageType.QUERY:
         raise ValueError(f"this node hosts clients {listed(clients)}: it answers a {phase} instruction for each of "
                          "them in one message (a pack, strategies.client_packs), as this package's ServerApp "

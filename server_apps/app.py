@@ -45,12 +45,12 @@ from server_apps.cluster import check_cluster_paths
 from server_apps.console import divert_client_failures, quiet_round_loop
 from server_apps.factory import build_legacy_strategy, build_message_strategy, participants
 from server_apps.guard import ReplyGuard
-from server_apps.node_order import RankedGrid, query_nodes
+from server_apps.node_order import QUERY_TIMEOUT, RankedGrid, ask, query_nodes
 from server_apps.recording import RecordedLegacyStrategy, RecordedStrategy
 from server_apps.seeded import SeededClientManager
 from strategies.aggregated_metrics import PersonalizedMetrics
 from strategies.arrays import numpy_record
-from strategies.failures import NodeFailures
+from strategies.failures import NodeFailures, listed
 from strategies.nodes import NodeWatch
 
 silence_runtime_noise()  # before Ray starts in a simulation (flower_pfl.run.quiet)
@@ -188,6 +188,17 @@ def hosting(info: Mapping[int, Mapping[str, Any]]) -> dict[int, int]:
     return {client: int(i["node"]) for client, i in info.items() if "node" in i}
 
 
+def _federation(info: Mapping[int, Mapping[str, Any]]) -> int:
+    """The federation's number of clients the nodes that host several report (``query_nodes`` checked that they
+    agree), with a warning naming the clients no node hosts at start."""
+    federation = max(int(i.get("num-partitions", 0)) for i in info.values())
+    if missing := sorted(set(range(federation)) - set(info)):
+        log(WARNING, "flower-pfl: %s of the federation's %d (num-partitions) %s hosted by no node at start: %s; the run "
+            "goes on with the other %d, and a node that hosts them joins when it connects", counted(len(missing), "client"),
+            federation, agreeing(len(missing), "is", "are"), listed(missing, 20), federation - len(missing))
+    return federation
+
+
 def _warn_about_init(cfg: ExperimentConfig, initial: Mapping[str, np.ndarray]) -> None:
     if cfg.init == "zero" and has_hidden_layers(initial):
         log(WARNING, "init = 'zero' with model '%s': zero weights cannot break the symmetry of its hidden units (with "
@@ -239,8 +250,11 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
         instructions = {RUN_KEY: f"{out.name}-{secrets.token_hex(4)}"}  # unique per run
     ranks = {node: i["partition-id"] for node, i in info.items()}
     hosts = hosting(info)
-    run = _Run(cfg, RankedGrid(ClientGrid(grid, hosts) if hosts else grid, ranks), initial, resumed, info, out,  # type: ignore[arg-type]
-               recorder, instructions)
+    clients: Any = grid
+    if hosts:
+        federation = _federation(info)
+        clients = ClientGrid(grid, hosts, learn=lambda nodes: ask(grid, nodes, QUERY_TIMEOUT), federation=federation)
+    run = _Run(cfg, RankedGrid(clients, ranks), initial, resumed, info, out, recorder, instructions)  # type: ignore[arg-type]
     where = f"{counted(len(ranks), 'client')} on {counted(len(set(hosts.values())), 'node')}" if hosts else counted(len(ranks), "node")
     log(INFO, "flower-pfl: %s on %s (%s), %s, %s, evaluation every %d; results in %s", cfg.label, cfg.dataset,
         cfg.model, where, counted(cfg.num_rounds, "round"), cfg.eval_every, out)

@@ -19,12 +19,16 @@ A client is connected while its node is (``get_node_ids``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.app import Error, Message, MessageType
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flower_pfl.engine.wording import agreeing, counted
+from server_apps.node_order import Answers
 from strategies.client_packs import REPORT, Tally, pack, unpack
 from strategies.failures import NO_REPLY, listed
 
@@ -37,23 +41,73 @@ NODE_FAILED = 2
 class ClientGrid:
     """The part of ``flwr.serverapp.Grid`` strategies use, with clients for nodes (see the module)."""
 
-    def __init__(self, grid: Grid, hosts: Mapping[int, int]) -> None:
-        """``hosts``: client id -> the id of the node that hosts it."""
+    def __init__(self, grid: Grid, hosts: Mapping[int, int], learn: Callable[[list[int]], Answers] | None = None,
+                 federation: int = 0) -> None:
+        """``hosts``: client id -> the id of the node that hosts it; ``learn``: the start-up query's answers of
+        nodes that connect later (``server_apps.node_order.ask``: their clients join, or come back to a node
+        that reconnected with a new id); ``federation``: the federation's number of clients (0: unknown)."""
         self._grid = grid
         self.hosts = dict(hosts)
         self._clients: dict[int, list[int]] = {}
-        for client, node in self.hosts.items():
-            self._clients.setdefault(node, []).append(client)
+        self._index()
+        self._learn, self.federation = learn, federation
+        self._asked = set(self._clients)  # nodes whose clients are known, or that were asked
+        #: clients that joined after the start, and clients that came back on a node that reconnected
+        self.joined: list[int] = []
+        self.taken_back: list[int] = []
         #: how the nodes trained and evaluated their clients
         self.training, self.evaluation = Tally(), Tally()
+
+    def _index(self) -> None:
+        self._clients = {}
+        for client, node in self.hosts.items():
+            self._clients.setdefault(node, []).append(client)
 
     def clients_of(self, node: int) -> list[int]:
         return list(self._clients.get(node, []))
 
     def get_node_ids(self) -> list[int]:
-        """The clients whose node is connected."""
+        """The clients whose node is connected (a node not seen before is asked which clients it hosts)."""
         connected = set(self._grid.get_node_ids())
+        if self._learn is not None and (new := sorted(connected - self._asked)):
+            self._asked.update(new)
+            self._join(self._learn(new), connected)
         return [client for client, node in self.hosts.items() if node in connected]
+
+    def _join(self, answers: Answers, connected: set[int]) -> None:
+        """Take the clients of nodes that answered the start-up query after the start."""
+        claims = {**answers.hosted, **{node: [{**about, "node": node}] for node, about in answers.info.items()}}
+        for node, about in claims.items():
+            clients = sorted(int(a["partition-id"]) for a in about)
+            sizes = {a.get("num-partitions") for a in about}
+            held = [c for c in clients if c in self.hosts and self.hosts[c] in connected]
+            if self.federation and sizes != {self.federation}:
+                why = f"says the federation has {listed(sorted(map(str, sizes)))} clients (num-partitions), not {self.federation}"
+            elif held:
+                hosts = sorted({self.hosts[c] for c in held})
+                why = f"names clients {listed(held)}, which {_nodes(hosts)}, still connected, host"
+            else:
+                back = [c for c in clients if c in self.hosts]
+                self.taken_back.extend(back)
+                self.joined.extend(c for c in clients if c not in self.hosts)
+                self.hosts.update(dict.fromkeys(clients, node))
+                self._index()
+                log(INFO, "node %d joined the run with clients %s%s", node, listed(clients),
+                    f" ({counted(len(back), 'client')} back from a node that left)" if back else "")
+                continue
+            log(WARNING, "node %d joined the run but %s: its clients %s are not taken", node, why, listed(clients))
+        for node, why in answers.refused.items():
+            log(WARNING, "node %d joined the run but cannot say which clients it hosts: %s", node, why)
+        for why, nodes in answers.errors.items():
+            log(WARNING, "%s joined the run but failed the start-up query: %s", _nodes(nodes), why)
+
+    def membership_report(self) -> dict[str, Any]:
+        """The summary's entries on the federation's clients: those that joined late or came back on a
+        reconnected node, and those no node hosted by the end."""
+        missing = sorted(set(range(self.federation)) - set(self.hosts))
+        return {**({"clients_joined_late": sorted(set(self.joined))} if self.joined else {}),
+                **({"clients_taken_back": len(self.taken_back)} if self.taken_back else {}),
+                **({"clients_never_hosted": missing} if missing else {})}
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         """Send ``messages`` (one per client) as one message per node; one reply per client."""
@@ -112,9 +166,9 @@ class ClientGrid:
 
     def training_report(self) -> dict[str, Any]:
         """How the run's clients were trained and evaluated on their nodes: as one computation, or one by one
-        and why."""
+        and why; and who joined (``membership_report``)."""
         return {**self.training.report("clients_trained", "one_by_one_because"),
-                **self.evaluation.report("clients_evaluated", "evaluated_one_by_one_because")}
+                **self.evaluation.report("clients_evaluated", "evaluated_one_by_one_because"), **self.membership_report()}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -122,3 +176,7 @@ class ClientGrid:
 
 def _failed(msg: Message, code: int, reason: str) -> Message:
     return Message(Error(code=code, reason=reason), reply_to=msg)
+
+
+def _nodes(ids: list[int]) -> str:
+    return f"{agreeing(len(ids), 'node', 'nodes')} {listed(ids)}"

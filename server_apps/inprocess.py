@@ -29,22 +29,20 @@ class InProcessGrid:
     """The part of ``flwr.serverapp.Grid`` strategies use, served by a local ClientApp."""
 
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
-                 node_ids: Sequence[int] | None = None) -> None:
+                 node_ids: Sequence[int] | None = None, node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
         """Node ``node_ids[i]`` (default ``1001 + i``) is the ``i``-th of ``num_nodes``, as in ``flwr run``'s
-        simulation; ``run_config``'s ``num-clients`` spreads the clients over them (``client_apps.hosting``)."""
+        simulation; ``run_config``'s ``num-clients`` spreads the clients over them (``client_apps.hosting``).
+        ``node_configs``: each node's own node config instead (a deployment's, e.g. with ``partition-ids``)."""
         node_ids = list(node_ids) if node_ids is not None else [1001 + i for i in range(num_nodes)]
         if len(node_ids) != num_nodes or len(set(node_ids)) != num_nodes:
             raise ValueError("need one distinct node id per node")
+        configs = list(node_configs) if node_configs is not None else [{"partition-id": i, "num-partitions": num_nodes}
+                                                                       for i in range(num_nodes)]
         self.client_app = client_app
         self.run = SimpleNamespace(run_id=1)  # what Flower's legacy ``start_grid`` reads
-        self.contexts = {
-            nid: Context(
-                run_id=1, node_id=nid,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
-                state=RecordDict(), run_config=dict(run_config),
-            )
-            for i, nid in enumerate(node_ids)
-        }
+        self.contexts = {nid: Context(run_id=1, node_id=nid, node_config=dict(config), state=RecordDict(),
+                                      run_config=dict(run_config))
+                         for nid, config in zip(node_ids, configs, strict=True)}
 
     def get_node_ids(self) -> list[int]:
         return list(self.contexts)
@@ -60,10 +58,10 @@ class InProcessGrid:
 
 
 def in_process_grid(client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
-                    node_ids: Sequence[int] | None = None) -> InProcessGrid:
+                    node_ids: Sequence[int] | None = None, node_configs: Sequence[Mapping[str, Any]] | None = None) -> InProcessGrid:
     """An ``InProcessGrid``, with the task identity Flower's messages need set as in a ServerApp."""
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    return InProcessGrid(client_app, num_nodes, run_config, node_ids)
+    return InProcessGrid(client_app, num_nodes, run_config, node_ids, node_configs)
 
 
 def run_in_process(overrides: Mapping[str, Any], num_clients: int = 100, num_nodes: int | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
 
@@ -19,6 +20,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from client_apps.hosting import HOSTING
 from client_apps.persisted_state import CLIENT_STATE
 from flower_pfl.engine.wording import agreeing, counted
 from flower_pfl.experiment.clients import CLIENT_GROUP
@@ -27,12 +29,14 @@ from strategies.client_packs import is_pack, unpack
 from strategies.failures import listed, unwrap
 from strategies.nodes import query
 
+#: seconds the start-up query waits for the nodes' answers
+QUERY_TIMEOUT = 120.0
 #: how Flower's simulation wraps a ClientApp's exception message
 RAY_MESSAGE = "Exception ClientAppException occurred. Message: "
 
 
-def query_nodes(grid: Grid, timeout: float = 120.0, config: Mapping[str, Any] | None = None) -> dict[int, dict[str, Any]]:
-    """``node id -> {"partition-id", "dominant-label", "label-counts"}`` (and ``"client-group"``, the natural
+def query_nodes(grid: Grid, timeout: float = QUERY_TIMEOUT, config: Mapping[str, Any] | None = None) -> dict[int, dict[str, Any]]:
+    """``node id -> {"partition-id", "num-partitions", "dominant-label", "label-counts"}`` (and ``"client-group"``, the natural
     group or domain of the node's data, where it has one) of every node that answers
     (``config``: what the query asks besides; a node that lacks a resumed run's client state adds
     ``"client-state-missing"``, its message).
@@ -42,40 +46,73 @@ def query_nodes(grid: Grid, timeout: float = 120.0, config: Mapping[str, Any] | 
     node that hosts it (``server_apps.client_grid``).
 
     Every node loads its data and model to answer, so a run config they cannot serve fails here, before
-    any training: ``ConfigError`` with the nodes' errors when no node answers and some report an error.
-    Nodes that fail while others answer, and nodes that claim the same partition, are logged as warnings."""
+    any training: ``ConfigError`` with the nodes' errors when no node answers and some report an error,
+    when a node's config does not say which clients it hosts (``client_apps.hosting.HostingError``), when
+    two nodes host one client, and when nodes disagree on the federation's number of clients. Nodes that
+    fail while others answer, and nodes that claim the same partition, are logged as warnings."""
     asked = list(grid.get_node_ids())
-    info: dict[int, dict[str, Any]] = {}
-    hosted: dict[int, list[dict[str, Any]]] = {}
-    errors: dict[str, list[int]] = {}
-    for node, reply in query(grid, asked, timeout, ConfigRecord(dict(config or {}))):
+    found = ask(grid, asked, timeout, config)
+    if found.refused:
+        shown = "; ".join(f"node {node}: {why}" for node, why in sorted(found.refused.items())[:5])
+        raise ConfigError(f"{counted(len(found.refused), 'node')} cannot say which clients {agreeing(len(found.refused), 'it hosts', 'they host')}: "
+                          f"{shown}")
+    info = found.info
+    if found.hosted:
+        info = _by_client(info, found.hosted)
+        if len(sizes := {about.get("num-partitions") for about in info.values()}) > 1:
+            by_size = {size: sorted({about["node"] for about in info.values() if about.get("num-partitions") == size})
+                       for size in sizes}
+            shown = "; ".join(f"{_nodes(nodes)}: {size}" for size, nodes in by_size.items())
+            raise ConfigError(f"the nodes disagree on the federation's number of clients (num-partitions: {shown}): "
+                              "every node must give the same, as each client's data depends on it")
+    _report(info, found.errors, len(asked), by_client=bool(found.hosted))
+    return info
+
+
+@dataclass
+class Answers:
+    """The nodes' answers to a query: the clients of nodes that are their one client (by node), of nodes that
+    host several (by node), the nodes that failed (by error) and the nodes whose node config does not say
+    which clients they host (``client_apps.hosting.HostingError``, by node)."""
+
+    info: dict[int, dict[str, Any]] = field(default_factory=dict)
+    hosted: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    errors: dict[str, list[int]] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)
+
+
+def ask(grid: Grid, nodes: list[int], timeout: float, config: Mapping[str, Any] | None = None) -> Answers:
+    """Ask ``nodes`` the start-up query (``query_nodes``) and sort their answers (``Answers``); a node's
+    malformed answer is one of its errors."""
+    found = Answers()
+    for node, reply in query(grid, nodes, timeout, ConfigRecord(dict(config or {}))):
         if reply.has_error():
-            errors.setdefault(_gist(reply.error.reason or ""), []).append(node)
+            found.errors.setdefault(_gist(reply.error.reason or ""), []).append(node)
+        elif HOSTING in reply.content:
+            record = reply.content[HOSTING]
+            found.refused[node] = str(record.get(HOSTING, "")) if isinstance(record, ConfigRecord) else "a malformed answer"
         elif is_pack(reply.content):
             try:
                 contents, failed = unpack(reply.content)
                 answers = [_about(c) for c in contents.values()]
             except ValueError as err:  # a node's malformed answer costs its clients, never the run
-                errors.setdefault(f"a malformed answer ({err})", []).append(node)
+                found.errors.setdefault(f"a malformed answer ({err})", []).append(node)
                 continue
-            hosted[node] = [{**about, "node": node} for about in answers if "partition-id" in about]
+            found.hosted[node] = [{**about, "node": node} for about in answers if "partition-id" in about]
             by_gist: dict[str, list[int]] = {}
             for client, why in failed.items():
                 by_gist.setdefault(_gist(why), []).append(client)
             for why, clients in by_gist.items():  # the node's error where all its clients have it
-                errors.setdefault(why if not contents else f"clients {listed(sorted(clients))}: {why}", []).append(node)
+                found.errors.setdefault(why if not contents else f"clients {listed(sorted(clients))}: {why}", []).append(node)
         else:
             try:
                 about = _about(reply.content)
             except ValueError as err:
-                errors.setdefault(f"a malformed answer ({err})", []).append(node)
+                found.errors.setdefault(f"a malformed answer ({err})", []).append(node)
                 continue
             if about:
-                info[node] = about
-    if hosted:
-        info = _by_client(info, hosted)
-    _report(info, errors, len(asked), by_client=bool(hosted))
-    return info
+                found.info[node] = about
+    return found
 
 
 def _about(content: RecordDict) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 
 from client_apps.flower_internals import TaskIdentity
-from client_apps.hosting import hosted_clients, hosts_itself, parse_ids
+from client_apps.hosting import HostingError, hosted_clients, hosts_itself, parse_ids
 from server_apps.client_grid import ClientGrid
 from strategies.arrays import numpy_record
 from strategies.client_packs import ERRORS, PACK, REPORT, Tally, is_pack, pack, unpack
@@ -71,14 +71,18 @@ def test_simulation_nodes_host_contiguous_blocks_that_cover_every_client_once():
 
 
 def test_a_deployed_node_names_its_clients():
-    assert parse_ids("0-2, 7") == [0, 1, 2, 7]
+    assert parse_ids("0-2, 7", 10) == [0, 1, 2, 7]
     assert hosted_clients({"partition-ids": "5-9", "num-partitions": 20}, 0) == ([5, 6, 7, 8, 9], 20)
+    assert hosted_clients({"partition-ids": "5-9", "num-partitions": 20}, 20) == ([5, 6, 7, 8, 9], 20)
     assert not hosts_itself({"partition-ids": "3", "partition-id": 3, "num-partitions": 20}, 0)
-    for bad, why in [("1,x", "'x' is not a client id"), ("4-2", "empty"), ("1,1", "twice")]:
-        with pytest.raises(ValueError, match=why):
-            parse_ids(bad)
-    with pytest.raises(ValueError, match=r"names clients \[20\] outside the federation's 20"):
+    for bad, why in [("1,x", "'x' is not a client id"), ("4-2", "empty"), ("1,1", "twice"), ("5..9", "'5..9' is not"),
+                     ("0-1000000000000", "up to 1000000000000, outside the federation's 20")]:
+        with pytest.raises(HostingError, match=why):
+            parse_ids(bad, 20)
+    with pytest.raises(HostingError, match=r"up to 20, outside the federation's 20"):
         hosted_clients({"partition-ids": "18-20", "num-partitions": 20}, 0)
+    with pytest.raises(HostingError, match="run config num-clients = 30, but this node's num-partitions = 20"):
+        hosted_clients({"partition-ids": "18-19", "num-partitions": 20}, 30)
 
 
 # --- the server's view: clients for nodes ------------------------------------------------------------------
