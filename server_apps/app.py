@@ -365,6 +365,7 @@ def _account_failures(run: _Run, failures: NodeFailures) -> None:
     failures.log_file = run.out / FAILURES
     if run.hosts:  # the strategies' ids are clients (``server_apps.client_grid``)
         failures.noun = "client"
+        failures.hosts = run.grid.hosts  # type: ignore[attr-defined]  # the ClientGrid's, which nodes that join change
     run.recorder.failures = failures
 
 

@@ -58,18 +58,26 @@ class _Schedule:
             return
         causes = sorted({s.cause for s in lost.values()})
         since, shown, n = min(s.since for s in lost.values()), ", ".join(causes), len(lost)
-        short = (f"the {left} left cannot make an evaluated round that counts (min-evaluated-share {coverage.share:g} "
-                 f"asks for {coverage.evaluated})")
+        noun = self.failures.noun if self.failures is not None else "node"
+        hosts = self.failures.hosts if self.failures is not None else {}
+        whose, them = f"{n} of the federation's {counted(coverage.clients, noun)}", agreeing(n, f"that {noun}", f"those {noun}s")
+        if nodes := sorted({hosts[c] for c in lost if c in hosts}):  # the ids are clients: a Ray worker's loss is their nodes'
+            actors = (f"{len(nodes)} of the federation's {counted(len(set(hosts.values())), 'node')}, hosting {n} of its "
+                      f"{counted(coverage.clients, 'client')},")
+            them = agreeing(len(nodes), "that node", "those nodes")
+        else:
+            actors = whose
+        short = (f"the {counted(left, noun)} left cannot make an evaluated round that counts (min-evaluated-share "
+                 f"{coverage.share:g} asks for {coverage.evaluated})")
         resume = f"continue from the last checkpoint with resume-from = '{self.recorder.out_dir}'"
         if RAY_ACTOR_LOSSES.issuperset(causes):  # a simulation's virtual nodes stay: their actors died with their worker
-            reason = (f"the Ray worker behind the actors of {n} of the federation's {coverage.clients} nodes is gone since "
-                      f"round {since} ({shown}): the actors died with it and are not replaced during a run, so every "
-                      f"message to {agreeing(n, 'that node', 'those nodes')} fails, and {short}. Ray's logs say why the "
-                      "worker died (out of memory is the usual cause: fewer actors per machine, with a larger "
-                      f"client-resources-num-cpus, or more memory for the worker); then {resume}")
+            reason = (f"the Ray worker behind the actors of {actors} is gone since round {since} ({shown}): the actors "
+                      f"died with it and are not replaced during a run, so every message to {them} fails, and {short}. "
+                      "Ray's logs say why the worker died (out of memory is the usual cause: fewer actors per machine, "
+                      "with a larger client-resources-num-cpus, or more memory for the worker); then " + resume)
         else:
-            reason = (f"{n} of the federation's {counted(coverage.clients, 'node')} lost since round {since} ({shown}): "
-                      f"{short}. A lost SuperNode is not replaced during a run: bring the nodes back and {resume}")
+            reason = (f"{whose} lost since round {since} ({shown}): {short}. A lost SuperNode is not replaced during a "
+                      f"run: bring the nodes back and {resume}")
         self.recorder.fail(reason)
         raise RunFailed(f"round {server_round}: {reason}")
 

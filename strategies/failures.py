@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import WARNING
 from pathlib import Path
@@ -111,6 +111,8 @@ class NodeFailures:
         self.round = 0
         #: what the ids name: "node", or "client" where nodes host several clients (``server_apps.client_grid``)
         self.noun = "node"
+        #: where the ids are clients: the node that hosts each (``ClientGrid.hosts``)
+        self.hosts: Mapping[Any, int] = {}
 
     def record(self, server_round: int, node: Any, reason: str, phase: str = "") -> None:
         """A node that failed (``reason``: Flower's error reason) or never answered (``NO_REPLY``)."""

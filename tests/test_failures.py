@@ -120,10 +120,13 @@ def test_a_message_strategy_stops_sending_to_a_lost_node():
     assert sorted(m.metadata.dst_node_id for m in sent) == [11, 13]
 
 
-def _schedule(tmp_path, lost: int, clients: int = 12, first: str = RAY_DIED) -> _Schedule:
-    """``lost`` nodes lost: node 0 by ``first``, the others by a dead Ray actor."""
+def _schedule(tmp_path, lost: int, clients: int = 12, first: str = RAY_DIED, hosts: dict[int, int] | None = None) -> _Schedule:
+    """``lost`` nodes lost: node 0 by ``first``, the others by a dead Ray actor (with ``hosts``, the ids are
+    clients, each hosted by the node ``hosts`` names)."""
     recorder = RunRecorder(tmp_path, {}, 10, log=lambda _: None, coverage=Coverage(clients=clients, share=0.8))
     failures = NodeFailures(lost_after=1)
+    if hosts:
+        failures.noun, failures.hosts = "client", hosts
     for node in range(lost):
         failures.record(2 + node % 2, node, RAY_DIED if node else first)
     failures.end_round(3)
@@ -138,12 +141,22 @@ def test_the_run_stops_when_the_nodes_left_cannot_make_a_round_that_counts(tmp_p
     # a simulation's nodes stay: what is gone is the Ray worker that ran their actors
     assert message.startswith("round 4: the Ray worker behind the actors of 3 of the federation's 12 nodes is gone since "
                               "round 2 (ActorDiedError): the actors died with it and are not replaced during a run, so "
-                              "every message to those nodes fails, and the 9 left cannot make an evaluated round that "
+                              "every message to those nodes fails, and the 9 nodes left cannot make an evaluated round that "
                               "counts (min-evaluated-share 0.8 asks for 10). Ray's logs say why the worker died")
     assert "nodes lost" not in message and "client-resources-num-cpus" in message
     assert f"resume-from = '{tmp_path / 'b'}'" in message and "learning rate" not in message
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] in message
+
+
+def test_clients_lost_with_their_node_are_counted_as_clients_and_their_node_as_a_node(tmp_path):
+    """24 clients on 4 nodes, the Ray worker of the node hosting clients 0-5 gone: one node, six clients."""
+    with pytest.raises(RunFailed) as stopped:
+        _schedule(tmp_path, lost=6, clients=24, hosts={c: 100 + c // 6 for c in range(24)}).check_losses(4)
+    message = str(stopped.value)
+    assert message.startswith("round 4: the Ray worker behind the actors of 1 of the federation's 4 nodes, hosting 6 of "
+                              "its 24 clients, is gone since round 2 (ActorDiedError)"), message
+    assert "every message to that node fails, and the 18 clients left cannot make an evaluated round" in message
 
 
 def test_nodes_lost_for_other_causes_too_are_named_as_lost_nodes(tmp_path):
@@ -152,7 +165,7 @@ def test_nodes_lost_for_other_causes_too_are_named_as_lost_nodes(tmp_path):
         _schedule(tmp_path, lost=3, first="RuntimeError('disk full')").check_losses(4)
     message = str(stopped.value)
     assert message.startswith("round 4: 3 of the federation's 12 nodes lost since round 2 (ActorDiedError, RuntimeError): "
-                              "the 9 left cannot make an evaluated round that counts")
+                              "the 9 nodes left cannot make an evaluated round that counts")
     assert "Ray worker behind" not in message and "A lost SuperNode is not replaced during a run" in message
 
 
@@ -188,7 +201,7 @@ def test_in_process_a_client_that_always_fails_is_lost_and_the_run_goes_on_or_st
     assert summary["status"] == "completed" and summary["failures_log"] == str(out / "failures.log")
     assert (out / "failures.log").read_text().count("device lost") == 3
 
-    with pytest.raises(RunFailed, match=r"round 2: 1 of the federation's 4 nodes lost since round 1 \(RuntimeError\)"):
+    with pytest.raises(RunFailed, match=r"round 2: 1 of the federation's 4 clients lost since round 1 \(RuntimeError\)"):
         run_in_process({**settings, "output-dir": str(tmp_path / "off")}, num_clients=4)
     (stopped,) = list((tmp_path / "off").iterdir())
     assert json.loads((stopped / "summary.json").read_text())["lost_nodes"]

@@ -91,7 +91,7 @@ def test_a_run_across_two_nodes_gives_the_in_process_numbers_and_survives_a_lost
     if summary["status"] == "failed":
         # the worker's actors are gone, not the virtual nodes: said so where every lost node failed by Ray's actor errors
         ray_only = all(lost["cause"] in RAY_ACTOR_LOSSES for lost in summary["lost_nodes"].values())
-        said = "the Ray worker behind the actors of" if ray_only else "nodes lost since round"
+        said = "the Ray worker behind the actors of" if ray_only else "lost since round"
         assert said in summary["error"] and "resume-from" in summary["error"], summary
         assert "learning rate" not in summary["error"]
     else:
