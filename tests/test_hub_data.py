@@ -48,7 +48,7 @@ def test_femnist_natural_partition_is_one_writer_per_client(tmp_path):
         assert c.num_train == 8  # data scarcity applies to natural partitions too
         sizes.append(len(c.y_test))
     assert sum(sizes) == 6 * 5  # 20 samples per writer, 25% of them for testing
-    with pytest.raises(ValueError, match="has 6 natural clients, fewer than the 7 partitions"):
+    with pytest.raises(ConfigError, match="has 6 natural clients, fewer than the 7 clients asked for by one client per node"):
         load_client_data(cfg, 6, 7)
 
 

@@ -232,6 +232,11 @@ def test_omniglot_characters_numbered_in_sorted_order_across_both_sets(tmp_path)
     cfg = ExperimentConfig(dataset="omniglot", data_dir=str(tmp_path), partition="natural", min_test_samples=1)
     clients = [load_client_data(cfg, pid, 2) for pid in range(2)]
     assert [c.num_train + len(c.y_test) for c in clients] == [4, 3]
+    few = r"'omniglot': the data set has 2 natural clients \(1 more have fewer than 2 samples.*\), fewer than the 3 clients asked for by "
+    with pytest.raises(ConfigError, match=few + r"run config 'num-clients' = 3; at most 2 clients take one each"):
+        load_client_data(ExperimentConfig(**{**vars(cfg), "num_clients": 3}), 0, 3)
+    with pytest.raises(ConfigError, match=few + r"one client per node \(run config 'num-clients' = 0\): .*num-supernodes"):
+        load_client_data(cfg, 0, 3)
 
 
 def test_covidx_list_files_and_image_folders(tmp_path):

@@ -11,6 +11,8 @@ every client's training part, turns the raw samples into tensors.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -25,7 +27,7 @@ from flower_pfl.experiment.data.client_data import smallest_share, split_indices
 from flower_pfl.experiment.data.files import MalformedFile, MissingFiles, located
 from flower_pfl.experiment.data.imports import is_import_path
 from flower_pfl.experiment.data.info import DataInfo
-from flower_pfl.experiment.data.partition import domain_partition, keep_train_samples, natural_partition, partition_indices
+from flower_pfl.experiment.data.partition import TooFewClients, domain_partition, keep_train_samples, natural_partition, partition_indices
 from flower_pfl.experiment.datasets import registry
 from flower_pfl.experiment.datasets.base import FILES, DataSet, Pool, Where
 from flower_pfl.experiment.datasets.own import OwnData
@@ -88,7 +90,22 @@ def load_client_data(cfg: ExperimentConfig, partition_id: int, num_partitions: i
     """Client ``partition_id``'s own train/test data (every client's is built once per process and cached)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
-    return client_datasets(data_request(cfg), num_partitions)[partition_id]
+    with clients_named(cfg):
+        return client_datasets(data_request(cfg), num_partitions)[partition_id]
+
+
+@contextmanager
+def clients_named(cfg: ExperimentConfig) -> Iterator[None]:
+    """``TooFewClients`` as a ``ConfigError`` naming where the number of clients came from: ``num-clients`` where it
+    is set, else the number of nodes (one client per node)."""
+    try:
+        yield
+    except TooFewClients as err:
+        asked = (f"run config 'num-clients' = {cfg.num_clients}" if cfg.num_clients else
+                 "one client per node (run config 'num-clients' = 0): the number of nodes, num-supernodes in a simulation "
+                 "or the node config's num-partitions in a deployment")
+        raise ConfigError(f"run config 'partition' = 'natural' with dataset {cfg.dataset!r}: {err} by {asked}; at most "
+                          f"{err.available} clients take one each (a label partition spreads more clients over the data)") from err
 
 
 @lru_cache(maxsize=4)

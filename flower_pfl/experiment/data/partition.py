@@ -29,6 +29,15 @@ SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "pathological", "shards")
 MIN_DIRICHLET_SIZE = 10
 
 
+class TooFewClients(ValueError):
+    """A natural partition asked for ``asked`` clients where the data hold ``available`` natural clients or
+    domains (``what`` they are); whoever knows where the number of clients came from names it."""
+
+    def __init__(self, available: int, what: str, asked: int) -> None:
+        self.available, self.asked = available, asked
+        super().__init__(f"the data set has {available} {what}, fewer than the {asked} clients asked for")
+
+
 def make_partitioner(scheme: str, num_partitions: int, *, label: str = "label", alpha: float = 0.5,
                      classes_per_client: int = 2, shards_per_client: int = 2, seed: int = 0) -> Any:
     """The Flower Datasets partitioner for ``scheme`` (partitioning by column ``label``)."""
@@ -108,8 +117,7 @@ def natural_partition(groups: np.ndarray, num_partitions: int, min_size: int = 2
     if num_partitions > len(usable):
         small = (f" ({len(names) - len(usable)} more have fewer than {min_size} samples, too few for a training part and a "
                  "test part of min-test-samples)") if len(usable) < len(names) else ""
-        raise ValueError(f"the data set has {len(usable)} natural clients{small}, fewer than the {num_partitions} "
-                         "partitions asked for (num-supernodes)")
+        raise TooFewClients(len(usable), f"natural clients{small}", num_partitions)
     order = np.argsort(inverse, kind="stable")
     starts = np.concatenate([[0], np.cumsum(sizes)])
     chosen = usable[:num_partitions]
@@ -125,12 +133,12 @@ def domain_partition(domains: np.ndarray, labels: np.ndarray, num_partitions: in
                      paired: bool = False, **options: Any) -> tuple[list[np.ndarray], list[str]]:
     """Clients take the domains in turn (``domain_of_client``), and each domain's samples are partitioned over
     its clients by ``scheme`` (``partition_indices``); each client's sample indices and its domain's name
-    (domains in the order they first appear). ``scheme = "natural"``: one client per domain."""
+    (domains in the order they first appear). ``scheme = "natural"``: one client per domain (``TooFewClients``
+    when there are fewer domains than clients)."""
     names = list(dict.fromkeys(str(d) for d in domains))
     if scheme == "natural":
         if num_partitions > len(names):
-            raise ValueError(f"the data set has {len(names)} domains ({', '.join(names)}), fewer than the {num_partitions} "
-                             "partitions asked for (num-supernodes); a label partition spreads more clients over them")
+            raise TooFewClients(len(names), f"domains ({', '.join(names)})", num_partitions)
         return [np.flatnonzero(domains == name) for name in names[:num_partitions]], names[:num_partitions]
     parts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * num_partitions
     for d, name in enumerate(names):
