@@ -12,6 +12,7 @@ from flower_pfl.experiment.build import load_client_data
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data.images import to_float
 from flower_pfl.experiment.datasets import registry
+from flower_pfl.tools import check
 from server_apps.inprocess import run_in_process
 
 
@@ -197,6 +198,9 @@ def test_office_caltech10_domains_as_fedbns_archive_unpacks(tmp_path):
                            options={"office-caltech10-domains": "dslr,caltech"})
     data = [load_client_data(cfg, pid, 2) for pid in range(2)]
     assert [c.num_train + len(c.y_test) for c in data] == [3, 4]
+    with pytest.raises(ConfigError, match=r"has 2 domains \(dslr, caltech\), fewer than the 3 clients asked for by one client per node") as run:
+        load_client_data(cfg, 0, 3)
+    assert check.data_and_model_problems(cfg, 3) == [str(run.value)]  # python -m flower_pfl check on 3 nodes
     with pytest.raises(ValueError, match="distinct domains among amazon, caltech, dslr, webcam"):
         registry.instance("office-caltech10", {"office-caltech10-domains": "amazon,imagenet"})
 

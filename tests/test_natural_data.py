@@ -244,3 +244,37 @@ def test_a_pamap2_file_of_other_columns_is_named(pamap2, tmp_path):
     path.write_text("".join(" ".join(line.split()[:53]) + "\n" for line in path.read_text().splitlines()))
     with pytest.raises(MalformedFile, match=re.escape(f"{path}: 53 columns a line, PAMAP2's .dat files have 54")):
         pool_of("pamap2", root)
+
+
+# --- python -m flower_pfl check stops where the run stops ---------------------------------------------------------
+@pytest.mark.parametrize(("name", "fixture", "options", "held"), [
+    ("camelyon17", "camelyon", {"model": "cnn"}, 5),  # hospitals
+    ("iwildcam", "iwildcam", {"model": "cnn", "iwildcam-min-samples": 3}, 2),  # camera traps of more than 3 photos
+    ("pamap2", "pamap2", {"model": "har-cnn"}, 9),  # subjects
+])
+def test_check_refuses_more_clients_than_the_files_hold_in_the_runs_words(request, capsys, tmp_path, monkeypatch, name, fixture,
+                                                                          options, held):
+    from flower_pfl.tools import check
+
+    monkeypatch.chdir(tmp_path)
+    root, _ = request.getfixturevalue(fixture)
+    keys = {"dataset": name, "partition": "natural", "data-dir": str(root), "min-test-samples": 1, **options}
+    with pytest.raises(ConfigError, match=f"has {held} natural clients, fewer than the {held + 1} clients asked for") as run:
+        load_client_data(ExperimentConfig.from_mapping({**keys, "num-clients": held + 1}), 0, held + 1)
+    settings = " ".join(f"{key}={value!r}" for key, value in keys.items())
+    assert check.main(["--run-config", f"{settings} num-clients={held + 1}"]) == 2
+    assert capsys.readouterr().err == f"flower-pfl: {run.value}\n"
+    assert check.main(["--run-config", settings, "--federation-config", f"num-supernodes={held}"]) == 0
+
+
+def test_check_names_a_listed_image_missing_as_the_run_does(camelyon, capsys, tmp_path, monkeypatch):
+    from flower_pfl.tools import check
+
+    monkeypatch.chdir(tmp_path)
+    root = _copy(camelyon[0], tmp_path / "c")
+    (root / "camelyon17_v1.0" / camelyon[1]["path"][4]).unlink()
+    keys = {"dataset": "camelyon17", "partition": "natural", "data-dir": str(root), "model": "cnn", "num-clients": 2}
+    with pytest.raises(ConfigError) as run:
+        load_client_data(ExperimentConfig.from_mapping(keys), 0, 2)
+    assert check.main(["--run-config", " ".join(f"{key}={value!r}" for key, value in keys.items())]) == 2
+    assert capsys.readouterr().err == f"flower-pfl: {run.value}\n" and camelyon[1]["path"][4] in str(run.value)

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+from flower_pfl.experiment.build import load_client_data
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.tools import check
 from server_apps.inprocess import run_in_process
@@ -105,3 +106,34 @@ def test_check_refuses_a_model_that_cannot_take_the_datas_samples(capsys, tmp_pa
     assert check.main(["--run-config", "model='tests.own_cases:wrong_width'"]) == 2
     err = capsys.readouterr().err
     assert "'tests.own_cases:wrong_width': the model fails on a batch of 2 samples of shape (60,)" in err
+
+
+# --- check: a natural partition, read and partitioned as the run does it -----------------------------------------
+
+def _refusals(capsys, settings: str, *federation: str) -> str:
+    assert check.main(["--run-config", settings, *federation]) == 2
+    return capsys.readouterr().err
+
+
+def test_check_partitions_the_natural_clients_as_the_run_does(capsys, tmp_path, monkeypatch):
+    """Omniglot's files holding 3 drawers: 4 clients are refused with the very words the run stops with, whether
+    num-clients or the nodes set the number, and without a pixel decoded; 3 clients pass."""
+    import image_files
+    from PIL import Image
+
+    monkeypatch.chdir(tmp_path)
+    image_files.write_omniglot(tmp_path / "data", {"images_background": {"Latin/character01": 3, "Greek/character01": 3},
+                                                   "images_evaluation": {"Atlantean/character01": 3}})
+    keys = {"dataset": "omniglot", "partition": "natural", "model": "cnn", "min-test-samples": 1, "data-dir": str(tmp_path / "data")}
+    settings = " ".join(f"{key}={value!r}" for key, value in keys.items())
+    stops = {}
+    for clients in (4, 0):  # 4 clients, by num-clients or by the nodes
+        with pytest.raises(ConfigError) as run:
+            load_client_data(ExperimentConfig.from_mapping({**keys, "num-clients": clients}), 0, 4)
+        stops[clients] = f"flower-pfl: {run.value}\n"
+    assert "'num-clients' = 4" in stops[4] and "num-supernodes" in stops[0]
+    monkeypatch.setattr(Image.Image, "convert", lambda *a, **k: pytest.fail("check decoded an image"))
+    assert _refusals(capsys, f"{settings} num-clients=4") == stops[4]
+    assert _refusals(capsys, settings, "--federation-config", "num-supernodes=4 client-resources-num-cpus=1") == stops[0]
+    assert check.main(["--run-config", f"{settings} num-clients=3"]) == 0
+    assert check.main(["--run-config", settings, "--federation-config", "num-supernodes=3"]) == 0

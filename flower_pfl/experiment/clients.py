@@ -25,6 +25,7 @@ from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data import ClientData
 from flower_pfl.experiment.data.client_data import smallest_share, split_indices
 from flower_pfl.experiment.data.files import MalformedFile, MissingFiles, located
+from flower_pfl.experiment.data.images import headers_only
 from flower_pfl.experiment.data.imports import is_import_path
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.data.partition import TooFewClients, domain_partition, keep_train_samples, natural_partition, partition_indices
@@ -113,11 +114,28 @@ def client_datasets(request: DataRequest, num_partitions: int) -> tuple[ClientDa
     """Every client's data for ``request``."""
     dataset = request.data_set()
     pool = _pool(dataset, request, num_partitions)
-    parts, groups = _partition(dataset, pool, request, num_partitions)
-    split_rng, scarce_rng = np.random.default_rng([request.seed, 1]), np.random.default_rng([request.seed, 2])
-    temporal = dataset.temporal_split and request.partition == "natural"
+    shares = client_shares(dataset, pool, request, num_partitions)
+    scarce_rng = np.random.default_rng([request.seed, 2])
     raw = []
+    for train, test, _ in shares:
+        x_train, y_train = pool.x[train], pool.y[train]
+        if request.train_samples:
+            x_train, y_train = keep_train_samples(x_train, y_train, request.train_samples, scarce_rng)
+        raw.append((x_train, y_train, pool.x[test], pool.y[test]))
+    encode = dataset.encoder([r[0] for r in raw])
+    as_y = lambda y: torch.as_tensor(y, dtype=torch.int64)
+    return tuple(ClientData(encode(xt), as_y(yt), encode(xe), as_y(ye), group) for (xt, yt, xe, ye), (_, _, group) in zip(raw, shares))
+
+
+def client_shares(dataset: DataSet, pool: Pool, request: DataRequest, num_partitions: int) -> list[tuple[np.ndarray, np.ndarray, str]]:
+    """Each client's training and test samples (indices into the pool) and the natural group or domain they come
+    from: the pool partitioned, each share split (a seeded shuffle; in time for a data set that asks it, with a
+    natural partition; the publisher's split where the pool has one)."""
+    parts, groups = _partition(dataset, pool, request, num_partitions)
+    split_rng = np.random.default_rng([request.seed, 1])
+    temporal = dataset.temporal_split and request.partition == "natural"
     published = pool.test is not None and request.partition == "natural"  # the publisher's split of each natural client
+    shares = []
     for idx, group in zip(parts, groups):
         if published:
             tr, te = np.flatnonzero(~pool.test[idx]), np.flatnonzero(pool.test[idx])  # type: ignore[index]
@@ -127,13 +145,8 @@ def client_datasets(request: DataRequest, num_partitions: int) -> tuple[ClientDa
         else:
             tr, te = split_indices(len(idx), request.train_fraction, split_rng, temporal, dataset.split_gap if temporal else 0,
                                    min_test=request.min_test if request.partition == "natural" else 0)
-        x_train, y_train = pool.x[idx[tr]], pool.y[idx[tr]]
-        if request.train_samples:
-            x_train, y_train = keep_train_samples(x_train, y_train, request.train_samples, scarce_rng)
-        raw.append((x_train, y_train, pool.x[idx[te]], pool.y[idx[te]]))
-    encode = dataset.encoder([r[0] for r in raw])
-    as_y = lambda y: torch.as_tensor(y, dtype=torch.int64)
-    return tuple(ClientData(encode(xt), as_y(yt), encode(xe), as_y(ye), group) for (xt, yt, xe, ye), group in zip(raw, groups))
+        shares.append((idx[tr], idx[te], group))
+    return shares
 
 
 def _pool(dataset: DataSet, request: DataRequest, num_partitions: int) -> Pool:
@@ -166,6 +179,26 @@ def missing_data(cfg: ExperimentConfig) -> str | None:
     if not missing:
         return None
     return missing_files_message(dataset, cfg.dataset, root, where.download, MissingFiles(root, found, missing))
+
+
+def natural_partition_problem(cfg: ExperimentConfig, num_clients: int) -> str | None:
+    """What a run of ``cfg`` over ``num_clients`` clients would stop on when it gives each client one natural client
+    (fewer drawers, writers, subjects or domains in the files than clients, an image a list names missing, the
+    files' own split leaving a client no test samples): the run's own reading and partitioning of the data, each
+    image's header read but no pixels decoded (``headers_only``). ``None`` when nothing stops it, for a label
+    partition (its clients are drawn from any data), and where the data come from the hub or a download (not
+    fetched here)."""
+    request = data_request(cfg)
+    dataset, where = request.data_set(), request.where
+    hub = any(" (" in name for name in dataset.expected_files())  # a part read from the hub's files (digits' MNIST-M)
+    if request.partition != "natural" or where.source != FILES or where.download or hub:
+        return None
+    try:
+        with clients_named(cfg), headers_only():
+            client_shares(dataset, _pool(dataset, request, num_clients), request, num_clients)
+    except ConfigError as err:
+        return str(err)
+    return None
 
 
 def missing_files_message(dataset: DataSet, name: str, data_dir: Path, download: bool, err: FileNotFoundError) -> str:

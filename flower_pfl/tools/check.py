@@ -8,9 +8,11 @@ bad value only once the run has started. This reads the app's defaults (``APP``'
 without ``APP``, the current folder's when it is a Flower app, else the package's own defaults, so it
 runs from any folder) and the overrides as ``flwr run`` reads them, and says every problem at once: a
 key no run config has (with the nearest known keys), a value out of range, a device this machine lacks,
-data files that are not under ``data-dir`` (looked for, not loaded), a model that cannot take the data's
-samples; a percent written as a fraction is said as a warning. Exit status 0 when the run config is
-good, 2 when it is not.
+data files that are not under ``data-dir`` (looked for, not loaded), a natural partition the run would
+stop on (the run's own reading and partitioning of the files, images' pixels excepted, over the run's
+clients: ``num-clients``, else ``--federation-config``'s ``num-supernodes`` as ``flwr run`` takes it), a
+model that cannot take the data's samples; a percent written as a fraction is said as a warning. Exit
+status 0 when the run config is good, 2 when it is not.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from client_apps.flower_internals import parse_config_args
 from flower_pfl.engine.wording import counted
 from flower_pfl.experiment.build import check_device, check_method_applies, make_model
-from flower_pfl.experiment.clients import missing_data
+from flower_pfl.experiment.clients import missing_data, natural_partition_problem
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig, nearest_keys
 
 
@@ -54,9 +56,10 @@ def _is_app(folder: Path) -> bool:
         return False
 
 
-def problems(run_config: Mapping[str, Any], defaults: Mapping[str, Any], app: str) -> tuple[list[str], list[str], ExperimentConfig | None]:
-    """What is wrong with ``run_config`` (the app's ``defaults`` with the overrides), what is worth a
-    warning, and the parsed config when nothing is wrong."""
+def problems(run_config: Mapping[str, Any], defaults: Mapping[str, Any], app: str,
+             nodes: int = 0) -> tuple[list[str], list[str], ExperimentConfig | None]:
+    """What is wrong with ``run_config`` (the app's ``defaults`` with the overrides) on ``nodes`` nodes (0: not
+    known), what is worth a warning, and the parsed config when nothing is wrong."""
     where = f"{app}/pyproject.toml's [tool.flwr.app.config], so flwr run refuses it" if app != "the package" else "any run config"
     errors = [f"run config key '{key}' is not in {where}{nearest_keys(key)}" for key in run_config if key not in defaults]
     cfg = None
@@ -68,15 +71,16 @@ def problems(run_config: Mapping[str, Any], defaults: Mapping[str, Any], app: st
         except ConfigError as err:
             errors.append(str(err))
         if cfg is not None:
-            errors += data_and_model_problems(cfg)
+            errors += data_and_model_problems(cfg, cfg.num_clients or nodes)
     return errors, [str(w.message) for w in caught], (None if errors else cfg)
 
 
-def data_and_model_problems(cfg: ExperimentConfig) -> list[str]:
-    """The data files a run of ``cfg`` would miss (looked for, not loaded), and whether its model can be built for
-    the data and the method (``make_model`` runs a model of one's own on a batch of the data's shape)."""
+def data_and_model_problems(cfg: ExperimentConfig, num_clients: int = 0) -> list[str]:
+    """The data files a run of ``cfg`` would miss (looked for, not loaded), what a natural partition over its
+    ``num_clients`` clients (0: not known, one) would stop on, and whether its model can be built for the data and
+    the method (``make_model`` runs a model of one's own on a batch of the data's shape)."""
     try:
-        if (missing := missing_data(cfg)) is not None:
+        if (missing := missing_data(cfg) or natural_partition_problem(cfg, num_clients or 1)) is not None:
             return [missing]
         make_model(cfg)
         check_method_applies(cfg)
@@ -90,15 +94,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("app", nargs="?", help="the Flower app's folder, as flwr run takes it (default: the current folder "
                                                "when it is a Flower app, else the package's own run config)")
     parser.add_argument("--run-config", action="append", help='"key=value ..." or a .toml file, as flwr run takes it')
+    parser.add_argument("--federation-config", action="append", help='"num-supernodes=N ...", as flwr run takes it: the '
+                                                                      "nodes, one client each where num-clients is 0")
     args = parser.parse_args(argv)
     app = args.app if args.app is not None else "." if _is_app(Path(".")) else None
     try:
         defaults = app_config(Path(app)) if app is not None else ExperimentConfig().to_run_config()
         overrides = parse_config_args(args.run_config)
+        nodes = parse_config_args(args.federation_config).get("num-supernodes", 0)
     except Exception as err:  # no pyproject, no [tool.flwr.app], a malformed --run-config: Flower's own words
         print(f"flower-pfl: cannot read the run config: {getattr(err, 'message', None) or err}", file=sys.stderr)
         return 2
-    errors, warned, cfg = problems({**defaults, **overrides}, defaults, app or "the package")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 0:
+        print(f"flower-pfl: --federation-config num-supernodes = {nodes!r} is not a number of nodes", file=sys.stderr)
+        return 2
+    errors, warned, cfg = problems({**defaults, **overrides}, defaults, app or "the package", nodes)
     for message in warned:
         print(f"flower-pfl: warning: {message}", file=sys.stderr)
     for message in errors:

@@ -3,7 +3,9 @@ and scaled for a model. Every loader gives uint8 ``(n, channels, height, width)`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,21 @@ import torch.nn.functional as F
 
 from flower_pfl.engine.extras import require
 from flower_pfl.experiment.data.files import MalformedFile
+
+#: ``read_images`` reads each file's header and decodes nothing (``headers_only``)
+_HEADERS_ONLY: ContextVar[bool] = ContextVar("headers_only", default=False)
+
+
+@contextmanager
+def headers_only() -> Iterator[None]:
+    """Within it, ``read_images`` opens each file and reads its header (a file that is missing or not an image is
+    named as when decoding) but decodes no pixels: it gives ``(n, C, 0, 0)`` arrays. Partitioning an image data
+    set needs its labels and natural clients, not its pixels (``python -m flower_pfl check``)."""
+    token = _HEADERS_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _HEADERS_ONLY.reset(token)
 
 
 def channels_first(x: np.ndarray) -> np.ndarray:
@@ -72,19 +89,27 @@ def torchvision_resized_pool(class_name: str, root: str | Path, download: bool, 
 def read_images(paths: Sequence[str | Path], side: int | None = None, grey: bool = False) -> np.ndarray:
     """Image files as uint8 ``(n, C, H, W)``: in colour (grey ones repeated to three channels) or, with ``grey``,
     one channel; with ``side``, each resized to ``side`` x ``side`` (bilinear, as torchvision's ``Resize``) into
-    one array filled in place, else all of one size. A file PIL cannot read raises ``MalformedFile`` naming it."""
+    one array filled in place, else all of one size. A file PIL cannot read raises ``MalformedFile`` naming it.
+    Within ``headers_only``, only each file's header is read."""
     require("PIL", why="image files")
     from PIL import Image, UnidentifiedImageError
+
+    channels, headers = 1 if grey else 3, _HEADERS_ONLY.get()
 
     def one(path: str | Path) -> np.ndarray:
         try:
             with Image.open(path) as image:
+                if headers:
+                    return np.zeros((0, 0, channels), np.uint8)
                 converted = image.convert("L" if grey else "RGB")
                 return np.asarray(converted if side is None else converted.resize((side, side), Image.Resampling.BILINEAR))
         except (UnidentifiedImageError, OSError) as err:
             raise MalformedFile(f"{path}: not an image file PIL can read ({err})") from err
 
-    channels = 1 if grey else 3
+    if headers:
+        for path in paths:
+            one(path)
+        return np.zeros((len(paths), channels, 0, 0), np.uint8)
     if not paths:
         return np.zeros((0, channels, side or 1, side or 1), np.uint8)
     if side is None:
