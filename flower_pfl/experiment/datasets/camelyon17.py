@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from flower_pfl.engine.params import NON_NEGATIVE_INT, param
+from flower_pfl.experiment.data.columns import integers
 from flower_pfl.experiment.data.files import require_files, require_listed
 from flower_pfl.experiment.data.images import read_images
 from flower_pfl.experiment.data.info import DataInfo
-from flower_pfl.experiment.data.wilds import integers, read_metadata
+from flower_pfl.experiment.data.wilds import read_metadata
 from flower_pfl.experiment.datasets.base import DataSet, Pool, Where
 
 FOLDER = "camelyon17_v1.0"
