@@ -88,40 +88,39 @@ def write_hub_folder(root: Path, image_col: str, label_col: str, labels: np.ndar
     return images
 
 
-def write_gtsrb(root: Path, per_class: int, test: int, classes: int = 43, seed: int = 0) -> dict[str, np.ndarray]:
-    """GTSRB as its archives unpack for torchvision: ``gtsrb/GTSRB/Training/000cc/000tt_000nn.ppm`` (with each class's
-    ``GT-000cc.csv``), ``gtsrb/GTSRB/Final_Test/Images/nnnnn.ppm`` and ``gtsrb/GT-final_test.csv``; images of varied
-    sizes, each one colour (its label encoded in red) so that a resize keeps it; returns the labels of both parts."""
+def write_gtsrb(root: Path, per_class: int, test: int, classes: int = 43, seed: int = 0,
+                training: str = "GTSRB/Final_Training/Images") -> dict[str, np.ndarray]:
+    """GTSRB's archives unpacked into ``root/gtsrb``: the training images in ``training``'s class folders
+    (``GTSRB_Final_Training_Images.zip``'s ``GTSRB/Final_Training/Images/000cc/000tt_000nn.ppm``, or torchvision's
+    ``GTSRB/Training/000cc/``), each with its semicolon-separated ``GT-000cc.csv``; ``GTSRB_Final_Test_Images.zip``'s
+    ``GTSRB/Final_Test/Images/nnnnn.ppm`` with its unlabelled ``GT-final_test.test.csv``, and
+    ``GTSRB_Final_Test_GT.zip``'s ``GT-final_test.csv``. Images of varied sizes, each one colour (its label encoded
+    in red) so that a resize keeps it; returns the labels of both parts."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     base = root / "gtsrb" / "GTSRB"
-    header = "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId"
+    header = "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2"
 
-    def image(path: Path, label: int) -> tuple[int, int]:
+    def image(path: Path, label: int) -> str:
         w, h = (int(v) for v in rng.integers(15, 60, 2))
         Image.fromarray(np.full((h, w, 3), (5 * label, 100, 200), np.uint8)).save(path)
-        return w, h
+        return f"{path.name};{w};{h};1;1;{w - 1};{h - 1}"
 
     train = []
     for c in range(classes):
-        folder = base / "Training" / f"{c:05d}"
+        folder = root / "gtsrb" / training / f"{c:05d}"
         folder.mkdir(parents=True)
-        rows = [header]
-        for n in range(per_class):
-            name = f"00000_{n:05d}.ppm"
-            w, h = image(folder / name, c)
-            rows.append(f"{name};{w};{h};1;1;{w - 1};{h - 1};{c}")
-            train.append(c)
+        rows = [f"{header};ClassId"] + [f"{image(folder / f'00000_{n:05d}.ppm', c)};{c}" for n in range(per_class)]
         (folder / f"GT-{c:05d}.csv").write_text("\n".join(rows) + "\n")
+        train += [c] * per_class
     images = base / "Final_Test" / "Images"
     images.mkdir(parents=True)
-    rows, test_labels = [header], rng.integers(0, classes, test)
-    for n, c in enumerate(test_labels):
-        name = f"{n:05d}.ppm"
-        w, h = image(images / name, int(c))
-        rows.append(f"{name};{w};{h};1;1;{w - 1};{h - 1};{c}")
-    (root / "gtsrb" / "GT-final_test.csv").write_text("\n".join(rows) + "\n")
+    test_labels = rng.integers(0, classes, test)
+    rows = [image(images / f"{n:05d}.ppm", int(c)) for n, c in enumerate(test_labels)]
+    (images / "GT-final_test.test.csv").write_text("\n".join([header, *rows]) + "\n")
+    labelled = [f"{row};{c}" for row, c in zip(rows, test_labels)]
+    (root / "gtsrb" / "GT-final_test.csv").write_text("\n".join([f"{header};ClassId", *labelled]) + "\n")
     return {"train": np.asarray(train), "test": test_labels}
 
 

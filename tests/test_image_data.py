@@ -3,6 +3,8 @@
 import gzip
 import json
 import os
+import re
+import shutil
 
 import image_files as files
 import numpy as np
@@ -132,17 +134,66 @@ def test_fmnist_cnn_run_end_to_end(tmp_path):
     assert summary["evaluated_rounds"] == 2 and 0 <= summary["bmta"] <= 1
 
 
-def test_gtsrb_as_its_archives_unpack(tmp_path):
+@pytest.mark.parametrize("training", ["GTSRB/Final_Training/Images", "GTSRB/Training"])  # the archive's, torchvision's
+def test_gtsrb_as_its_archives_unpack(tmp_path, training):
     """Training images in class folders, test images named by the GT csv: both parts pooled, resized to 32x32, each
     image still its one colour (the label in its red channel)."""
-    written = files.write_gtsrb(tmp_path, per_class=1, test=5)
+    written = files.write_gtsrb(tmp_path, per_class=2, test=5, training=training)
     x, y = load_image_pool("gtsrb", tmp_path)
-    assert x.shape == (43 + 5, 3, 32, 32) and x.dtype == np.uint8
+    assert x.shape == (2 * 43 + 5, 3, 32, 32) and x.dtype == np.uint8
     assert np.array_equal(y, np.concatenate([written["train"], written["test"]]))
     assert np.array_equal(x[:, 0, 16, 16], 5 * y) and (x[:, 1] == 100).all()
-    cfg = ExperimentConfig.from_mapping({"dataset": "gtsrb", "partition": "iid", "data-dir": str(tmp_path / "none")})
-    with pytest.raises(ConfigError, match=r"no files under data-dir .*gtsrb/GTSRB/Training/<class>/\*\.ppm.*set 'data-dir' or"):
+
+
+def gtsrb_stop(root, looked_for=True):
+    """What a run on GTSRB's files under ``root`` stops with; for files ``looked_for`` (not read), what python -m
+    flower_pfl check says too."""
+    cfg = ExperimentConfig.from_mapping({"dataset": "gtsrb", "partition": "iid", "data-dir": str(root)})
+    with pytest.raises(ConfigError) as err:
         load_client_data(cfg, 0, 2)
+    assert check.data_and_model_problems(cfg) == ([str(err.value)] if looked_for else [])
+    return str(err.value)
+
+
+def test_gtsrb_files_missing_are_named_with_the_archives_and_layouts_read(tmp_path):
+    """Nothing there: each file where it is looked for, with its archive, both training layouts; one layout short of
+    class folders: those; both complete: the published one read."""
+    message = gtsrb_stop(tmp_path / "none")
+    assert message.endswith(
+        "missing gtsrb/GTSRB/Final_Training/Images/<class>/*.ppm (GTSRB_Final_Training_Images.zip) or "
+        "gtsrb/GTSRB/Training/<class>/*.ppm (torchvision's download, GTSRB-Training_fixed.zip), "
+        "gtsrb/GTSRB/Final_Test/Images/*.ppm (GTSRB_Final_Test_Images.zip), gtsrb/GT-final_test.csv (GTSRB_Final_Test_GT.zip); "
+        "set 'data-dir' or 'download = true'")
+    files.write_gtsrb(tmp_path, per_class=1, test=3)
+    (tmp_path / "gtsrb" / "GT-final_test.csv").unlink()
+    for c in range(35, 43):
+        shutil.rmtree(tmp_path / "gtsrb" / "GTSRB" / "Final_Training" / "Images" / f"{c:05d}")
+    assert gtsrb_stop(tmp_path).endswith(
+        "found gtsrb/GTSRB/Final_Training/Images/<class>/*.ppm, gtsrb/GTSRB/Final_Test/Images/*.ppm; missing "
+        + "".join(f"gtsrb/GTSRB/Final_Training/Images/000{c}/, " for c in range(35, 40))
+        + "and 3 more class folders, gtsrb/GT-final_test.csv (GTSRB_Final_Test_GT.zip); set 'data-dir' or 'download = true'")
+    both = tmp_path / "both"
+    written = files.write_gtsrb(both, per_class=1, test=2)
+    files.write_gtsrb(tmp_path / "other", per_class=3, test=0, training="GTSRB/Training")
+    shutil.copytree(tmp_path / "other" / "gtsrb" / "GTSRB" / "Training", both / "gtsrb" / "GTSRB" / "Training")
+    assert load_image_pool("gtsrb", both)[1].tolist() == written["train"].tolist() + written["test"].tolist()
+
+
+def test_gtsrb_test_labels_and_images_are_checked(tmp_path):
+    """The unlabelled GT-final_test.test.csv in place of the ground truth, a label out of range and a listed image
+    missing are each named."""
+    files.write_gtsrb(tmp_path, per_class=1, test=3)
+    truth, images = tmp_path / "gtsrb" / "GT-final_test.csv", tmp_path / "gtsrb" / "GTSRB" / "Final_Test" / "Images"
+    labelled = truth.read_text()
+    shutil.copy(images / "GT-final_test.test.csv", truth)
+    assert re.search(r"GT-final_test.csv: not GTSRB's GT-final_test.csv \(GTSRB_Final_Test_GT.zip\): it has no column ClassId",
+                     gtsrb_stop(tmp_path, looked_for=False))
+    truth.write_text(labelled.rsplit(";", 1)[0] + ";43\n")
+    assert "GT-final_test.csv: row 3: ClassId = '43', expected an integer in [0, 42]" in gtsrb_stop(tmp_path, looked_for=False)
+    truth.write_text(labelled)
+    (images / "00001.ppm").unlink()
+    assert gtsrb_stop(tmp_path, looked_for=False).endswith("found gtsrb/GT-final_test.csv; missing gtsrb/GTSRB/Final_Test/Images/00001.ppm; "
+                                         "set 'data-dir' or 'download = true'")
 
 
 def test_country211_as_its_archive_unpacks(tmp_path):

@@ -24,7 +24,7 @@ import torch
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data import ClientData
 from flower_pfl.experiment.data.client_data import smallest_share, split_indices
-from flower_pfl.experiment.data.files import MalformedFile, MissingFiles, located
+from flower_pfl.experiment.data.files import MalformedFile, MissingFiles
 from flower_pfl.experiment.data.images import headers_only
 from flower_pfl.experiment.data.imports import is_import_path
 from flower_pfl.experiment.data.info import DataInfo
@@ -174,8 +174,7 @@ def missing_data(cfg: ExperimentConfig) -> str | None:
     if where.source != FILES or not dataset.has_files or where.download or is_import_path(cfg.dataset):
         return None
     root = Path(where.data_dir)
-    # an entry with a description is no file (a domain read from the hub's files)
-    found, missing = located(root, [name for name in dataset.expected_files() if " (" not in name])
+    found, missing = dataset.locate(root)
     if not missing:
         return None
     return missing_files_message(dataset, cfg.dataset, root, where.download, MissingFiles(root, found, missing))

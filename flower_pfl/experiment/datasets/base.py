@@ -37,7 +37,7 @@ import torch
 
 from flower_pfl.engine.extras import require
 from flower_pfl.engine.params import check_params
-from flower_pfl.experiment.data.files import MissingFiles, require_files
+from flower_pfl.experiment.data.files import MissingFiles, located, require_files
 from flower_pfl.experiment.data.hub import Hub, load_hub_columns
 from flower_pfl.experiment.data.images import decode_images, read_images, to_float, torchvision_pool, torchvision_resized_pool
 from flower_pfl.experiment.data.info import DataInfo
@@ -172,6 +172,11 @@ class DataSet:
         the folder of the hub's files it reads."""
         spec = self.hub_spec()
         return [f"{spec.id}/ (a download of the hub's files)"] if not self.has_files and spec is not None else []
+
+    def locate(self, root: Path) -> tuple[list[str], list[str]]:
+        """Which of the files ``load_files`` reads are under ``root`` and which are missing, looked for and not read
+        (``flower_pfl.experiment.data.files.located``; an entry of ``expected_files`` with a description is no file)."""
+        return located(Path(root), [name for name in self.expected_files() if " (" not in name])
 
     def load_files(self, root: Path, download: bool) -> Pool:
         """Every sample, from the local files under ``root`` (``FileNotFoundError`` naming what is missing)."""
