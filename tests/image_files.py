@@ -202,15 +202,19 @@ def write_stanford_cars(root: Path, train: list[int], test: list[int], classes: 
         savemat(base / annotations_mat, {"annotations": records})
 
 
+#: Omniglot's folders, as its archives name them, in the order the package reads them
+OMNIGLOT_SETS = ("images_background", "images_evaluation", "images_background_small1", "images_background_small2")
+
+
 def write_omniglot(root: Path, characters: dict[str, dict[str, int]]) -> list[tuple[str, int]]:
-    """Omniglot as its two archives unpack: ``omniglot-py/<set>/<alphabet>/<character>/<id>_<drawer>.png``, 105x105
+    """Omniglot as its archives unpack: ``omniglot-py/<set>/<alphabet>/<character>/<id>_<drawer>.png``, 105x105
     1-bit drawings; ``characters[set]`` maps ``alphabet/character`` to its drawings. A character's drawings have
-    its running number (in sorted order across both sets) of black rows at the top. Returns each drawing's
-    ``(character, label)`` in that order."""
+    its running number (in sorted order across the sets written, in ``OMNIGLOT_SETS``' order) of black rows at the
+    top. Returns each drawing's ``(character, label)`` in that order."""
     from PIL import Image
 
     out = []
-    names = [(part, c) for part in ("images_background", "images_evaluation") for c in sorted(characters.get(part, {}))]
+    names = [(part, c) for part in OMNIGLOT_SETS for c in sorted(characters.get(part, {}))]
     for label, (part, character) in enumerate(names):
         folder = root / "omniglot-py" / part / character
         folder.mkdir(parents=True)

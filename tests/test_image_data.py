@@ -294,6 +294,42 @@ def test_omniglot_characters_numbered_in_sorted_order_across_both_sets(tmp_path)
         load_client_data(cfg, 0, 3)
 
 
+def test_omniglot_needs_both_downloads_by_default(tmp_path):
+    files.write_omniglot(tmp_path, {"images_background": {"Latin/character01": 2}})
+    cfg = ExperimentConfig(dataset="omniglot", data_dir=str(tmp_path), partition="iid")
+    with pytest.raises(ConfigError, match=r"found omniglot-py/images_background/<alphabet>/<character>/\*\.png; missing "
+                                          r"omniglot-py/images_evaluation/<alphabet>/<character>/\*\.png; set 'data-dir' or 'download = true'$"):
+        load_client_data(cfg, 0, 2)
+
+
+def test_omniglot_small_sets_as_their_archives_unpack(tmp_path):
+    """A small background set alone or with the evaluation set, read in the publisher's order whatever order the key
+    lists them in, its classes counted as the publisher's folder holds them; one drawer per client still."""
+    drawn = files.write_omniglot(tmp_path, {
+        "images_evaluation": {"Atlantean/character01": 2},
+        "images_background_small1": {"Latin/character02": 3, "Greek/character01": 1},
+        "images_background_small2": {"Tagalog/character01": 2},
+    })
+    data = registry.instance("omniglot", {"omniglot-sets": "images_background_small1,images_evaluation"})
+    pool = data.load_files(tmp_path, download=False)
+    assert pool.y.tolist() == [label for _, label in drawn[:6]] == [0, 0, 1, 2, 2, 2]  # Atlantean, Greek, Latin
+    assert np.allclose((pool.x[:, 0, :, 14] < 128).sum(1), 28 * 10 * (pool.y + 1) / 105, atol=1)
+    assert data.info().num_classes == 659 + 136 and pool.groups.tolist()[:3] == ["drawer01", "drawer02", "drawer01"]
+    alphabets = registry.instance("omniglot", {"omniglot-sets": "images_background_small2", "omniglot-labels": "alphabet"})
+    assert alphabets.load_files(tmp_path, download=False).y.tolist() == [0, 0] and alphabets.info().num_classes == 5
+    with pytest.raises(ValueError, match="one background set at most"):
+        registry.instance("omniglot", {"omniglot-sets": "images_background,images_background_small1"})
+
+
+def test_omniglot_small_set_missing_has_no_download(tmp_path):
+    files.write_omniglot(tmp_path, {"images_evaluation": {"Atlantean/character01": 2}})
+    cfg = ExperimentConfig(dataset="omniglot", data_dir=str(tmp_path), partition="iid",
+                           options={"omniglot-sets": "images_evaluation,images_background_small2"})
+    with pytest.raises(ConfigError, match=r"missing omniglot-py/images_background_small2/<alphabet>/<character>/\*\.png; "
+                                          r"'omniglot' has no download: its files are .*images_background_small2\.zip"):
+        load_client_data(cfg, 0, 2)
+
+
 def test_covidx_list_files_and_image_folders(tmp_path):
     """train, val and test lists in that order (val optional), grey X-rays as colour 64x64; an image a list names but
     that is not there, and a class of COVIDx's older releases, are named."""

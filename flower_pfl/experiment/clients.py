@@ -202,13 +202,13 @@ def natural_partition_problem(cfg: ExperimentConfig, num_clients: int) -> str | 
 
 def missing_files_message(dataset: DataSet, name: str, data_dir: Path, download: bool, err: FileNotFoundError) -> str:
     """What a run whose data files are missing says: which files were found and which are missing (or what
-    was looked for), and what to do: ``download = true`` only where the data set has a download."""
+    was looked for), and what to do: ``download = true`` only where it fetches the files (``DataSet.has_download``)."""
     where = f"data-dir {str(data_dir.resolve())!r}"
     if isinstance(err, MissingFiles):
         what = f"{'files missing under' if err.found else 'no files under'} {where}: {err.detail}"
     else:
         what = f"no files under {where} ({', '.join(dataset.expected_files())}): {err}"
-    if not dataset.downloadable:
+    if not dataset.has_download():
         fix = (f"{name!r} has no download: its files are {dataset.files_text}; unpack them under data-dir, or set "
                "'data-dir' to where they are")
     elif download:

@@ -139,6 +139,10 @@ class DataSet:
         reads the hub's files with either)."""
         return (FILES, HUB) if cls.hub is not None or not cls.has_files else (FILES,)
 
+    def has_download(self) -> bool:
+        """Whether ``download = true`` fetches every file this instance reads (by default: ``downloadable``)."""
+        return self.downloadable
+
     @classmethod
     def partitions(cls) -> tuple[str, ...]:
         """The run config's ``partition`` values this data set takes."""
