@@ -394,7 +394,7 @@ def _finish(run: _Run, strategy: Any, final: Any) -> Path:
             method.store.flush()  # the models stay in <results>/store (loading them all could exceed memory)
         elif isinstance(method, PersonalizedAlgorithm):  # what each client would use
             ids = method.store.ids()
-            save_models(out / MODELS, ids, method.models_for_evaluation(ids), method.store.initial)
+            save_models(out / MODELS, ids, method.models_for_evaluation(ids), method.initial)
         if learned := method.server_state():  # e.g. FedAttn's attention module
             save_state(out / SERVER_STATE, learned)
         try:

@@ -22,7 +22,6 @@ from flower_pfl.engine.client_contract import (
     settings_problem,
 )
 from flower_pfl.engine.client_metrics import is_finite_number
-from flower_pfl.engine.disk_store import make_store
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.reply_checks import (
@@ -166,12 +165,12 @@ class MethodServer:
             initial = self.layout.flatten(arrays.values())
             self.method.setup(self.layout, initial, self.device, self.seed)
             if self.store_dir is not None and isinstance(self.method, PersonalizedAlgorithm):  # rows on disk, not in memory
-                self.method.store = make_store(initial, self.device, self.store_dir)
+                self.method.store = self.method.new_store(initial, self.device, self.store_dir)
             if self.initial_by_rank is not None:
                 if not isinstance(self.method, PersonalizedAlgorithm):
                     raise ValueError(f"{type(self.method).__name__} starts every client from one model: "
                                      "per-client starting models need a method that keeps a model per client")
-                self.method.store.initial_rows = self._initial_rows
+                self.method.starting_models(self._initial_rows)
 
     def _initial_rows(self, ids: Sequence[ClientId]) -> torch.Tensor:
         """The ``(m, d)`` starting models of ``ids``, from their ranks (``initial_by_rank``)."""

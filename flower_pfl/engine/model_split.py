@@ -21,6 +21,20 @@ from torch import nn
 from flower_pfl.engine.layout import ParamLayout
 
 
+def complement(columns: slice | torch.Tensor, dim: int) -> slice | torch.Tensor:
+    """The columns of a flat model of ``dim`` values that ``columns`` (a slice, or an index tensor) leaves out:
+    a slice where they are one run, else an index tensor."""
+    if isinstance(columns, slice):
+        start, stop, step = columns.indices(dim)
+        if step == 1 and start == 0:
+            return slice(stop, dim)
+        if step == 1 and stop == dim:
+            return slice(0, start)
+    keep = torch.ones(dim, dtype=torch.bool)
+    keep[columns.cpu() if isinstance(columns, torch.Tensor) else columns] = False
+    return keep.nonzero().flatten()
+
+
 def body_slice(layout: ParamLayout, head_layers: int = 1) -> slice:
     """The body's columns of the flat model: every module before the last ``head_layers``. Raises
     ``ValueError`` for a model without parameter names or without a module left for the body."""

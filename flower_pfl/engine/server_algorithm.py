@@ -18,18 +18,19 @@ Flower's types to and from these.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
 from flower_pfl.engine.attention_log import AttentionAccumulator
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
-from flower_pfl.engine.disk_store import DiskClientModelStore
+from flower_pfl.engine.disk_store import DiskClientModelStore, make_store
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.reply_checks import Reply, model_change
-from flower_pfl.engine.store import ClientModelStore, ModelStore
+from flower_pfl.engine.store import ModelStore
 
 ClientId = Hashable
 Settings = dict[str, Any]
@@ -144,18 +145,64 @@ class ServerAlgorithm:
 @dataclass
 class PersonalizedAlgorithm(ServerAlgorithm):
     """One model per client, kept on the server. Subclasses define ``personalize`` and the settings
-    their clients get (``train_config``, ``evaluation_config``)."""
+    their clients get (``train_config``, ``evaluation_config``).
+
+    The store keeps of each client only the columns ``own_columns`` names (all by default): a method whose
+    clients share the other columns (FedPer's base layers) keeps them once (``shared_values``), and its
+    store grows with what it keeps per client (``stored`` and ``keep`` read and write whole models)."""
 
     state_attributes: ClassVar[tuple[str, ...]] = ("attention_weights",)
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
-        self.store: ModelStore = ClientModelStore(initial, device=device)
+        #: the columns of the flat model each client keeps (``None``: all of them)
+        self.own = self.own_columns(layout)
+        self.store: ModelStore = self.new_store(initial, device)
+        #: the starting model, whole (the store's ``initial`` holds only the clients' own columns)
+        self.initial = self.store.initial if self.own is None else initial.to(device=self.store.device, dtype=torch.float32)
         #: client-level attention weights averaged over rounds (``personalize``'s weights, where it has any)
         self.attention_weights = AttentionAccumulator()
 
+    def own_columns(self, layout: ParamLayout) -> slice | torch.Tensor | None:
+        """The columns of the flat model a client keeps as its own (a slice or an index tensor); ``None``:
+        all (the default). The others are ``shared_values``' for every client."""
+        return None
+
+    def shared_values(self) -> torch.Tensor:
+        """A flat model whose columns outside ``own_columns`` are what every client has there (default: the
+        starting model's)."""
+        return self.initial
+
+    def new_store(self, initial: torch.Tensor, device: torch.device, folder: str | Path | None = None) -> ModelStore:
+        """The store of the clients' own columns of ``initial`` (in memory, or on disk in ``folder``)."""
+        return make_store(self._own_of(initial), device, folder)
+
+    def _own_of(self, models: torch.Tensor) -> torch.Tensor:
+        """The own columns of a flat model or of ``(m, d)`` models."""
+        own = self.own
+        if own is None:
+            return models
+        return models[..., own.to(models.device) if isinstance(own, torch.Tensor) else own]
+
+    def stored(self, ids: Sequence[ClientId]) -> torch.Tensor:
+        """The ``(m, d)`` stored models of ``ids`` (unseen clients: their starting models)."""
+        rows = self.store.get(ids)
+        if self.own is None:
+            return rows
+        models = self.shared_values().to(rows.device).expand(len(ids), -1).clone()
+        models[:, self.own.to(rows.device) if isinstance(self.own, torch.Tensor) else self.own] = rows
+        return models
+
+    def keep(self, ids: Sequence[ClientId], models: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """Store the models of ``ids`` (a ``(m, d)`` matrix or ``m`` flat models): their own columns."""
+        self.store.put(ids, self._own_of(models) if isinstance(models, torch.Tensor) else [self._own_of(m) for m in models])
+
+    def starting_models(self, make: Callable[[list[Hashable]], torch.Tensor]) -> None:
+        """Clients seen for the first time start from ``make(ids)``'s ``(m, d)`` models (their own columns)."""
+        self.store.initial_rows = make if self.own is None else lambda ids: self._own_of(make(ids))
+
     def get_state(self) -> dict[str, Any]:
-        """The method's state and every client's model (ids in the store's order). A disk store is
+        """The method's state and every client's own columns (ids in the store's order). A disk store is
         snapshot instead (its folder keeps the rows, and what changes them is logged, see
         ``DiskClientModelStore.snapshot``): the state names the folder and the snapshot."""
         ids = self.store.ids()
@@ -173,7 +220,11 @@ class PersonalizedAlgorithm(ServerAlgorithm):
                 raise ValueError(f"the checkpoint's models are in the disk store {store['folder']}: resume with store = 'disk'")
             self.store.rollback(int(store["snapshot"]), list(store["ids"]))
         elif store["ids"]:
-            self.store.put(list(store["ids"]), store["rows"])
+            rows = store["rows"]
+            if rows.shape[1] == self.store.dim:
+                self.store.put(list(store["ids"]), rows)
+            else:  # whole models, as checkpoints of earlier versions hold them
+                self.keep(list(store["ids"]), rows)
 
     def checkpoint_written(self) -> None:
         """A checkpoint holding ``get_state`` is on disk: a disk store drops what only older ones needed."""
@@ -188,21 +239,21 @@ class PersonalizedAlgorithm(ServerAlgorithm):
     def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
         """The sampled clients' models from ``personalize``, with the method's client settings."""
         settings = self.train_config(len(sampled))
-        models, weights = self.personalize(self.store.get(sampled), self.layout)
+        models, weights = self.personalize(self.stored(sampled), self.layout)
         if weights is not None:
             self.attention_weights.add(sampled, weights)
         return [Instruction(cid, models[i], settings) for i, cid in enumerate(sampled)]
 
     def models_for_evaluation(self, ids: Sequence[ClientId]) -> torch.Tensor:
         """The ``(m, d)`` models ``ids`` evaluate, the models they would use (their stored ones)."""
-        return self.store.get(ids)
+        return self.stored(ids)
 
     def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
         models, settings = self.models_for_evaluation(ids), self.evaluation_config()
         return [Instruction(cid, models[i], settings) for i, cid in enumerate(ids)]
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
-        self.store.put([r.client_id for r in replies], [r.model for r in replies])
+        self.keep([r.client_id for r in replies], [r.model for r in replies])
 
 
 def weighted_mean(models: torch.Tensor, num_examples: Sequence[float]) -> torch.Tensor:

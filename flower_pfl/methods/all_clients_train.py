@@ -39,7 +39,7 @@ class AllClientsTrain(PersonalizedAlgorithm):
         plan = super().train_instructions(server_round, sampled, others)
         if not self.all_clients_train:
             return plan
-        settings, own = self.train_config(len(sampled)), self.store.get(others)
+        settings, own = self.train_config(len(sampled)), self.stored(others)
         return ([Instruction(ins.client_id, ins.model, {**ins.config, ANCHOR: ANCHOR_SET}) for ins in plan]
                 + [Instruction(cid, own[j], {**settings, ANCHOR: ANCHOR_KEEP}) for j, cid in enumerate(others)])
 

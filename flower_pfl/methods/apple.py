@@ -176,11 +176,11 @@ class APPLE(Method, PersonalizedAlgorithm):
         reg = self.mu * schedule(server_round - 1, self.schedule_rounds, self.schedule)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + server_round)
         settings = {**self.train_config(len(sampled)), REG: reg}
-        own = self.store.get(sampled)
+        own = self.stored(sampled)
         out = []
         for i, cid in enumerate(sampled):
             chosen = self.downloaded(cid, generator)
-            cores = self.store.get(chosen) if chosen else own.new_zeros((0, own.shape[1]))
+            cores = self.stored(chosen) if chosen else own.new_zeros((0, own.shape[1]))
             slots = torch.tensor([self.slots[c] for c in [cid, *chosen]], dtype=torch.float32)
             out.append(Instruction(cid, own[i], {**settings, SLOTS: encode_vector(slots), CORES: encode_vector(cores.flatten())}))
         return out

@@ -191,13 +191,17 @@ class FedAS(Method, SharedPart):
     def shared_columns(self, layout: ParamLayout) -> slice:
         return body_slice(layout, 1)
 
+    def own_columns(self, layout: ParamLayout) -> None:
+        """Every column: a client aligns, and evaluates, the model it trained last, body included."""
+        return None
+
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
         """Each participant's own model (the global body travels in its settings)."""
         return models, None
 
     def models_for_evaluation(self, ids: Sequence[ClientId]) -> torch.Tensor:
         """The model each client trained last."""
-        return self.store.get(ids)
+        return self.stored(ids)
 
     def train_config(self, num_participants: int) -> Settings:
         return {ALIGN_LR: self.align_lr, ALIGN_EPOCHS: self.align_epochs, ALIGN_BATCH: self.align_batch,

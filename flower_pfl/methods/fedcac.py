@@ -159,7 +159,7 @@ class FedCAC(Method, PersonalizedAlgorithm):
 
     def models_for_evaluation(self, ids: Sequence[ClientId]) -> torch.Tensor:
         """``m_i ⊙ θ̄_i + (1 − m_i) ⊙ θ_g`` for each of ``ids`` (``θ_g`` for a client without a mask)."""
-        customized = self.store.get(ids)
+        customized = self.stored(ids)
         empty = torch.zeros(self.layout.dim, dtype=torch.bool)
         masks = torch.stack([self.masks.get(cid, empty) for cid in ids]).to(customized.device)
         return torch.where(masks, customized, self.model.to(customized.device))
@@ -182,5 +182,5 @@ class FedCAC(Method, PersonalizedAlgorithm):
         masks = torch.stack([r.extras for r in replies])
         self.model = weighted_mean(models, [r.num_examples for r in replies])
         together = collaborators(overlap_rates(masks), server_round, self.beta).to(models)
-        self.store.put([r.client_id for r in replies], (together / together.sum(1, keepdim=True)) @ models)
+        self.keep([r.client_id for r in replies], (together / together.sum(1, keepdim=True)) @ models)
         self.masks.update({r.client_id: mask.clone() for r, mask in zip(replies, masks)})

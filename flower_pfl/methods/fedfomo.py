@@ -179,13 +179,13 @@ class FedFomo(Method, PersonalizedAlgorithm):
     def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
         """Each participant's own model, with the models it downloads as ``fedfomo-downloads``."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + server_round)
-        epsilon, own = self.exploration(server_round), self.store.get(sampled)
+        epsilon, own = self.exploration(server_round), self.stored(sampled)
         settings = {SLOTS: self.models, VAL_FRACTION: self.val_fraction, VAL_SEED: self.seed}
         out = []
         self._downloads = {}
         for i, cid in enumerate(sampled):
             chosen = self._downloads[cid] = self.choose(cid, generator, epsilon)
-            rows = self.store.get(chosen) if chosen else own.new_zeros((0, own.shape[1]))
+            rows = self.stored(chosen) if chosen else own.new_zeros((0, own.shape[1]))
             out.append(Instruction(cid, own[i], {**settings, DOWNLOADS: encode_vector(rows.flatten())}))
         return out
 

@@ -11,7 +11,7 @@ import torch
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.model_facts import ModelFacts
-from flower_pfl.engine.model_split import body_slice
+from flower_pfl.engine.model_split import body_slice, complement
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.engine.reply_checks import Reply
 from flower_pfl.engine.server_algorithm import ClientId, PersonalizedAlgorithm, weighted_mean
@@ -22,13 +22,18 @@ class SharedPart(PersonalizedAlgorithm):
     """A personalized step whose model has one federated part, the columns ``shared_columns`` names (the
     ``share_weights``-weighted mean of the participants'), while every other column stays each client's own
     (FedPer's head, LG-FedAvg's lower layers, FedBN's batch-norm layers). A participant gets the current
-    shared part with its own other columns, and evaluates the same."""
+    shared part with its own other columns, and evaluates the same. The store keeps of each client only
+    its own columns (``own_columns``), and the shared part once."""
 
     state_attributes = ("base",)
 
     def shared_columns(self, layout: ParamLayout) -> slice | torch.Tensor:
         """The shared part's columns of the flat model vector: a slice, or an index tensor."""
         raise NotImplementedError
+
+    def own_columns(self, layout: ParamLayout) -> slice | torch.Tensor | None:
+        """Every column but the shared part's."""
+        return complement(self.shared_columns(layout), layout.dim)
 
     def share_weights(self, replies: Sequence[Reply]) -> list[float]:
         """The participants' weights in the shared part's mean (default: their sample counts)."""
@@ -45,8 +50,15 @@ class SharedPart(PersonalizedAlgorithm):
         super().set_state(state)
         self.base = self.base.to(self.store.device)
 
+    def shared_values(self) -> torch.Tensor:
+        """The starting model with the current shared part."""
+        values = self.initial.clone()
+        values[self.base_slice] = self.base
+        return values
+
     def _with_base(self, models: torch.Tensor) -> torch.Tensor:
-        models[:, self.base_slice] = self.base
+        if self.own is None:  # a method that keeps whole models (``stored`` fills the shared part otherwise)
+            models[:, self.base_slice] = self.base
         return models
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
@@ -54,7 +66,7 @@ class SharedPart(PersonalizedAlgorithm):
 
     def models_for_evaluation(self, ids: Sequence[ClientId]) -> torch.Tensor:
         """The shared part with each client's own other columns."""
-        return self._with_base(self.store.get(ids))
+        return self._with_base(self.stored(ids))
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         super().aggregate(server_round, replies)

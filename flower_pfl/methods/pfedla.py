@@ -139,7 +139,7 @@ class PFedLA(Method, PersonalizedAlgorithm):
     def train_instructions(self, server_round: int, sampled: Sequence[ClientId], others: Sequence[ClientId]) -> list[Instruction]:
         """Each sampled client trains its ``θ̂_i`` (plain local SGD); every connected client is known."""
         self.join([*sampled, *others])
-        models, settings = self.store.get(self.clients), self.train_config(len(sampled))
+        models, settings = self.stored(self.clients), self.train_config(len(sampled))
         out = []
         with torch.no_grad():
             for cid in sampled:
@@ -150,7 +150,7 @@ class PFedLA(Method, PersonalizedAlgorithm):
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         """A step of each participant's ``φ_i`` and ``v_i`` (from the models stored at the round's start),
         then its trained model stored."""
-        models = self.store.get(self.clients)
+        models = self.stored(self.clients)
         for reply in replies:
             hnet, to_model = self.personalized(reply.client_id, models)
             v = self.embeddings[reply.client_id]

@@ -97,8 +97,8 @@ class PFedSim(Method, PersonalizedAlgorithm):
         """The clients' own models; a client that has none yet gets the warm-up's global model."""
         new = [cid for cid in dict.fromkeys(ids) if cid not in self.store]
         if new:
-            self.store.put(new, self.model.expand(len(new), -1))
-        return self.store.get(ids)
+            self.keep(new, self.model.expand(len(new), -1))
+        return self.stored(ids)
 
     def aggregated(self, sampled: Sequence[ClientId]) -> torch.Tensor:
         """The participants' own models with ``φ_i ← Σ_j w_ij φ_j`` over the clients they are similar to."""

@@ -127,6 +127,7 @@ def test_shared_layers_are_averaged_and_bn_layers_stay_with_their_clients(weight
         assert torch.all(local == {1: 1.0, 2: 4.0}[ins.client_id])
     sent = {ins.client_id: _split(ins.model) for ins in server.plan_evaluation(2, [1, 2, 3], 1.0)}
     assert torch.all(sent[3][1] == 0.0) and torch.allclose(sent[3][0], torch.full((SHARED,), expected))  # not yet trained: initial BN
+    assert server.method.store.dim == LOCAL  # the store keeps each client's BN layers only
 
 
 def test_a_model_without_bn_layers_is_refused_where_the_strategy_first_sees_it():

@@ -75,3 +75,29 @@ def test_short_run_as_recorded_and_a_shared_base_beats_fedavg(short_runs):
     fedper = short_runs("fedper")
     assert_as_recorded("fedper", fedper)
     assert fedper["bmta"] > short_runs("fedavg")["bmta"] + 0.1
+
+
+def test_the_store_keeps_only_each_clients_head_and_the_base_once():
+    """What FedPer keeps per client is its head: 6 of the DNN's 14 values; the base is kept once."""
+    server = _server()
+    server.plan_training(1, [1, 2])
+    server.aggregate(1, [server.check(_reply(1, 1.0, 1)), server.check(_reply(2, 4.0, 3))])
+    store = server.method.store
+    assert store.dim == 6 and sorted(store.ids()) == [1, 2]
+    torch.testing.assert_close(store.get([2]), torch.full((1, 6), 4.0))  # the head only
+    state = server.get_state()
+    assert state["method"]["store"]["rows"].shape == (2, 6)  # so are checkpoints
+
+
+def test_a_checkpoint_of_whole_models_resumes_to_the_same_models():
+    """Checkpoints written when the store kept whole models restore each client's head."""
+    server = _server()
+    server.plan_training(1, [1, 2])
+    server.aggregate(1, [server.check(_reply(1, 1.0, 1)), server.check(_reply(2, 4.0, 3))])
+    state = server.get_state()
+    whole = state["method"]["store"]
+    whole["rows"] = server.method.stored(whole["ids"])  # (2, 14), as earlier versions saved them
+    again = _server()
+    again.set_state(state)
+    for cid in (1, 2, 3):
+        torch.testing.assert_close(again.method.models_for_evaluation([cid]), server.method.models_for_evaluation([cid]))

@@ -68,3 +68,11 @@ def test_short_run_as_recorded_and_local_representations_beat_fedavg(short_runs)
     lg = short_runs("lgfedavg")
     assert lg["bmta"] > short_runs("fedavg")["bmta"] + 0.2  # observed 0.762 vs 0.306
     assert_as_recorded("lgfedavg", lg)
+
+
+def test_the_store_keeps_only_each_clients_lower_layers():
+    arrays = {"fc1.weight": np.zeros((2, 3), np.float32), "fc1.bias": np.zeros(2, np.float32),
+              "fc2.weight": np.zeros((2, 2), np.float32), "fc2.bias": np.zeros(2, np.float32)}
+    server = MethodServer(LGFedAvg(), clients_per_round=1)
+    server.initialize(arrays)
+    assert server.method.own == slice(0, 8) and server.method.store.dim == 8  # fc1 local, fc2 global
