@@ -65,3 +65,4 @@ def numpy_array(a: np.ndarray) -> Array:
 def numpy_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """An ``ArrayRecord`` of NumPy arrays by name (``numpy_array``)."""
     return ArrayRecord({name: numpy_array(a) for name, a in arrays.items()})
+

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from logging import DEBUG, WARNING
 from typing import Any, ClassVar, TypedDict
@@ -18,6 +18,7 @@ from flwr.common import (
     GetPropertiesIns,
     Parameters,
     Scalar,
+    ndarray_to_bytes,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
@@ -270,9 +271,11 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
 
         prepare_draw(self.server, list(clients), k, ask, LEGACY_ADVICE)
 
-    def _instructions(self, plan: list[Instruction], clients: Mapping[Any, ClientProxy], config: dict[str, Scalar],
+    def _instructions(self, plan: Iterable[Instruction], clients: Mapping[Any, ClientProxy], config: dict[str, Scalar],
                       server_round: int, kind: type) -> list[tuple[ClientProxy, Any]]:
-        return [(clients[ins.client_id], kind(ndarrays_to_parameters(self.server.to_arrays(ins.model)),
+        """One instruction per client; its arrays made once per round where clients share them (``RoundArrays``)."""
+        made = self.server.round_arrays(ndarray_to_bytes)
+        return [(clients[ins.client_id], kind(Parameters(tensors=list(made(ins.model)), tensor_type="numpy.ndarray"),
                                               {**config, **ins.config, SERVER_ROUND: server_round})) for ins in plan]
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
@@ -322,7 +325,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         clients = self._clients(client_manager)
         self._prepare_draw(clients, self.server.evaluators(len(clients), self.fraction_evaluate, self.min_evaluate_clients),
                            server_round)
-        plan = self.server.plan_evaluation(server_round, clients, self.fraction_evaluate, self.min_evaluate_clients)
+        plan = self.server.evaluation_plan(server_round, clients, self.fraction_evaluate, self.min_evaluate_clients)
         config = dict(self.on_evaluate_config_fn(server_round)) if self.on_evaluate_config_fn else {}
         return self._instructions(plan, clients, config, server_round, EvaluateIns)
 

@@ -46,3 +46,54 @@ def test_malformed_bytes_are_refused_by_flowers_own_reader():
     short = Array(dtype=good.dtype, shape=tuple(good.shape), stype=good.stype, data=good.data[:-4])
     with pytest.raises(ValueError):
         array_numpy(short)
+
+
+# --- a round's instruction models made into arrays, each array once ------------------------------------------------
+
+import torch  # noqa: E402
+
+from flower_pfl.engine.layout import ParamLayout  # noqa: E402
+from flower_pfl.engine.method_server import MethodServer  # noqa: E402
+from flower_pfl.engine.wire import RoundArrays  # noqa: E402
+from flower_pfl.methods.fedper import FedPer  # noqa: E402
+
+SHAPES = {"fc1.weight": (2, 3), "fc1.bias": (2,), "fc2.weight": (2, 2), "fc2.bias": (2,)}
+
+
+def test_a_model_sent_twice_and_tensors_equal_to_the_first_are_made_once():
+    layout = ParamLayout.from_arrays({k: np.zeros(s, np.float32) for k, s in SHAPES.items()})
+    made = RoundArrays(layout, common={0, 1}, encode=numpy_array)
+    first, second = torch.zeros(14), torch.zeros(14)
+    second[8:] = 1.0  # fc2 differs, fc1 as in the first
+    a, b = made(first), made(second)
+    assert made(second) is b  # the same model again: the same arrays
+    assert a[0] is b[0] and a[1] is b[1] and a[2] is not b[2]  # fc1 (common) once, fc2 each its own
+    other = second.clone()
+    other[0] = 5.0  # a common tensor that differs after all: an array of its own
+    c = made(other)
+    assert c[0] is not a[0] and np.array_equal(array_numpy(c[0]), other[:6].reshape(2, 3).numpy())
+    assert all(np.array_equal(array_numpy(x), second[s].reshape(SHAPES[n]).numpy())
+               for x, s, n in zip(b, layout.tensor_slices(), SHAPES))
+
+
+def test_fedpers_evaluation_messages_share_the_base_and_are_made_a_chunk_at_a_time(monkeypatch):
+    """Every client's evaluation model is the base and its own head: the base's arrays are made once, and the
+    instructions are made ``PLAN_BYTES`` of models at a time, the same instructions either way."""
+    import flower_pfl.engine.method_server as ms
+
+    server = MethodServer(FedPer(), clients_per_round=2)
+    server.initialize({k: np.full(s, 0.5, np.float32) for k, s in SHAPES.items()})
+    whole = server.plan_evaluation(1, list(range(10)), 1.0)
+    calls = []
+    evaluation_instructions = server.method.evaluation_instructions
+    monkeypatch.setattr(server.method, "evaluation_instructions",
+                        lambda r, ids: calls.append(list(ids)) or evaluation_instructions(r, ids))
+    monkeypatch.setattr(ms, "PLAN_BYTES", 4 * 14 * 4)  # four clients' models
+    chunked = list(server.evaluation_plan(1, list(range(10)), 1.0))
+    assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert [i.client_id for i in chunked] == [i.client_id for i in whole]
+    assert all(torch.equal(a.model, b.model) for a, b in zip(chunked, whole))
+    made = server.round_arrays(numpy_array)
+    arrays = [made(ins.model) for ins in chunked]
+    assert server.method.common_tensors() == frozenset({0, 1})  # fc1, the base
+    assert all(a[0] is arrays[0][0] and a[1] is arrays[0][1] for a in arrays)

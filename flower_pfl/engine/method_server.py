@@ -6,7 +6,7 @@ messages, each said once. ``strategies`` and ``strategies.message`` wrap it for 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,11 @@ from flower_pfl.engine.reply_checks import (
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm, ServerAlgorithm
 from flower_pfl.engine.store import to_host
+from flower_pfl.engine.wire import RoundArrays, T
 from flower_pfl.engine.wording import agreeing, counted
+
+#: an evaluation's instructions are made at most this many bytes of models at a time (``evaluation_plan``)
+PLAN_BYTES = 256 * 2**20
 
 
 class MethodServer:
@@ -229,16 +233,23 @@ class MethodServer:
     def plan_evaluation(self, server_round: int, available: Iterable[ClientId], fraction: float, minimum: int = 1) -> list[Instruction]:
         """Evaluation instructions for all clients (``fraction >= 1``) or ``max(minimum, ceil(fraction · n))`` of them;
         none when no client is available."""
+        return list(self.evaluation_plan(server_round, available, fraction, minimum))
+
+    def evaluation_plan(self, server_round: int, available: Iterable[ClientId], fraction: float,
+                        minimum: int = 1) -> Iterator[Instruction]:
+        """``plan_evaluation``'s instructions one by one, made ``PLAN_BYTES`` of models at a time: a strategy that
+        turns each into a message before it takes the next never holds the models of every client at once."""
         self._require()
         if fraction <= 0:
-            return []
+            return
         pool = self.sampler.order(available)
         k = self.evaluators(len(pool), fraction, minimum)
         ids = pool if k >= len(pool) else self.sampler.sample(pool, k, evaluation=True)
-        if not ids:
-            return []
         algorithm = self.method.client_algorithm()
-        return [named(ins, algorithm) for ins in on_host(self.method.evaluation_instructions(server_round, ids))]
+        step = max(1, PLAN_BYTES // (4 * self._require().dim))
+        for start in range(0, len(ids), step):
+            for ins in on_host(self.method.evaluation_instructions(server_round, ids[start:start + step])):
+                yield named(ins, algorithm)
 
     def check(self, raw: RawReply) -> Reply:
         """One reply checked on its own (model, sample count, extras), or ``UpdateRejected``."""
@@ -308,6 +319,15 @@ class MethodServer:
             self.weights.set_state(state["weights"])
             self.state_rounds = dict(state["state_rounds"])
         self.method.set_state(state["method"])
+
+    @property
+    def layout_names(self) -> list[str]:
+        return list(self._require().names)
+
+    def round_arrays(self, encode: Callable[[np.ndarray], T]) -> RoundArrays[T]:
+        """A round's instruction models made into a message's arrays by ``encode``, each array once
+        (``RoundArrays``, with the method's ``common_tensors``)."""
+        return RoundArrays(self._require(), self.method.common_tensors(), encode)
 
     def to_arrays(self, vector: torch.Tensor) -> list[np.ndarray]:
         return self._require().to_numpy_list(vector)

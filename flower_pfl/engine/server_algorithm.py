@@ -69,6 +69,11 @@ class ServerAlgorithm:
         """What each of ``ids`` (at least one) evaluates (the model it would use) and how."""
         raise NotImplementedError
 
+    def common_tensors(self) -> frozenset[int]:
+        """The tensors (by their place in the layout) that may be the same in several of a round's instructions:
+        a message's arrays are then made once for all of them where they are (default: every tensor)."""
+        return frozenset(range(len(self.layout.names)))
+
     def train_config(self, num_participants: int) -> Settings:
         """Client settings sent with a round's training instructions (``num_participants``: the clients sampled)."""
         return {}
@@ -162,6 +167,14 @@ class PersonalizedAlgorithm(ServerAlgorithm):
         self.initial = self.store.initial if self.own is None else initial.to(device=self.store.device, dtype=torch.float32)
         #: client-level attention weights averaged over rounds (``personalize``'s weights, where it has any)
         self.attention_weights = AttentionAccumulator()
+
+    def common_tensors(self) -> frozenset[int]:
+        """The tensors with no column a client keeps as its own (none where clients keep whole models)."""
+        if self.own is None:
+            return frozenset()
+        own = torch.zeros(self.layout.dim, dtype=torch.bool)
+        own[self.own.cpu() if isinstance(self.own, torch.Tensor) else self.own] = True
+        return frozenset(i for i, columns in enumerate(self.layout.tensor_slices()) if not own[columns].any())
 
     def own_columns(self, layout: ParamLayout) -> slice | torch.Tensor | None:
         """The columns of the flat model a client keeps as its own (a slice or an index tensor); ``None``:

@@ -8,7 +8,7 @@ from logging import INFO, WARNING
 from typing import Any, ClassVar, TypedDict
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -37,7 +37,7 @@ from strategies.aggregated_metrics import (
     reply_counts,
     round_replies_metrics,
 )
-from strategies.arrays import array_numpy, numpy_record, record_numpy
+from strategies.arrays import array_numpy, numpy_array, numpy_record, record_numpy
 from strategies.failures import LOST_AFTER
 from strategies.final_results import compact_final_results, log_final_results
 from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
@@ -218,10 +218,16 @@ class MethodStrategy(PerMethodDocs, Strategy):
         if not self.server.initialized:
             self.server.initialize(record_numpy(arrays))
 
-    def _messages(self, plan: list[Instruction], config: ConfigRecord, server_round: int, kind: str) -> list[Message]:
+    def _messages(self, plan: Iterable[Instruction], config: ConfigRecord, server_round: int, kind: str) -> list[Message]:
+        """One message per instruction; its arrays made once per round where clients share them (``RoundArrays``)."""
         out = []
+        made, names = self.server.round_arrays(numpy_array), self.server.layout_names
+        last: tuple[list[Array], ArrayRecord] | None = None
         for ins in plan:
-            arrays = numpy_record(self.server.to_named_arrays(ins.model))
+            encoded = made(ins.model)
+            if last is None or last[0] is not encoded:  # one record for the clients sent one model
+                last = (encoded, ArrayRecord(dict(zip(names, encoded))))
+            arrays = last[1]
             record = ConfigRecord({**config, **ins.config, SERVER_ROUND: server_round})
             out.append(Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: record}),
                                message_type=kind, dst_node_id=ins.client_id))  # type: ignore[call-overload]  # a node id (int) in this API
@@ -268,7 +274,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         self._initialize(arrays)
         nodes = self._nodes(grid)
         self._prepare_draw(grid, nodes, self.server.evaluators(len(nodes), self.fraction_evaluate, self.min_evaluate_nodes))
-        plan = self.server.plan_evaluation(server_round, nodes, self.fraction_evaluate, self.min_evaluate_nodes)
+        plan = self.server.evaluation_plan(server_round, nodes, self.fraction_evaluate, self.min_evaluate_nodes)
         self._outbox = self._messages(plan, config, server_round, MessageType.EVALUATE)
         return self._outbox
 
