@@ -54,6 +54,22 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path, monkeypa
     assert meta == {"round": 1} and torch.equal(tensors["w"], torch.ones(3))
 
 
+def test_a_tensor_written_block_by_block_reads_back_as_safetensors_writes_it(tmp_path):
+    """Every client's model at the end of a run is written a few clients at a time: the file is safetensors',
+    the same tensors and metadata as one written whole."""
+    rows = torch.arange(35.0).view(7, 5) / 3
+    blocks = tensor_files.Blocks((7, 5), lambda: (rows[i:i + 3] for i in range(0, 7, 3)))
+    tensor_files.write(tmp_path / "blocks.safetensors", {"rows": blocks, "initial": torch.ones(5)}, {"ids": [4, 2]})
+    tensor_files.write(tmp_path / "whole.safetensors", {"rows": rows, "initial": torch.ones(5)}, {"ids": [4, 2]})
+    (got, meta), (want, want_meta) = (tensor_files.read(tmp_path / f"{n}.safetensors") for n in ("blocks", "whole"))
+    assert meta == want_meta == {"ids": [4, 2]} and got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    short = tensor_files.Blocks((7, 5), lambda: iter([rows[:3]]))
+    with pytest.raises(ValueError, match="rows: its blocks hold 60 bytes"):
+        tensor_files.write(tmp_path / "short.safetensors", {"rows": short}, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.safetensors", "whole.safetensors"]  # nothing half-written
+
+
 def _client_keeps_state(entry) -> bool:
     """Whether the clients of ``entry`` keep state between rounds (read from what the server sends)."""
     if entry.builtin:

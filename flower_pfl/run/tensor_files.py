@@ -13,7 +13,11 @@ dicts of per-client tensors, scalars and lists of them, nested dicts.
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +28,63 @@ from safetensors.torch import load_file, save_file
 _META = "flower-pfl"
 
 
-def write(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class Blocks:
+    """A float32 tensor of ``shape`` that ``write`` writes block by block (``blocks()``: its rows, in order), so
+    that it is never in memory whole (every client's model, at the end of a run)."""
+
+    shape: tuple[int, ...]
+    blocks: Callable[[], Iterable[torch.Tensor]]
+
+
+def write(path: str | Path, tensors: Mapping[str, torch.Tensor | Blocks], meta: dict[str, Any]) -> None:
     """Write ``tensors`` and ``meta`` to ``path`` atomically."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    contiguous = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
-    save_file(contiguous, str(tmp), metadata={_META: json.dumps(meta)})
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        if any(isinstance(t, Blocks) for t in tensors.values()):
+            _write_blocks(tmp, tensors, meta)
+        else:
+            contiguous = {k: t.detach().cpu().contiguous() for k, t in tensors.items() if isinstance(t, torch.Tensor)}
+            save_file(contiguous, str(tmp), metadata={_META: json.dumps(meta)})
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def _write_blocks(path: Path, tensors: Mapping[str, torch.Tensor | Blocks], meta: dict[str, Any]) -> None:
+    """The safetensors format (an 8-byte header length, the JSON header padded to 8 bytes, the tensors' bytes in
+    the header's order) written tensor by tensor, a ``Blocks`` block by block; float32 only."""
+    header: dict[str, Any] = {"__metadata__": {_META: json.dumps(meta)}}
+    offset = 0
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.dtype != torch.float32:
+            raise TypeError(f"{name}: written block by block as float32 only, not {t.dtype}")
+        shape = list(t.shape)
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)))
+        fh.write(text)
+        for name, t in tensors.items():
+            written = 0
+            for block in (t.blocks() if isinstance(t, Blocks) else [t]):
+                data = block.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+                fh.write(data.tobytes())
+                written += data.nbytes
+            if written != header[name]["data_offsets"][1] - header[name]["data_offsets"][0]:
+                raise ValueError(f"{name}: its blocks hold {written} bytes, not the {tuple(t.shape)} float32 tensor's")
 
 
 def read(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
