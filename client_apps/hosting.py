@@ -22,6 +22,9 @@ from typing import Any
 
 #: node config key (deployment): the clients a node hosts
 PARTITION_IDS = "partition-ids"
+#: node config key: how many of a round's clients the node trains as one computation (the run config's
+#: ``clients-per-computation`` where the node config has none; 0: as many as its memory holds)
+CLIENTS_PER_COMPUTATION = "clients-per-computation"
 #: the record (and its key) of a node's answer to the start-up query when ``HostingError`` says its node config is wrong
 HOSTING = "hosting"
 
@@ -81,9 +84,10 @@ def parse_ids(text: str, total: int) -> list[int]:
 
 
 def hosts_itself(node_config: Mapping[str, Any], num_clients: int) -> bool:
-    """Whether the node hosts exactly the one client its ``partition-id`` names (the plain case: its
-    messages are the client's own, not packs)."""
+    """Whether the node hosts exactly the one client its ``partition-id`` names, of a federation of as many
+    clients as nodes (the plain case: its messages are the client's own, not packs). A node hosting one of
+    3 clients on 2 nodes is not: its client is one of 3, not of the nodes' ``num-partitions``."""
     if PARTITION_IDS in node_config:
         return False
-    ids, _ = hosted_clients(node_config, num_clients)
-    return ids == [int(node_config["partition-id"])]
+    ids, total = hosted_clients(node_config, num_clients)
+    return ids == [int(node_config["partition-id"])] and total == int(node_config["num-partitions"])

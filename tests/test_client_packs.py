@@ -68,6 +68,9 @@ def test_simulation_nodes_host_contiguous_blocks_that_cover_every_client_once():
     assert hosts_itself({"partition-id": 2, "num-partitions": 3}, 0)
     assert hosts_itself({"partition-id": 2, "num-partitions": 3}, 3)
     assert not hosts_itself({"partition-id": 2, "num-partitions": 3}, 10)
+    # 3 clients on 2 nodes: node 0 hosts client 0 alone, one of 3 (its data is the 1st third, not the 1st half)
+    assert hosted_clients({"partition-id": 0, "num-partitions": 2}, 3) == ([0], 3)
+    assert not hosts_itself({"partition-id": 0, "num-partitions": 2}, 3)
 
 
 def test_a_deployed_node_names_its_clients():
