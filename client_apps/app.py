@@ -9,6 +9,7 @@ strategies), with the same training and evaluation code.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -27,13 +28,23 @@ from flwr.common.logger import log
 from client_apps import persisted_state
 from client_apps.client_states import ClientStates, state_node_config
 from client_apps.flower_internals import handle_legacy_message_from_msgtype
-from client_apps.hosting import HOSTING, HostingError, hosted_clients, hosts_itself
+from client_apps.hosting import CLIENTS_PER_COMPUTATION, HOSTING, HostingError, hosted_clients, hosts_itself
 from client_apps.own_loop import RecordState
 from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.batched import ClientRound, train_together, unbatched, unbatched_evaluation
-from flower_pfl.engine.client_algorithm import RESUMED_AFTER, SERVER_ROUND, Extras, LocalResult, TrainData, train_locally
+from flower_pfl.engine.client_algorithm import (
+    BATCH_SIZE,
+    RESUMED_AFTER,
+    SERVER_ROUND,
+    ClientAlgorithm,
+    Extras,
+    LocalResult,
+    TrainData,
+    train_locally,
+)
 from flower_pfl.engine.evaluation import STACKED_BYTES, EvalResult, Personalization, evaluate_together
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
+from flower_pfl.engine.memory import available_bytes, budget_bytes, clients_per_computation, model_bytes, shown, training_bytes
 from flower_pfl.engine.precision import computing_in
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.engine.wording import counted
@@ -142,6 +153,22 @@ class Node:
     def end_fit(self, result: LocalResult) -> dict[str, Any]:
         """The training metrics of ``result``."""
         return {"train-loss": result.loss, "num-examples": self.data.num_train}
+
+    def clients_per_computation(self, algorithm: type[ClientAlgorithm], config: Mapping[str, Any]) -> int:
+        """How many of a round's clients of ``algorithm`` this node trains as one computation: the node config's
+        or the run config's ``clients-per-computation``, else as many as half its device's free memory holds
+        (``flower_pfl.engine.memory``); ``MemoryError`` when not even one client's training fits in what is free."""
+        asked = int(self.node_config.get(CLIENTS_PER_COMPUTATION, self.cfg.clients_per_computation))
+        kept = (len(algorithm.batched_state) + len(algorithm.carried)) * model_bytes(self.model)
+        if not self.data.num_train:  # nothing to measure a minibatch by
+            return asked or sys.maxsize
+        sample = self.data.x_train[0].to(self.device)
+        per_client = training_bytes(self.model, sample, int(config.get(BATCH_SIZE, 1)), kept)
+        if not asked and per_client > (free := available_bytes(self.device)):
+            raise MemoryError(f"one client's training needs about {shown(per_client)} ({algorithm.__name__} on this "
+                              f"model, batches of {config.get(BATCH_SIZE)}), and this node's {self.device} has "
+                              f"{shown(free)} free: a smaller batch-size or model, or a machine with more memory")
+        return clients_per_computation(per_client, budget_bytes(self.device), asked)
 
     def evaluate(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Evaluate on the test split the model the client algorithm ``config`` names makes from the
@@ -316,17 +343,22 @@ def train_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> 
     (algorithm,) = algorithms
     if (why := unbatched(algorithm, model)) is not None:
         return None, f"{algorithm.__name__}: {why}"
-    rounds, names, decoded = [], [], Decoded()
-    for node, content, config in zip(nodes, contents, configs):
-        received = content.array_records["arrays"]
-        node.load(decoded(received))
-        rounds.append(node.start_fit(config))
-        names.append(list(received.keys()))
-    with nodes[0].computing():
-        trained = train_together(model, rounds)
-    return [_train_reply(name, [t.cpu().numpy() for t in tensors], node.end_fit(result), extras)
-            for node, config, name, (tensors, result, extras) in zip(nodes, configs, names, trained)], \
-        f"{algorithm.__name__}: {counted(len(contents), 'client')} as one computation"
+    chunk = nodes[0].clients_per_computation(algorithm, configs[0])
+    replies, decoded = [], Decoded()
+    for start in range(0, len(contents), chunk):  # a chunk of the clients, all the way to their replies
+        part = range(start, min(start + chunk, len(contents)))
+        rounds, names = [], []
+        for i in part:
+            received = contents[i].array_records["arrays"]
+            nodes[i].load(decoded(received))
+            rounds.append(nodes[i].start_fit(configs[i]))
+            names.append(list(received.keys()))
+        with nodes[0].computing():
+            trained = train_together(model, rounds)
+        replies += [_train_reply(name, [t.cpu().numpy() for t in tensors], nodes[i].end_fit(result), extras)
+                    for i, name, (tensors, result, extras) in zip(part, names, trained)]
+    computations = "" if chunk >= len(contents) else f" ({-(-len(contents) // chunk)} of at most {chunk}, to fit the node's memory)"
+    return replies, f"{algorithm.__name__}: {counted(len(contents), 'client')} as one computation{computations}"
 
 
 def evaluate_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> tuple[list[RecordDict], list[str | None]]:

@@ -27,13 +27,22 @@ from flower_pfl.engine.client_algorithm import RESUMED_AFTER, RUN_KEY
 from flower_pfl.engine.disk_store import DiskClientModelStore
 from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.engine.method_server import PLAN_BYTES, MethodServer
+from flower_pfl.engine.params import param_specs
 from flower_pfl.engine.reply_checks import ReplyBounds
 from flower_pfl.engine.sampling import Sampler
-from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm
+from flower_pfl.engine.server_algorithm import PersonalizedAlgorithm, ServerAlgorithm
 from flower_pfl.engine.wording import agreeing, counted
-from flower_pfl.experiment.build import check_device, check_method_applies, has_hidden_layers, initial_arrays, training_config
+from flower_pfl.experiment.build import (
+    check_device,
+    check_method_applies,
+    has_hidden_layers,
+    initial_arrays,
+    make_model,
+    training_config,
+)
 from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.footprint import DEPLOYMENT, IN_PROCESS, SIMULATION, check_fits
 from flower_pfl.reports.diagnostics import save_run_diagnostics
 from flower_pfl.reports.figures import run_title
 from flower_pfl.run.quiet import DivertRecords, silence_runtime_noise
@@ -200,6 +209,25 @@ def _federation(info: Mapping[int, Mapping[str, Any]]) -> int:
     return federation
 
 
+def _set_up_method(cfg: ExperimentConfig, initial: Mapping[str, np.ndarray]) -> ServerAlgorithm | None:
+    """The run's server algorithm set up on its model, no client seen yet (``None``: Flower's own strategy)."""
+    if cfg.entry.builtin:
+        return None
+    cls = cfg.entry.declaration
+    names = {spec.name for spec in param_specs(cls)}
+    server = MethodServer(cls(**{k: v for k, v in cfg.method_arguments().items() if k in names}))
+    server.initialize(initial)
+    return server.method
+
+
+def _where(grid: Grid) -> str:
+    """Where the run's nodes run (``flower_pfl.experiment.footprint``): in this process, in ``flwr run``'s
+    simulation on this machine, or elsewhere."""
+    if getattr(grid, "in_process", False):  # ``server_apps.inprocess.InProcessGrid``
+        return IN_PROCESS
+    return SIMULATION if isinstance(grid, in_memory_grid()) else DEPLOYMENT
+
+
 def _warn_about_init(cfg: ExperimentConfig, initial: Mapping[str, np.ndarray]) -> None:
     if cfg.init == "zero" and has_hidden_layers(initial):
         log(WARNING, "init = 'zero' with model '%s': zero weights cannot break the symmetry of its hidden units (with "
@@ -235,6 +263,9 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
                               "host several clients")
         if resumed is not None:
             _check_client_state(cfg, info)
+        hosts = hosting(info)
+        check_fits(cfg, _set_up_method(cfg, initial), make_model(cfg), len(info), len(set(hosts.values())) or len(info),
+                   _where(grid))
         out = resumed.folder if resumed is not None else run_dir(cfg)
     say: Callable[[str], None] = lambda msg: log(INFO, "%s", msg)
     trackers = RunTrackers(TrackerSettings(cfg.trackers, cfg.tracker_experiment, cfg.tracker_uri or _default_uri(cfg),

@@ -28,6 +28,9 @@ CLIENT_APP_EXCEPTION = 1  # error code in replies of a ClientApp that raised
 class InProcessGrid:
     """The part of ``flwr.serverapp.Grid`` strategies use, served by a local ClientApp."""
 
+    #: the ServerApp's nodes share its process (``server_apps.app``: what the run's memory estimate counts)
+    in_process = True
+
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
                  node_ids: Sequence[int] | None = None, node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
         """Node ``node_ids[i]`` (default ``1001 + i``) is the ``i``-th of ``num_nodes``, as in ``flwr run``'s

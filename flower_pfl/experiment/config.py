@@ -161,6 +161,9 @@ class ExperimentConfig:
     #: a node's clients of a round train (and evaluate) as one computation where their client algorithm allows
     #: (``flower_pfl.engine.batched``), with the numbers of training them one by one within its tolerance
     batch_clients: bool = True
+    #: how many of a round's clients a node trains as one computation (0: as many as half its device's free
+    #: memory holds, ``flower_pfl.engine.memory``); a node config's ``clients-per-computation`` wins
+    clients_per_computation: int = 0
     #: live trackers, comma-separated: "tensorboard", "mlflow", "wandb" ("": none; ``flower_pfl.run.trackers``)
     tracker: str = ""
     #: MLflow's experiment and W&B's project
@@ -206,6 +209,8 @@ class ExperimentConfig:
             _fail("min_test_samples", self.min_test_samples, "an integer >= 0 (0: keep every natural client)")
         if self.num_clients < 0:
             _fail("num_clients", self.num_clients, "an integer >= 0 (0: one client per node)")
+        if self.clients_per_computation < 0:
+            _fail("clients_per_computation", self.clients_per_computation, "an integer >= 0 (0: as many as the node's memory holds)")
         if self.train_samples_per_client < 0:
             _fail("train_samples_per_client", self.train_samples_per_client, "an integer >= 0 (0 keeps all)")
         if not 0 < self.train_fraction < 1:
