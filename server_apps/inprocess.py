@@ -1,17 +1,20 @@
 """Run the ServerApp and ClientApp in one process, without Ray or a SuperLink.
 
-``InProcessGrid`` hands every message straight to the ClientApp with a per-node
-``Context`` (its ``state`` persists across rounds, as on a SuperNode). The server
-and client code are exactly those ``flwr run`` executes, with the same messages
-(one per node and round; a node hosting several clients gets their instructions in
-one message and trains them as one computation, ``client_apps.hosting``); only the
-transport is left out, so the same seed and layout give the same numbers as
-``flwr run``. Benchmarks use it for long runs; tests use it for fast end-to-end checks.
+``InProcessGrid`` hands every message to the ClientApp with a per-node ``Context``
+(its ``state`` persists across rounds, as on a SuperNode). The server and client code
+are exactly those ``flwr run`` executes, with the same messages (one per node and round;
+a node hosting several clients gets their instructions in one message and trains them
+as one computation, ``client_apps.hosting``); only the transport is left out, so the
+same seed and layout give the same numbers as ``flwr run``. As the transport does, each
+node gets its own copy of its message and the server its own copy of the reply: a mod
+that edits what it receives (``secaggplus_mod``) changes nothing another node or the
+server sees. Benchmarks use it for long runs; tests use it for fast end-to-end checks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from copy import deepcopy
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -54,10 +57,13 @@ class InProcessGrid:
         return [self._one(msg) for msg in messages]
 
     def _one(self, msg: Message) -> Message:
+        """The node's reply to its own copy of ``msg`` (a message may be one object for several nodes), copied
+        back. Copies share the arrays' bytes, which nobody can change."""
+        received = deepcopy(msg)
         try:
-            return self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+            return deepcopy(self.client_app(received, self.contexts[msg.metadata.dst_node_id]))
         except Exception as err:  # a failing node must not stop the round
-            return Message(Error(code=CLIENT_APP_EXCEPTION, reason=repr(err)), reply_to=msg)
+            return Message(Error(code=CLIENT_APP_EXCEPTION, reason=repr(err)), reply_to=received)
 
 
 def in_process_grid(client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
