@@ -55,6 +55,14 @@ class ServerAlgorithm:
     state_attributes: ClassVar[tuple[str, ...]] = ()
     #: what the method becomes when clients ignore its client algorithm
     without_client_algorithm: ClassVar[str] = "runs without its client algorithm"
+    #: ``aggregate`` makes one global model (``global_model``), which the strategies hand Flower's loop: what a
+    #: server-side ``evaluate_fn`` evaluates (without one, the loop holds the initial model for ever)
+    has_global_model: ClassVar[bool] = False
+    #: the server needs nothing of a single reply but its share of the replies' sample-weighted mean: every
+    #: trainer starts from the global model, the next one is made from that mean alone, and no client sends
+    #: anything besides its model. What secure aggregation leaves a server, and what Flower's central
+    #: differential-privacy wrappers clip and noise
+    aggregate_only: ClassVar[bool] = False
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         """Create the method's state from the model's layout and starting parameters (once);
@@ -281,6 +289,7 @@ class GlobalModelAlgorithm(ServerAlgorithm):
     it) and ``combine`` makes the next one from the returned models. FedAvg by default."""
 
     state_attributes: ClassVar[tuple[str, ...]] = ("model", "num_clients")
+    has_global_model: ClassVar[bool] = True
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)

@@ -115,6 +115,7 @@ class APFL(Method, GlobalModelAlgorithm):
 
     name = "apfl"
     strategy = "APFL"
+    aggregate_only = True
     client = APFLClient
     without_client_algorithm = "runs as FedAvg: no personal model v_i or mixing weight α is trained"
 

@@ -78,6 +78,7 @@ class CFL(Method, GlobalModelAlgorithm):
 
     name = "cfl"
     strategy = "CFL"
+    has_global_model = False  # a model per cluster
     client = ClientAlgorithm
     default_clients_per_round = 10
     state_attributes = ("models", "assignment", "updates")

@@ -68,6 +68,7 @@ class Ditto(Method, GlobalModelAlgorithm):
 
     name = "ditto"
     strategy = "Ditto"
+    aggregate_only = True
     client = DittoClient
     without_client_algorithm = "runs as FedAvg: no personal model v_i is trained"
 

@@ -156,6 +156,7 @@ class FedALA(Method, GlobalModelAlgorithm):
 
     name = "fedala"
     strategy = "FedALA"
+    aggregate_only = True
     client = FedALAClient
     default_clients_per_round = 10
     without_client_algorithm = "runs as FedAvg: clients train the global model without adaptive local aggregation"

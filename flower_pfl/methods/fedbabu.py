@@ -91,6 +91,7 @@ class FedBABU(Method, GlobalModelAlgorithm):
 
     name = "fedbabu"
     strategy = "FedBABU"
+    aggregate_only = True
     client = FedBABUClient
     group = "baseline"
     default_clients_per_round = 10

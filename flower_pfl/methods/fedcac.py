@@ -129,6 +129,7 @@ class FedCAC(Method, PersonalizedAlgorithm):
 
     name = "fedcac"
     strategy = "FedCAC"
+    has_global_model = True  # θ_g, beside each client's customized model
     client = FedCACClient
     group = "baseline"
     default_clients_per_round = 10

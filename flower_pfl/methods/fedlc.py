@@ -76,6 +76,7 @@ class FedLC(Method, GlobalModelAlgorithm):
 
     name = "fedlc"
     strategy = "FedLC"
+    aggregate_only = True
     reads_head = True
     client = FedLCClient
     without_client_algorithm = "runs as FedAvg: the clients train uncalibrated"

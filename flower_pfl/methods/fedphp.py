@@ -119,6 +119,7 @@ class FedPHP(Method, GlobalModelAlgorithm):
 
     name = "fedphp"
     strategy = "FedPHP"
+    aggregate_only = True
     reads_head = True
     client = FedPHPClient
     group = "baseline"

@@ -130,6 +130,7 @@ class FedRoD(Method, GlobalModelAlgorithm):
 
     name = "fedrod"
     strategy = "FedRoD"
+    aggregate_only = True
     reads_head = True
     client = FedRoDClient
     group = "baseline"

@@ -124,6 +124,7 @@ class IFCA(Method, GlobalModelAlgorithm):
 
     name = "ifca"
     strategy = "IFCA"
+    has_global_model = False  # a model per cluster
     client = IFCAClient
     default_clients_per_round = 10
     state_attributes = ("models", "assignment")

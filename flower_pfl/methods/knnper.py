@@ -97,6 +97,7 @@ class KNNPer(Method, GlobalModelAlgorithm):
 
     name = "knnper"
     strategy = "KNNPer"
+    aggregate_only = True
     reads_head = True
     client = KNNPerClient
     default_clients_per_round = 10

@@ -94,6 +94,7 @@ class MOON(Method, GlobalModelAlgorithm):
 
     name = "moon"
     strategy = "MOON"
+    aggregate_only = True
     reads_head = True
     client = MoonClient
     without_client_algorithm = "runs as FedAvg: no contrastive loss"

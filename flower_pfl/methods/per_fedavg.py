@@ -76,6 +76,7 @@ class PerFedAvg(Method, GlobalModelAlgorithm):
 
     name = "per-fedavg"
     strategy = "PerFedAvg"
+    aggregate_only = True
     client = PerFedAvgClient
     without_client_algorithm = "runs as FedAvg: its clients take plain SGD steps, not the MAML step"
 

@@ -128,6 +128,7 @@ class PFedMe(Method, GlobalModelAlgorithm):
 
     name = "pfedme"
     strategy = "PFedMe"
+    aggregate_only = True
     client = PFedMeClient
     without_client_algorithm = "runs as FedAvg with server mixing β: no personalized model θ_i is trained"
 
