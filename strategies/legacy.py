@@ -245,6 +245,14 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return self.initial_parameters
 
+    def _held(self, parameters: Parameters) -> None:
+        """Learn the model from the first parameters Flower's loop hands the strategy; later ones are the global
+        model it holds, which a method central DP composes with goes on from (``MethodServer.carry_on``)."""
+        if not self.server.initialized:
+            self._initialize(parameters)
+        elif self.method.aggregate_only:
+            self.server.carry_on(parameters_to_ndarrays(parameters))
+
     def _clients(self, client_manager: ClientManager) -> dict[Any, ClientProxy]:
         # Flower's ``start_grid`` registers the grid's nodes when ``num_available`` / ``all`` / ``sample``
         # are called (else every 5 s, on a thread): ask first, so the first round does not wait for that thread.
@@ -279,8 +287,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                                               {**config, **ins.config, SERVER_ROUND: server_round})) for ins in plan]
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        if not self.server.initialized:
-            self._initialize(parameters)
+        self._held(parameters)
         clients = self._clients(client_manager)
         self._prepare_draw(clients, self.server.participants(len(clients)), server_round)
         plan = self.server.plan_training(server_round, clients)
@@ -322,6 +329,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self.fraction_evaluate <= 0 or not self.server.initialized:
             return []
+        self._held(parameters)
         clients = self._clients(client_manager)
         self._prepare_draw(clients, self.server.evaluators(len(clients), self.fraction_evaluate, self.min_evaluate_clients),
                            server_round)
@@ -353,10 +361,11 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         return loss, metrics
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        model = self.method.global_model() if self.server.initialized else None
-        if self.evaluate_fn is None or model is None:
+        if self.evaluate_fn is None or not self.server.initialized:
             return None
-        return self.evaluate_fn(server_round, self.server.to_arrays(model), {})
+        self._held(parameters)
+        model = self.method.global_model()
+        return None if model is None else self.evaluate_fn(server_round, self.server.to_arrays(model), {})
 
 
 def properties(proxies: Mapping[Any, ClientProxy], timeout: float, group_id: int) -> list[tuple[Any, Mapping[str, Scalar]]]:

@@ -36,7 +36,13 @@ from flower_pfl.engine.reply_checks import (
     screen,
 )
 from flower_pfl.engine.sampling import Sampler
-from flower_pfl.engine.server_algorithm import ClientId, Instruction, PersonalizedAlgorithm, ServerAlgorithm
+from flower_pfl.engine.server_algorithm import (
+    ClientId,
+    GlobalModelAlgorithm,
+    Instruction,
+    PersonalizedAlgorithm,
+    ServerAlgorithm,
+)
 from flower_pfl.engine.store import to_host
 from flower_pfl.engine.wire import RoundArrays, T
 from flower_pfl.engine.wording import agreeing, counted
@@ -175,6 +181,17 @@ class MethodServer:
                     raise ValueError(f"{type(self.method).__name__} starts every client from one model: "
                                      "per-client starting models need a method that keeps a model per client")
                 self.method.starting_models(self._initial_rows)
+
+    def carry_on(self, arrays: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> None:
+        """Go on from the global model Flower's loop holds (``arrays``: by name, or in the layout's order) where it
+        is not the method's own: a central-DP wrapper added its noise to the model the strategy returned, and the
+        noised model is the one to send on. Only a method central DP composes with (``aggregate_only``) takes it."""
+        if not (self.initialized and self.method.aggregate_only and isinstance(self.method, GlobalModelAlgorithm)):
+            return
+        layout = self._require()
+        held = layout.flatten([arrays[name] for name in layout.names] if isinstance(arrays, Mapping) else arrays)
+        if not torch.equal(held, self.method.model):
+            self.method.set_global_model(held)
 
     def _initial_rows(self, ids: Sequence[ClientId]) -> torch.Tensor:
         """The ``(m, d)`` starting models of ``ids``, from their ranks (``initial_by_rank``)."""

@@ -330,3 +330,8 @@ class GlobalModelAlgorithm(ServerAlgorithm):
 
     def global_model(self) -> torch.Tensor | None:
         return self.model
+
+    def set_global_model(self, model: torch.Tensor) -> None:
+        """Go on from ``model``: the global model Flower's loop holds when it is not the one ``aggregate`` made
+        (a central-DP wrapper added its noise to it)."""
+        self.model = model.detach().to(torch.float32).cpu().clone()

@@ -215,8 +215,12 @@ class MethodStrategy(PerMethodDocs, Strategy):
         prepare_draw(self.server, nodes, k, ask if self.rank_query else None, MESSAGE_ADVICE)
 
     def _initialize(self, arrays: ArrayRecord) -> None:
+        """Learn the model from the first arrays Flower's loop hands the strategy; later ones are the global
+        model it holds, which a method central DP composes with goes on from (``MethodServer.carry_on``)."""
         if not self.server.initialized:
             self.server.initialize(record_numpy(arrays))
+        elif self.method.aggregate_only:
+            self.server.carry_on(record_numpy(arrays))
 
     def _messages(self, plan: Iterable[Instruction], config: ConfigRecord, server_round: int, kind: str) -> list[Message]:
         """One message per instruction; its arrays made once per round where clients share them (``RoundArrays``)."""
