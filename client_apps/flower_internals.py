@@ -1,9 +1,10 @@
 """Every name this project takes from Flower outside Flower's public API, in one place.
 
 Flower's public API here: ``flwr.app``, ``flwr.serverapp`` and ``flwr.clientapp``, ``flwr.server``,
-``flwr.client``, ``flwr.common`` (their top levels, and ``flwr.common.logger``), ``flwr.simulation`` and
-the strategy interfaces (``flwr.server.strategy``, ``flwr.serverapp.strategy``, ``flwr.server.client_proxy``,
-``flwr.server.client_manager``, ``flwr.server.criterion``). Anything else may move in any release: the
+``flwr.client``, ``flwr.common`` (their top levels, and ``flwr.common.logger``), ``flwr.simulation``, the
+strategy interfaces (``flwr.server.strategy``, ``flwr.serverapp.strategy``, ``flwr.server.client_proxy``,
+``flwr.server.client_manager``, ``flwr.server.criterion``), the legacy workflows (``flwr.server.workflow``)
+and the client mods (``flwr.client.mod``, ``flwr.clientapp.mod``). Anything else may move in any release: the
 package (the ClientApp, the ServerApp; the strategies need none), its benchmarks and its tests import
 it from here, and ``tests/test_flower_internals.py``
 imports each name below on the installed Flower and fails naming the symbol and the Flower version

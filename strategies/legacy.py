@@ -55,6 +55,7 @@ from strategies.aggregated_metrics import (
 from strategies.failures import LOST_AFTER, UNNAMED, NodeFailures
 from strategies.nodes import NODE_WAIT_TIMEOUT
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
+from strategies.privacy import check_privacy_mechanisms
 from strategies.ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from strategies.replies import log_trainers, receive_round
 from strategies.tracking import StrategyTracking, TrackerArg
@@ -287,6 +288,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                                               {**config, **ins.config, SERVER_ROUND: server_round})) for ins in plan]
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        check_privacy_mechanisms(self, self.method)
         self._held(parameters)
         clients = self._clients(client_manager)
         self._prepare_draw(clients, self.server.participants(len(clients)), server_round)

@@ -14,9 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 INTERNALS = ROOT / "client_apps" / "flower_internals.py"
 #: Flower's public API as this project uses it (the strategy interfaces included)
-PUBLIC = ("flwr", "flwr.app", "flwr.serverapp", "flwr.serverapp.strategy", "flwr.clientapp", "flwr.server",
-          "flwr.server.strategy", "flwr.server.client_proxy", "flwr.server.client_manager", "flwr.server.criterion",
-          "flwr.client", "flwr.common", "flwr.common.logger", "flwr.simulation")
+PUBLIC = ("flwr", "flwr.app", "flwr.serverapp", "flwr.serverapp.strategy", "flwr.clientapp", "flwr.clientapp.mod",
+          "flwr.server", "flwr.server.strategy", "flwr.server.workflow", "flwr.server.client_proxy",
+          "flwr.server.client_manager", "flwr.server.criterion", "flwr.client", "flwr.client.mod", "flwr.common",
+          "flwr.common.logger", "flwr.simulation")
 
 
 def _imports(path: Path) -> list[tuple[str, str | None, int]]:

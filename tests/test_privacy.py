@@ -1,11 +1,14 @@
-"""Each method's declaration of what its server needs of the replies (``has_global_model``,
-``aggregate_only``, ``flower_pfl.engine.server_algorithm``) is what its server does, checked with real
-client algorithms; Flower's central-DP wrappers around a method that needs only the replies' mean: its
-clients get the noised global model the wrapper returns."""
+"""Flower's privacy mechanisms around this package's strategies: each method's declaration
+(``has_global_model``, ``aggregate_only``) is what its server does; central-DP wrappers and secure
+aggregation run the methods whose server needs only the replies' mean and refuse every other method at
+their first call, naming the method, the mechanism and why. Real wrapper and workflow runs show a
+refused method and a method that composes (its clients get the noised model)."""
 
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import json
 import logging
 import sys
@@ -18,15 +21,18 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common import parameters_to_ndarrays
-from flwr.server import ServerConfig
+from flwr.server import LegacyContext, ServerConfig
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from test_twins import NODES, OURS, TRAINING, Clients, _twins
 
 import strategies.message
 from client_apps.flower_internals import start_grid
 from server_apps.inprocess import InProcessGrid
+from strategies.privacy import CENTRAL_DP
 
 sys.path.insert(0, str(ROOT / "examples" / "plain_app"))
 from plain_app import client_app as plain_client
@@ -83,6 +89,102 @@ def test_a_methods_declaration_is_what_its_server_does(entry):
     returned, mean_only = _observed(entry)
     assert returned == {method.has_global_model}
     assert (mean_only and not method.client.reply_keys) == method.aggregate_only
+
+
+# --- every method inside every central-DP wrapper, secure aggregation, evaluate_fn --------------------------------
+
+#: each Flower API's central-DP wrappers, in the package's list (``DPFedAvgAdaptive`` is a ``DPFedAvgFixed``)
+MESSAGE_DP = [w for w in CENTRAL_DP if w.__module__.startswith("flwr.serverapp")]
+
+
+LEGACY_DP = [w for w in CENTRAL_DP if w not in MESSAGE_DP] + [legacy_strategy.DPFedAvgAdaptive]
+
+
+DP_ARGS = {"noise_multiplier": 1.0, "clipping_norm": 1.0, "clip_norm": 1.0, "num_sampled_clients": 3, "clipped_count_stddev": 1.0,
+           "clip_count_stddev": 1.0}
+
+
+def _wrapped(wrapper: type, strategy):
+    """``strategy`` inside ``wrapper`` (its noise for the round's 3 clients, a clipping norm of 1)."""
+    accepted = inspect.signature(wrapper).parameters
+    return wrapper(strategy, **{k: v for k, v in DP_ARGS.items() if k in accepted})
+
+
+def _configure(api: str, outer, initial: dict[str, np.ndarray], params) -> list:
+    """The first training round's instructions ``outer`` (a strategy, or a wrapper around one) sends."""
+    fb.set_task_identity()
+    if api == "message":
+        arrays = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()})
+        return list(outer.configure_train(1, arrays, ConfigRecord(dict(TRAINING)), fb.FakeGrid(NODES)))
+    return outer.configure_fit(1, params, fb.client_manager([str(n) for n in NODES]))
+
+
+def _assert_refusal(text: str, method: str, mechanism: str) -> None:
+    assert f"{method} cannot run inside Flower's {mechanism}: " in text and "docs/privacy.md" in text, text
+
+
+def _central_dp_cases() -> list:
+    every = [(api, w, e) for api, wrappers in (("message", MESSAGE_DP[:1]), ("legacy", LEGACY_DP[:1])) for w in wrappers for e in OURS]
+    both = [(api, w, e) for api, wrappers in (("message", MESSAGE_DP[1:]), ("legacy", LEGACY_DP[1:])) for w in wrappers
+            for e in OURS if e.label in ("ditto", "fedmcsa", "scaffold")]
+    return [pytest.param(*case, id=f"{case[0]}-{case[1].__name__}-{case[2].label}") for case in every + both]
+
+
+@pytest.mark.parametrize("api,wrapper,entry", _central_dp_cases())
+def test_central_dp_runs_a_method_that_needs_only_the_mean_and_refuses_every_other_at_once(api, wrapper, entry):
+    """Every registry entry inside each API's server-side fixed-clipping wrapper; each other wrapper (client-side,
+    adaptive, the deprecated DPFedAvg ones) around one method of each kind."""
+    legacy, message, initial = _twins(entry)
+    outer = _wrapped(wrapper, message if api == "message" else legacy)
+    if entry.declaration.aggregate_only:
+        assert len(_configure(api, outer, initial, legacy.initial_parameters)) == 3
+        return
+    with pytest.raises(ValueError) as refused:
+        _configure(api, outer, initial, legacy.initial_parameters)
+    _assert_refusal(str(refused.value), entry.strategy, wrapper.__name__)
+    reason = "no global model" if not entry.declaration.has_global_model else "each reply"
+    assert reason in str(refused.value)
+
+
+class SilentGrid:
+    """A grid that knows no node and answers nothing: Flower's legacy workflows run around the strategy alone
+    (its clients are the client manager's)."""
+
+    run = SimpleNamespace(run_id=1)
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def get_node_ids(self) -> list[int]:
+        return []
+
+    def send_and_receive(self, messages, *, timeout=None) -> list:
+        self.sent += [m.metadata.message_type for m in messages]
+        return []
+
+
+@pytest.mark.parametrize("entry", OURS, ids=[e.label for e in OURS])
+def test_secure_aggregation_runs_a_method_that_needs_only_the_mean_and_refuses_every_other_at_once(entry):
+    """Flower's SecAgg+ workflow around every registry entry's legacy strategy, one round: a method that needs only
+    the replies' mean passes its first ``configure_fit`` and the workflow sends its setup messages; any other
+    method stops the run there, before any message goes out."""
+    fb.set_task_identity()
+    legacy, _, _ = _twins(entry)
+    manager = fb.client_manager([str(n) for n in NODES])
+    for proxy in manager.all().values():
+        proxy.node_id = int(proxy.cid)
+    context = LegacyContext(Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+                            config=ServerConfig(num_rounds=1), strategy=legacy, client_manager=manager)
+    grid = SilentGrid()
+    run = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(num_shares=3, reconstruction_threshold=2))
+    if entry.declaration.aggregate_only:
+        run(grid, context)  # type: ignore[arg-type]
+        assert grid.sent[0] == MessageType.TRAIN  # the protocol's setup stage
+        return
+    with pytest.raises(ValueError) as refused:
+        run(grid, context)  # type: ignore[arg-type]
+    _assert_refusal(str(refused.value), entry.strategy, "SecAggPlusWorkflow")
+    assert grid.sent == []
 
 
 # --- real runs in a plain Flower app (examples/plain_app), in process --------------------------------------------
@@ -160,3 +262,43 @@ def test_legacy_central_dp_noise_reaches_the_clients_of_ditto(caplog):
     assert sum("central DP noise with" in r.getMessage() for r in caplog.records) == 2
     noised = fb.flat(parameters_to_ndarrays(returned[0][0]))
     assert [torch.equal(fb.flat(parameters_to_ndarrays(ins.parameters)), noised) for _, ins in sent[1]] == [True] * PLAIN_NODES
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_central_dp_around_fedmcsa_is_refused_before_any_client_trains(api):
+    """FedMCSA, which keeps a model per client, inside a server-side wrapper (Message API) or a client-side one
+    (legacy API, whose clients would clip with ``fixedclipping_mod``): refused at the first round."""
+    grid, dp = _plain_grid(api), {"noise_multiplier": 1.0, "clipping_norm": 0.5, "num_sampled_clients": PLAIN_NODES}
+    if api == "message":
+        wrapper = message_strategy.DifferentialPrivacyServerSideFixedClipping
+        run = functools.partial(_message_run, wrapper(strategies.message.FedMCSA(fraction_train=1.0), **dp), grid)
+    else:
+        wrapper = legacy_strategy.DifferentialPrivacyClientSideFixedClipping
+        run = functools.partial(_legacy_run, wrapper(_legacy_strategy("FedMCSA", 2), **dp), grid)
+    with pytest.raises(ValueError) as refused:
+        run()
+    _assert_refusal(str(refused.value), "FedMCSA", wrapper.__name__)
+    assert grid.trained == []
+    assert "no global model" in str(refused.value) and "add its noise to nothing" in str(refused.value)
+
+
+def _secure_grid() -> SpyGrid:
+    """The plain app's legacy clients, each behind ``secaggplus_mod``."""
+    return _plain_grid("legacy", ClientApp(client_fn=plain_legacy.client_fn, mods=[secaggplus_mod]))
+
+
+def _secure_run(strategy, grid: SpyGrid, rounds: int = 3) -> LegacyContext:
+    """``rounds`` rounds of Flower's SecAgg+ workflow around ``strategy`` (legacy) on ``grid``; the run's context
+    (its history)."""
+    context = LegacyContext(Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+                            config=ServerConfig(num_rounds=rounds), strategy=strategy)
+    DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(num_shares=PLAIN_NODES, reconstruction_threshold=3))(grid, context)  # type: ignore[arg-type]
+    return context
+
+
+def test_secure_aggregation_around_fedmcsa_is_refused_before_any_client_trains():
+    grid = _secure_grid()
+    with pytest.raises(ValueError) as refused:
+        _secure_run(_legacy_strategy("FedMCSA", 3), grid)
+    _assert_refusal(str(refused.value), "FedMCSA", "SecAggPlusWorkflow")
+    assert "as FedAvg does" in str(refused.value) and grid.trained == []

@@ -42,6 +42,7 @@ from strategies.failures import LOST_AFTER
 from strategies.final_results import compact_final_results, log_final_results
 from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
+from strategies.privacy import check_privacy_mechanisms
 from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from strategies.replies import log_trainers, receive_round
 from strategies.tracking import StrategyTracking, TrackerArg
@@ -238,6 +239,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         return out
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        check_privacy_mechanisms(self, self.method)
         self._initialize(arrays)
         nodes = self._nodes(grid)
         self._prepare_draw(grid, nodes, self.server.participants(len(nodes)))
