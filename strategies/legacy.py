@@ -39,6 +39,7 @@ from flower_pfl.engine.reply_checks import (
     UpdateRejected,
     decoded,
     is_finite_number,
+    secure_aggregate_arrays,
 )
 from flower_pfl.engine.server_algorithm import Instruction, ServerAlgorithm
 from flower_pfl.engine.wording import agreeing, counted
@@ -211,14 +212,14 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         #: the clients' failures; the lost ones are not sampled (``strategies.failures``)
         self.failures = NodeFailures(lost_node_rounds)
         self.initial_parameters: Parameters | None = None
+        self._secure = False  # a secure-aggregation workflow runs the round: every result carries the results' mean
         if initial_parameters is not None:
             self._initialize(initial_parameters)
         self.min_available_clients = min_available_clients
         self.fraction_evaluate, self.min_evaluate_clients = fraction_evaluate, min_evaluate_clients
         self.accept_failures = accept_failures  # (``inplace`` is only accepted: arrays are never modified)
         self.fit_metrics_aggregation_fn = fit_metrics_aggregation_fn
-        self.on_fit_config_fn = on_fit_config_fn
-        self.on_evaluate_config_fn = on_evaluate_config_fn
+        self.on_fit_config_fn, self.on_evaluate_config_fn = on_fit_config_fn, on_evaluate_config_fn
         self.accuracy_key = accuracy_key
         #: the personalized summary of ``accuracy_key``, added to what ``evaluate_metrics_aggregation_fn`` returns
         self.personalized = PersonalizedMetrics(accuracy_key, IDENTITIES + ((rank_key,) if rank_key else ()))
@@ -288,7 +289,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                                               {**config, **ins.config, SERVER_ROUND: server_round})) for ins in plan]
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        check_privacy_mechanisms(self, self.method)
+        self._secure = check_privacy_mechanisms(self, self.method)
         self._held(parameters)
         clients = self._clients(client_manager)
         self._prepare_draw(clients, self.server.participants(len(clients)), server_round)
@@ -309,6 +310,8 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
             try:
                 metrics = dict(res.metrics)
                 arrays = decoded("parameters", lambda: parameters_to_ndarrays(res.parameters))  # noqa: B023
+                if self._secure:  # the results' mean, which secure aggregation sums in float64
+                    arrays = secure_aggregate_arrays(arrays)
                 raws.append(RawReply(client_id(proxy), arrays, None, res.num_examples, metrics, metrics))
             except UpdateRejected as err:
                 batch.reject(client_id(proxy), str(err))

@@ -2,7 +2,8 @@
 (``has_global_model``, ``aggregate_only``) is what its server does; central-DP wrappers and secure
 aggregation run the methods whose server needs only the replies' mean and refuse every other method at
 their first call, naming the method, the mechanism and why. Real wrapper and workflow runs show a
-refused method and a method that composes (its clients get the noised model)."""
+refused method and a method that composes (its clients get the noised model; under SecAgg+ it trains on
+the aggregate)."""
 
 from __future__ import annotations
 
@@ -294,6 +295,16 @@ def _secure_run(strategy, grid: SpyGrid, rounds: int = 3) -> LegacyContext:
                             config=ServerConfig(num_rounds=rounds), strategy=strategy)
     DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(num_shares=PLAIN_NODES, reconstruction_threshold=3))(grid, context)  # type: ignore[arg-type]
     return context
+
+
+def test_secure_aggregation_trains_flowers_fedavg_and_ditto_on_the_mean():
+    """In process as under ``flwr run`` (each node its own copy of the protocol's messages), Flower's FedAvg and
+    Ditto, whose server needs only the replies' mean, train on SecAgg+'s float64 mean, no reply refused."""
+    for name in ("flwr.server.strategy.FedAvg", "Ditto"):
+        history = _secure_run(_legacy_strategy(name, 3), _secure_grid()).history
+        accuracy = [value for _, value in history.metrics_distributed["eval-acc"]]
+        assert accuracy[-1] > accuracy[0] + 0.05, (name, accuracy)
+    assert [value for _, value in history.metrics_distributed_fit["clients-rejected"]] == [0, 0, 0]
 
 
 def test_secure_aggregation_around_fedmcsa_is_refused_before_any_client_trains():

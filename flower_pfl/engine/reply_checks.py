@@ -152,6 +152,13 @@ def check_update(layout: ParamLayout, arrays: Sequence[np.ndarray], names: Seque
     return layout.flatten(checked)
 
 
+def secure_aggregate_arrays(arrays: Sequence[Any]) -> list[Any]:
+    """The replies' mean that secure aggregation hands the server (SecAgg+ dequantizes its sum in float64)
+    in float32, the dtype ``check_update`` asks of a reply: float64 arrays are narrowed (a value beyond
+    float32's range becomes Inf, which the check refuses); anything else is left to the check."""
+    return [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype == np.float64 else a for a in arrays]
+
+
 def decoded(what: str, convert: Callable[[], Any]) -> Any:
     """``convert()``, with any error it raises (bytes that are not what they claim) as ``UpdateRejected``."""
     try:
