@@ -28,6 +28,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from flower_pfl.engine.client_algorithm import LOCAL_STEPS, LR, SERVER_ROUND
+from flower_pfl.engine.composition import checked_evaluate_fn
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import (
     MAX_MEDIAN_RATIO,
@@ -147,8 +148,9 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
                                            "FedAvg's (None: every numeric metric's sample-weighted mean under its own name); "
                                            "the personalized summary of ``accuracy_key`` (``strategies.aggregated_metrics.PersonalizedMetrics``) "
                                            "is added either way. The loss is Flower's sample-weighted mean.",
-        "evaluate_fn": "Server-side evaluation of the global model (global-model methods), as Flower's FedAvg's: "
-                       "``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``.",
+        "evaluate_fn": "Server-side evaluation of the global model, as Flower's FedAvg's: "
+                       "``evaluate_fn(round, arrays, config) -> (loss, metrics) | None``; refused for a method "
+                       "without a global model.",
         "max_weight_ratio": "Count a reply's ``num_examples`` at most this multiple of the lower median of the clients' first claims, and never more than its own client's first count (``flower_pfl.engine.reply_checks.WeightBook``); ``math.inf``: off.",
         "node_wait_timeout": "Seconds a round waits for ``min_available_clients`` before it goes on with the clients connected.",
         "lost_node_rounds": "A client that failed in this many consecutive rounds it was sent work is lost: named once, "
@@ -224,7 +226,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         #: the personalized summary of ``accuracy_key``, added to what ``evaluate_metrics_aggregation_fn`` returns
         self.personalized = PersonalizedMetrics(accuracy_key, IDENTITIES + ((rank_key,) if rank_key else ()))
         self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn
-        self.evaluate_fn = evaluate_fn
+        self.evaluate_fn = checked_evaluate_fn(evaluate_fn, method, type(self).__name__)
         #: the strategy's own trackers (``strategies.tracking``; closed at the end of the process), None without ``tracker``
         self.tracking = StrategyTracking.of(tracker, tracker_dir, self, {"clients_per_round": clients_per_round, "seed": seed})
 
@@ -369,7 +371,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         if self.evaluate_fn is None or not self.server.initialized:
             return None
         self._held(parameters)
-        model = self.method.global_model()
+        model = self.method.global_model()  # a method with an evaluate_fn has one (``checked_evaluate_fn``)
         return None if model is None else self.evaluate_fn(server_round, self.server.to_arrays(model), {})
 
 

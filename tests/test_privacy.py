@@ -1,9 +1,9 @@
 """Flower's privacy mechanisms around this package's strategies: each method's declaration
 (``has_global_model``, ``aggregate_only``) is what its server does; central-DP wrappers and secure
 aggregation run the methods whose server needs only the replies' mean and refuse every other method at
-their first call, naming the method, the mechanism and why. Real wrapper and workflow runs show a
-refused method and a method that composes (its clients get the noised model; under SecAgg+ it trains on
-the aggregate)."""
+their first call, naming the method, the mechanism and why; ``evaluate_fn`` is refused without a global
+model. Real wrapper and workflow runs show a refused method and a method that composes (its clients get
+the noised model; under SecAgg+ it trains on the aggregate)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from test_twins import NODES, OURS, TRAINING, Clients, _twins
 
 import strategies.message
 from client_apps.flower_internals import start_grid
+from flower_pfl.engine.params import param_specs
 from server_apps.inprocess import InProcessGrid
 from strategies.privacy import CENTRAL_DP
 
@@ -186,6 +187,30 @@ def test_secure_aggregation_runs_a_method_that_needs_only_the_mean_and_refuses_e
         run(grid, context)  # type: ignore[arg-type]
     _assert_refusal(str(refused.value), entry.strategy, "SecAggPlusWorkflow")
     assert grid.sent == []
+
+
+@pytest.mark.parametrize("entry", OURS, ids=[e.label for e in OURS])
+def test_evaluate_fn_is_refused_without_a_global_model_in_both_apis(entry):
+    legacy, message, initial = _twins(entry)
+    seen: list[int] = []
+
+    def evaluate(server_round, arrays, config=None):
+        seen.append(server_round)
+
+    arrays = ArrayRecord({k: torch.as_tensor(v) for k, v in initial.items()})
+    start = functools.partial(message.start, grid=fb.FakeGrid(NODES), initial_arrays=arrays, num_rounds=0, evaluate_fn=evaluate)
+    build = functools.partial(type(legacy), initial_parameters=initial, evaluate_fn=evaluate,
+                              **{s.name: getattr(legacy.method, s.name) for s in param_specs(type(legacy.method))})
+    if entry.declaration.has_global_model:
+        start()
+        assert seen == [0]
+        assert build().evaluate(1, legacy.initial_parameters) is None and seen == [0, 1]
+        return
+    for make in (start, build):
+        with pytest.raises(ValueError, match=f"{entry.strategy} sends each client a model of its own and has no global "
+                                             "model.*evaluate_fn.*docs/privacy.md"):
+            make()
+    assert seen == []
 
 
 # --- real runs in a plain Flower app (examples/plain_app), in process --------------------------------------------

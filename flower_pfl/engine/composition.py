@@ -6,7 +6,9 @@ when it does not (docs/privacy.md):
   is clipped against the global model Flower's loop holds, and noise is added to the global model the
   strategy returns; it takes a server that makes the next global model from the replies' mean alone;
 - secure aggregation (SecAgg+): the server gets the replies' sample-weighted mean, never one reply;
-  it takes the same server.
+  it takes the same server;
+- server-side evaluation (``evaluate_fn``): evaluates the global model the strategy returns; it takes
+  a method that has one.
 
 Local differential privacy (Flower's ``LocalDpMod`` on the clients) changes each reply before the server
 sees it, and composes with every method. Both Flower APIs' strategies ask here.
@@ -14,7 +16,11 @@ sees it, and composes with every method. Both Flower APIs' strategies ask here.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from flower_pfl.engine.server_algorithm import ServerAlgorithm
+
+T = TypeVar("T")
 
 #: where a refusal sends its reader
 SEE = "see 'Privacy' in the documentation (docs/privacy.md)"
@@ -64,3 +70,13 @@ def secure_aggregation_refusal(method: type[ServerAlgorithm], workflow: str) -> 
                        f"{method.__name__} would make {made} of that mean, as FedAvg does")
     return (f"{individual_needs(method)}, and {consequence}. Secure aggregation composes with the methods whose server "
             f"needs only the replies' mean; {SEE}")
+
+
+def checked_evaluate_fn(evaluate_fn: T, method: ServerAlgorithm, strategy: str) -> T:
+    """``evaluate_fn``, a server-side evaluation of the global model given to ``strategy``; a ``ValueError``
+    saying why when ``method`` has no global model (Flower's loop would hand it the initial model every round)."""
+    if evaluate_fn is None or method.has_global_model:
+        return evaluate_fn
+    raise ValueError(f"{strategy}: {_own_models(type(method))}: evaluate_fn, which evaluates the global model on the "
+                     f"server, would get the initial model every round. The clients evaluate their own models "
+                     f"(fraction_evaluate); {SEE}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from functools import partial
 from logging import INFO, WARNING
@@ -14,6 +15,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from flower_pfl.engine.client_algorithm import LOCAL_STEPS, LR, SERVER_ROUND
+from flower_pfl.engine.composition import checked_evaluate_fn
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.reply_checks import (
     MAX_MEDIAN_RATIO,
@@ -185,7 +187,10 @@ class MethodStrategy(PerMethodDocs, Strategy):
 
     def start(self, *args: Any, **kwargs: Any) -> Any:
         """Flower's ``Strategy.start``, its closing block a line per round and phase (``strategies.final_results``);
-        then the trackers get the run's summary and are closed."""
+        then the trackers get the run's summary and are closed. An ``evaluate_fn`` is refused (``ValueError``)
+        for a method without a global model: Flower's loop would hand it the initial model every round."""
+        evaluate_fn = inspect.signature(Strategy.start).bind(self, *args, **kwargs).arguments.get("evaluate_fn")
+        checked_evaluate_fn(evaluate_fn, self.method, type(self).__name__)
         try:
             with compact_final_results():
                 result = super().start(*args, **kwargs)
