@@ -1,4 +1,4 @@
-"""Flower's privacy mechanisms around this package's strategies: each method's declaration
+"""Flower's privacy mechanisms around this package's strategies (docs/privacy.md): each method's declaration
 (``has_global_model``, ``aggregate_only``) is what its server does; central-DP wrappers and secure
 aggregation run the methods whose server needs only the replies' mean and refuse every other method at
 their first call, naming the method, the mechanism and why; ``evaluate_fn`` is refused without a global
@@ -12,6 +12,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import sys
 from types import SimpleNamespace
 
@@ -25,6 +26,7 @@ from conftest import ROOT
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import LocalDpMod
 from flwr.common import parameters_to_ndarrays
 from flwr.server import LegacyContext, ServerConfig
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
@@ -97,11 +99,7 @@ def test_a_methods_declaration_is_what_its_server_does(entry):
 
 #: each Flower API's central-DP wrappers, in the package's list (``DPFedAvgAdaptive`` is a ``DPFedAvgFixed``)
 MESSAGE_DP = [w for w in CENTRAL_DP if w.__module__.startswith("flwr.serverapp")]
-
-
 LEGACY_DP = [w for w in CENTRAL_DP if w not in MESSAGE_DP] + [legacy_strategy.DPFedAvgAdaptive]
-
-
 DP_ARGS = {"noise_multiplier": 1.0, "clipping_norm": 1.0, "clip_norm": 1.0, "num_sampled_clients": 3, "clipped_count_stddev": 1.0,
            "clip_count_stddev": 1.0}
 
@@ -338,3 +336,17 @@ def test_secure_aggregation_around_fedmcsa_is_refused_before_any_client_trains()
         _secure_run(_legacy_strategy("FedMCSA", 3), grid)
     _assert_refusal(str(refused.value), "FedMCSA", "SecAggPlusWorkflow")
     assert "as FedAvg does" in str(refused.value) and grid.trained == []
+
+
+def test_local_dp_on_the_training_messages_composes_with_fedmcsa(caplog):
+    """Flower's LocalDpMod on the clients' training messages, FedMCSA on the server: every reply is clipped and
+    noised before the server sees it, and the personalized server takes it (with the update bound lifted for
+    noise larger than the model, ``max_update_ratio``)."""
+    caplog.set_level(logging.INFO)
+    client = ClientApp()
+    client.train(mods=[LocalDpMod(clipping_norm=1.0, sensitivity=1.0, epsilon=1.0, delta=1e-5)])(plain_client.train_fn)
+    client.evaluate()(plain_client.evaluate_fn)
+    fedmcsa = strategies.message.FedMCSA(fraction_train=1.0, accuracy_key="eval-acc", max_update_ratio=math.inf)
+    returned = _message_run(fedmcsa, _plain_grid("message", client))
+    assert sum("LocalDpMod: local DP noise" in r.getMessage() for r in caplog.records) == 2 * PLAIN_NODES
+    assert [dict(metrics)["clients-accepted"] for _, metrics in returned] == [PLAIN_NODES] * 2
