@@ -15,7 +15,8 @@ site is built (an mkdocs hook, named in ``mkdocs.yml``); nothing here is written
   nav's "API reference" section.
 - ``benchmarks/reference.md``: ``benchmarks/reference/README.md`` followed by its results table.
 - The data set table (``data.md``), the model table and the methods that refuse some models
-  (``models.md``), from their registries (``flower_pfl.experiment.tables``).
+  (``models.md``), from their registries (``flower_pfl.experiment.tables``); every method against
+  Flower's privacy mechanisms (``privacy.md``), from the methods' declarations.
 - Links from a page to a file of the repository outside ``docs/`` (the benchmark figures) are
   written as on GitHub (``../../benchmarks/results/all_methods/curves.png``); the file is copied
   into the site under ``repo/`` and the link pointed at the copy.
@@ -325,6 +326,27 @@ def contract_table_md() -> str:
     return "\n".join(rows)
 
 
+def privacy_table_md() -> str:
+    """Every run-config method against Flower's privacy mechanisms, from its declaration (``has_global_model``,
+    ``aggregate_only``) and the reasons the strategies give when they refuse one (``docs/privacy.md``)."""
+    from flower_pfl.engine.composition import individual_needs
+    from flower_pfl.methods import registry
+
+    rows = ["| run config | strategy | global model (`evaluate_fn`) | central DP wrappers, SecAgg+ | local DP (`LocalDpMod`) | "
+            "why refused |", "|---|---|---|---|---|---|"]
+    for e in registry.entries():
+        config = f"`{e.method}`" + (f" + `{e.aggregation}`" if e.aggregation != "default" else "")
+        if e.builtin:
+            rows.append(f"| {config} | `{e.strategy}` (Flower's) | yes | yes (Flower's own strategy) | yes | |")
+            continue
+        decl, sent = e.declaration, entry_method(e).client_algorithm().reply_keys
+        local = "yes" + (f"; not {', '.join(f'`{k}`' for k in sent)}" if sent else "")
+        why = "" if decl.aggregate_only else cell(individual_needs(decl))
+        rows.append(f"| {config} | `{e.strategy}` | {'yes' if decl.has_global_model else 'no'} | "
+                    f"{'yes' if decl.aggregate_only else 'refused'} | {local} | {why} |")
+    return "\n".join(rows)
+
+
 def benchmarks_md(labels: list[str], benchmark_pages: dict[str, dict[str, Any]]) -> str:
     lines = ["## Benchmarks", ""]
     every = rows_for(read_tables(ROOT / ALL_METHODS_TABLE), "method", labels)
@@ -607,7 +629,7 @@ def on_config(config: Any) -> Any:
 
     _generated.update({"methods-overview": methods_overview_md(pages), "client-contract": contract_table_md(),
                        "unbatched": unbatched_md(), "data-table": tables.data_table(), "model-table": tables.model_table(),
-                       "model-refusals": tables.refusals_table()})
+                       "model-refusals": tables.refusals_table(), "privacy-table": privacy_table_md()})
     api = api_pages()
     api_section = _nav_section(config.nav, "API reference")
     methods_api: list[dict[str, str]] = []  # one nav group, where the first method module comes

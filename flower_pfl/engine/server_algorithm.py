@@ -61,7 +61,7 @@ class ServerAlgorithm:
     #: the server needs nothing of a single reply but its share of the replies' sample-weighted mean: every
     #: trainer starts from the global model, the next one is made from that mean alone, and no client sends
     #: anything besides its model. What secure aggregation leaves a server, and what Flower's central
-    #: differential-privacy wrappers clip and noise (``flower_pfl.engine.composition``)
+    #: differential-privacy wrappers clip and noise (``flower_pfl.engine.composition``, docs/privacy.md)
     aggregate_only: ClassVar[bool] = False
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
