@@ -26,7 +26,8 @@ from client_apps.persisted_state import STATE_PARTITIONS, STATE_ROUNDS
 from flower_pfl.engine.client_algorithm import RESUMED_AFTER, RUN_KEY
 from flower_pfl.engine.disk_store import DiskClientModelStore
 from flower_pfl.engine.extras import MissingExtra
-from flower_pfl.engine.method_server import PLAN_BYTES, MethodServer
+from flower_pfl.engine.memory import in_blocks
+from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.engine.params import param_specs
 from flower_pfl.engine.reply_checks import ReplyBounds
 from flower_pfl.engine.sampling import Sampler
@@ -47,7 +48,6 @@ from flower_pfl.reports.diagnostics import save_run_diagnostics
 from flower_pfl.reports.figures import run_title
 from flower_pfl.run.quiet import DivertRecords, silence_runtime_noise
 from flower_pfl.run.results import FAILURES, MODELS, SERVER_STATE, Coverage, RunFailed, RunRecorder, save_models, save_state
-from flower_pfl.run.tensor_files import Blocks
 from flower_pfl.run.trackers import RunTrackers, TrackerSettings, require_trackers
 from server_apps.checkpoints import Checkpointer, Resumption, set_flower_state
 from server_apps.client_grid import ClientGrid
@@ -425,9 +425,8 @@ def _finish(run: _Run, strategy: Any, final: Any) -> Path:
         if isinstance(method, PersonalizedAlgorithm) and isinstance(method.store, DiskClientModelStore):
             method.store.flush()  # the models stay in <results>/store (loading them all could exceed memory)
         elif isinstance(method, PersonalizedAlgorithm):  # what each client would use, a few clients' at a time
-            ids, dim = method.store.ids(), len(method.initial)
-            step = max(1, PLAN_BYTES // (4 * dim))
-            rows = Blocks((len(ids), dim), lambda: (method.models_for_evaluation(ids[i:i + step]) for i in range(0, len(ids), step)))
+            ids = method.store.ids()
+            rows = in_blocks(lambda part: method.models_for_evaluation(ids[part]), len(ids), len(method.initial))
             save_models(out / MODELS, ids, rows, method.initial)
         if learned := method.server_state():  # e.g. FedAttn's attention module
             save_state(out / SERVER_STATE, learned)

@@ -78,7 +78,7 @@ def test_a_model_sent_twice_and_tensors_equal_to_the_first_are_made_once():
 
 def test_fedpers_evaluation_messages_share_the_base_and_are_made_a_chunk_at_a_time(monkeypatch):
     """Every client's evaluation model is the base and its own head: the base's arrays are made once, and the
-    instructions are made ``PLAN_BYTES`` of models at a time, the same instructions either way."""
+    instructions are made ``CHUNK_BYTES`` of models at a time, the same instructions either way."""
     import flower_pfl.engine.method_server as ms
 
     server = MethodServer(FedPer(), clients_per_round=2)
@@ -88,7 +88,7 @@ def test_fedpers_evaluation_messages_share_the_base_and_are_made_a_chunk_at_a_ti
     evaluation_instructions = server.method.evaluation_instructions
     monkeypatch.setattr(server.method, "evaluation_instructions",
                         lambda r, ids: calls.append(list(ids)) or evaluation_instructions(r, ids))
-    monkeypatch.setattr(ms, "PLAN_BYTES", 4 * 14 * 4)  # four clients' models
+    monkeypatch.setattr(ms, "CHUNK_BYTES", 4 * 14 * 4)  # four clients' models
     chunked = list(server.evaluation_plan(1, list(range(10)), 1.0))
     assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert [i.client_id for i in chunked] == [i.client_id for i in whole]

@@ -13,6 +13,7 @@ import torch
 
 import server_apps.recording as recording
 from flower_pfl.engine.disk_store import DiskClientModelStore
+from flower_pfl.engine.memory import Blocks
 from flower_pfl.engine.method_server import MethodServer
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.models import DNN
@@ -58,13 +59,13 @@ def test_a_tensor_written_block_by_block_reads_back_as_safetensors_writes_it(tmp
     """Every client's model at the end of a run is written a few clients at a time: the file is safetensors',
     the same tensors and metadata as one written whole."""
     rows = torch.arange(35.0).view(7, 5) / 3
-    blocks = tensor_files.Blocks((7, 5), lambda: (rows[i:i + 3] for i in range(0, 7, 3)))
+    blocks = Blocks((7, 5), lambda: (rows[i:i + 3] for i in range(0, 7, 3)))
     tensor_files.write(tmp_path / "blocks.safetensors", {"rows": blocks, "initial": torch.ones(5)}, {"ids": [4, 2]})
     tensor_files.write(tmp_path / "whole.safetensors", {"rows": rows, "initial": torch.ones(5)}, {"ids": [4, 2]})
     (got, meta), (want, want_meta) = (tensor_files.read(tmp_path / f"{n}.safetensors") for n in ("blocks", "whole"))
     assert meta == want_meta == {"ids": [4, 2]} and got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
-    short = tensor_files.Blocks((7, 5), lambda: iter([rows[:3]]))
+    short = Blocks((7, 5), lambda: iter([rows[:3]]))
     with pytest.raises(ValueError, match="rows: its blocks hold 60 bytes"):
         tensor_files.write(tmp_path / "short.safetensors", {"rows": short}, {})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks.safetensors", "whole.safetensors"]  # nothing half-written
@@ -138,6 +139,24 @@ def test_resumed_run_gives_the_numbers_of_an_uninterrupted_one(tmp_path, monkeyp
     resumed = _interrupted(tmp_path / "resumed", entry.label, "message", monkeypatch)
     assert _numbers(resumed) == _numbers(whole)
     assert json.loads((resumed / "summary.json").read_text())["bmta"] == json.loads((whole / "summary.json").read_text())["bmta"]
+
+
+@pytest.mark.parametrize("label", ["fedmcsa", "fedper"])
+def test_a_store_written_a_chunk_at_a_time_resumes_to_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch, label):
+    """A store larger than ``CHUNK_BYTES`` (here two clients' heads) goes into the checkpoint and the final
+    models a chunk at a time: the same numbers, models and checkpoint as a run that wrote it whole."""
+    import flower_pfl.engine.memory as memory
+    from flower_pfl.run.results import MODELS, load_models
+
+    whole = _run(tmp_path / "whole", label, "message")
+    monkeypatch.setattr(memory, "CHUNK_BYTES", 2 * 4 * 210)  # two clients of FedPer's head (the DNN's fc2)
+    written, write = [], tensor_files._write_blocks
+    monkeypatch.setattr(tensor_files, "_write_blocks", lambda *a: written.append(a[0].name) or write(*a))
+    resumed = _interrupted(tmp_path / "resumed", label, "message", monkeypatch)
+    assert any(name.startswith(f".{CHECKPOINT}") for name in written) and any(name.startswith(f".{MODELS}") for name in written)
+    assert _numbers(resumed) == _numbers(whole)
+    (ids, rows, _), (ids_whole, rows_whole, _) = load_models(resumed / MODELS), load_models(whole / MODELS)
+    assert ids == ids_whole and torch.equal(rows, rows_whole)
 
 
 @pytest.mark.parametrize("label", ["fedmcsa", "fedacs+default", "local"])

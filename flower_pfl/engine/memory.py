@@ -17,11 +17,16 @@ computation may take.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 GiB = 2**30
+#: what the server makes of its clients' models at a time (an evaluation's instructions, the models a run
+#: saves, a checkpoint's store), and a node stacks for an evaluation
+CHUNK_BYTES = 256 * 2**20
 #: copies of a client's model a batched round holds for it (see the module)
 MODEL_COPIES = 6
 #: copies of a minibatch's activations (the forward pass's, kept for the backward pass, and their gradients)
@@ -122,3 +127,22 @@ def shown(nbytes: float) -> str:
         if nbytes >= size:
             return f"{nbytes / size:.3g} {unit}"
     return f"{int(nbytes)} B"
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A tensor of ``shape`` and ``dtype`` too big to hold at once, made block by block (``blocks()``: its rows, in
+    order): ``flower_pfl.run.tensor_files.write`` writes it so (every client's model, a store in a checkpoint)."""
+
+    shape: tuple[int, ...]
+    blocks: Callable[[], Iterable[torch.Tensor]]
+    dtype: torch.dtype = torch.float32
+
+
+def in_blocks(rows: Callable[[slice], torch.Tensor], count: int, width: int) -> torch.Tensor | Blocks:
+    """``count`` float32 rows of ``width`` values (``rows(s)``: those of slice ``s``): one tensor when they take at
+    most ``CHUNK_BYTES``, else ``Blocks`` of about that much each."""
+    step = max(1, CHUNK_BYTES // (4 * max(width, 1)))
+    if count <= step:
+        return rows(slice(0, count))
+    return Blocks((count, width), lambda: (rows(slice(i, min(i + step, count))) for i in range(0, count, step)))

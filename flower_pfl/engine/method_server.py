@@ -23,6 +23,7 @@ from flower_pfl.engine.client_contract import (
 )
 from flower_pfl.engine.client_metrics import is_finite_number
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.memory import CHUNK_BYTES
 from flower_pfl.engine.model_facts import ModelFacts
 from flower_pfl.engine.reply_checks import (
     RawReply,
@@ -46,9 +47,6 @@ from flower_pfl.engine.server_algorithm import (
 from flower_pfl.engine.store import to_host
 from flower_pfl.engine.wire import RoundArrays, T
 from flower_pfl.engine.wording import agreeing, counted
-
-#: an evaluation's instructions are made at most this many bytes of models at a time (``evaluation_plan``)
-PLAN_BYTES = 256 * 2**20
 
 
 class MethodServer:
@@ -254,7 +252,7 @@ class MethodServer:
 
     def evaluation_plan(self, server_round: int, available: Iterable[ClientId], fraction: float,
                         minimum: int = 1) -> Iterator[Instruction]:
-        """``plan_evaluation``'s instructions one by one, made ``PLAN_BYTES`` of models at a time: a strategy that
+        """``plan_evaluation``'s instructions one by one, made ``CHUNK_BYTES`` of models at a time: a strategy that
         turns each into a message before it takes the next never holds the models of every client at once."""
         self._require()
         if fraction <= 0:
@@ -263,7 +261,7 @@ class MethodServer:
         k = self.evaluators(len(pool), fraction, minimum)
         ids = pool if k >= len(pool) else self.sampler.sample(pool, k, evaluation=True)
         algorithm = self.method.client_algorithm()
-        step = max(1, PLAN_BYTES // (4 * self._require().dim))
+        step = max(1, CHUNK_BYTES // (4 * self._require().dim))
         for start in range(0, len(ids), step):
             for ins in on_host(self.method.evaluation_instructions(server_round, ids[start:start + step])):
                 yield named(ins, algorithm)

@@ -29,6 +29,7 @@ from flower_pfl.engine.attention_log import AttentionAccumulator
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.disk_store import DiskClientModelStore, make_store
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.memory import in_blocks
 from flower_pfl.engine.reply_checks import Reply, model_change
 from flower_pfl.engine.store import ModelStore
 
@@ -223,14 +224,16 @@ class PersonalizedAlgorithm(ServerAlgorithm):
         self.store.initial_rows = make if self.own is None else lambda ids: self._own_of(make(ids))
 
     def get_state(self) -> dict[str, Any]:
-        """The method's state and every client's own columns (ids in the store's order). A disk store is
+        """The method's state and every client's own columns (ids in the store's order; ``Blocks`` of them when they
+        take more than ``CHUNK_BYTES``, which a checkpoint writes a chunk at a time). A disk store is
         snapshot instead (its folder keeps the rows, and what changes them is logged, see
         ``DiskClientModelStore.snapshot``): the state names the folder and the snapshot."""
         ids = self.store.ids()
         if isinstance(self.store, DiskClientModelStore):
             snapshot = self.store.snapshot()
             return {**super().get_state(), "store": {"ids": ids, "folder": str(self.store.folder), "snapshot": snapshot}}
-        return {**super().get_state(), "store": {"ids": ids, "rows": self.store.get(ids)}}
+        rows = in_blocks(lambda part: self.store.get(ids[part]), len(ids), self.store.dim)  # a large store a chunk at a time
+        return {**super().get_state(), "store": {"ids": ids, "rows": rows}}
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = dict(state)

@@ -286,7 +286,7 @@ def _idle(train_metrics: Mapping[str, Any]) -> bool:
 
 def save_models(path: Path, ids: list[Any], rows: Any, initial: Any) -> None:
     """Every client's model (``rows`` in the order of ``ids``: a ``(m, d)`` tensor, or
-    ``flower_pfl.run.tensor_files.Blocks`` of it) and the initial model, as safetensors."""
+    ``flower_pfl.engine.memory.Blocks`` of it) and the initial model, as safetensors."""
     from flower_pfl.run.tensor_files import write
 
     write(path, {"rows": rows, "initial": initial}, {"ids": list(ids)})

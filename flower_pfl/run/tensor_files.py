@@ -16,8 +16,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from flower_pfl.engine.memory import Blocks
+
 _META = "flower-pfl"
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """A float32 tensor of ``shape`` that ``write`` writes block by block (``blocks()``: its rows, in order), so
-    that it is never in memory whole (every client's model, at the end of a run)."""
-
-    shape: tuple[int, ...]
-    blocks: Callable[[], Iterable[torch.Tensor]]
 
 
 def write(path: str | Path, tensors: Mapping[str, torch.Tensor | Blocks], meta: dict[str, Any]) -> None:
@@ -60,17 +52,21 @@ def write(path: str | Path, tensors: Mapping[str, torch.Tensor | Blocks], meta: 
         os.close(directory)
 
 
+#: safetensors' names of the dtypes ``_write_blocks`` writes
+_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+           torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
 def _write_blocks(path: Path, tensors: Mapping[str, torch.Tensor | Blocks], meta: dict[str, Any]) -> None:
     """The safetensors format (an 8-byte header length, the JSON header padded to 8 bytes, the tensors' bytes in
-    the header's order) written tensor by tensor, a ``Blocks`` block by block; float32 only."""
+    the header's order) written tensor by tensor, a ``Blocks`` block by block."""
     header: dict[str, Any] = {"__metadata__": {_META: json.dumps(meta)}}
     offset = 0
     for name, t in tensors.items():
-        if isinstance(t, torch.Tensor) and t.dtype != torch.float32:
-            raise TypeError(f"{name}: written block by block as float32 only, not {t.dtype}")
-        shape = list(t.shape)
-        size = 4 * math.prod(shape)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}: cannot write a tensor of {t.dtype}")
+        size = torch.empty((), dtype=t.dtype).element_size() * math.prod(t.shape)
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
@@ -80,11 +76,11 @@ def _write_blocks(path: Path, tensors: Mapping[str, torch.Tensor | Blocks], meta
         for name, t in tensors.items():
             written = 0
             for block in (t.blocks() if isinstance(t, Blocks) else [t]):
-                data = block.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
-                fh.write(data.tobytes())
-                written += data.nbytes
+                data = block.detach().to(device="cpu", dtype=t.dtype).contiguous()
+                fh.write(data.reshape(-1).view(torch.uint8).numpy().data if data.numel() else b"")
+                written += data.numel() * data.element_size()
             if written != header[name]["data_offsets"][1] - header[name]["data_offsets"][0]:
-                raise ValueError(f"{name}: its blocks hold {written} bytes, not the {tuple(t.shape)} float32 tensor's")
+                raise ValueError(f"{name}: its blocks hold {written} bytes, not the {tuple(t.shape)} tensor's")
 
 
 def read(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -100,6 +96,9 @@ def pack(value: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
     """The JSON part of ``value``; its tensors go into ``tensors`` under names starting with ``name``."""
     if isinstance(value, torch.Tensor):
         tensors[name] = value.detach().cpu()
+        return {"tensor": name}
+    if isinstance(value, Blocks):  # written block by block
+        tensors[name] = value  # type: ignore[assignment]
         return {"tensor": name}
     if isinstance(value, np.ndarray):
         tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
