@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
@@ -55,7 +55,7 @@ from flower_pfl.experiment.data import ClientData
 from flower_pfl.experiment.data.placement import on_device
 from flower_pfl.methods.registry import client_algorithm_for
 from flower_pfl.run.quiet import silence_runtime_noise
-from strategies.arrays import numpy_record, record_numpy
+from strategies.arrays import array_numpy, numpy_record, record_numpy
 from strategies.client_packs import Tally, is_pack, pack, unpack
 from strategies.failures import listed
 
@@ -309,17 +309,28 @@ def _train_reply(names: list[str], arrays: list[np.ndarray], metrics: dict[str, 
 
 
 class Decoded:
-    """``record_numpy`` once per record: a node's clients that received one model (a global model's) decode it
-    once."""
+    """``record_numpy`` once per array: a node's clients that received one model (a global model's) or one part of
+    it (FedPer's base, made once by the server: ``flower_pfl.engine.wire.RoundArrays``) decode it once."""
 
     def __init__(self) -> None:
-        #: by ``id``: each record is held, so no other object takes its id while this lives
+        #: by ``id``: each record and array is held, so no other object takes its id while this lives
         self._seen: dict[int, tuple[ArrayRecord, dict[str, np.ndarray]]] = {}
+        self._arrays: dict[int, tuple[bytes, np.ndarray]] = {}  # by the ``id`` of an array's (immutable) bytes
         self._prints: dict[int, int] = {}
 
     def __call__(self, record: ArrayRecord) -> dict[str, np.ndarray]:
         if (seen := self._seen.get(id(record))) is None:
-            seen = self._seen[id(record)] = (record, record_numpy(record))
+            seen = self._seen[id(record)] = (record, {name: self._array(array) for name, array in record.items()})
+        return seen[1]
+
+    def _array(self, array: Array) -> np.ndarray:
+        """An array decoded once for all the arrays that hold its bytes (records copy ``Array`` objects, not
+        their bytes)."""
+        data = array.data
+        if not isinstance(data, bytes):
+            return array_numpy(array)
+        if (seen := self._arrays.get(id(data))) is None:
+            seen = self._arrays[id(data)] = (data, array_numpy(array))
         return seen[1]
 
     def fingerprint(self, record: ArrayRecord) -> int:

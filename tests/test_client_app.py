@@ -98,3 +98,21 @@ def test_a_clients_dropout_draws_repeat_whatever_its_process_drew_before():
         assert torch.initial_seed() == history  # the process's own random state is given back
     assert all(np.array_equal(a, b) for a, b in zip(trained[0], trained[1]))  # another history, the same draws
     assert not all(np.array_equal(a, b) for a, b in zip(trained[0], trained[2]))  # another round, other draws
+
+
+def test_arrays_several_clients_hold_are_decoded_once():
+    """FedPer's clients get one base and their own heads: records copy ``Array`` objects but share their bytes,
+    and a node decodes each array's bytes once."""
+    from flwr.app import ArrayRecord
+
+    from client_apps.app import Decoded
+    from strategies.arrays import numpy_array
+
+    base = numpy_array(np.arange(6, dtype=np.float32))
+    first = ArrayRecord({"base": base, "head": numpy_array(np.zeros(2, np.float32))})
+    second = ArrayRecord({"base": base, "head": numpy_array(np.ones(2, np.float32))})
+    decoded = Decoded()
+    a, b = decoded(first), decoded(second)
+    assert a["base"] is b["base"] and np.array_equal(a["base"], np.arange(6))
+    assert a["head"] is not b["head"] and np.array_equal(b["head"], np.ones(2))
+    assert decoded(first) is a
