@@ -268,9 +268,7 @@ class _LegacyClient(NumPyClient):
 
 def _legacy(msg: Message, context: Context) -> Message:
     """A legacy instruction (one client per node), the client's state kept once it has answered."""
-    cfg = run_settings(context.run_config)
-    states = ClientStates(context, state_node_config(context.node_config, cfg.client_state_dir), cfg.checkpoint_every,
-                          hosted=False)
+    states = _states(context, hosted=False)
     client, partitions = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     config = _legacy_config(msg.content)
     own = states.open(client, partitions, config, msg.metadata.message_type)
@@ -448,11 +446,10 @@ def _evaluate(content: RecordDict, context: Context) -> RecordDict:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server this node's ``partition-id`` (to order nodes reproducibly), the federation's
-    ``num-partitions``, and its training
-    label counts and most frequent label (only to group clients in diagnostic plots), and the natural
-    group or domain its data come from (for the summary); in a resumed run, also whether it lacks the
-    client state the checkpoint needs (``persisted_state.missing``). A node that hosts several clients
-    answers for each of them (a pack, ``strategies.client_packs``)."""
+    ``num-partitions``, its training label counts and most frequent label (only to group clients in
+    diagnostic plots), and the natural group or domain its data come from (for the summary); in a resumed
+    run, also whether it lacks the client state the checkpoint needs (``persisted_state.missing``). A node
+    that hosts several clients answers for each of them (a pack, ``strategies.client_packs``)."""
     return Message(content=_answer(msg.content, context, MessageType.QUERY), reply_to=msg)
 
 
@@ -494,8 +491,7 @@ def _answer(content: RecordDict, context: Context, phase: str) -> RecordDict:
         if phase != MessageType.QUERY:
             raise
         return RecordDict({HOSTING: ConfigRecord({HOSTING: str(err)})})  # the server names it, and stops at start
-    states = ClientStates(context, state_node_config(context.node_config, cfg.client_state_dir), cfg.checkpoint_every,
-                          hosted)
+    states = _states(context, hosted)
     if not hosted:
         client, partitions = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
         own = states.open(client, partitions, _config(content), phase)
@@ -513,6 +509,12 @@ def _answer(content: RecordDict, context: Context, phase: str) -> RecordDict:
     asked = {c: x for c, x in contents.items() if c in mine}
     replies, failed, tally = _hosted(asked, Hosted(states, total, phase), cfg.batch_clients)
     return pack(replies, {**errors, **failed}, tally.record() if phase != MessageType.QUERY else None)
+
+
+def _states(context: Context, hosted: bool) -> ClientStates:
+    """Where the clients of a message to the node of ``context`` keep their state (``client_apps.client_states``)."""
+    cfg = run_settings(context.run_config)
+    return ClientStates(context, state_node_config(context.node_config, cfg.client_state_dir), cfg.checkpoint_every, hosted)
 
 
 def _config(content: RecordDict) -> Mapping[str, Any]:
