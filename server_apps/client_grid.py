@@ -27,8 +27,8 @@ from flwr.app import Error, Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flower_pfl.engine.wording import agreeing, counted
-from server_apps.node_order import Answers
+from flower_pfl.engine.wording import counted
+from server_apps.node_order import Answers, nodes_named
 from strategies.client_packs import REPORT, Tally, pack, unpack
 from strategies.failures import NO_REPLY, listed
 
@@ -85,7 +85,7 @@ class ClientGrid:
                 why = f"says the federation has {listed(sorted(map(str, sizes)))} clients (num-partitions), not {self.federation}"
             elif held:
                 hosts = sorted({self.hosts[c] for c in held})
-                why = f"names clients {listed(held)}, which {_nodes(hosts)}, still connected, host"
+                why = f"names clients {listed(held)}, which {nodes_named(hosts)}, still connected, host"
             else:
                 back = [c for c in clients if c in self.hosts]
                 self.taken_back.extend(back)
@@ -99,7 +99,7 @@ class ClientGrid:
         for node, why in answers.refused.items():
             log(WARNING, "node %d joined the run but cannot say which clients it hosts: %s", node, why)
         for why, nodes in answers.errors.items():
-            log(WARNING, "%s joined the run but failed the start-up query: %s", _nodes(nodes), why)
+            log(WARNING, "%s joined the run but failed the start-up query: %s", nodes_named(nodes), why)
 
     def membership_report(self) -> dict[str, Any]:
         """The summary's entries on the federation's clients: those that joined late or came back on a
@@ -176,7 +176,3 @@ class ClientGrid:
 
 def _failed(msg: Message, code: int, reason: str) -> Message:
     return Message(Error(code=code, reason=reason), reply_to=msg)
-
-
-def _nodes(ids: list[int]) -> str:
-    return f"{agreeing(len(ids), 'node', 'nodes')} {listed(ids)}"

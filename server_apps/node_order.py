@@ -62,7 +62,7 @@ def query_nodes(grid: Grid, timeout: float = QUERY_TIMEOUT, config: Mapping[str,
         if len(sizes := {about.get("num-partitions") for about in info.values()}) > 1:
             by_size = {size: sorted({about["node"] for about in info.values() if about.get("num-partitions") == size})
                        for size in sizes}
-            shown = "; ".join(f"{_nodes(nodes)}: {size}" for size, nodes in by_size.items())
+            shown = "; ".join(f"{nodes_named(nodes)}: {size}" for size, nodes in by_size.items())
             raise ConfigError(f"the nodes disagree on the federation's number of clients (num-partitions: {shown}): "
                               "every node must give the same, as each client's data depends on it")
     _report(info, found.errors, len(asked), by_client=bool(found.hosted))
@@ -144,7 +144,7 @@ def _by_client(single: dict[int, dict[str, Any]], hosted: dict[int, list[dict[st
         nodes.setdefault(client, []).append(about["node"])
         out[client] = about
     if shared := {c: n for c, n in nodes.items() if len(n) > 1}:
-        shown = "; ".join(f"client {c} on {_nodes(n)}" for c, n in sorted(shared.items())[:5])
+        shown = "; ".join(f"client {c} on {nodes_named(n)}" for c, n in sorted(shared.items())[:5])
         raise ConfigError(f"{counted(len(shared), 'client')} hosted by more than one node ({shown}): each client must be "
                           "hosted by one node (check the nodes' partition-ids)")
     return dict(sorted(out.items()))
@@ -162,7 +162,7 @@ def _gist(reason: str) -> str:
     return f"{kind.rsplit('.', 1)[-1]}: {message}"
 
 
-def _nodes(ids: list[int], shown: int = 5) -> str:
+def nodes_named(ids: list[int], shown: int = 5) -> str:
     """``node 3``, ``nodes 3, 8``, or the first ``shown`` and how many more: ``nodes 1, 2, 3, 4, 5 and 12 more``."""
     ids = sorted(ids)
     text = listed(ids, shown)
@@ -174,9 +174,9 @@ def _report(info: dict[int, dict[str, Any]], errors: dict[str, list[int]], asked
     if errors and not info:
         shown = sorted(errors.items(), key=lambda item: -len(item[1]))[:3]
         more = f" (and {len(errors) - len(shown)} other errors)" if len(errors) > len(shown) else ""
-        raise ConfigError(f"no node could serve this run config; {'; '.join(f'{_nodes(ids)}: {why}' for why, ids in shown)}{more}")
+        raise ConfigError(f"no node could serve this run config; {'; '.join(f'{nodes_named(ids)}: {why}' for why, ids in shown)}{more}")
     for why, ids in errors.items():
-        log(WARNING, "%s failed to answer the start-up query: %s", _nodes(ids), why)
+        log(WARNING, "%s failed to answer the start-up query: %s", nodes_named(ids), why)
     if len(info) < asked and not by_client:
         unranked = asked - len(info)
         log(WARNING, "%d of %s did not report a partition-id; %s sampled after the others", unranked, counted(asked, "node"),
@@ -187,7 +187,7 @@ def _report(info: dict[int, dict[str, Any]], errors: dict[str, list[int]], asked
     for pid, nodes in sorted(claims.items()):
         if len(nodes) > 1:
             log(WARNING, "%s all report partition-id %d: they train on the same data, and their order among "
-                "themselves (by node id) changes from run to run", _nodes(nodes), pid)
+                "themselves (by node id) changes from run to run", nodes_named(nodes), pid)
 
 
 class RankedGrid:
