@@ -182,7 +182,7 @@ class PersonalizedAlgorithm(ServerAlgorithm):
         if self.own is None:
             return frozenset()
         own = torch.zeros(self.layout.dim, dtype=torch.bool)
-        own[self.own.cpu() if isinstance(self.own, torch.Tensor) else self.own] = True
+        own[self._own_index(own.device)] = True
         return frozenset(i for i, columns in enumerate(self.layout.tensor_slices()) if not own[columns].any())
 
     def own_columns(self, layout: ParamLayout) -> slice | torch.Tensor | None:
@@ -199,12 +199,15 @@ class PersonalizedAlgorithm(ServerAlgorithm):
         """The store of the clients' own columns of ``initial`` (in memory, or on disk in ``folder``)."""
         return make_store(self._own_of(initial), device, folder)
 
+    def _own_index(self, device: torch.device) -> slice | torch.Tensor:
+        """``own`` (not ``None``) as an index for tensors on ``device``."""
+        own = self.own
+        assert own is not None
+        return own.to(device) if isinstance(own, torch.Tensor) else own
+
     def _own_of(self, models: torch.Tensor) -> torch.Tensor:
         """The own columns of a flat model or of ``(m, d)`` models."""
-        own = self.own
-        if own is None:
-            return models
-        return models[..., own.to(models.device) if isinstance(own, torch.Tensor) else own]
+        return models if self.own is None else models[..., self._own_index(models.device)]
 
     def stored(self, ids: Sequence[ClientId]) -> torch.Tensor:
         """The ``(m, d)`` stored models of ``ids`` (unseen clients: their starting models)."""
@@ -212,7 +215,7 @@ class PersonalizedAlgorithm(ServerAlgorithm):
         if self.own is None:
             return rows
         models = self.shared_values().to(rows.device).expand(len(ids), -1).clone()
-        models[:, self.own.to(rows.device) if isinstance(self.own, torch.Tensor) else self.own] = rows
+        models[:, self._own_index(rows.device)] = rows
         return models
 
     def keep(self, ids: Sequence[ClientId], models: torch.Tensor | Sequence[torch.Tensor]) -> None:
