@@ -34,6 +34,8 @@ from client_apps.persisted_state import CLIENT_STATE, STATE_PARTITIONS, STATE_RO
 from flower_pfl.engine.batched import ClientRound, train_together, unbatched, unbatched_evaluation
 from flower_pfl.engine.client_algorithm import (
     BATCH_SIZE,
+    FINETUNE_STEPS,
+    LR,
     RESUMED_AFTER,
     SERVER_ROUND,
     ClientAlgorithm,
@@ -48,7 +50,14 @@ from flower_pfl.engine.memory import available_bytes, budget_bytes, clients_per_
 from flower_pfl.engine.precision import computing_in
 from flower_pfl.engine.wire import fingerprint
 from flower_pfl.engine.wording import counted
-from flower_pfl.experiment.build import dataset_shape, load_client_data, make_model, resolve_device, training_settings
+from flower_pfl.experiment.build import (
+    client_generator,
+    dataset_shape,
+    load_client_data,
+    make_model,
+    resolve_device,
+    training_settings,
+)
 from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.data import ClientData
@@ -176,21 +185,42 @@ class Node:
         APFL's mixture, Per-FedAvg's one step on the training split; otherwise the received model)."""
         with self.computing():
             evaluation = self.start_evaluate(config or {})
-            return evaluation.metrics(self._test(evaluation.model))
+            validation = self._val_data()
+            return evaluation.metrics(self._test(evaluation.model),
+                                      None if validation is None else evaluate_model(evaluation.model, *validation))
 
     def start_evaluate(self, config: Mapping[str, Any], received: int | None = None) -> Evaluation:
         """The model this node evaluates for ``config`` (the node's model holds the received one, whose
-        ``fingerprint`` is ``received`` when known), and the metrics it adds."""
+        ``fingerprint`` is ``received`` when known), and the metrics it adds. A client that never trains first
+        takes the instruction's ``finetune-steps`` on its training part (``finetune``)."""
         if received is None:
             received = fingerprint(self.model.state_dict().values())  # before any personalization
         algorithm = client_algorithm_for(config)
         with self.seeded_draws(config, "evaluate"):
+            if steps := int(config.get(FINETUNE_STEPS, 0)):
+                self.finetune(config, steps)
             model, extra = algorithm.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
         return Evaluation(model, {"partition-id": self.partition_id, MODEL_FINGERPRINT: received, **extra})
+
+    def finetune(self, config: Mapping[str, Any], steps: int) -> None:
+        """``steps`` plain SGD steps of the node's model (the received one) on the client's training part, with
+        the instruction's ``lr`` and ``batch-size`` (else the run config's): a new client's adaptation before it
+        evaluates (FL-bench's ``finetune_epoch``, pFL-Bench's new clients)."""
+        data = self._train_data()
+        if not len(data.y):
+            return
+        generator = client_generator(self.cfg.seed, self.partition_id, int(config.get(SERVER_ROUND, 0)))
+        train_locally(ClientAlgorithm(self.model, config), self.model, data, steps=steps, lr=float(config.get(LR, self.cfg.lr)),
+                      batch_size=int(config.get(BATCH_SIZE, self.cfg.batch_size)), generator=generator)
 
     def _test_data(self) -> tuple[torch.Tensor, torch.Tensor]:
         data = on_device(self.data, self.device)
         return data.x_test, data.y_test
+
+    def _val_data(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The client's validation part (``val-fraction``), or ``None`` without one."""
+        data = on_device(self.data, self.device)
+        return (data.x_val, data.y_val) if data.has_validation else None  # type: ignore[return-value]
 
     def _test(self, model: torch.nn.Module) -> EvalResult:
         return evaluate_model(model, *self._test_data())
@@ -203,9 +233,12 @@ class Evaluation:
     model: torch.nn.Module
     extra: dict[str, Any]
 
-    def metrics(self, result: EvalResult) -> dict[str, Any]:
-        """The evaluation reply's metrics, with the model's ``result`` on the test split."""
-        return {"loss": result.loss, "accuracy": result.accuracy, "num-examples": result.num_examples, **self.extra}
+    def metrics(self, result: EvalResult, validation: EvalResult | None = None) -> dict[str, Any]:
+        """The evaluation reply's metrics, with the model's ``result`` on the test split and, where the client has
+        a validation part, its ``validation`` result (``val-accuracy``, ``val-loss``, ``val-num-examples``)."""
+        val = {} if validation is None else {"val-loss": validation.loss, "val-accuracy": validation.accuracy,
+                                            "val-num-examples": validation.num_examples}
+        return {"loss": result.loss, "accuracy": result.accuracy, "num-examples": result.num_examples, **val, **self.extra}
 
 
 def run_settings(run_config: Mapping[str, Any]) -> ExperimentConfig:
@@ -387,13 +420,15 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
     configs = [_evaluation_config(c) for c in contents]
     evaluations: list[Evaluation] = []
     results: list[EvalResult | None] = []
+    validations: list[EvalResult | None] = []  # on the validation parts (``None``: a client without one)
     reasons: list[str | None] = []
-    kinds: dict[Any, tuple[torch.nn.Module, list[int], list[list[torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
+    Place = tuple[list[EvalResult | None], int]  # where a result goes: the test results' or the validation results' list
+    kinds: dict[Any, tuple[torch.nn.Module, list[Place], list[list[torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
 
     def run(kind: Any) -> None:  # the kind's gathered clients, as one computation
-        architecture, positions, states, tests = kinds.pop(kind)
-        for i, result in zip(positions, evaluate_together(architecture, states, tests)):
-            results[i] = result
+        architecture, places, states, tests = kinds.pop(kind)
+        for (target, i), result in zip(places, evaluate_together(architecture, states, tests)):
+            target[i] = result
 
     decoded = Decoded()
     for node, content, config in zip(nodes, contents, configs):
@@ -406,22 +441,30 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
             # the received model, or a personalization of it: its tensors join those of its kind
             entries = evaluated.state_dict()
             kind = (type(evaluated), tuple((k, tuple(v.shape), v.dtype) for k, v in entries.items()))
-            _, positions, states, tests = kinds.setdefault(kind, (evaluated, [], [], []))
-            positions.append(len(results))
-            states.append([t.detach().clone() for t in entries.values()])
+            _, places, states, tests = kinds.setdefault(kind, (evaluated, [], [], []))
+            state = [t.detach().clone() for t in entries.values()]
+            places.append((results, len(results)))
+            states.append(state)
             tests.append(node._test_data())
             results.append(None)
+            validations.append(None)
+            if (validation := node._val_data()) is not None:  # the same model on the validation part: no second copy
+                places.append((validations, len(validations) - 1))
+                states.append(state)
+                tests.append(validation)
             reasons.append(None)
             if len(states) * sum(t.numel() * t.element_size() for t in states[0]) >= STACKED_BYTES:
                 run(kind)  # a bounded stack: a federation's models need not fit on the device at once
         else:  # a model of another making (a nearest-neighbour mixture): evaluated now
             results.append(node._test(evaluated))
+            validation = node._val_data()
+            validations.append(None if validation is None else evaluate_model(evaluated, *validation))
             reasons.append(why or f"{client_algorithm_for(config).__name__}: its {type(evaluated).__name__} is evaluated client by "
                                   "client (not a Personalization: what differs between clients is not all in its state_dict)")
     for kind in list(kinds):
         run(kind)
-    replies = [RecordDict({"metrics": MetricRecord(e.metrics(r))})
-               for e, r in zip(evaluations, cast(list[EvalResult], results))]  # every result is in
+    replies = [RecordDict({"metrics": MetricRecord(e.metrics(r, v))})
+               for e, r, v in zip(evaluations, cast(list[EvalResult], results), validations)]  # every result is in
     return replies, reasons
 
 

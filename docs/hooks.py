@@ -347,6 +347,22 @@ def privacy_table_md() -> str:
     return "\n".join(rows)
 
 
+#: a client that never trains under Flower's own strategies: the global model they send every client
+FLOWER_NEW_CLIENT = "the global model (Flower's strategy sends it to every client)"
+
+
+def new_clients_table_md() -> str:
+    """What every run-config method gives a client that never trains (``ServerAlgorithm.new_client_rule``;
+    ``docs/evaluation.md``)."""
+    from flower_pfl.methods import registry
+
+    rows = ["| run config | a client that never trains evaluates |", "|---|---|"]
+    for e in registry.entries():
+        config = f"`{e.method}`" + (f" + `{e.aggregation}`" if e.aggregation != "default" else "")
+        rows.append(f"| {config} | {FLOWER_NEW_CLIENT if e.builtin else cell(e.declaration.new_client_rule)} |")
+    return "\n".join(rows)
+
+
 def benchmarks_md(labels: list[str], benchmark_pages: dict[str, dict[str, Any]]) -> str:
     lines = ["## Benchmarks", ""]
     every = rows_for(read_tables(ROOT / ALL_METHODS_TABLE), "method", labels)
@@ -399,6 +415,8 @@ def method_page_md(page: dict[str, Any], benchmark_pages: dict[str, dict[str, An
             f"- **Strategy classes**: `strategies.{decl.strategy}` (legacy API), `strategies.message.{decl.strategy}` (Message API)",
             f"- **Server**: {server}",
             f"- **Participants per round**: {per_round}",
+            f"- **A client that never trains** ([evaluation](../evaluation.md#clients-that-never-train)): evaluates "
+            f"{decl.new_client_rule}",
             f"- **Models**: {models_md([e.label for e in entries])}",
             f"- **Source**: `{source}`, class `{decl.__name__}`", ""]
     module_doc = docstring_md(module.__doc__ or "")
@@ -629,7 +647,8 @@ def on_config(config: Any) -> Any:
 
     _generated.update({"methods-overview": methods_overview_md(pages), "client-contract": contract_table_md(),
                        "unbatched": unbatched_md(), "data-table": tables.data_table(), "model-table": tables.model_table(),
-                       "model-refusals": tables.refusals_table(), "privacy-table": privacy_table_md()})
+                       "model-refusals": tables.refusals_table(), "privacy-table": privacy_table_md(),
+                       "new-clients": new_clients_table_md()})
     api = api_pages()
     api_section = _nav_section(config.nav, "API reference")
     methods_api: list[dict[str, str]] = []  # one nav group, where the first method module comes

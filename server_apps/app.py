@@ -44,6 +44,7 @@ from flower_pfl.experiment.build import (
 from flower_pfl.experiment.clients import CLIENT_GROUP
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.footprint import DEPLOYMENT, IN_PROCESS, SIMULATION, check_fits
+from flower_pfl.experiment.unseen import unseen_clients
 from flower_pfl.reports.diagnostics import save_run_diagnostics
 from flower_pfl.reports.figures import run_title
 from flower_pfl.run.quiet import DivertRecords, silence_runtime_noise
@@ -55,6 +56,7 @@ from server_apps.cluster import check_cluster_paths
 from server_apps.console import divert_client_failures, quiet_round_loop
 from server_apps.factory import build_legacy_strategy, build_message_strategy, participants
 from server_apps.guard import ReplyGuard
+from server_apps.new_clients import NewClients
 from server_apps.node_order import QUERY_TIMEOUT, RankedGrid, ask, query_nodes
 from server_apps.recording import RecordedLegacyStrategy, RecordedStrategy
 from server_apps.seeded import SeededClientManager
@@ -172,6 +174,8 @@ class _Run:
     recorder: RunRecorder
     #: every instruction names the run (clients keep their state under that name) and, when resumed, the round
     instructions: dict[str, Any]
+    #: the partition ids of the clients that never train (``flower_pfl.experiment.unseen``)
+    unseen: frozenset[int] = frozenset()
 
     @property
     def ranks(self) -> dict[int, int]:
@@ -264,6 +268,7 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
         if resumed is not None:
             _check_client_state(cfg, info)
         hosts = hosting(info)
+        unseen = _unseen(cfg, info)
         check_fits(cfg, _set_up_method(cfg, initial), make_model(cfg), len(info), len(set(hosts.values())) or len(info),
                    _where(grid))
         out = resumed.folder if resumed is not None else run_dir(cfg)
@@ -271,7 +276,7 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
     trackers = RunTrackers(TrackerSettings(cfg.trackers, cfg.tracker_experiment, cfg.tracker_uri or _default_uri(cfg),
                                            cfg.tracker_group), out, out.name, settings,
                            resumed.round if resumed is not None else None) if cfg.trackers else None
-    coverage = Coverage(clients=len(info), share=cfg.min_evaluated_share)  # what a round must reach to count
+    coverage = Coverage(clients=len(info) - len(unseen), share=cfg.min_evaluated_share)  # what a round must reach to count
     if resumed is not None:
         recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=say, trackers=trackers,
                                       coverage=coverage, figures=cfg.figures)
@@ -286,11 +291,25 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
     if hosts:
         federation = _federation(info)
         clients = ClientGrid(grid, hosts, learn=lambda nodes: ask(grid, nodes, QUERY_TIMEOUT), federation=federation)
-    run = _Run(cfg, RankedGrid(clients, ranks), initial, resumed, info, out, recorder, instructions)  # type: ignore[arg-type]
+    run = _Run(cfg, RankedGrid(clients, ranks), initial, resumed, info, out, recorder, instructions, unseen)  # type: ignore[arg-type]
     where = f"{counted(len(ranks), 'client')} on {counted(len(set(hosts.values())), 'node')}" if hosts else counted(len(ranks), "node")
     log(INFO, "flower-pfl: %s on %s (%s), %s, %s, evaluation every %d; results in %s", cfg.label, cfg.dataset,
         cfg.model, where, counted(cfg.num_rounds, "round"), cfg.eval_every, out)
     return run
+
+
+def _unseen(cfg: ExperimentConfig, info: Mapping[int, Mapping[str, Any]]) -> frozenset[int]:
+    """The partition ids of the clients that never train (``unseen-fraction``, ``unseen-domains``), from the
+    federation's size and the domain each client reported."""
+    federation = max((int(i.get("num-partitions", 0)) for i in info.values()), default=0) or len(info)
+    groups = {int(i["partition-id"]): str(i.get(CLIENT_GROUP, "")) for i in info.values()}
+    unseen = unseen_clients(cfg, federation, groups)
+    if unseen:
+        log(INFO, "flower-pfl: %s never %s (%s): %s", counted(len(unseen), "client"), agreeing(len(unseen), "trains", "train"),
+            "; ".join(p for p in (f"unseen-fraction {cfg.unseen_fraction:g}" if cfg.unseen_fraction else "",
+                                  f"unseen-domains {cfg.unseen_domains!r}" if cfg.unseen_domains else "") if p),
+            listed(sorted(unseen), 20))
+    return unseen
 
 
 def _default_uri(cfg: ExperimentConfig) -> str:
@@ -327,9 +346,9 @@ def _build(run: _Run) -> tuple[Any, Sampler]:
     cfg, num_nodes = run.cfg, len(run.ranks)
     store_dir = str(run.out / "store") if cfg.store == "disk" else None
     if cfg.api == "message":
-        strategy: Any = build_message_strategy(cfg, num_nodes, run.ranks, store_dir)
+        strategy: Any = build_message_strategy(cfg, num_nodes, run.ranks, store_dir, run.unseen)
     else:
-        strategy = build_legacy_strategy(cfg, run.initial, num_nodes, run.ranks, store_dir, run.instructions)
+        strategy = build_legacy_strategy(cfg, run.initial, num_nodes, run.ranks, store_dir, run.instructions, run.unseen)
     server: MethodServer | None = getattr(strategy, "server", None)  # our strategies' server (none for Flower's own)
     if cfg.init == "independent" and server is not None:  # the config allows it only for methods that keep a model per client
         server.initial_by_rank = partial(initial_arrays, cfg)
@@ -365,13 +384,14 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
     checkpointer = Checkpointer(run.out, cfg.checkpoint_every, strategy, run.recorder, cfg.to_run_config(), run.ranks,
                                 run.layout, sampler, run.instructions[RUN_KEY], guard)
     remaining = cfg.num_rounds - run.offset
+    new = NewClients(sampler, run.unseen, cfg.new_client_finetune_steps)
     if cfg.api == "message":
-        flower_k = participants(cfg, len(run.ranks)) if cfg.entry.builtin else None
+        flower_k = participants(cfg, len(run.ranks) - len(run.unseen)) if cfg.entry.builtin else None
         nodes = strategy.nodes if isinstance(getattr(strategy, "nodes", None), NodeWatch) else \
             NodeWatch(cfg.node_wait_timeout, lost_after=cfg.lost_node_rounds)  # ours watch their own nodes
         _account_failures(run, nodes.failures)
         wrapper: Any = RecordedStrategy(strategy, run.recorder, cfg.eval_every, sampler, flower_k, checkpointer, run.offset,
-                                        guard=guard, max_idle_rounds=cfg.max_idle_rounds, nodes=nodes)
+                                        guard=guard, max_idle_rounds=cfg.max_idle_rounds, nodes=nodes, new=new)
         if remaining > 0:
             wrapper.start(grid=run.grid, initial_arrays=numpy_record({k: np.asarray(v) for k, v in arrays.items()}),
                           num_rounds=remaining, train_config=ConfigRecord({**training_config(cfg), **run.instructions}),
@@ -381,11 +401,11 @@ def _train(run: _Run, strategy: Any, sampler: Sampler) -> Any:
         wrapper = RecordedLegacyStrategy(strategy, run.recorder, cfg.eval_every, sampler, checkpointer, run.offset,
                                          initial_parameters=ndarrays_to_parameters(list(arrays.values())),
                                          guard=guard, max_idle_rounds=cfg.max_idle_rounds,
-                                         failures=getattr(strategy, "failures", None))  # Flower's own: it samples, none lost
+                                         failures=getattr(strategy, "failures", None), new=new)  # Flower's own: it samples, none lost
         _account_failures(run, wrapper.failures)
         if remaining > 0:
             start_grid(grid=run.grid, strategy=wrapper, config=ServerConfig(num_rounds=remaining),
-                       client_manager=SeededClientManager(sampler))
+                       client_manager=SeededClientManager(sampler, new))
         final = wrapper.named()
     if remaining > 0 or run.resumed is None:
         checkpointer.save(cfg.num_rounds, final)
@@ -436,6 +456,8 @@ def _finish(run: _Run, strategy: Any, final: Any) -> Path:
             log(WARNING, "flower-pfl: the diagnostics' figures are not drawn: %s", err)
     if hosts := run.hosts:  # nodes that host several clients
         extra["federation_nodes"] = len(set(hosts.values()))
+    if run.unseen:
+        extra["unseen_partition_ids"] = sorted(run.unseen)
     if groups := {str(i["partition-id"]): i[CLIENT_GROUP] for i in run.info.values() if CLIENT_GROUP in i}:
         extra["client_groups"] = dict(sorted(groups.items(), key=lambda kv: int(kv[0])))  # the domain, writer, ... of each client
     if (report := getattr(run.grid, "training_report", None)) is not None:  # nodes hosting several clients: how they ran

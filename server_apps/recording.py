@@ -9,20 +9,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common import Parameters, parameters_to_ndarrays
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import EvaluateIns, Parameters, parameters_to_ndarrays
 from flwr.server.strategy import Strategy as LegacyStrategy
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy as MessageStrategy
 
+from flower_pfl.engine.client_metrics import NEW_CLIENT_ROW
 from flower_pfl.engine.reply_checks import UpdateRejected, check_evaluation
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.wording import agreeing, counted
 from flower_pfl.run.results import RunFailed, RunRecorder
 from server_apps.checkpoints import Checkpointer
 from server_apps.guard import ReplyGuard
+from server_apps.new_clients import NewClients
 from server_apps.seeded import SampledGrid, in_rank_order, node_id
-from strategies.aggregated_metrics import ACCURACY
+from strategies.aggregated_metrics import ACCURACY, PersonalizedMetrics
 from strategies.arrays import record_numpy
 from strategies.failures import RAY_ACTOR_LOSSES, NodeFailures
 from strategies.legacy import record_failures
@@ -45,9 +47,20 @@ class _Schedule:
     stop it with ``RunFailed``."""
 
     def __init__(self, recorder: RunRecorder, eval_every: int, checkpointer: Checkpointer | None, offset: int,
-                 max_idle_rounds: float = 1.0, failures: NodeFailures | None = None) -> None:
+                 max_idle_rounds: float = 1.0, failures: NodeFailures | None = None, new: NewClients | None = None) -> None:
         self.recorder, self.eval_every, self.checkpointer, self.offset = recorder, eval_every, checkpointer, offset
         self.max_idle_rounds, self.failures = max_idle_rounds, failures
+        #: the clients that never train (where Flower's own strategy runs, they are left out here)
+        self.new = new or NewClients(Sampler())
+
+    def client_row(self, client: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+        """A client's row of ``clients.jsonl``: its id and metrics, and ``new-client`` for one that never trains."""
+        return {"node-id": client, **metrics, **({NEW_CLIENT_ROW: True} if self.new.is_new(client) else {})}
+
+    @staticmethod
+    def new_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The figures of the new clients' ``rows``, apart from the participating clients' (``PersonalizedMetrics``)."""
+        return PersonalizedMetrics().new_clients(rows)
 
     def check_losses(self, server_round: int) -> None:
         """Stop the run when the nodes lost (``strategies.failures``) leave too few clients for an evaluated
@@ -112,9 +125,10 @@ class RecordedStrategy(MessageStrategy, _Schedule):
 
     def __init__(self, inner: MessageStrategy, recorder: RunRecorder, eval_every: int, sampler: Sampler,
                  clients_per_round: int | None = None, checkpointer: Checkpointer | None = None, offset: int = 0,
-                 guard: ReplyGuard | None = None, max_idle_rounds: float = 1.0, nodes: NodeWatch | None = None) -> None:
+                 guard: ReplyGuard | None = None, max_idle_rounds: float = 1.0, nodes: NodeWatch | None = None,
+                 new: NewClients | None = None) -> None:
         self.guard, self.nodes = guard, nodes or NodeWatch()
-        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds, self.nodes.failures)
+        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds, self.nodes.failures, new)
         self.inner, self.sampler, self.clients_per_round = inner, sampler, clients_per_round
         self.arrays: dict[str, Any] | None = None  # the global arrays Flower's loop holds
         self._outbox: list[Message] = []
@@ -128,7 +142,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         self.before_round(server_round, self.arrays)
         if self.clients_per_round is not None:
             nodes = self.nodes.wait(grid, self.clients_per_round)  # as Flower's sampling waits, but not for ever
-            grid = SampledGrid(grid, self.sampler.sample(nodes, self.clients_per_round))  # type: ignore[assignment,arg-type]
+            grid = SampledGrid(grid, self.sampler.sample(self.new.trainers(nodes), self.clients_per_round))  # type: ignore[assignment,arg-type]
         self._outbox = list(self.inner.configure_train(server_round, arrays, config, grid))
         return self._outbox
 
@@ -155,7 +169,16 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         if self.guard is not None and self.nodes.failures.lost:  # Flower's own strategy: not the lost nodes
             grid = SampledGrid(grid, self.nodes.alive(grid.get_node_ids()))  # type: ignore[assignment]
         self._outbox = list(self.inner.configure_evaluate(server_round, arrays, config, grid))
+        if self.guard is not None and self.new:  # Flower's own strategy: its new clients told so
+            self._outbox = [self._told_new(msg) if self.new.is_new(msg.metadata.dst_node_id) else msg for msg in self._outbox]
         return self._outbox
+
+    def _told_new(self, msg: Message) -> Message:
+        """``msg`` with the entries of a new client's instruction (``NewClients.settings``) in its config."""
+        content = RecordDict({key: record for key, record in msg.content.items()})
+        for key, record in msg.content.config_records.items():
+            content[key] = ConfigRecord({**record, **self.new.settings()})
+        return Message(content=content, dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         server_round += self.offset
@@ -166,12 +189,15 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         usable = {id(msg): row for msg in replies if not msg.has_error() and (records := msg.content.metric_records)
                   and (row := _usable(next(iter(records.values())))) is not None}
         self.recorder.on_client_evaluations(server_round, [
-            {"node-id": msg.metadata.src_node_id, **usable[id(msg)]} for msg in replies if id(msg) in usable])
-        if self.guard is not None:  # Flower's own strategy stops at a reply it cannot aggregate
+            self.client_row(msg.metadata.src_node_id, usable[id(msg)]) for msg in replies if id(msg) in usable])
+        new: dict[str, Any] = {}
+        if self.guard is not None:  # Flower's own strategy stops at a reply it cannot aggregate, and counts new clients in
             replies = [msg for msg in replies if id(msg) in usable]
+            new = self.new_figures([usable[id(msg)] for msg in replies if self.new.is_new(msg.metadata.src_node_id)])
+            replies = [msg for msg in replies if not self.new.is_new(msg.metadata.src_node_id)]
         metrics = self.inner.aggregate_evaluate(server_round, replies) if replies else None
-        if metrics:
-            self.recorder.on_evaluate(server_round, dict(metrics))
+        if metrics or new:
+            self.recorder.on_evaluate(server_round, {**dict(metrics or {}), **new})
         self.check_losses(server_round)
         return metrics
 
@@ -183,8 +209,9 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
 
     def __init__(self, inner: LegacyStrategy, recorder: RunRecorder, eval_every: int, sampler: Sampler,
                  checkpointer: Checkpointer | None = None, offset: int = 0, initial_parameters: Parameters | None = None,
-                 guard: ReplyGuard | None = None, max_idle_rounds: float = 1.0, failures: NodeFailures | None = None) -> None:
-        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds, failures or NodeFailures(0))
+                 guard: ReplyGuard | None = None, max_idle_rounds: float = 1.0, failures: NodeFailures | None = None,
+                 new: NewClients | None = None) -> None:
+        _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds, failures or NodeFailures(0), new)
         self.inner, self.sampler, self.initial, self.guard = inner, sampler, initial_parameters, guard
         self.arrays: list[Any] | None = None
 
@@ -223,7 +250,13 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
 
     def configure_evaluate(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
         server_round += self.offset
-        return self.inner.configure_evaluate(server_round, parameters, client_manager) if self.evaluate_now(server_round) else []
+        if not self.evaluate_now(server_round):
+            return []
+        sent = self.inner.configure_evaluate(server_round, parameters, client_manager)
+        if self.guard is None or not self.new:
+            return sent
+        return [(proxy, EvaluateIns(ins.parameters, {**ins.config, **self.new.settings()}) if self.new.is_new(node_id(proxy.cid)) else ins)
+                for proxy, ins in sent]  # Flower's own strategy: its new clients told so
 
     def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
         server_round += self.offset
@@ -231,12 +264,15 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         usable = {id(res): row for _, res in results
                   if (row := _usable({**res.metrics, "loss": res.loss, "num-examples": res.num_examples})) is not None}
         self.recorder.on_client_evaluations(server_round, [
-            {"node-id": int(proxy.cid), **usable[id(res)]} for proxy, res in results if id(res) in usable])
-        if self.guard is not None:  # Flower's own strategy stops at a result it cannot aggregate
+            self.client_row(int(proxy.cid), usable[id(res)]) for proxy, res in results if id(res) in usable])
+        new: dict[str, Any] = {}
+        if self.guard is not None:  # Flower's own strategy stops at a result it cannot aggregate, and counts new clients in
             results = [(proxy, res) for proxy, res in results if id(res) in usable]
+            new = self.new_figures([usable[id(res)] for proxy, res in results if self.new.is_new(node_id(proxy.cid))])
+            results = [(proxy, res) for proxy, res in results if not self.new.is_new(node_id(proxy.cid))]
         loss, metrics = self.inner.aggregate_evaluate(server_round, results, failures) if results else (None, {})
-        if metrics:  # the legacy API returns the loss beside the metrics
-            self.recorder.on_evaluate(server_round, {**({"loss": loss} if loss is not None else {}), **metrics})
+        if metrics or new:  # the legacy API returns the loss beside the metrics
+            self.recorder.on_evaluate(server_round, {**({"loss": loss} if loss is not None else {}), **(metrics or {}), **new})
         return loss, metrics
 
     def evaluate(self, server_round: int, parameters: Any) -> Any:

@@ -19,6 +19,7 @@ from flwr.server.criterion import Criterion
 from flwr.serverapp import Grid
 
 from flower_pfl.engine.sampling import Sampler
+from server_apps.new_clients import NewClients
 
 
 class SampledGrid:
@@ -35,11 +36,12 @@ class SampledGrid:
 
 
 class SeededClientManager(SimpleClientManager):
-    """A legacy client manager whose ``sample`` draws with ``sampler`` and returns clients in rank order."""
+    """A legacy client manager whose ``sample`` draws with ``sampler`` and returns clients in rank order; a draw
+    (a training round's) never picks a client of ``new`` (clients that never train)."""
 
-    def __init__(self, sampler: Sampler) -> None:
+    def __init__(self, sampler: Sampler, new: NewClients | None = None) -> None:
         super().__init__()
-        self.sampler = sampler
+        self.sampler, self.new = sampler, new or NewClients(sampler)
         self._lock = threading.Lock()
 
     def sample(self, num_clients: int, min_num_clients: int | None = None, criterion: Criterion | None = None) -> list[ClientProxy]:
@@ -51,7 +53,7 @@ class SeededClientManager(SimpleClientManager):
             return []
         if num_clients == len(available):  # every client (e.g. evaluation): no draw, so training's sample stays put
             return [clients[str(n)] for n in self.sampler.order(available)]
-        return [clients[str(n)] for n in self.sampler.sample(available, num_clients)]
+        return [clients[str(n)] for n in self.sampler.sample(self.new.trainers(available), num_clients)]
 
 
 def node_id(cid: str) -> int | str:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from logging import WARNING
 from typing import Any
 
 from flwr.app import MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from flower_pfl.engine.client_metrics import GLOBAL_ACCURACY, round_metrics, weighted_means
+from flower_pfl.engine.client_metrics import (
+    GLOBAL_ACCURACY,
+    VAL_NUM_EXAMPLES,
+    VALIDATION,
+    new_client_metrics,
+    round_metrics,
+    validation_means,
+    weighted_means,
+)
 from flower_pfl.engine.reply_checks import (
     MAX_WEIGHT_RATIO,
     RoundReplies,
@@ -34,12 +42,19 @@ def checked_evaluations(rows: Iterable[tuple[Hashable, Mapping[str, Any]]], accu
     refused: list[tuple[Hashable, str]] = []
     for cid, metrics in rows:
         try:
-            good.append((cid, check_evaluation(metrics, accuracy_key, fractions=(GLOBAL_ACCURACY,))))
+            good.append((cid, check_evaluation(metrics, accuracy_key, fractions=(GLOBAL_ACCURACY, VALIDATION + accuracy_key))))
         except UpdateRejected as err:
             refused.append((cid, str(err)))
     for (_, row), n in zip(good, cap_weights([int(r[NUM_EXAMPLES]) for _, r in good], max_weight_ratio)):
         row[NUM_EXAMPLES] = n
     return good, refused
+
+
+def split_new_clients(is_new: Callable[[Hashable], bool], rows: Sequence[tuple[Hashable, dict[str, Any]]]
+                      ) -> tuple[list[tuple[Hashable, dict[str, Any]]], list[tuple[Hashable, dict[str, Any]]]]:
+    """``(client, metrics)`` rows of the participating clients and of the clients that never train (``is_new``):
+    the server knows which are which, whatever a reply says."""
+    return [r for r in rows if not is_new(r[0])], [r for r in rows if is_new(r[0])]
 
 
 def log_refused_evaluations(server_round: int | None, refused: list[tuple[Hashable, str]]) -> None:
@@ -74,8 +89,9 @@ class PersonalizedMetrics:
     def aggregate(self, rows: Sequence[Mapping[str, Any]], weights: Sequence[float], weight_key: str = NUM_EXAMPLES) -> dict[str, Any]:
         """``round_metrics`` of the rows (``weight_key`` left out) and the running BMTA."""
         key = self.accuracy_key
-        out = round_metrics(rows, weights, key, also=() if key == GLOBAL_ACCURACY else (GLOBAL_ACCURACY,),
-                            skip=(weight_key, *self.identities))
+        also = (VALIDATION + key,) + (() if key == GLOBAL_ACCURACY else (GLOBAL_ACCURACY,))
+        out = round_metrics(rows, weights, key, also=also, skip=(weight_key, VAL_NUM_EXAMPLES, *self.identities))
+        out.update(validation_means(rows))  # the validation figures weighed by the validation parts
         mean = out.get(f"{key}-mean")
         if mean is not None:
             self.best = max(self.best, mean)
@@ -86,6 +102,11 @@ class PersonalizedMetrics:
             log(WARNING, "no client reports '%s' in its evaluation (they report %s): the personalized summary "
                 "needs accuracy_key=<the clients' accuracy metric>", key, ", ".join(seen) or "nothing")
         return out
+
+    def new_clients(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The figures of the clients that never train (``new_client_metrics``, weighted by ``num-examples``; none
+        without such rows)."""
+        return new_client_metrics(rows, [float(r[NUM_EXAMPLES]) for r in rows], self.accuracy_key) if rows else {}
 
     def __call__(self, records: list[RecordDict], weighted_by_key: str = NUM_EXAMPLES) -> MetricRecord:
         """Message API (``evaluate_metrics_aggr_fn``)."""

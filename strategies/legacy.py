@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from logging import DEBUG, WARNING
 from typing import Any, ClassVar, TypedDict
@@ -53,6 +53,7 @@ from strategies.aggregated_metrics import (
     log_refused_evaluations,
     reply_counts,
     round_replies_metrics,
+    split_new_clients,
 )
 from strategies.failures import LOST_AFTER, UNNAMED, NodeFailures
 from strategies.nodes import NODE_WAIT_TIMEOUT
@@ -199,6 +200,8 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         node_wait_timeout: float = NODE_WAIT_TIMEOUT,
         lost_node_rounds: int = LOST_AFTER,
         rank_key: str | None = "partition-id",
+        unseen_clients: Collection[int] = (),
+        new_client_finetune_steps: int = 0,
         tracker: TrackerArg = None,
         tracker_dir: str = "runs",
     ) -> None:
@@ -208,8 +211,9 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         #: settings sent with every training instruction unless the user's config has them
         self.client_defaults = {k: v for k, v in ((LR, lr), (LOCAL_STEPS, local_steps)) if v is not None}
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_fit, min_train_clients=min_fit_clients,
-                                   seed=seed, device=device, store_dir=store_dir,
-                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio), rank_key=rank_key)
+                                   seed=seed, device=device, store_dir=store_dir, rank_key=rank_key, unseen=unseen_clients,
+                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio),
+                                   finetune_steps=new_client_finetune_steps)
         self.node_wait_timeout = node_wait_timeout
         #: the clients' failures; the lost ones are not sampled (``strategies.failures``)
         self.failures = NodeFailures(lost_node_rounds)
@@ -217,16 +221,13 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         self._secure = False  # a secure-aggregation workflow runs the round: every result carries the results' mean
         if initial_parameters is not None:
             self._initialize(initial_parameters)
-        self.min_available_clients = min_available_clients
-        self.fraction_evaluate, self.min_evaluate_clients = fraction_evaluate, min_evaluate_clients
+        self.min_available_clients, self.fraction_evaluate, self.min_evaluate_clients = min_available_clients, fraction_evaluate, min_evaluate_clients
         self.accept_failures = accept_failures  # (``inplace`` is only accepted: arrays are never modified)
-        self.fit_metrics_aggregation_fn = fit_metrics_aggregation_fn
+        self.fit_metrics_aggregation_fn, self.accuracy_key = fit_metrics_aggregation_fn, accuracy_key
         self.on_fit_config_fn, self.on_evaluate_config_fn = on_fit_config_fn, on_evaluate_config_fn
-        self.accuracy_key = accuracy_key
         #: the personalized summary of ``accuracy_key``, added to what ``evaluate_metrics_aggregation_fn`` returns
         self.personalized = PersonalizedMetrics(accuracy_key, IDENTITIES + ((rank_key,) if rank_key else ()))
-        self.evaluate_metrics_aggregation_fn = evaluate_metrics_aggregation_fn
-        self.evaluate_fn = checked_evaluate_fn(evaluate_fn, method, type(self).__name__)
+        self.evaluate_metrics_aggregation_fn, self.evaluate_fn = evaluate_metrics_aggregation_fn, checked_evaluate_fn(evaluate_fn, method, type(self).__name__)
         #: the strategy's own trackers (``strategies.tracking``; closed at the end of the process), None without ``tracker``
         self.tracking = StrategyTracking.of(tracker, tracker_dir, self, {"clients_per_round": clients_per_round, "seed": seed})
 
@@ -352,16 +353,18 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         losses = {client_id(proxy): res.loss for proxy, res in results}
         kept_rows, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
-        if not kept_rows:
+        kept_rows, new = split_new_clients(self.server.is_unseen, kept_rows)
+        if not kept_rows and not new:
             return None, {}
         weighted = [(row[NUM_EXAMPLES], float(losses[cid])) for cid, row in kept_rows  # type: ignore[index]
                     if is_finite_number(losses[cid])]  # type: ignore[index]  # client ids are the proxies' cids
         # Flower's sample-weighted mean (its ``weighted_loss_avg``), summed in the same order
         loss = sum(n * value for n, value in weighted) / sum(n for n, _ in weighted) if weighted else None
         pairs = [(int(row[NUM_EXAMPLES]), {k: v for k, v in row.items() if k != NUM_EXAMPLES}) for _, row in kept_rows]
-        metrics = self.personalized.legacy(pairs)
-        if self.evaluate_metrics_aggregation_fn is not None:  # the app's own aggregation wins where names meet
+        metrics = self.personalized.legacy(pairs) if pairs else {}
+        if self.evaluate_metrics_aggregation_fn is not None and pairs:  # the app's own aggregation wins where names meet
             metrics.update(self.evaluate_metrics_aggregation_fn(pairs))
+        metrics.update(self.personalized.new_clients([r for _, r in new]))
         if self.tracking is not None:
             self.tracking.evaluate(server_round, {**({"loss": loss} if loss is not None else {}), **metrics},
                                    [row[self.accuracy_key] for _, row in kept_rows])

@@ -31,6 +31,11 @@ SHARED_OPTION_DOCS: dict[str, str] = {
     "lr": "The clients' learning rate, sent as ``lr`` with every training instruction unless the training config "
           "has it (client algorithms that correct gradients or report per-step quantities need it).",
     "local_steps": "The clients' local steps, sent as ``local-steps`` unless the training config has them.",
+    "unseen_clients": "The rank (partition id) of each client that never trains: never sampled for training, it evaluates "
+                      "what the method gives a new client (``ServerAlgorithm.new_client_instructions``), reported apart as "
+                      "``unseen-accuracy-*``.",
+    "new_client_finetune_steps": "Local SGD steps each client of ``unseen_clients`` takes on its training data before it "
+                                 "evaluates (sent as ``finetune-steps``); 0: none.",
     "tracker": TRACKER_DOC,
     "tracker_dir": TRACKER_DIR_DOC,
 }

@@ -98,6 +98,30 @@ def round_metrics(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], a
 #: how many clients' ``accuracy_key`` entered a round's ``<key>-mean``
 CLIENTS_EVALUATED = "clients-evaluated"
 
+#: a client's metrics on its validation part (``val-fraction``) carry this prefix; ``val-num-examples`` weighs them
+VALIDATION = "val-"
+VAL_NUM_EXAMPLES = "val-num-examples"
+#: a round's figures of the clients that never train carry this prefix (``unseen-accuracy-mean``, ...)
+UNSEEN = "unseen-"
+#: the key that marks the evaluation row (``clients.jsonl``) of a client that never trains
+NEW_CLIENT_ROW = "new-client"
+
+
+def validation_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The validation metrics (``val-*``) sample-weighted by the validation parts' sizes (``val-num-examples``),
+    over the rows that have one: Flower's weighting, with the samples each figure was measured on."""
+    have = [r for r in rows if numbers(r.get(VAL_NUM_EXAMPLES)) is not None and float(r[VAL_NUM_EXAMPLES]) > 0]
+    keys = {k for r in have for k in r if k.startswith(VALIDATION) and k != VAL_NUM_EXAMPLES}
+    return weighted_means([{k: v for k, v in r.items() if k in keys} for r in have], [float(r[VAL_NUM_EXAMPLES]) for r in have])
+
+
+def new_client_metrics(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], accuracy_key: str = "accuracy") -> dict[str, Any]:
+    """The figures of the clients that never train, apart from the participating clients': their sample-weighted
+    ``accuracy_key`` and loss and its spread over them, each under ``UNSEEN``, and ``unseen-clients-evaluated``."""
+    kept = {accuracy_key, "loss"}
+    out = round_metrics([{k: v for k, v in r.items() if k in kept} for r in rows], weights, accuracy_key)
+    return {f"{UNSEEN}{key}": value for key, value in out.items()}
+
 
 #: a client's accuracy of the global model, reported beside its personalized one (pFedMe's GM)
 GLOBAL_ACCURACY = "global-accuracy"

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, FINETUNE_STEPS, NEW_CLIENT, ClientAlgorithm
 from flower_pfl.engine.client_contract import (
     ignored_algorithm_message,
     missing_algorithm_message,
@@ -58,12 +58,17 @@ class MethodServer:
     run to run, so ranking by something stable makes runs repeatable. A strategy sets the ranks
     (``node_rank``) or lets the server learn them from what clients report under ``rank_key``
     (``learn_rank``); a client keeps the first rank it reports.
+
+    Clients whose rank is in ``unseen`` never train (FL-bench's user split, pFL-Bench's new clients): they are
+    never sampled for training, and evaluate what the method gives a client it has never seen
+    (``ServerAlgorithm.new_client_instructions``), first taking ``finetune_steps`` local steps on their own
+    training data (``FINETUNE_STEPS``; FL-bench's ``finetune_epoch``) where that is more than 0.
     """
 
     def __init__(self, method: ServerAlgorithm, clients_per_round: int | None = None, *, fraction_train: float = 1.0,
                  min_train_clients: int = 1, seed: int = 0, device: str | torch.device = "cpu",
                  store_dir: str | Path | None = None, bounds: ReplyBounds | None = None,
-                 rank_key: str | None = None) -> None:
+                 rank_key: str | None = None, unseen: Iterable[int] = (), finetune_steps: int = 0) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
         if not 0 < fraction_train <= 1:
@@ -80,6 +85,8 @@ class MethodServer:
         self.sampler = Sampler(seed)
         #: the metric under which clients report their rank (None: ranks are only set, never learned)
         self.rank_key = rank_key
+        #: the ranks (partition ids) of the clients that never train, and the local steps they take before evaluating
+        self.unseen, self.finetune_steps = frozenset(int(r) for r in unseen), finetune_steps
         self._claims: dict[int, ClientId] = {}  # rank -> the first client that has it
         self._rank_asked: set[ClientId] = set()
         self._duplicate_reported = self._unranked_reported = self._rank_query_unanswered = False
@@ -229,11 +236,21 @@ class MethodServer:
         """How many of ``num_available`` clients evaluate: all (``fraction >= 1``) or ``max(minimum, ceil(fraction · n))``."""
         return num_available if fraction >= 1.0 else max(minimum, math.ceil(fraction * num_available))
 
+    def is_unseen(self, client_id: ClientId) -> bool:
+        """Whether ``client_id`` is one of the clients that never train (by its rank)."""
+        rank = self.sampler.rank.get(client_id)
+        return rank is not None and rank in self.unseen
+
+    def trainers(self, available: Iterable[ClientId]) -> list[ClientId]:
+        """The available clients that may train (the unseen ones left out), in rank order."""
+        return [c for c in self.sampler.order(available) if not self.is_unseen(c)]
+
     def plan_training(self, server_round: int, available: Iterable[ClientId]) -> list[Instruction]:
-        """Sample the round's participants and return the method's training instructions; none when no
-        client is available (the method is not asked: a round without participants changes nothing)."""
+        """Sample the round's participants (never an unseen client) and return the method's training
+        instructions; none when no client is available (the method is not asked: a round without participants
+        changes nothing)."""
         self._require()
-        pool = self.sampler.order(available)
+        pool = self.trainers(available)
         sampled = self.last_participants = self.sample(pool, self.participants(len(pool)))
         chosen = set(sampled)
         others = [c for c in pool if c not in chosen]
@@ -262,9 +279,15 @@ class MethodServer:
         ids = pool if k >= len(pool) else self.sampler.sample(pool, k, evaluation=True)
         algorithm = self.method.client_algorithm()
         step = max(1, CHUNK_BYTES // (4 * self._require().dim))
-        for start in range(0, len(ids), step):
-            for ins in on_host(self.method.evaluation_instructions(server_round, ids[start:start + step])):
+        seen = [c for c in ids if not self.is_unseen(c)]
+        for start in range(0, len(seen), step):
+            for ins in on_host(self.method.evaluation_instructions(server_round, seen[start:start + step])):
                 yield named(ins, algorithm)
+        new = [c for c in ids if self.is_unseen(c)]
+        settings = {NEW_CLIENT: True, **({FINETUNE_STEPS: self.finetune_steps} if self.finetune_steps else {})}
+        for start in range(0, len(new), step):
+            for ins in on_host(self.method.new_client_instructions(server_round, new[start:start + step])):
+                yield named(replace(ins, config={**ins.config, **settings}), algorithm)
 
     def check(self, raw: RawReply) -> Reply:
         """One reply checked on its own (model, sample count, extras), or ``UpdateRejected``."""
@@ -366,5 +389,6 @@ def on_host(plan: list[Instruction]) -> list[Instruction]:
 
 
 def named(instruction: Instruction, algorithm: type[ClientAlgorithm]) -> Instruction:
-    """``instruction`` naming the client algorithm its client runs (``CLIENT_ALGORITHM``)."""
-    return replace(instruction, config={**instruction.config, CLIENT_ALGORITHM: algorithm.name})
+    """``instruction`` naming the client algorithm its client runs (``CLIENT_ALGORITHM``): ``algorithm``,
+    unless the instruction names one (a new client's of another making, CFL's choice by loss)."""
+    return replace(instruction, config={CLIENT_ALGORITHM: algorithm.name, **instruction.config})

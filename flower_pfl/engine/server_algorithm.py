@@ -29,7 +29,7 @@ from flower_pfl.engine.attention_log import AttentionAccumulator
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.disk_store import DiskClientModelStore, make_store
 from flower_pfl.engine.layout import ParamLayout
-from flower_pfl.engine.memory import in_blocks
+from flower_pfl.engine.memory import CHUNK_BYTES, in_blocks
 from flower_pfl.engine.reply_checks import Reply, model_change
 from flower_pfl.engine.store import ModelStore
 
@@ -64,6 +64,8 @@ class ServerAlgorithm:
     #: anything besides its model. What secure aggregation leaves a server, and what Flower's central
     #: differential-privacy wrappers clip and noise (``flower_pfl.engine.composition``, docs/privacy.md)
     aggregate_only: ClassVar[bool] = False
+    #: what ``new_client_instructions`` gives a client that never trained, in a sentence (docs/evaluation.md)
+    new_client_rule: ClassVar[str] = "what it sends any client that has not trained yet"
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         """Create the method's state from the model's layout and starting parameters (once);
@@ -77,6 +79,11 @@ class ServerAlgorithm:
     def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
         """What each of ``ids`` (at least one) evaluates (the model it would use) and how."""
         raise NotImplementedError
+
+    def new_client_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """What each of ``ids`` (at least one), clients that never train, evaluates (``new_client_rule``): by
+        default what ``evaluation_instructions`` sends a client that has not trained yet."""
+        return self.evaluation_instructions(server_round, ids)
 
     def common_tensors(self) -> frozenset[int]:
         """The tensors (by their place in the layout) that may be the same in several of a round's instructions:
@@ -166,6 +173,7 @@ class PersonalizedAlgorithm(ServerAlgorithm):
     store grows with what it keeps per client (``stored`` and ``keep`` read and write whole models)."""
 
     state_attributes: ClassVar[tuple[str, ...]] = ("attention_weights",)
+    new_client_rule: ClassVar[str] = "the mean of the participating clients' stored models"
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
@@ -279,6 +287,29 @@ class PersonalizedAlgorithm(ServerAlgorithm):
         models, settings = self.models_for_evaluation(ids), self.evaluation_config()
         return [Instruction(cid, models[i], settings) for i, cid in enumerate(ids)]
 
+    def new_client_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """Every new client evaluates ``mean_stored``, with the method's evaluation settings."""
+        model, settings = self.mean_stored(), self.evaluation_config()
+        return [Instruction(cid, model, settings) for cid in ids]
+
+    def mean_stored(self) -> torch.Tensor:
+        """The mean of the stored models of the clients in the store, a chunk at a time: the participating clients
+        that trained or evaluated (one not yet sampled holds its starting model; a client that never trains is
+        never stored), or the starting model before any is stored."""
+        ids = self.store.ids()
+        if not ids:
+            return self.initial.clone()
+        total = torch.zeros(self.store.dim, dtype=torch.float64, device=self.store.device)
+        step = max(1, CHUNK_BYTES // (4 * self.store.dim))
+        for start in range(0, len(ids), step):
+            total += self.store.get(ids[start:start + step]).to(torch.float64).sum(0)
+        own = (total / len(ids)).to(torch.float32)
+        if self.own is None:
+            return own
+        model = self.shared_values().to(own.device).clone()
+        model[self._own_index(own.device)] = own
+        return model
+
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         self.keep([r.client_id for r in replies], [r.model for r in replies])
 
@@ -296,6 +327,7 @@ class GlobalModelAlgorithm(ServerAlgorithm):
 
     state_attributes: ClassVar[tuple[str, ...]] = ("model", "num_clients")
     has_global_model: ClassVar[bool] = True
+    new_client_rule: ClassVar[str] = "the global model, evaluated as its client algorithm evaluates it with no state of its own"
 
     def setup(self, layout: ParamLayout, initial: torch.Tensor, device: torch.device, seed: int = 0) -> None:
         super().setup(layout, initial, device, seed)
@@ -330,6 +362,11 @@ class GlobalModelAlgorithm(ServerAlgorithm):
 
     def evaluation_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
         return self._instructions(ids, self.evaluation_config(), training=False)
+
+    def new_client_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """The global model, with the method's evaluation settings (never a ``client_model`` of its own)."""
+        settings = self.evaluation_config()
+        return [Instruction(cid, self.model, settings) for cid in ids]
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         self.model = self.combine(replies)

@@ -1,12 +1,13 @@
-"""Every client's data: a data set's pool partitioned over the clients, each share split into its own train
-and test parts, made scarce, and encoded for the model.
+"""Every client's data: a data set's pool partitioned over the clients, each share split into its own train,
+validation and test parts, made scarce, and encoded for the model.
 
 The data set (``flower_pfl.experiment.datasets``) gives its samples raw; ``partition = "natural"`` gives
 each client one natural group (writer, speaking role, subject) or, for a data set of domains, one
 domain; a label scheme partitions the whole pool, or each domain's samples over the clients that take it.
 Each client's share is split (a seeded shuffle; in time for a data set that asks it, with a natural
-partition), its training part cut to ``train-samples-per-client``, and the data set's encoder, fitted on
-every client's training part, turns the raw samples into tensors.
+partition), ``val-fraction`` of its samples taken out of its training part for validation (its test part
+stays as it was), its training part cut to ``train-samples-per-client``, and the data set's encoder, fitted
+on every client's training part, turns the raw samples into tensors.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data import ClientData
-from flower_pfl.experiment.data.client_data import smallest_share, split_indices
+from flower_pfl.experiment.data.client_data import smallest_share, split_indices, validation_indices
 from flower_pfl.experiment.data.files import MalformedFile, MissingFiles
 from flower_pfl.experiment.data.images import headers_only
 from flower_pfl.experiment.data.imports import is_import_path
@@ -53,6 +54,7 @@ class DataRequest:
     train_samples: int
     seed: int
     min_test: int = 0
+    val_fraction: float = 0.0
 
     def data_set(self) -> DataSet:
         return OwnData(self.dataset) if is_import_path(self.dataset) else registry.instance(self.dataset, dict(self.options))
@@ -69,7 +71,7 @@ def data_request(cfg: ExperimentConfig) -> DataRequest:
     where = Where(cfg.data_source, cfg.data_dir, cfg.download, cfg.hub_dataset)
     schemes = (("alpha", cfg.dirichlet_alpha), ("classes_per_client", cfg.classes_per_client), ("shards_per_client", cfg.shards_per_client))
     return DataRequest(cfg.dataset, options, where, cfg.partition, schemes, cfg.paired_clients, cfg.train_fraction,
-                       cfg.train_samples_per_client, cfg.data_rng_seed, cfg.min_test_samples)
+                       cfg.train_samples_per_client, cfg.data_rng_seed, cfg.min_test_samples, cfg.val_fraction)
 
 
 def data_info(cfg: ExperimentConfig) -> DataInfo:
@@ -117,25 +119,40 @@ def client_datasets(request: DataRequest, num_partitions: int) -> tuple[ClientDa
     shares = client_shares(dataset, pool, request, num_partitions)
     scarce_rng = np.random.default_rng([request.seed, 2])
     raw = []
-    for train, test, _ in shares:
-        x_train, y_train = pool.x[train], pool.y[train]
+    for share in shares:
+        x_train, y_train = pool.x[share.train], pool.y[share.train]
         if request.train_samples:
             x_train, y_train = keep_train_samples(x_train, y_train, request.train_samples, scarce_rng)
-        raw.append((x_train, y_train, pool.x[test], pool.y[test]))
-    encode = dataset.encoder([r[0] for r in raw])
+        raw.append((x_train, y_train))
+    encode = dataset.encoder([x for x, _ in raw])
     as_y = lambda y: torch.as_tensor(y, dtype=torch.int64)
-    return tuple(ClientData(encode(xt), as_y(yt), encode(xe), as_y(ye), group) for (xt, yt, xe, ye), (_, _, group) in zip(raw, shares))
+    return tuple(ClientData(encode(xt), as_y(yt), encode(pool.x[s.test]), as_y(pool.y[s.test]), s.group,
+                            *((encode(pool.x[s.val]), as_y(pool.y[s.val])) if len(s.val) else ()))
+                 for (xt, yt), s in zip(raw, shares))
 
 
-def client_shares(dataset: DataSet, pool: Pool, request: DataRequest, num_partitions: int) -> list[tuple[np.ndarray, np.ndarray, str]]:
-    """Each client's training and test samples (indices into the pool) and the natural group or domain they come
-    from: the pool partitioned, each share split (a seeded shuffle; in time for a data set that asks it, with a
-    natural partition; the publisher's split where the pool has one)."""
+@dataclass(frozen=True)
+class Share:
+    """A client's samples (indices into the pool): its training, test and validation parts, and the natural group
+    or domain they come from."""
+
+    train: np.ndarray
+    test: np.ndarray
+    val: np.ndarray
+    group: str
+
+
+def client_shares(dataset: DataSet, pool: Pool, request: DataRequest, num_partitions: int) -> list[Share]:
+    """Each client's training, test and validation samples and the natural group or domain they come from: the
+    pool partitioned, each share split (a seeded shuffle; in time for a data set that asks it, with a natural
+    partition; the publisher's split where the pool has one), and ``val_fraction`` of the share taken out of the
+    training part (``validation_indices``: a draw of its own, so the test parts and the other clients' parts do
+    not move)."""
     parts, groups = _partition(dataset, pool, request, num_partitions)
-    split_rng = np.random.default_rng([request.seed, 1])
+    split_rng, val_rng = np.random.default_rng([request.seed, 1]), np.random.default_rng([request.seed, 4])
     temporal = dataset.temporal_split and request.partition == "natural"
     published = pool.test is not None and request.partition == "natural"  # the publisher's split of each natural client
-    shares = []
+    shares: list[Share] = []
     for idx, group in zip(parts, groups):
         if published:
             tr, te = np.flatnonzero(~pool.test[idx]), np.flatnonzero(pool.test[idx])  # type: ignore[index]
@@ -145,7 +162,12 @@ def client_shares(dataset: DataSet, pool: Pool, request: DataRequest, num_partit
         else:
             tr, te = split_indices(len(idx), request.train_fraction, split_rng, temporal, dataset.split_gap if temporal else 0,
                                    min_test=request.min_test if request.partition == "natural" else 0)
-        shares.append((idx[tr], idx[te], group))
+        try:
+            tr, va = validation_indices(tr, len(idx), request.val_fraction, val_rng, temporal, dataset.split_gap if temporal else 0)
+        except ValueError as err:
+            raise ConfigError(f"run config 'val-fraction' = {request.val_fraction!r}: client {len(shares)} "
+                              f"({group or 'of the partition'}) has {len(idx)} samples: {err}") from err
+        shares.append(Share(idx[tr], idx[te], idx[va], group))
     return shares
 
 

@@ -78,6 +78,10 @@ class ExperimentConfig:
     data_dir: str = "data"
     download: bool = False
     train_fraction: float = 0.75
+    #: the share of each client's samples taken out of its training part for validation (its test part stays
+    #: as ``train-fraction`` leaves it); the summary then reports the test figures of the round chosen on
+    #: validation beside BMTA, which is chosen on the test data itself (0: no validation part)
+    val_fraction: float = 0.0
     partition: str = "natural"
     dirichlet_alpha: float = 0.5
     classes_per_client: int = 2
@@ -109,6 +113,16 @@ class ExperimentConfig:
     #: the clients of the federation, spread over the nodes (``client_apps.hosting``): a node trains its round's
     #: clients as one computation; 0: one client per node
     num_clients: int = 0
+    #: the share of the federation's clients that never train (a seeded draw of partition ids, the same in every
+    #: layout; FL-bench's user split, pFL-Bench's new clients): they evaluate what their method gives a client
+    #: it has never seen, reported apart from the participating clients (``unseen-accuracy-*``)
+    unseen_fraction: float = 0.0
+    #: the domains (or natural groups) whose clients never train, comma-separated: held-out domains of a
+    #: feature-shift data set (the clients' ``client_groups`` in the summary name them)
+    unseen_domains: str = ""
+    #: local SGD steps a client that never trains takes on its own training part before it evaluates
+    #: (FL-bench's finetune_epoch; with lr and batch-size); 0: it evaluates what it is sent
+    new_client_finetune_steps: int = 0
     clients_per_round: int = 20
     lr: float = 0.02
     batch_size: int = 20
@@ -215,6 +229,13 @@ class ExperimentConfig:
             _fail("train_samples_per_client", self.train_samples_per_client, "an integer >= 0 (0 keeps all)")
         if not 0 < self.train_fraction < 1:
             _fail("train_fraction", self.train_fraction, "a number in (0, 1)")
+        if not 0 <= self.val_fraction < self.train_fraction:
+            _fail("val_fraction", self.val_fraction, f"a number in [0, train-fraction = {self.train_fraction:g}): it is "
+                  "taken out of each client's training part")
+        if not 0 <= self.unseen_fraction < 1:
+            _fail("unseen_fraction", self.unseen_fraction, "a share in [0, 1) (some clients must train)")
+        if self.new_client_finetune_steps < 0:
+            _fail("new_client_finetune_steps", self.new_client_finetune_steps, "an integer >= 0 (0: no fine-tuning)")
         allowed = tuple(e.aggregation for e in registry.entries() if e.method == self.method)
         if self.aggregation not in allowed:
             _fail("aggregation", self.aggregation, f"one of {', '.join(allowed)} for method '{self.method}'")

@@ -10,12 +10,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from flower_pfl.engine.client_algorithm import ClientAlgorithm
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.params import AT_LEAST_ONE, HALF_OPEN_UNIT, NON_NEGATIVE, NON_NEGATIVE_INT, param
 from flower_pfl.engine.reply_checks import Reply, norm
-from flower_pfl.engine.server_algorithm import ClientId, GlobalModelAlgorithm, weighted_mean
+from flower_pfl.engine.server_algorithm import ClientId, GlobalModelAlgorithm, Instruction, weighted_mean
+from flower_pfl.engine.wire import encode_vector
 from flower_pfl.methods.base import Method
+from flower_pfl.methods.ifca import MODELS, IFCAClient
 
 
 def cosine_matrix(updates: torch.Tensor) -> torch.Tensor:
@@ -103,8 +105,16 @@ class CFL(Method, GlobalModelAlgorithm):
         self.assignment: dict[ClientId, int] = {}
         self.updates: dict[ClientId, torch.Tensor] = {}
 
+    new_client_rule = "the cluster model with the lowest loss on its training data (IFCA's choice)"
+
     def client_model(self, client_id: ClientId, training: bool) -> torch.Tensor | None:
         return self.models[self.assignment.get(client_id, 0)]
+
+    def new_client_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """Every cluster's model, of which the client evaluates the one with the lowest loss on its training data
+        (``IFCAClient.evaluation_model``): a new client has no update to place it by the paper's similarity."""
+        settings = {**self.evaluation_config(), MODELS: encode_vector(self.models.flatten()), CLIENT_ALGORITHM: IFCAClient.name}
+        return [Instruction(cid, self.models[0], settings) for cid in ids]
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         ids = [r.client_id for r in replies]

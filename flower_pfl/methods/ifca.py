@@ -14,7 +14,7 @@ from flower_pfl.engine.client_algorithm import Batch, ClientAlgorithm, ClientSta
 from flower_pfl.engine.layout import ParamLayout, flatten_module, load_flat_
 from flower_pfl.engine.params import AT_LEAST_ONE, param
 from flower_pfl.engine.reply_checks import Reply, norm, received_vector
-from flower_pfl.engine.server_algorithm import ClientId, GlobalModelAlgorithm, Settings, weighted_mean
+from flower_pfl.engine.server_algorithm import ClientId, GlobalModelAlgorithm, Instruction, Settings, weighted_mean
 from flower_pfl.engine.wire import decode_flat, encode_vector
 from flower_pfl.methods.base import Method
 
@@ -146,8 +146,14 @@ class IFCA(Method, GlobalModelAlgorithm):
     def evaluation_config(self) -> Settings:
         return {MODELS: encode_vector(self.models.flatten())}
 
+    new_client_rule = "the cluster model with the lowest loss on its training data, as every client evaluates"
+
     def client_model(self, client_id: ClientId, training: bool) -> torch.Tensor | None:
         return self.models[self.assignment.get(client_id, 0)]
+
+    def new_client_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """What any client evaluates: every cluster model, of which it takes the one with the lowest loss."""
+        return self.evaluation_instructions(server_round, ids)
 
     def check_extras(self, extras: Mapping[str, Any]) -> int:
         """The cluster a client chose: ``s_i`` must be one-hot over the k clusters."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from flower_pfl.engine.client_algorithm import ClientAlgorithm
 from flower_pfl.engine.layout import ParamLayout
+from flower_pfl.engine.server_algorithm import ClientId, Instruction
 from flower_pfl.methods.all_clients_train import AllClientsTrain
 from flower_pfl.methods.base import Method
 
@@ -20,7 +22,11 @@ class Local(Method, AllClientsTrain):
     strategy = "Local"
     client = ClientAlgorithm
     default_clients_per_round = 10
+    new_client_rule = "the starting model (nothing is shared)"
 
+    def new_client_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """A new client has nothing of the federation's: it evaluates the starting model."""
+        return [Instruction(cid, self.initial, self.evaluation_config()) for cid in ids]
 
     def personalize(self, models: torch.Tensor, layout: ParamLayout) -> tuple[torch.Tensor, None]:
         return models, None

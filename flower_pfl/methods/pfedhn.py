@@ -95,6 +95,17 @@ class PFedHN(Method, ServerAlgorithm):
         """Each client evaluates its generated model."""
         return [Instruction(cid, model, self.evaluation_config()) for cid, model in zip(ids, self.generated(ids))]
 
+    new_client_rule = "the hypernetwork's model for the mean of the participating clients' embeddings"
+
+    def new_client_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
+        """``h(v̄; φ)``, ``v̄`` the mean embedding of the participating clients (a new client's own would be
+        untrained: the paper learns one for a novel client, which evaluation alone cannot)."""
+        if not self.embeddings:
+            return self.evaluation_instructions(server_round, ids)
+        with torch.no_grad():
+            model = self.hnet(torch.stack(list(self.embeddings.values())).mean(0)[None])[0]
+        return [Instruction(cid, model, self.evaluation_config()) for cid in ids]
+
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
         """One step of ``φ`` and of each participant's ``v_i`` (Algorithm 1, lines 8-9)."""
         ids = [r.client_id for r in replies]

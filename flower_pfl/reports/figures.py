@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flower_pfl.engine.client_metrics import NEW_CLIENT_ROW
 from flower_pfl.engine.extras import require
 from flower_pfl.engine.wording import counted
 
@@ -69,10 +70,11 @@ def run_title(cfg: ExperimentConfig, num_nodes: int | None = None) -> str:
 # --- the learning curve's spread band -------------------------------------------------------------
 
 def client_accuracies(rows: Iterable[Mapping[str, Any]], key: str = "accuracy") -> dict[int, list[float]]:
-    """``clients.jsonl`` rows as ``round -> every client's finite accuracy`` of that round."""
+    """``clients.jsonl`` rows as ``round -> every participating client's finite accuracy`` of that round (a client
+    that never trains, ``new-client``, is not one: its figures are apart)."""
     out: dict[int, list[float]] = {}
     for row in rows:
-        value = row.get(key)
+        value = None if row.get(NEW_CLIENT_ROW) else row.get(key)
         if isinstance(value, (int, float)) and math.isfinite(value):
             out.setdefault(int(row["round"]), []).append(float(value))
     return out

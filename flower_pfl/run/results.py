@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from flower_pfl.engine.client_metrics import CLIENTS_EVALUATED
+from flower_pfl.engine.client_metrics import CLIENTS_EVALUATED, NEW_CLIENT_ROW
 from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.reports.figures import client_accuracies, plot_learning_curve
 from flower_pfl.run.progress import no_accuracy_line, progress_line, short_round_note, summary_lines
@@ -156,7 +156,7 @@ class RunRecorder:
         with (self.out_dir / CLIENTS).open("a") as fh:
             fh.writelines(json.dumps({"round": server_round, **row}) + "\n" for row in sorted(rows, key=lambda r: str(r.get("node-id"))))
         if self.trackers is not None:
-            self.trackers.on_client_accuracies(server_round, [row[ACCURACY] for row in rows if ACCURACY in row])
+            self.trackers.on_client_accuracies(server_round, [row[ACCURACY] for row in rows if ACCURACY in row and not row.get(NEW_CLIENT_ROW)])
 
     def on_train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         """A training round's metrics; with ``clients-accepted`` = 0 it counts as idle."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from functools import partial
 from logging import INFO, WARNING
 from typing import Any, ClassVar, TypedDict
@@ -38,6 +38,7 @@ from strategies.aggregated_metrics import (
     log_refused_evaluations,
     reply_counts,
     round_replies_metrics,
+    split_new_clients,
 )
 from strategies.arrays import array_numpy, numpy_array, numpy_record, record_numpy
 from strategies.failures import LOST_AFTER
@@ -161,6 +162,8 @@ class MethodStrategy(PerMethodDocs, Strategy):
         lost_node_rounds: int = LOST_AFTER,
         rank_key: str | None = "partition-id",
         rank_query: bool = False,
+        unseen_clients: Collection[int] = (),
+        new_client_finetune_steps: int = 0,
         tracker: TrackerArg = None,
         tracker_dir: str = "runs",
     ) -> None:
@@ -168,7 +171,8 @@ class MethodStrategy(PerMethodDocs, Strategy):
         self.client_defaults = {k: v for k, v in ((LR, lr), (LOCAL_STEPS, local_steps)) if v is not None}
         self.server = MethodServer(method, clients_per_round, fraction_train=fraction_train,
                                    min_train_clients=min_train_nodes, seed=seed, device=device, store_dir=store_dir,
-                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio), rank_key=rank_key)
+                                   bounds=ReplyBounds(max_update_ratio, max_weight_ratio, max_median_ratio), rank_key=rank_key,
+                                   unseen=unseen_clients, finetune_steps=new_client_finetune_steps)
         self.nodes = NodeWatch(node_wait_timeout, lost_after=lost_node_rounds)
         self.rank_query = rank_query
         self._outbox: list[Message] = []
@@ -297,13 +301,15 @@ class MethodStrategy(PerMethodDocs, Strategy):
         rows = ranked_rows(self.server, [(node_id, _metrics(msg, self.weighted_by_key)) for node_id, msg in good])
         kept, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
-        if not kept:
+        kept, new = split_new_clients(self.server.is_unseen, kept)
+        if not kept and not new:
             return None
         records = [RecordDict({"metrics": MetricRecord({**{k: v for k, v in row.items() if k != NUM_EXAMPLES},
                                                         self.weighted_by_key: row[NUM_EXAMPLES]})}) for _, row in kept]
-        out = self.personalized(records, self.weighted_by_key)
-        if self.evaluate_metrics_aggr_fn is not None:  # the app's own aggregation wins where names meet
+        out = self.personalized(records, self.weighted_by_key) if kept else MetricRecord()
+        if self.evaluate_metrics_aggr_fn is not None and records:  # the app's own aggregation wins where names meet
             out = MetricRecord({**out, **self.evaluate_metrics_aggr_fn(records, self.weighted_by_key)})
+        out = MetricRecord({**out, **self.personalized.new_clients([r for _, r in new])})
         if self.tracking is not None:
             self.tracking.evaluate(server_round, dict(out), [row[self.accuracy_key] for _, row in kept])
         return out

@@ -33,9 +33,8 @@ def on_device(data: ClientData, device: torch.device, budget: float | None = Non
     key = str(device)
     if (copy := _kept.get(data, {}).get(key)) is not None:
         return copy
-    moved = ClientData(data.x_train.to(device), data.y_train.to(device), data.x_test.to(device), data.y_test.to(device),
-                       data.group)
-    size = sum(t.numel() * t.element_size() for t in (data.x_train, data.y_train, data.x_test, data.y_test))
+    moved = data.to(device)
+    size = sum(t.numel() * t.element_size() for t in data.tensors())
     if _held.get(key, 0) + size <= (data_budget(device) if budget is None else budget):
         _held[key] = _held.get(key, 0) + size
         _kept.setdefault(data, {})[key] = moved
