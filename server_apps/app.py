@@ -279,11 +279,12 @@ def _open(grid: Grid, cfg: ExperimentConfig) -> _Run:
     coverage = Coverage(clients=len(info) - len(unseen), share=cfg.min_evaluated_share)  # what a round must reach to count
     if resumed is not None:
         recorder = RunRecorder.resume(out, cfg.num_rounds, resumed.round, resumed.meta["elapsed"], log=say, trackers=trackers,
-                                      coverage=coverage, figures=cfg.figures)
+                                      coverage=coverage, figures=cfg.figures, target=cfg.target_accuracy)
         log(INFO, "flower-pfl: resuming %s after round %d", out, resumed.round)
         instructions: dict[str, Any] = {RUN_KEY: resumed.meta["run-key"], RESUMED_AFTER: resumed.round}
     else:
-        recorder = RunRecorder(out, settings, cfg.num_rounds, log=say, trackers=trackers, coverage=coverage, figures=cfg.figures)
+        recorder = RunRecorder(out, settings, cfg.num_rounds, log=say, trackers=trackers, coverage=coverage, figures=cfg.figures,
+                               target=cfg.target_accuracy)
         instructions = {RUN_KEY: f"{out.name}-{secrets.token_hex(4)}"}  # unique per run
     ranks = {node: i["partition-id"] for node, i in info.items()}
     hosts = hosting(info)

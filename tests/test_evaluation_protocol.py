@@ -211,8 +211,11 @@ def _partitions(folder: Path) -> dict[int, int]:
 @pytest.mark.parametrize("entry", entries(), ids=[e.label for e in entries()])
 def test_every_method_runs_with_a_validation_part_and_clients_that_never_train(tmp_path, sent, entry, api):
     folder = _run(tmp_path, entry.label, api)
-    unseen = set(json.loads((folder / "summary.json").read_text())["unseen_partition_ids"])
+    summary = json.loads((folder / "summary.json").read_text())
+    unseen = set(summary["unseen_partition_ids"])
     assert unseen == drawn_unseen(CLIENTS, 0.3, 3)
+    assert summary["unseen_clients"] == len(unseen) and "val_selected_accuracy" in summary and "bottom10_accuracy" in summary
+    assert summary["participation_gap"] == pytest.approx(summary["val_selected_accuracy"] - summary["unseen_accuracy"])
     where = _partitions(folder)
     trained = {where[node] for kind, node, _ in sent if kind == MessageType.TRAIN}
     assert trained and not trained & unseen  # never a training instruction

@@ -68,14 +68,22 @@ def numbers(value: Any) -> Any:
     return None
 
 
+#: fairness over clients (pFL-Bench's): the mean of the worst tenth of the clients, and the 10th percentile
+BOTTOM_SHARE, PERCENTILE = 0.1, 10.0
+
+
 def spread(values: Sequence[float], key: str) -> dict[str, float]:
     """The personalized view of one metric over clients (the papers' personalized evaluation):
-    ``<key>-mean`` (unweighted, the papers' "mean test accuracy"), ``<key>-std`` (population std)
-    and ``<key>-min``."""
-    arr = np.asarray(values, dtype=np.float64)
+    ``<key>-mean`` (unweighted, the papers' "mean test accuracy"), ``<key>-std`` (population std),
+    ``<key>-min``, and its fairness: ``<key>-bottom10``, the mean of the ``ceil(0.1 · n)`` lowest values (at
+    least one client; pFL-Bench's bottom decile), and ``<key>-p10``, their 10th percentile (linear
+    interpolation, numpy's default)."""
+    arr = np.sort(np.asarray(values, dtype=np.float64))
     if arr.size == 0:
         raise ValueError(f"no client value of '{key}'")
-    return {f"{key}-mean": float(arr.mean()), f"{key}-std": float(arr.std()), f"{key}-min": float(arr.min())}
+    worst = max(1, math.ceil(BOTTOM_SHARE * arr.size - 1e-9))
+    return {f"{key}-mean": float(arr.mean()), f"{key}-std": float(arr.std()), f"{key}-min": float(arr[0]),
+            f"{key}-bottom10": float(arr[:worst].mean()), f"{key}-p10": float(np.percentile(arr, PERCENTILE))}
 
 
 def round_metrics(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], accuracy_key: str = "accuracy",

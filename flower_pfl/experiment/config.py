@@ -128,6 +128,9 @@ class ExperimentConfig:
     batch_size: int = 20
     local_steps: int = 20
     eval_every: int = 5
+    #: the summary's ``rounds_to_target``: the first evaluated round whose validation mean (without a validation
+    #: part: test mean) reaches this accuracy (0: not reported)
+    target_accuracy: float = 0.0
     seed: int = 0
     #: the seed of the data alone: Synthetic's generation, the partition, each client's train/test split and
     #: data scarcity (-1: ``seed``, so each seed draws its own data); fixed, runs with other seeds share the data
@@ -232,6 +235,8 @@ class ExperimentConfig:
         if not 0 <= self.val_fraction < self.train_fraction:
             _fail("val_fraction", self.val_fraction, f"a number in [0, train-fraction = {self.train_fraction:g}): it is "
                   "taken out of each client's training part")
+        if not 0 <= self.target_accuracy <= 1:
+            _fail("target_accuracy", self.target_accuracy, "an accuracy in [0, 1] (0: no rounds-to-target)")
         if not 0 <= self.unseen_fraction < 1:
             _fail("unseen_fraction", self.unseen_fraction, "a share in [0, 1) (some clients must train)")
         if self.new_client_finetune_steps < 0:

@@ -73,9 +73,30 @@ def summary_lines(summary: Mapping[str, Any], out: str | Path) -> list[str]:
             f"(sample-weighted {summary['last10_mean_accuracy_weighted']:.4f})",
             f"  final          {summary['final_accuracy']:.4f} (std over clients {summary['final_accuracy_std']:.4f})",
         ]
+        lines += evaluation_lines(summary)
     if summary.get("error"):
         lines.append(f"  error          {summary['error']}")
     lines.append(f"  results        {out}")
+    return lines
+
+
+def evaluation_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The closing block's lines on the reported round (docs/evaluation.md): chosen on validation, its bottom
+    decile, the clients that never trained and the rounds to the target accuracy, where the run has them."""
+    lines = []
+    if "val_selected_round" in summary:
+        lines.append(f"  on validation  {summary['val_selected_accuracy']:.4f} at round {summary['val_selected_round']} "
+                     f"(sample-weighted {summary['val_selected_accuracy_weighted']:.4f}; BMTA is chosen on test)")
+    if "bottom10_accuracy" in summary:
+        where = "that round" if "val_selected_round" in summary else "the BMTA round"
+        lines.append(f"  bottom decile  {summary['bottom10_accuracy']:.4f} at {where} (10th percentile {summary['p10_accuracy']:.4f})")
+    if "unseen_accuracy" in summary:
+        lines.append(f"  new clients    {summary['unseen_accuracy']:.4f} over {counted(summary['unseen_clients'], 'client')} "
+                     f"that never trained (participation gap {summary['participation_gap']:+.4f})")
+    if "rounds_to_target" in summary:
+        reached = summary["rounds_to_target"]
+        label = f"to {summary['target_accuracy']:g}"
+        lines.append(f"  {label:<15}{f'round {reached}' if reached is not None else 'not reached'} (on {summary['rounds_to_target_on']})")
     return lines
 
 

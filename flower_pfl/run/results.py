@@ -96,8 +96,11 @@ class RunRecorder:
     """
 
     def __init__(self, out_dir: str | Path, config: Mapping[str, Any], num_rounds: int, log: Any = None,
-                 trackers: RunTrackers | None = None, coverage: Coverage = Coverage(), figures: bool = True) -> None:
+                 trackers: RunTrackers | None = None, coverage: Coverage = Coverage(), figures: bool = True,
+                 target: float = 0.0) -> None:
         self.out_dir = Path(out_dir)
+        #: the accuracy whose first round the summary reports (``rounds_to_target``; 0: none)
+        self.target = target
         #: draw the learning curve at the end (``False``: the numbers only)
         self.figures = figures
         self.trackers = trackers
@@ -120,13 +123,14 @@ class RunRecorder:
 
     @classmethod
     def resume(cls, out_dir: str | Path, num_rounds: int, last_round: int, elapsed: float, log: Any = None,
-               trackers: RunTrackers | None = None, coverage: Coverage = Coverage(), figures: bool = True) -> RunRecorder:
+               trackers: RunTrackers | None = None, coverage: Coverage = Coverage(), figures: bool = True,
+               target: float = 0.0) -> RunRecorder:
         """Continue writing into an existing results folder after round ``last_round``: rows of later
         rounds (written before a crash) are dropped, so none is duplicated or half-written, and the
         clock continues from ``elapsed``."""
         self = cls.__new__(cls)
         self.out_dir, self.num_rounds, self.trackers, self.coverage = Path(out_dir), num_rounds, trackers, coverage
-        self.figures = figures
+        self.figures, self.target = figures, target
         self.failures = None
         self._log = log or (lambda msg: logger.info(msg))
         self._t0 = time.perf_counter() - elapsed
@@ -201,7 +205,7 @@ class RunRecorder:
         """Write ``summary.json`` and the learning curve (its band: the clients' spread from
         ``clients.jsonl``, see ``flower_pfl.reports.figures.spread_band``); returns the summary."""
         if self.evaluations:
-            summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds)
+            summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds, target=self.target)
         elif self.short_evaluations:
             summary = {"evaluated_rounds": 0, "error": f"no evaluated round reached {self.coverage.evaluated} of the "
                        f"{self.coverage.clients} clients (min-evaluated-share {self.coverage.share:g}); see the run's log"}

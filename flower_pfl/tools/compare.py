@@ -57,6 +57,24 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("last10_mean_accuracy_weighted", "last-10% sample-weighted %"),
     ("final_accuracy", "final %"),
 )
+#: figures a table shows where some of its runs have them (docs/evaluation.md): (summary key, column title)
+EVALUATION_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("val_selected_accuracy", "chosen on validation %"),
+    ("bottom10_accuracy", "bottom decile %"),
+    ("unseen_accuracy", "new clients %"),
+    ("participation_gap", "participation gap %"),
+)
+#: the figures a table can lead with (``--figure``): BMTA is chosen on the test data, the other on validation
+FIGURES = ("bmta", "val_selected_accuracy")
+
+
+def columns(rows: Sequence[Row], figure: str = "bmta") -> list[tuple[str, str]]:
+    """The table's columns: ``figure``'s first, then the others of ``COLUMNS``, then each of ``EVALUATION_COLUMNS``
+    that some run of ``rows`` has."""
+    have = {k for row in rows for r in row.runs for k in r.summary}
+    out = [*COLUMNS, *((key, title) for key, title in EVALUATION_COLUMNS if key in have)]
+    lead = [c for c in out if c[0] == figure] or [c for c in EVALUATION_COLUMNS if c[0] == figure]
+    return lead + [c for c in out if c[0] != figure]
 
 
 @dataclass
@@ -205,23 +223,25 @@ def _show(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
-def table_md(rows: Sequence[Row]) -> str:
-    header = "| Setting | Method | " + " | ".join(title for _, title in COLUMNS) + " | seeds |"
-    lines = [header, "|---|---|" + "---|" * len(COLUMNS) + "---|"]
+def table_md(rows: Sequence[Row], figure: str = "bmta") -> str:
+    shown = columns(rows, figure)
+    header = "| Setting | Method | " + " | ".join(title for _, title in shown) + " | seeds |"
+    lines = [header, "|---|---|" + "---|" * len(shown) + "---|"]
     for row in rows:
-        cells = [fmt(row.values(key)) for key, _ in COLUMNS]
+        cells = [fmt(row.values(key)) for key, _ in shown]
         lines.append(f"| {row.setting} | {row.method} | " + " | ".join(cells) + f" | {len(row.runs)} |")
     return "\n".join(lines)
 
 
-def write_csv(rows: Sequence[Row], path: Path) -> None:
+def write_csv(rows: Sequence[Row], path: Path, figure: str = "bmta") -> None:
     """One line per row: each figure's mean and std over seeds in %, and the number of seeds."""
+    shown = columns(rows, figure)
     with path.open("w", newline="") as fh:
         out = csv.writer(fh)
-        out.writerow(["setting", "method", *(f"{key}_{s}_pct" for key, _ in COLUMNS for s in ("mean", "std")), "seeds"])
+        out.writerow(["setting", "method", *(f"{key}_{s}_pct" for key, _ in shown for s in ("mean", "std")), "seeds"])
         for row in rows:
             figures: list[float | str] = []
-            for key, _ in COLUMNS:
+            for key, _ in shown:
                 v = row.values(key)
                 figures += [100 * float(np.mean(v)), 100 * float(np.std(v))] if v else ["", ""]
             out.writerow([row.setting, row.method, *figures, len(row.runs)])
@@ -310,13 +330,14 @@ def plot(rows: Sequence[Row], path: Path) -> bool:
     return True
 
 
-def report(runs: Sequence[Run], out: str | Path, by: Sequence[str] | None = None) -> list[Row]:
-    """Write ``table.md``, ``table.csv`` and ``curves.png`` for ``runs`` into ``out``; returns the rows."""
+def report(runs: Sequence[Run], out: str | Path, by: Sequence[str] | None = None, figure: str = "bmta") -> list[Row]:
+    """Write ``table.md``, ``table.csv`` and ``curves.png`` for ``runs`` into ``out``, ``figure``'s column first;
+    returns the rows."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = group(runs, by)
-    (out / "table.md").write_text(table_md(rows) + "\n")
-    write_csv(rows, out / "table.csv")
+    (out / "table.md").write_text(table_md(rows, figure) + "\n")
+    write_csv(rows, out / "table.csv", figure)
     plot(rows, out / "curves.png")
     return rows
 
@@ -327,12 +348,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("paths", nargs="+", help="results folders, sweep or benchmark folders, or globs")
     ap.add_argument("--out", type=Path, required=True, help="folder for table.md, table.csv, curves.png")
     ap.add_argument("--by", default=None, help="comma-separated keys that make a setting (default: those that differ)")
+    ap.add_argument("--figure", choices=FIGURES, default="bmta",
+                    help="the table's first column: bmta (the best round on the test data, the papers' figure) or "
+                         "val_selected_accuracy (the test figure of the round chosen on validation; runs with val-fraction)")
     args = ap.parse_args(argv)
     runs = load(args.paths)
     if not runs:
         raise SystemExit(f"no completed run under {' '.join(args.paths)}")
-    rows = report(runs, args.out, args.by.split(",") if args.by else None)
-    print(table_md(rows))
+    rows = report(runs, args.out, args.by.split(",") if args.by else None, args.figure)
+    print(table_md(rows, args.figure))
     print(f"\n{len(runs)} runs; written to {args.out}")
 
 
