@@ -222,7 +222,8 @@ def check_results(run_dir: Path, method: str, rounds: int, nodes: int, per_round
     assert [r["round"] for r in train] == list(range(1, rounds + 1)) and all(r["train-loss"] > 0 for r in train)
     assert all(r["clients-accepted"] == per_round for r in train)  # accepted / rejected / failed updates are counted
     evals = [r for r in rows if r["phase"] == "evaluate"]
-    assert [r["round"] for r in evals] == evaluated and all(r["clients-evaluated"] == nodes for r in evals)
+    assert [r["round"] for r in evals] == evaluated  # every client: those that train, and those that never do
+    assert all(r["clients-evaluated"] + r.get("unseen-clients-evaluated", 0) == nodes for r in evals)
     clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
     assert len(clients) == nodes * len(evaluated) and {r["partition-id"] for r in clients} == set(range(nodes))
     assert json.loads((run_dir / "config.json").read_text())["method"] == method

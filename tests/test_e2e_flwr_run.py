@@ -120,13 +120,15 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
     """A personalized method through the legacy API (whose server gathers results on threads) with its models in
     the disk store (rolled back to the checkpoint), and through the Message API a method with state on both
     sides (SCAFFOLD's server control variate in the checkpoint, the clients' c_i restored from the nodes'
-    disks), on nodes that host three clients each, and live trackers: SIGKILL the ServerApp's process after its first checkpoint, resume from the
+    disks), on nodes that host three clients each, with a validation part and a client that never trains, and live
+    trackers: SIGKILL the ServerApp's process after its first checkpoint, resume from the
     results folder, and compare every number, those of the rounds before the kill too, with the in-process run
     of the same seed that was never interrupted. (Every method's resume is compared in-process, by
     ``tests/test_checkpoint.py``: what the server's checkpoint holds is the same whatever runs it.)"""
     settings = {"method": method, "num-rounds": 8, "clients-per-round": 3, "eval-every": 2, "checkpoint-every": 2, "seed": 4,
                 **({"store": "disk", "api": "legacy"} if method == "fedmcsa" else {}),
-                **({"tracker": "tensorboard,mlflow", "num-clients": 6} if method == "scaffold" else {})}
+                **({"tracker": "tensorboard,mlflow", "num-clients": 6, "val-fraction": 0.2, "unseen-fraction": 0.2,
+                    "new-client-finetune-steps": 2} if method == "scaffold" else {})}
     nodes = 6 if method == "fedmcsa" else 2  # the legacy API's nodes are one client each; SCAFFOLD's host 3 clients each
     killed = tmp_path / "killed"
     proc = simulation.start({**settings, "output-dir": str(killed)}, nodes=nodes, stdout=subprocess.DEVNULL,
@@ -143,8 +145,9 @@ def test_server_killed_mid_run_resumes_to_the_uninterrupted_numbers(simulation, 
         resumed, uninterrupted = _by_partition(folder, _stored(folder)), _by_partition(whole, _stored(whole))
         assert resumed.keys() == uninterrupted.keys() and all(torch.equal(resumed[p], uninterrupted[p]) for p in resumed)
     if method == "scaffold":
-        # its nodes trained their clients as one computation, to the same bits as in process
-        assert json.loads((folder / "summary.json").read_text())["clients_trained_together"] > 0
+        # its nodes trained their clients as one computation, to the same bits as in process; one client never trained
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["clients_trained_together"] > 0 and summary["unseen_clients"] == 1 and "val_selected_accuracy" in summary
         # the trackers went on in the same runs: every round once, as metrics.jsonl has it
         expected = expected_series(folder)
         assert_series_match(tensorboard_events(folder / "tensorboard")["scalars"], expected, float32=True)
