@@ -46,9 +46,19 @@ from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.footprint import DEPLOYMENT, IN_PROCESS, SIMULATION, check_fits
 from flower_pfl.experiment.unseen import unseen_clients
 from flower_pfl.reports.diagnostics import save_run_diagnostics
-from flower_pfl.reports.figures import run_title
+from flower_pfl.reports.figures import data_title, run_title
 from flower_pfl.run.quiet import DivertRecords, silence_runtime_noise
-from flower_pfl.run.results import FAILURES, MODELS, SERVER_STATE, Coverage, RunFailed, RunRecorder, save_models, save_state
+from flower_pfl.run.results import (
+    FAILURES,
+    MODELS,
+    SERVER_STATE,
+    Coverage,
+    RunFailed,
+    RunRecorder,
+    draw_partition,
+    save_models,
+    save_state,
+)
 from flower_pfl.run.trackers import RunTrackers, TrackerSettings, require_trackers
 from server_apps.checkpoints import Checkpointer, Resumption, set_flower_state
 from server_apps.client_grid import ClientGrid
@@ -136,6 +146,8 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
             raise
         if tracebacks is not None:  # the simulation's per-message tracebacks: in the results folder
             tracebacks.write_to(run.out / FAILURES)
+        if cfg.figures:  # each client's training labels, as the nodes reported them at start
+            draw_partition(run.out, run.info, data_title(cfg), log=lambda msg: log(WARNING, "%s", msg))
         strategy, sampler = _build(run)
         final = _train(run, strategy, sampler)
         return _finish(run, strategy, final)

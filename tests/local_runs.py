@@ -214,7 +214,8 @@ class LocalSimulation:
 
 def check_results(run_dir: Path, method: str, rounds: int, nodes: int, per_round: int, evaluated: list[int]) -> None:
     """What every finished run writes: its config, a summary, train rows with accepted updates and a
-    positive loss, evaluation rows of every node's own model in the ``evaluated`` rounds, a learning curve."""
+    positive loss, evaluation rows of every node's own model in the ``evaluated`` rounds, a learning curve and
+    the partition figure."""
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and 0.0 < summary["bmta"] <= 1.0 and 0.0 < summary["bmta_weighted"] <= 1.0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -227,7 +228,7 @@ def check_results(run_dir: Path, method: str, rounds: int, nodes: int, per_round
     clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
     assert len(clients) == nodes * len(evaluated) and {r["partition-id"] for r in clients} == set(range(nodes))
     assert json.loads((run_dir / "config.json").read_text())["method"] == method
-    assert (run_dir / "learning_curve.png").stat().st_size > 1000
+    assert (run_dir / "learning_curve.png").stat().st_size > 1000 and (run_dir / "partition.png").stat().st_size > 1000
 
 
 def kill_after_checkpoint(proc: subprocess.Popen, out_dir: Path, server_round: int, servers: Callable[[], list[int]],

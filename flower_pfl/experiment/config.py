@@ -172,7 +172,7 @@ class ExperimentConfig:
     allow_empty_client_state: bool = False
     #: keep Flower's round-by-round console lines (false: only the run's own progress lines)
     verbose: bool = False
-    #: draw the run's figures at its end (learning curve, attention and similarity heatmaps); false: the numbers
+    #: draw the run's figures (learning curve, partition, attention and similarity heatmaps); false: the numbers
     #: only (``python -m flower_pfl compare`` draws curves from them later)
     figures: bool = True
     #: a node's clients of a round train (and evaluate) as one computation where their client algorithm allows

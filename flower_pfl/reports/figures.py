@@ -55,16 +55,20 @@ def run_title(cfg: ExperimentConfig, num_nodes: int | None = None) -> str:
     data, the model, the training settings, the seed and the Flower API."""
     settings = ", ".join(f"{k}={format_value(v)}" for k, v in method_settings(cfg).items())
     head = f"{cfg.label} ({settings})" if settings else cfg.label
-    partition = cfg.partition
-    extra = [f"{k}={format_value(cfg.to_run_config()[k])}" for k in _PARTITION_KEYS.get(partition, ())]
-    extra += ["paired-clients"] if cfg.paired_clients else []
-    data = f"{cfg.dataset}, {partition} partition" + (f" ({', '.join(extra)})" if extra else "")
+    data = data_title(cfg)
     clients = (f"{cfg.clients_per_round} of {counted(num_nodes, 'client')} per round" if num_nodes
                else f"{counted(cfg.clients_per_round, 'client')} per round")
     seed = f"seed {cfg.seed}" + (f" (data {cfg.data_seed})" if cfg.data_seed >= 0 else "")
     tail = (f"{data} · {cfg.model} · {clients} · {counted(cfg.num_rounds, 'round')} · lr={format_value(cfg.lr)}, "
             f"{counted(cfg.local_steps, 'local step')} of batch {cfg.batch_size} · {seed} · {cfg.api} API")
     return f"{head}\n{tail}"
+
+
+def data_title(cfg: ExperimentConfig) -> str:
+    """The data set and its partition with the scheme's settings: ``cifar10, dirichlet partition (dirichlet-alpha=0.1)``."""
+    extra = [f"{k}={format_value(cfg.to_run_config()[k])}" for k in _PARTITION_KEYS.get(cfg.partition, ())]
+    extra += ["paired-clients"] if cfg.paired_clients else []
+    return f"{cfg.dataset}, {cfg.partition} partition" + (f" ({', '.join(extra)})" if extra else "")
 
 
 # --- the learning curve's spread band -------------------------------------------------------------
@@ -116,6 +120,62 @@ def plot_learning_curve(evaluations: Sequence[Mapping[str, Any]], path: Path, ti
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
+    _save(fig, path)
+
+
+# --- the partition -------------------------------------------------------------------------------
+
+#: the partition figure stacks each client's label counts in a bar up to this many clients and classes, and
+#: draws a heatmap (clients x labels) beyond
+BAR_CLIENTS, BAR_LABELS = 40, 20
+#: the partition figure shows at most this many clients (the first, by partition id)
+MAX_PARTITION_CLIENTS = 1000
+
+
+def label_counts(info: Mapping[int, Mapping[str, Any]]) -> np.ndarray | None:
+    """The clients' training label counts as their nodes reported them at start (``label-counts`` of the
+    start-up query's answers, by node or by client): row ``i`` is client ``i``'s (partition id ``i``), zeros
+    where no answer came from client ``i`` of the federation's ``num-partitions``. ``None``: no client
+    reported counts (another ClientApp)."""
+    reported = {int(a["partition-id"]): list(a["label-counts"]) for a in info.values()
+                if "partition-id" in a and isinstance(a.get("label-counts"), list) and a["label-counts"]}
+    if not reported:
+        return None
+    clients = max(max(reported) + 1, *(int(a.get("num-partitions", 0)) for a in info.values()))
+    table = np.zeros((clients, max(len(c) for c in reported.values())), dtype=np.int64)
+    for client, counts in reported.items():
+        table[client, :len(counts)] = counts
+    return table
+
+
+def plot_partition(counts: np.ndarray, path: Path, title: str = "") -> None:
+    """Each client's training label counts (``counts``: clients x classes, ``label_counts``), drawn by Flower
+    Datasets' ``plot_label_distributions`` over a ``CountsPartitioner`` of them: a stacked bar per client,
+    or, beyond ``BAR_CLIENTS`` clients or ``BAR_LABELS`` classes, a heatmap of clients by labels; the first
+    ``MAX_PARTITION_CLIENTS`` clients at most, as the title says. Needs Flower Datasets (the ``data`` extra)."""
+    require("flwr_datasets", why=f"the partition figure, {path.name}")
+    plt, _ = _pyplot()  # before Flower Datasets imports pyplot: no window
+    from flwr_datasets.visualization import plot_label_distributions
+
+    from flower_pfl.reports.counts_partitioner import LABEL, CountsPartitioner
+
+    clients, classes = counts.shape
+    shown = min(clients, MAX_PARTITION_CLIENTS)
+    what = (f"training labels of each of {counted(clients, 'client')}" if shown == clients
+            else f"training labels of the first {shown} of {clients} clients")
+    bars = shown <= BAR_CLIENTS and classes <= BAR_LABELS
+    width = min(max(6.4, (0.3 if bars else 0.02) * shown + 3), 18)
+    height = 4.8 if bars else min(max(3.5, 0.22 * classes + 2), 10)
+    fig, ax = plt.subplots(figsize=(width, height), dpi=110)
+    plot_label_distributions(CountsPartitioner(counts), LABEL, plot_type="bar" if bars else "heatmap",
+                             max_num_partitions=shown, axis=ax, title=_rewrap(f"{title}: {what}" if title else what, int(width * 14)),
+                             legend=True, legend_title="label" if bars else "training samples",
+                             legend_kwargs={"loc": "center right", "bbox_to_anchor": (1, 0.5), "fontsize": 8} if bars else None,
+                             plot_kwargs=None if bars else {"xticklabels": -(-shown // 25), "yticklabels": -(-classes // 30)})
+    ax.set_xlabel("client (partition id)")
+    ax.set_ylabel("training samples" if bars else "label")
+    ax.title.set_fontsize(9)
+    fig.tight_layout(rect=(0, 0, 1 - 0.9 / width, 1) if bars else (0, 0, 1, 1))
     _save(fig, path)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from flower_pfl.engine.client_metrics import CLIENTS_EVALUATED, NEW_CLIENT_ROW
 from flower_pfl.engine.extras import MissingExtra
-from flower_pfl.reports.figures import client_accuracies, plot_learning_curve
+from flower_pfl.reports.figures import client_accuracies, label_counts, plot_learning_curve, plot_partition
 from flower_pfl.run.progress import no_accuracy_line, progress_line, short_round_note, summary_lines
 from flower_pfl.run.summary import summarize_run
 from flower_pfl.run.trackers import RunTrackers
@@ -21,6 +21,8 @@ from flower_pfl.run.trackers import RunTrackers
 logger = logging.getLogger("flower_pfl")
 
 CONFIG, METRICS, SUMMARY, CURVE = "config.json", "metrics.jsonl", "summary.json", "learning_curve.png"
+#: each client's training label counts, as the nodes reported them at start (``draw_partition``)
+PARTITION = "partition.png"
 #: the server's per-client models and what a method learned besides them (safetensors: no code runs on loading)
 MODELS, SERVER_STATE = "personalized_models.safetensors", "server_state.safetensors"
 #: the run's complete server state after its last checkpointed round (``server_apps.checkpoints``)
@@ -272,6 +274,21 @@ class RunRecorder:
 
 class RunFailed(RuntimeError):
     """A run that cannot achieve anything (no accepted updates, no finite accuracy); the message says why."""
+
+
+def draw_partition(out_dir: Path, info: Mapping[int, Mapping[str, Any]], title: str = "", log: Any = None) -> bool:
+    """Draw ``partition.png`` in ``out_dir`` from the nodes' start-up answers ``info`` (``label-counts`` by
+    partition id, ``flower_pfl.reports.figures.label_counts``); whether it was drawn: not where no client
+    reported its counts, nor without Flower Datasets (said through ``log``, as the learning curve's figure is)."""
+    counts = label_counts(info)
+    if counts is None:
+        return False
+    try:
+        plot_partition(counts, out_dir / PARTITION, title)
+    except MissingExtra as err:  # the figures are optional: the results are complete without them
+        (log or (lambda msg: logger.info(msg)))(f"flower-pfl: {PARTITION} not drawn: {err}")
+        return False
+    return True
 
 
 def figures_stand(summary: Mapping[str, Any]) -> bool:
