@@ -78,7 +78,7 @@ def main() -> None:
     args = ap.parse_args()
     model = args.model or DEFAULT_MODEL[args.dataset]
     out = args.out or Path(__file__).parent / "results" / f"fedattn_{args.dataset}"
-    source = {"data-source": "flwr-datasets", "hub-dataset": args.hub_dataset} if args.dataset == "femnist" else {}
+    source = {"data-source": "huggingface", "hub-dataset": args.hub_dataset} if args.dataset == "femnist" else {}
     common = {"dataset": args.dataset, **source, "partition": "natural", "model": model, "num-rounds": args.rounds,
               "clients-per-round": args.clients_per_round, "local-steps": args.local_steps, "batch-size": args.batch_size,
               "lr": args.lr, "fedattn-k": args.k, "fedattn-lr": args.attention_lr, "eval-every": args.eval_every,

@@ -22,7 +22,7 @@ from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarra
 from flwr.common.logger import log
 
 from flower_pfl.engine.sampling import Sampler
-from flower_pfl.experiment.config import ConfigError
+from flower_pfl.experiment.config import ConfigError, current_values
 from flower_pfl.run import tensor_files
 from flower_pfl.run.results import CHECKPOINT, RunRecorder
 from server_apps.guard import ReplyGuard
@@ -106,7 +106,7 @@ class Resumption:
 
     def check(self, run_config: Mapping[str, Any], layout: Mapping[str, list[int]]) -> None:
         """Refuse a run config or model that differs from the checkpointed run's, naming what differs."""
-        saved = self.meta["config"]
+        saved = current_values(self.meta["config"])
         differ = sorted(k for k in set(saved) | set(run_config) if k not in MAY_DIFFER and saved.get(k) != run_config.get(k))
         if differ:
             what = ", ".join(f"'{k}' = {run_config.get(k)!r} (checkpoint: {saved.get(k)!r})" for k in differ)

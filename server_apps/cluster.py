@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
+from flower_pfl.experiment.datasets.base import HUB
 
 #: values of ``RAY_ADDRESS`` that start a Ray instance of the run's own rather than join a cluster
 LOCAL = ("", "local")
@@ -34,7 +35,7 @@ def check_cluster_paths(cfg: ExperimentConfig, environ: Mapping[str, str] = os.e
     folders = {"client-state-dir": cfg.client_state_dir}
     if cfg.dataset != "synthetic" and cfg.data_source == "torchvision":
         folders["data-dir"] = cfg.data_dir
-    if cfg.data_source == "flwr-datasets" and cfg.hub_dataset.startswith((".", "~")):
+    if cfg.data_source == HUB and cfg.hub_dataset.startswith((".", "~")):
         folders["hub-dataset"] = cfg.hub_dataset
     for key, value in folders.items():
         if value and not PurePath(value).is_absolute():

@@ -177,7 +177,7 @@ def test_cinic10_png_folders(cinic):
 def test_mnist_m_hub_folder(digits):
     written = digits["mnist-m"]
     ds = registry.instance("mnist-m", {})
-    for where in (Where(source="flwr-datasets", hub_dataset=str(digits["root"] / "Mike0307" / "MNIST-M")),
+    for where in (Where(source="huggingface", hub_dataset=str(digits["root"] / "Mike0307" / "MNIST-M")),
                   Where(data_dir=str(digits["root"]))):  # no files of its own: <data-dir>/<hub id> with either source
         pool = ds.pool(where, 2, 0)
         assert pool.x.shape == (10, 3, 32, 32)
@@ -195,7 +195,7 @@ def test_ag_news_archive_csv(ag_news):
 
 
 def test_ag_news_hub_folder(ag_news):
-    pool = registry.instance("ag-news", {}).pool(Where(source="flwr-datasets", hub_dataset=str(ag_news / "hub")), 2, 0)
+    pool = registry.instance("ag-news", {}).pool(Where(source="huggingface", hub_dataset=str(ag_news / "hub")), 2, 0)
     assert list(pool.x) == ["Stocks rise again.", "A goal, then two.", "New phone", "Rain in Paris"] and list(pool.y) == [2, 1, 3, 0]
 
 
@@ -213,7 +213,7 @@ def test_sogou_news_archive_csv_and_hub_folder(tmp_path):
     features = {"title": Value("string"), "content": Value("string"), "label": ClassLabel(num_classes=5)}
     files.write_hub_split(tmp_path / "hub", "train", {"title": ["ti3yu4", "ke1ji4"], "content": ["bi3sai4", "shou3ji1"],
                                                       "label": [0, 4]}, features)
-    hub = registry.instance("sogou-news", {}).pool(Where(source="flwr-datasets", hub_dataset=str(tmp_path / "hub")), 2, 0)
+    hub = registry.instance("sogou-news", {}).pool(Where(source="huggingface", hub_dataset=str(tmp_path / "hub")), 2, 0)
     assert list(hub.x) == ["ti3yu4 bi3sai4", "ke1ji4 shou3ji1"] and list(hub.y) == [0, 4]
 
 
@@ -334,11 +334,11 @@ def test_digits_per_domain_draws_from_each(digits):
 
 
 # --- natural partitions and their splits -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("source", ["torchvision", "flwr-datasets"])
+@pytest.mark.parametrize("source", ["torchvision", "huggingface"])
 @pytest.mark.parametrize(("fraction", "cuts"), [(0.75, {HELENA: 36, KENT: 16}), (0.25, {HELENA: 30, KENT: 16})])
 def test_shakespeare_one_role_per_client_split_in_time(shakespeare, source, fraction, cuts):
     root, texts, windows = shakespeare
-    hub = str(root / "hub") if source == "flwr-datasets" else ""
+    hub = str(root / "hub") if source == "huggingface" else ""
     cfg = ExperimentConfig(dataset="shakespeare", partition="natural", model="char-lstm", data_dir=str(root), data_source=source,
                            hub_dataset=hub, train_fraction=fraction)
     data = [load_client_data(cfg, pid, 2) for pid in range(2)]
@@ -433,7 +433,7 @@ def test_missing_files_name_what_was_expected(tmp_path, name, extra, expected):
 @pytest.mark.parametrize(("name", "extra"), [("ag-news", {"model": "fasttext"}), ("shakespeare", {"model": "char-lstm"}),
                                              ("mnist-m", {})])
 def test_a_missing_hub_folder_is_named(tmp_path, name, extra):
-    cfg = ExperimentConfig(dataset=name, partition="iid", data_source="flwr-datasets", hub_dataset=str(tmp_path / "nowhere"), **extra)
+    cfg = ExperimentConfig(dataset=name, partition="iid", data_source="huggingface", hub_dataset=str(tmp_path / "nowhere"), **extra)
     with pytest.raises(ConfigError, match=f"could not be read from the local folder '{re.escape(str(tmp_path / 'nowhere'))}'"):
         load_client_data(cfg, 0, 2)
 
@@ -449,7 +449,7 @@ def offline(monkeypatch):
 
 
 def test_an_unreachable_hub_id_is_not_called_a_local_folder(tmp_path, offline):
-    cfg = ExperimentConfig(dataset="mnist-m", partition="iid", data_source="flwr-datasets", data_dir=str(tmp_path))
+    cfg = ExperimentConfig(dataset="mnist-m", partition="iid", data_source="huggingface", data_dir=str(tmp_path))
     with pytest.raises(ConfigError) as err:
         load_client_data(cfg, 0, 2)
     assert "Mike0307/MNIST-M could not be read from hub id 'Mike0307/MNIST-M'" in str(err.value)

@@ -235,7 +235,7 @@ def test_long_node_lists_are_shortened(caplog):
 
 
 @pytest.mark.parametrize("key,value,extra", [("data-dir", "data", {**FMNIST}), ("client-state-dir", "state", {}),
-                                             ("hub-dataset", "./femnist", {"dataset": "femnist", "data-source": "flwr-datasets"})])
+                                             ("hub-dataset", "./femnist", {"dataset": "femnist", "data-source": "huggingface"})])
 def test_a_cluster_run_refuses_a_relative_folder_naming_the_key(key, value, extra):
     cfg = ExperimentConfig.from_mapping({**extra, key: value})
     with pytest.raises(ConfigError, match=f"'{key}' = '{value}' is invalid on a Ray cluster \\(RAY_ADDRESS=10.0.0.1:6379\\)"):

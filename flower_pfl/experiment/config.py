@@ -27,7 +27,7 @@ from flower_pfl.experiment.data.imports import is_import_path
 from flower_pfl.experiment.data.info import KIND_TEXT, DataInfo
 from flower_pfl.experiment.data.partition import SCHEMES
 from flower_pfl.experiment.datasets import registry as data_sets
-from flower_pfl.experiment.datasets.base import DATA_SOURCES, HUB
+from flower_pfl.experiment.datasets.base import DATA_SOURCES, HUB, RENAMED_SOURCES
 from flower_pfl.experiment.declared import declared_specs
 from flower_pfl.experiment.models import registry as models
 from flower_pfl.experiment.models.base import ModelSettings
@@ -201,6 +201,10 @@ class ExperimentConfig:
             raise ConfigError(f"run config keys {unknown} are not keys of any method, data set or model")
         options = {key: spec.default for key, spec in specs.items()} | dict(self.options)
         object.__setattr__(self, "options", options)
+        if (source := RENAMED_SOURCES.get(self.data_source)) is not None:
+            warnings.warn(f"run config 'data-source' = {self.data_source!r} is now {source!r} (the Hugging Face hub's files, "
+                          f"read through datasets); {self.data_source!r} is still read but will go", FutureWarning, stacklevel=3)
+            object.__setattr__(self, "data_source", source)
         choices = {
             "method": registry.methods(), "aggregation": registry.aggregations(), "api": APIS, "device": DEVICES, "precision": PRECISIONS,
             "partition": PARTITIONS, "data_source": DATA_SOURCES, "store": STORES, "init": INITS,
@@ -454,6 +458,15 @@ def current_names(run_config: Mapping[str, Any]) -> dict[str, Any]:
                               f"name of '{new}'; set only '{new}'")
         warnings.warn(f"run config key '{old}' is now '{new}'; '{old}' is still read but will go", FutureWarning, stacklevel=3)
         out[new] = value
+    return out
+
+
+def current_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``run_config`` with renamed values under their current names (``data-source`` ``flwr-datasets`` is
+    ``huggingface``), without a warning: a config written before the rename (a checkpoint's) reads as today's."""
+    out = dict(run_config)
+    if isinstance(source := out.get("data-source"), str) and source in RENAMED_SOURCES:
+        out["data-source"] = RENAMED_SOURCES[source]
     return out
 
 

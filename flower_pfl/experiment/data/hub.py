@@ -41,7 +41,7 @@ def load_hub_columns(spec: Hub, source: str = "") -> dict[str, list[Any]]:
     """The columns ``x``, ``y`` (and ``group``) of every split of ``spec.splits`` that ``source`` (default:
     ``spec.id``) has, one split after the other. ``FileNotFoundError`` when the source cannot be read or
     has no ``train`` split; ``KeyError`` naming a missing column."""
-    require("datasets", why=f"data-source = 'flwr-datasets' ({spec.id})")
+    require("datasets", why=f"data-source = 'huggingface' ({spec.id})")
     from datasets import load_dataset
 
     path = source or spec.id

@@ -43,9 +43,11 @@ from flower_pfl.experiment.data.images import decode_images, read_images, to_flo
 from flower_pfl.experiment.data.info import DataInfo
 from flower_pfl.experiment.data.partition import SCHEMES
 
-#: the run config's ``data-source`` values: local files, or the Hugging Face hub through Flower Datasets
-FILES, HUB = "torchvision", "flwr-datasets"
+#: the run config's ``data-source`` values: local files, or the Hugging Face hub's files (through ``datasets``)
+FILES, HUB = "torchvision", "huggingface"
 DATA_SOURCES: tuple[str, ...] = (FILES, HUB)
+#: old ``data-source`` values, still read (with a ``FutureWarning``) as the current ones
+RENAMED_SOURCES: dict[str, str] = {"flwr-datasets": HUB}
 
 
 @dataclass(frozen=True)
