@@ -87,6 +87,7 @@ def test_a_node_that_connects_late_joins_with_its_clients(tmp_path, caplog):
     assert "node 1002 joined the run with clients 6, 7, 8, 9" in caplog.text
     assert summary["clients_joined_late"] == [6, 7, 8, 9] and "clients_never_hosted" not in summary
     assert [r["clients-evaluated"] for r in evaluations] == [6, 10, 10, 10]  # round 2 evaluates after it joined
+    assert list(tmp_path.glob("*/partition.png")) and "not drawn" not in caplog.text  # clients 6-9: empty at start
 
 
 def test_a_node_that_reconnects_with_a_new_id_takes_its_clients_and_their_state_back(tmp_path, caplog):

@@ -20,20 +20,20 @@ from flower_pfl.run import results
 from flower_pfl.run.results import PARTITION, draw_partition
 from server_apps.inprocess import run_in_process
 
-COUNTS = np.array([[3, 0, 1], [0, 0, 0], [2, 5, 0], [0, 1, 4]])
+COUNTS = np.array([[3, 0, 1], [0, 0, 0], [2, 5, 0], [0, 1, 4], [0, 0, 0]])  # clients 1 and 4 hold nothing
 QUICK = {"num-rounds": 1, "clients-per-round": 2, "local-steps": 2, "eval-every": 1}
 
 
 def test_each_partition_holds_its_clients_counted_labels():
     partitioner = CountsPartitioner(COUNTS)
-    assert partitioner.num_partitions == 4 and len(partitioner.dataset) == COUNTS.sum()
+    assert partitioner.num_partitions == 5 and len(partitioner.dataset) == COUNTS.sum()
     for client, counts in enumerate(COUNTS):
         labels = partitioner.load_partition(client)[LABEL].to_numpy()
         assert np.bincount(labels, minlength=3).tolist() == counts.tolist()
-    # Flower Datasets' own count, the figure's numbers: every class a column, the empty client a row of zeros
+    # Flower Datasets' own count, the figure's numbers: every class a column, an empty client a row of zeros
     assert compute_counts(partitioner, LABEL).to_numpy().tolist() == COUNTS.tolist()
-    with pytest.raises(ValueError, match="not one of the 4 partitions"):
-        partitioner.load_partition(4)
+    with pytest.raises(ValueError, match="not one of the 5 partitions"):
+        partitioner.load_partition(5)
     with pytest.raises(ValueError, match="clients x classes"):
         CountsPartitioner([[1, -1]])
 

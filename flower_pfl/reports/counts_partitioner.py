@@ -40,5 +40,5 @@ class CountsPartitioner(Partitioner):
         """Client ``partition_id``'s labels."""
         if not 0 <= partition_id < self.num_partitions:
             raise ValueError(f"partition_id {partition_id} is not one of the {self.num_partitions} partitions")
-        start = int(self._ends[partition_id - 1]) if partition_id else 0
-        return self.dataset.select(range(start, int(self._ends[partition_id])))
+        start, end = int(self._ends[partition_id - 1]) if partition_id else 0, int(self._ends[partition_id])
+        return self.dataset.select(range(start, end) if end > start else [])  # datasets refuses an empty range at the end

@@ -285,8 +285,9 @@ def draw_partition(out_dir: Path, info: Mapping[int, Mapping[str, Any]], title: 
         return False
     try:
         plot_partition(counts, out_dir / PARTITION, title)
-    except MissingExtra as err:  # the figures are optional: the results are complete without them
-        (log or (lambda msg: logger.info(msg)))(f"flower-pfl: {PARTITION} not drawn: {err}")
+    except Exception as err:  # the figures are optional: a run goes on without them (MissingExtra: the extra to install)
+        why = str(err) if isinstance(err, MissingExtra) else f"{type(err).__name__}: {err}"
+        (log or (lambda msg: logger.info(msg)))(f"flower-pfl: {PARTITION} not drawn: {why}")
         return False
     return True
 
