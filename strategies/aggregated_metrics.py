@@ -27,6 +27,7 @@ from flower_pfl.engine.reply_checks import (
     check_evaluation,
     is_finite_number,
 )
+from flower_pfl.run.cost import NOT_WEIGHTED, reply_cost
 
 ACCURACY, LOSS, NUM_EXAMPLES = "accuracy", "loss", "num-examples"
 #: evaluation metrics that name rather than measure (a node's partition, a CRC of its model): never averaged
@@ -90,7 +91,8 @@ class PersonalizedMetrics:
         """``round_metrics`` of the rows (``weight_key`` left out) and the running BMTA."""
         key = self.accuracy_key
         also = (VALIDATION + key,) + (() if key == GLOBAL_ACCURACY else (GLOBAL_ACCURACY,))
-        out = round_metrics(rows, weights, key, also=also, skip=(weight_key, VAL_NUM_EXAMPLES, *self.identities))
+        out = round_metrics(rows, weights, key, also=also,
+                            skip=(weight_key, VAL_NUM_EXAMPLES, *self.identities, *NOT_WEIGHTED)) | reply_cost(rows)
         out.update(validation_means(rows))  # the validation figures weighed by the validation parts
         mean = out.get(f"{key}-mean")
         if mean is not None:
@@ -122,8 +124,10 @@ class PersonalizedMetrics:
 
 def weighted_train_metrics(results: list[tuple[int, Mapping[str, object]]], weight_key: str = NUM_EXAMPLES) -> dict[str, Any]:
     """Flower's FedAvg training metrics: every numeric metric's sample-weighted mean under its own
-    name (``flower_pfl.engine.client_metrics.weighted_means``; non-numeric or non-finite values are left out)."""
-    return weighted_means([m for _, m in results], [float(n) for n, _ in results], skip=(weight_key, *IDENTITIES))
+    name (``flower_pfl.engine.client_metrics.weighted_means``; non-numeric or non-finite values are left out),
+    but the clients' training time and peak memory: their plain mean and their largest (``reply_cost``)."""
+    rows = [m for _, m in results]
+    return weighted_means(rows, [float(n) for n, _ in results], skip=(weight_key, *IDENTITIES, *NOT_WEIGHTED)) | reply_cost(rows)
 
 
 def reply_counts(batch: RoundReplies) -> dict[str, float]:

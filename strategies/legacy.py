@@ -44,6 +44,7 @@ from flower_pfl.engine.reply_checks import (
 )
 from flower_pfl.engine.server_algorithm import Instruction, ServerAlgorithm
 from flower_pfl.engine.wording import agreeing, counted
+from flower_pfl.run.cost import PEAK_MEMORY, peak_rss_mib, reply_cost, traffic_metrics
 from strategies.aggregated_metrics import (
     ACCURACY,
     IDENTITIES,
@@ -62,6 +63,7 @@ from strategies.privacy import check_privacy_mechanisms
 from strategies.ranks import LEGACY_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from strategies.replies import log_trainers, receive_round
 from strategies.tracking import StrategyTracking, TrackerArg
+from strategies.traffic import legacy_bytes
 
 ConfigFn = Callable[[int], dict[str, Scalar]]
 MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
@@ -169,6 +171,9 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         "Replies that break the contract, hold NaN or Inf, or exceed the update bounds are refused with a "
         "logged reason and change nothing."
     )
+
+    #: the bytes of each instruction of the last call to ``configure_fit`` / ``configure_evaluate``
+    _sent_bytes: Sequence[int] = ()
 
     def __init__(
         self,
@@ -286,10 +291,17 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
 
     def _instructions(self, plan: Iterable[Instruction], clients: Mapping[Any, ClientProxy], config: dict[str, Scalar],
                       server_round: int, kind: type) -> list[tuple[ClientProxy, Any]]:
-        """One instruction per client; its arrays made once per round where clients share them (``RoundArrays``)."""
+        """One instruction per client; its arrays made once per round where clients share them (``RoundArrays``).
+        Each instruction's bytes go to ``_sent_bytes``."""
         made = self.server.round_arrays(ndarray_to_bytes)
-        return [(clients[ins.client_id], kind(Parameters(tensors=list(made(ins.model)), tensor_type="numpy.ndarray"),
-                                              {**config, **ins.config, SERVER_ROUND: server_round})) for ins in plan]
+        out = [(clients[ins.client_id], kind(Parameters(tensors=list(made(ins.model)), tensor_type="numpy.ndarray"),
+                                             {**config, **ins.config, SERVER_ROUND: server_round})) for ins in plan]
+        self._sent_bytes = [legacy_bytes(ins.parameters, ins.config) for _, ins in out]
+        return out
+
+    def _cost(self, received: Sequence[int]) -> dict[str, float]:
+        """The round's bytes (``_sent_bytes`` down, ``received`` up) and the server's peak memory."""
+        return {**traffic_metrics(self._sent_bytes, received), PEAK_MEMORY: peak_rss_mib()}
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         self._secure = check_privacy_mechanisms(self, self.method)
@@ -327,9 +339,10 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         parameters = None if model is None else ndarrays_to_parameters(self.server.to_arrays(model))
         if self.fit_metrics_aggregation_fn is not None and batch.accepted:
             own = self.fit_metrics_aggregation_fn([(r.num_examples, dict(r.metrics)) for r in batch.accepted])
-            metrics = {**own, **reply_counts(batch), **self.method.round_metrics()}
+            metrics = {**own, **reply_counts(batch), **reply_cost(r.metrics for r in batch.accepted), **self.method.round_metrics()}
         else:
             metrics = {**round_replies_metrics(batch), **self.method.round_metrics()}
+        metrics.update(self._cost([legacy_bytes(res.parameters, res.metrics, numbers=1) for _, res in results]))
         if self.tracking is not None:
             self.tracking.train(server_round, metrics)
         return parameters, metrics
@@ -365,6 +378,7 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         if self.evaluate_metrics_aggregation_fn is not None and pairs:  # the app's own aggregation wins where names meet
             metrics.update(self.evaluate_metrics_aggregation_fn(pairs))
         metrics.update(self.personalized.new_clients([r for _, r in new]))
+        metrics.update(self._cost([legacy_bytes(None, res.metrics, numbers=2) for _, res in results]))
         if self.tracking is not None:
             self.tracking.evaluate(server_round, {**({"loss": loss} if loss is not None else {}), **metrics},
                                    [row[self.accuracy_key] for _, row in kept_rows])

@@ -19,6 +19,7 @@ from typing import Any
 from flower_pfl.engine.params import iter_values
 from flower_pfl.engine.server_algorithm import ServerAlgorithm
 from flower_pfl.experiment.config import parse_trackers
+from flower_pfl.run.cost import COST_KEYS, cost_summary
 from flower_pfl.run.summary import summarize_run
 from flower_pfl.run.trackers import RunTrackers, TrackerSettings, require_trackers
 
@@ -49,6 +50,8 @@ class StrategyTracking:
                                                 if isinstance(value, int | float | str | bool)}, **options}
         self.run: RunTrackers | None = None
         self.evaluations: list[dict[str, Any]] = []
+        #: every round's cost figures (``flower_pfl.run.cost``), for the summary's totals
+        self.costs: list[dict[str, Any]] = []
         self.last_round = 0
 
     @classmethod
@@ -75,20 +78,28 @@ class StrategyTracking:
     def train(self, server_round: int, metrics: Mapping[str, Any]) -> None:
         self.last_round = max(self.last_round, server_round)
         self._open().on_train(server_round, metrics)
+        self.costs.append({"phase": "train", **_cost_of(metrics)})
 
     def evaluate(self, server_round: int, metrics: Mapping[str, Any], accuracies: Sequence[float]) -> None:
         self.last_round = max(self.last_round, server_round)
         run = self._open()
         run.on_evaluate(server_round, metrics)
         run.on_client_accuracies(server_round, accuracies)
+        self.costs.append({"phase": "evaluate", **_cost_of(metrics)})
         if f"{self.accuracy_key}-mean" in metrics:
             self.evaluations.append({"round": server_round, **metrics})
 
     def finish(self) -> None:
-        """The run's summary (BMTA and the others of ``flower_pfl.run.summary``), then the trackers closed."""
+        """The run's summary (BMTA and the others of ``flower_pfl.run.summary``, the cost of
+        ``flower_pfl.run.cost``), then the trackers closed."""
         if self.run is None:
             return
         run, self.run = self.run, None
         atexit.unregister(self.finish)
         summary = summarize_run(self.evaluations, self.last_round, self.accuracy_key) if self.evaluations else {}
+        summary = {**summary, **cost_summary(self.costs)}
         run.finish({k: v for k, v in summary.items() if not (isinstance(v, float) and math.isnan(v))}, step=self.last_round)
+
+
+def _cost_of(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: metrics[k] for k in (*COST_KEYS, "clients-accepted") if k in metrics}

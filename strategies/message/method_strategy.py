@@ -29,6 +29,7 @@ from flower_pfl.engine.reply_checks import (
     is_number,
 )
 from flower_pfl.engine.server_algorithm import Instruction, ServerAlgorithm
+from flower_pfl.run.cost import PEAK_MEMORY, peak_rss_mib, reply_cost, traffic_metrics
 from strategies.aggregated_metrics import (
     ACCURACY,
     IDENTITIES,
@@ -49,6 +50,7 @@ from strategies.privacy import check_privacy_mechanisms
 from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
 from strategies.replies import log_trainers, receive_round
 from strategies.tracking import StrategyTracking, TrackerArg
+from strategies.traffic import content_bytes
 
 MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
 
@@ -176,6 +178,8 @@ class MethodStrategy(PerMethodDocs, Strategy):
         self.nodes = NodeWatch(node_wait_timeout, lost_after=lost_node_rounds)
         self.rank_query = rank_query
         self._outbox: list[Message] = []
+        #: the bytes of each message of ``_outbox`` (``strategies.traffic``)
+        self._sent_bytes: list[int] = []
         self.min_available_nodes = min_available_nodes
         self.fraction_evaluate, self.min_evaluate_nodes = fraction_evaluate, min_evaluate_nodes
         self.weighted_by_key = weighted_by_key
@@ -233,7 +237,8 @@ class MethodStrategy(PerMethodDocs, Strategy):
             self.server.carry_on(record_numpy(arrays))
 
     def _messages(self, plan: Iterable[Instruction], config: ConfigRecord, server_round: int, kind: str) -> list[Message]:
-        """One message per instruction; its arrays made once per round where clients share them (``RoundArrays``)."""
+        """One message per instruction; its arrays made once per round where clients share them (``RoundArrays``).
+        Each message's bytes go to ``_sent_bytes``."""
         out = []
         made, names = self.server.round_arrays(numpy_array), self.server.layout_names
         last: tuple[list[Array], ArrayRecord] | None = None
@@ -245,7 +250,14 @@ class MethodStrategy(PerMethodDocs, Strategy):
             record = ConfigRecord({**config, **ins.config, SERVER_ROUND: server_round})
             out.append(Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: record}),
                                message_type=kind, dst_node_id=ins.client_id))  # type: ignore[call-overload]  # a node id (int) in this API
+        sizes: dict[int, int] = {}
+        self._sent_bytes = [content_bytes(msg.content, sizes) for msg in out]
         return out
+
+    def _cost(self, good: Iterable[tuple[int, Message]]) -> dict[str, float]:
+        """The round's bytes (``_sent_bytes`` down, the replies ``good`` up) and the server's peak memory."""
+        return {**traffic_metrics(self._sent_bytes, [content_bytes(msg.content) for _, msg in good]),
+                PEAK_MEMORY: peak_rss_mib()}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         check_privacy_mechanisms(self, self.method)
@@ -276,9 +288,11 @@ class MethodStrategy(PerMethodDocs, Strategy):
             records = [RecordDict({"metrics": MetricRecord({**_plain(r.metrics), self.weighted_by_key: r.num_examples})})
                        for r in batch.accepted]
             metrics = MetricRecord({**dict(self.train_metrics_aggr_fn(records, self.weighted_by_key)), **reply_counts(batch),
-                                    **self.method.round_metrics()})
+                                    **reply_cost(r.metrics for r in batch.accepted), **self.method.round_metrics(),
+                                    **self._cost(good)})
         else:
-            metrics = MetricRecord({**round_replies_metrics(batch, self.weighted_by_key), **self.method.round_metrics()})
+            metrics = MetricRecord({**round_replies_metrics(batch, self.weighted_by_key), **self.method.round_metrics(),
+                                    **self._cost(good)})
         if self.tracking is not None:
             self.tracking.train(server_round, dict(metrics))
         return arrays, metrics
@@ -310,6 +324,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         if self.evaluate_metrics_aggr_fn is not None and records:  # the app's own aggregation wins where names meet
             out = MetricRecord({**out, **self.evaluate_metrics_aggr_fn(records, self.weighted_by_key)})
         out = MetricRecord({**out, **self.personalized.new_clients([r for _, r in new])})
+        out = MetricRecord({**out, **self._cost(good)})
         if self.tracking is not None:
             self.tracking.evaluate(server_round, dict(out), [row[self.accuracy_key] for _, row in kept])
         return out
