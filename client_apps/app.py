@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.experiment.data import ClientData
 from flower_pfl.experiment.data.placement import on_device
 from flower_pfl.methods.registry import client_algorithm_for
+from flower_pfl.run.cost import NODE_PEAK_MEMORY, TRAIN_TIME, peak_rss_mib
 from flower_pfl.run.quiet import silence_runtime_noise
 from strategies.arrays import array_numpy, numpy_record, record_numpy
 from strategies.client_packs import Tally, is_pack, pack, unpack
@@ -133,9 +135,11 @@ class Node:
         needs back (the algorithm's bytes and receipt, ``ClientAlgorithm.finish``)."""
         r = self.start_fit(config)
         with self.seeded_draws(config, "train"), self.computing():
+            start = time.perf_counter()
             result, extras = train_locally(r.algorithm, self.model, r.data, steps=r.steps, lr=r.lr, batch_size=r.batch_size,
                                            generator=r.generator)
-        return self.end_fit(result), extras
+            seconds = time.perf_counter() - start
+        return self.end_fit(result, seconds), extras
 
     @contextmanager
     def seeded_draws(self, config: Mapping[str, Any], phase: str) -> Iterator[None]:
@@ -159,9 +163,11 @@ class Node:
         return ClientRound(algorithm, self._train_data(), **training_settings(config, self.cfg.seed, self.partition_id),
                            received=[t.detach().clone() for t in self.model.state_dict().values()])
 
-    def end_fit(self, result: LocalResult) -> dict[str, Any]:
-        """The training metrics of ``result``."""
-        return {"train-loss": result.loss, "num-examples": self.data.num_train}
+    def end_fit(self, result: LocalResult, seconds: float) -> dict[str, Any]:
+        """The training metrics of ``result``, which took ``seconds`` of training (``train-time-s``), and the
+        node's peak memory so far."""
+        return {"train-loss": result.loss, "num-examples": self.data.num_train, TRAIN_TIME: seconds,
+                NODE_PEAK_MEMORY: peak_rss_mib()}
 
     def clients_per_computation(self, algorithm: type[ClientAlgorithm], config: Mapping[str, Any]) -> int:
         """How many of a round's clients of ``algorithm`` this node trains as one computation: the node config's
@@ -234,11 +240,13 @@ class Evaluation:
     extra: dict[str, Any]
 
     def metrics(self, result: EvalResult, validation: EvalResult | None = None) -> dict[str, Any]:
-        """The evaluation reply's metrics, with the model's ``result`` on the test split and, where the client has
-        a validation part, its ``validation`` result (``val-accuracy``, ``val-loss``, ``val-num-examples``)."""
+        """The evaluation reply's metrics, with the model's ``result`` on the test split, where the client has a
+        validation part its ``validation`` result (``val-accuracy``, ``val-loss``, ``val-num-examples``), and the
+        node's peak memory."""
         val = {} if validation is None else {"val-loss": validation.loss, "val-accuracy": validation.accuracy,
                                             "val-num-examples": validation.num_examples}
-        return {"loss": result.loss, "accuracy": result.accuracy, "num-examples": result.num_examples, **val, **self.extra}
+        return {"loss": result.loss, "accuracy": result.accuracy, "num-examples": result.num_examples, **val, **self.extra,
+                NODE_PEAK_MEMORY: peak_rss_mib()}
 
 
 def run_settings(run_config: Mapping[str, Any]) -> ExperimentConfig:
@@ -396,8 +404,10 @@ def train_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> 
             rounds.append(nodes[i].start_fit(configs[i]))
             names.append(list(received.keys()))
         with nodes[0].computing():
+            began = time.perf_counter()
             trained = train_together(model, rounds)
-        replies += [_train_reply(name, [t.cpu().numpy() for t in tensors], nodes[i].end_fit(result), extras)
+            seconds = (time.perf_counter() - began) / len(part)  # each client's share of the computation
+        replies += [_train_reply(name, [t.cpu().numpy() for t in tensors], nodes[i].end_fit(result, seconds), extras)
                     for i, name, (tensors, result, extras) in zip(part, names, trained)]
     computations = "" if chunk >= len(contents) else f" ({-(-len(contents) // chunk)} of at most {chunk}, to fit the node's memory)"
     return replies, f"{algorithm.__name__}: {counted(len(contents), 'client')} as one computation{computations}"

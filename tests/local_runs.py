@@ -23,6 +23,7 @@ from typing import Any
 from conftest import SANDBOX
 
 from flower_pfl.run import tensor_files
+from flower_pfl.run.cost import COST_KEYS
 from flower_pfl.run.results import CHECKPOINT
 from flower_pfl.tools import superlink
 from flower_pfl.tools.sweep_flwr import free_port, run_config_text
@@ -47,9 +48,9 @@ ONE_BY_ONE = {"batch-clients": False}
 
 
 def numbers(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """Every metric row and every client evaluation of a run, timings and node ids left out (node ids
+    """Every metric row and every client evaluation of a run, timings, cost and node ids left out (node ids
     are new in every run and differ between ``flwr run`` and an in-process run)."""
-    rows = [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"}
+    rows = [{k: v for k, v in json.loads(line).items() if k != "elapsed_s" and k not in COST_KEYS}
             for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     clients = [{k: v for k, v in json.loads(line).items() if k != "node-id"}
                for line in (Path(run_dir) / "clients.jsonl").read_text().splitlines()]
