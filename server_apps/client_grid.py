@@ -11,7 +11,9 @@ reply is split back into one reply per client:
 - a node that fails, or sends nothing within the call's timeout, gives each of its clients an error
   reply that names the node and its clients;
 - the nodes' accounts of how they ran their clients (as one computation, or one by one and why) add
-  up in ``training_report``.
+  up in ``training_report``;
+- the bytes of the messages to and from the nodes add up in ``wire`` (``strategies.traffic``): a record
+  several of a node's clients share (FedAvg's global model) goes to that node once.
 
 A client is connected while its node is (``get_node_ids``).
 """
@@ -19,6 +21,7 @@ A client is connected while its node is (``get_node_ids``).
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
@@ -31,6 +34,7 @@ from flower_pfl.engine.wording import counted
 from server_apps.node_order import Answers, nodes_named
 from strategies.client_packs import REPORT, Tally, pack, unpack
 from strategies.failures import NO_REPLY, listed
+from strategies.traffic import content_bytes
 
 #: error code of a client's failure inside its node's reply (Flower's code for a ClientApp that raised)
 CLIENT_FAILED = 1
@@ -57,6 +61,9 @@ class ClientGrid:
         self.taken_back: list[int] = []
         #: how the nodes trained and evaluated their clients
         self.training, self.evaluation = Tally(), Tally()
+        #: the bytes of every message sent to the nodes (``"<type> down"``) and of their replies (``"<type> up"``),
+        #: by message type, since the start
+        self.wire: Counter[str] = Counter()
 
     def _index(self) -> None:
         self._clients = {}
@@ -126,7 +133,12 @@ class ClientGrid:
             packed = pack({m.metadata.dst_node_id: m.content for m in inside})
             sent[node, kind, group] = Message(packed, dst_node_id=node, message_type=kind, group_id=group or None,
                                               ttl=min(m.metadata.ttl for m in inside))
+        for (_, kind, _), msg in sent.items():
+            self.wire[f"{kind} down"] += content_bytes(msg.content)
         answered = self._grid.send_and_receive(list(sent.values()), timeout=timeout)
+        for reply in answered:
+            if not reply.has_error():
+                self.wire[f"{reply.metadata.message_type} up"] += content_bytes(reply.content)
         by_id = {m.metadata.message_id: key for key, m in sent.items() if m.metadata.message_id}
         got: dict[tuple[int, str, str], Message] = {}
         for reply in answered:

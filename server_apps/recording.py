@@ -6,10 +6,11 @@ strategies and Flower's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import EvaluateIns, Parameters, parameters_to_ndarrays
 from flwr.server.strategy import Strategy as LegacyStrategy
 from flwr.serverapp import Grid
@@ -19,6 +20,7 @@ from flower_pfl.engine.client_metrics import NEW_CLIENT_ROW
 from flower_pfl.engine.reply_checks import UpdateRejected, check_evaluation
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.wording import agreeing, counted
+from flower_pfl.run.cost import BYTES_DOWN, BYTES_UP, MEASURED, PEAK_MEMORY, peak_rss_mib, reply_cost, traffic_metrics
 from flower_pfl.run.results import RunFailed, RunRecorder
 from server_apps.checkpoints import Checkpointer
 from server_apps.guard import ReplyGuard
@@ -29,15 +31,53 @@ from strategies.arrays import record_numpy
 from strategies.failures import RAY_ACTOR_LOSSES, NodeFailures
 from strategies.legacy import record_failures
 from strategies.nodes import NodeWatch, split_replies
+from strategies.traffic import content_bytes, legacy_bytes
 
 
 def _usable(metrics: Any) -> dict[str, Any] | None:
-    """A client's evaluation metrics as JSON numbers, or ``None`` when they fail ``check_evaluation``
-    (the strategy logs why)."""
+    """A client's evaluation metrics as JSON numbers (its node's memory left out: the round's row has the
+    largest), or ``None`` when they fail ``check_evaluation`` (the strategy logs why)."""
     try:
-        return check_evaluation(dict(metrics), ACCURACY)
+        checked = check_evaluation(dict(metrics), ACCURACY)
     except UpdateRejected:
         return None
+    return {k: v for k, v in checked.items() if k not in MEASURED}
+
+
+def flower_cost(metrics: Mapping[str, Any], down: Sequence[int], up: Sequence[int],
+                replies: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Flower's own strategy's round ``metrics`` with the round's cost (``flower_pfl.run.cost``): the bytes
+    ``down`` and ``up`` of each message, the server's peak memory, and the clients' training time and peak
+    memory of ``replies``' metrics, which its sample-weighted means would get wrong."""
+    return {**metrics, **reply_cost(replies), **traffic_metrics(down, up), PEAK_MEMORY: peak_rss_mib()}
+
+
+class WireMeter:
+    """The bytes that crossed to and from the nodes for one message type between ``start`` and ``read``, where
+    the grid counts them (``server_apps.client_grid.ClientGrid.wire``: a node's message holds several clients')."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._wire: Counter[str] | None = None
+        self._before: Counter[str] = Counter()
+
+    def start(self, grid: Any) -> None:
+        wire = getattr(grid, "wire", None)
+        self._wire = wire if isinstance(wire, Counter) else None
+        self._before = Counter(self._wire or {})
+
+    def read(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """``metrics`` with ``bytes-down`` and ``bytes-up`` as the grid counted them (unchanged where it does not)."""
+        if self._wire is None:
+            return metrics
+        down, up = f"{self.kind} down", f"{self.kind} up"
+        return {**metrics, BYTES_DOWN: float(self._wire[down] - self._before[down]),
+                BYTES_UP: float(self._wire[up] - self._before[up])}
+
+
+def _reply_metrics(replies: Iterable[Message]) -> list[dict[str, Any]]:
+    return [{k: v for rec in msg.content.metric_records.values() for k, v in rec.items()}
+            for msg in replies if not msg.has_error()]
 
 
 class _Schedule:
@@ -132,6 +172,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         self.inner, self.sampler, self.clients_per_round = inner, sampler, clients_per_round
         self.arrays: dict[str, Any] | None = None  # the global arrays Flower's loop holds
         self._outbox: list[Message] = []
+        self._meters = {kind: WireMeter(kind) for kind in (MessageType.TRAIN, MessageType.EVALUATE)}
 
     def summary(self) -> None:
         self.inner.summary()
@@ -144,7 +185,18 @@ class RecordedStrategy(MessageStrategy, _Schedule):
             nodes = self.nodes.wait(grid, self.clients_per_round)  # as Flower's sampling waits, but not for ever
             grid = SampledGrid(grid, self.sampler.sample(self.new.trainers(nodes), self.clients_per_round))  # type: ignore[assignment,arg-type]
         self._outbox = list(self.inner.configure_train(server_round, arrays, config, grid))
+        self._meters[MessageType.TRAIN].start(grid)
         return self._outbox
+
+    def _cost(self, kind: str, metrics: Mapping[str, Any], received: list[Message], aggregated: list[Message]) -> dict[str, Any]:
+        """The round's ``metrics`` with its cost: measured here for Flower's own strategy (ours measure theirs;
+        the clients' time and memory those of the ``aggregated`` replies), the bytes on the wire from the grid
+        where it counts them (``WireMeter``)."""
+        out = dict(metrics)
+        if self.guard is not None:
+            out = flower_cost(out, [content_bytes(m.content) for m in self._outbox],
+                              [content_bytes(m.content) for m in received if not m.has_error()], _reply_metrics(aggregated))
+        return self._meters[kind].read(out)
 
     def _ordered(self, replies: Iterable[Message]) -> list[Message]:
         return in_rank_order(self.sampler, replies, lambda msg: msg.metadata.src_node_id)
@@ -152,14 +204,16 @@ class RecordedStrategy(MessageStrategy, _Schedule):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round += self.offset
         counts: dict[str, float] = {}
+        received = replies = list(replies)
         if self.guard is not None and self.arrays is not None:  # Flower's own strategy: check its replies first
             replies, counts = self.guard.messages(server_round, replies, self.arrays, self._outbox, self.nodes.failures)
         replies = self._ordered(replies)
         arrays, metrics = self.inner.aggregate_train(server_round, replies) if replies or self.guard is None else (None, None)
         if arrays is not None:
             self.arrays = record_numpy(arrays)
-        self.after_train(server_round, {**dict(metrics or {}), **counts})
-        return arrays, metrics
+        row = self._cost(MessageType.TRAIN, dict(metrics or {}), received, replies)
+        self.after_train(server_round, {**row, **counts})
+        return arrays, None if metrics is None else MetricRecord(row)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         server_round += self.offset
@@ -171,6 +225,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         self._outbox = list(self.inner.configure_evaluate(server_round, arrays, config, grid))
         if self.guard is not None and self.new:  # Flower's own strategy: its new clients told so
             self._outbox = [self._told_new(msg) if self.new.is_new(msg.metadata.dst_node_id) else msg for msg in self._outbox]
+        self._meters[MessageType.EVALUATE].start(grid)
         return self._outbox
 
     def _told_new(self, msg: Message) -> Message:
@@ -182,9 +237,11 @@ class RecordedStrategy(MessageStrategy, _Schedule):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         server_round += self.offset
+        replies = list(replies)
         if self.guard is not None:  # Flower's own strategy: its failed nodes counted (ours count their own)
             good, _ = split_replies(server_round, replies, self._outbox, self.nodes.failures)
             replies = [msg for _, msg in good]
+        received = replies
         replies = self._ordered(replies)
         usable = {id(msg): row for msg in replies if not msg.has_error() and (records := msg.content.metric_records)
                   and (row := _usable(next(iter(records.values())))) is not None}
@@ -197,7 +254,8 @@ class RecordedStrategy(MessageStrategy, _Schedule):
             replies = [msg for msg in replies if not self.new.is_new(msg.metadata.src_node_id)]
         metrics = self.inner.aggregate_evaluate(server_round, replies) if replies else None
         if metrics or new:
-            self.recorder.on_evaluate(server_round, {**dict(metrics or {}), **new})
+            metrics = MetricRecord(self._cost(MessageType.EVALUATE, {**dict(metrics or {}), **new}, received, replies))
+            self.recorder.on_evaluate(server_round, dict(metrics))
         self.check_losses(server_round)
         return metrics
 
@@ -214,6 +272,13 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         _Schedule.__init__(self, recorder, eval_every, checkpointer, offset, max_idle_rounds, failures or NodeFailures(0), new)
         self.inner, self.sampler, self.initial, self.guard = inner, sampler, initial_parameters, guard
         self.arrays: list[Any] | None = None
+        self._sent: list[int] = []  # Flower's own strategy: the bytes of each instruction of the last configure call
+
+    def _measured(self, instructions: Any) -> Any:
+        if self.guard is not None:
+            instructions = list(instructions)
+            self._sent = [legacy_bytes(ins.parameters, ins.config) for _, ins in instructions]
+        return instructions
 
     def _ordered(self, results: Any) -> list[Any]:
         return in_rank_order(self.sampler, results, lambda pair: node_id(pair[0].cid))
@@ -232,11 +297,12 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         server_round += self.offset
         self.arrays = parameters_to_ndarrays(parameters) if parameters is not None else None
         self.before_round(server_round, self.named())
-        return self.inner.configure_fit(server_round, parameters, client_manager)
+        return self._measured(self.inner.configure_fit(server_round, parameters, client_manager))
 
     def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
         server_round += self.offset
         counts: dict[str, float] = {}
+        up = [legacy_bytes(res.parameters, res.metrics, numbers=1) for _, res in results]
         if self.guard is not None and self.failures is not None:  # Flower's own: its failed clients counted (ours count theirs)
             record_failures(self.failures, server_round, failures, "train")
         if self.guard is not None and self.arrays is not None:  # Flower's own strategy: check its results first
@@ -245,7 +311,10 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         params, metrics = self.inner.aggregate_fit(server_round, results, failures) if results or self.guard is None else (None, {})
         if params is not None:
             self.arrays = parameters_to_ndarrays(params)
-        self.after_train(server_round, {**dict(metrics or {}), **counts})
+        row = {**dict(metrics or {}), **counts}
+        if self.guard is not None:  # Flower's own strategy: its round's cost (ours measure theirs)
+            row = flower_cost(row, self._sent, up, [res.metrics for _, res in results])
+        self.after_train(server_round, row)
         return params, metrics
 
     def configure_evaluate(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
@@ -253,10 +322,10 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         if not self.evaluate_now(server_round):
             return []
         sent = self.inner.configure_evaluate(server_round, parameters, client_manager)
-        if self.guard is None or not self.new:
-            return sent
-        return [(proxy, EvaluateIns(ins.parameters, {**ins.config, **self.new.settings()}) if self.new.is_new(node_id(proxy.cid)) else ins)
-                for proxy, ins in sent]  # Flower's own strategy: its new clients told so
+        if self.guard is not None and self.new:  # Flower's own strategy: its new clients told so
+            sent = [(proxy, EvaluateIns(ins.parameters, {**ins.config, **self.new.settings()}) if self.new.is_new(node_id(proxy.cid))
+                     else ins) for proxy, ins in sent]
+        return self._measured(sent)
 
     def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
         server_round += self.offset
@@ -266,13 +335,17 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         self.recorder.on_client_evaluations(server_round, [
             self.client_row(int(proxy.cid), usable[id(res)]) for proxy, res in results if id(res) in usable])
         new: dict[str, Any] = {}
+        up = [legacy_bytes(None, res.metrics, numbers=2) for _, res in results]
         if self.guard is not None:  # Flower's own strategy stops at a result it cannot aggregate, and counts new clients in
             results = [(proxy, res) for proxy, res in results if id(res) in usable]
             new = self.new_figures([usable[id(res)] for proxy, res in results if self.new.is_new(node_id(proxy.cid))])
             results = [(proxy, res) for proxy, res in results if not self.new.is_new(node_id(proxy.cid))]
         loss, metrics = self.inner.aggregate_evaluate(server_round, results, failures) if results else (None, {})
         if metrics or new:  # the legacy API returns the loss beside the metrics
-            self.recorder.on_evaluate(server_round, {**({"loss": loss} if loss is not None else {}), **(metrics or {}), **new})
+            row = {**({"loss": loss} if loss is not None else {}), **(metrics or {}), **new}
+            if self.guard is not None:  # Flower's own strategy: its round's cost (ours measure theirs)
+                row = flower_cost(row, self._sent, up, [res.metrics for _, res in results])
+            self.recorder.on_evaluate(server_round, row)
         return loss, metrics
 
     def evaluate(self, server_round: int, parameters: Any) -> Any:
