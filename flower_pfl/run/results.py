@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from flower_pfl.engine.client_metrics import CLIENTS_EVALUATED, NEW_CLIENT_ROW
 from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.reports.figures import client_accuracies, label_counts, plot_learning_curve, plot_partition
+from flower_pfl.run.cost import cost_summary
 from flower_pfl.run.progress import no_accuracy_line, progress_line, short_round_note, summary_lines
 from flower_pfl.run.summary import summarize_run
 from flower_pfl.run.trackers import RunTrackers
@@ -205,7 +206,8 @@ class RunRecorder:
 
     def finish(self, title: str = "", extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json`` and the learning curve (its band: the clients' spread from
-        ``clients.jsonl``, see ``flower_pfl.reports.figures.spread_band``); returns the summary."""
+        ``clients.jsonl``, see ``flower_pfl.reports.figures.spread_band``); returns the summary, with the run's
+        cost from every row of ``metrics.jsonl`` (``flower_pfl.run.cost.cost_summary``)."""
         if self.evaluations:
             summary: dict[str, Any] = summarize_run(self.evaluations, self.num_rounds, target=self.target)
         elif self.short_evaluations:
@@ -214,6 +216,7 @@ class RunRecorder:
         else:
             summary = {"evaluated_rounds": 0, "error": "no client evaluation succeeded; see the run's log"}
         summary.update(test_set_sizes(self.out_dir / CLIENTS))
+        summary.update(cost_summary(map(json.loads, _complete_lines(self.out_dir / METRICS))))  # a resumed run's rows too
         if few := summary.get("clients_with_few_test_samples"):
             self._log(f"flower-pfl: {few} of the {summary['client_test_samples']['clients']} evaluated clients have fewer than "
                       f"{HANDFUL} test samples: each counts as much as any other in the unweighted mean (min-test-samples "
