@@ -31,6 +31,7 @@ from flower_pfl.engine.reply_checks import (
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.experiment.build import load_client_data
 from flower_pfl.experiment.config import ExperimentConfig
+from flower_pfl.run.cost import BYTES_UP, COST_KEYS
 from flower_pfl.run.results import RunFailed
 from server_apps.inprocess import run_in_process
 from strategies.aggregated_metrics import checked_evaluations
@@ -135,6 +136,11 @@ def test_a_diverged_clients_nan_loss_is_dropped_but_its_accuracy_counts():
     assert check_evaluation({"accuracy": 0.1, "num-examples": 3, "loss": math.nan}) == {"accuracy": 0.1, "num-examples": 3}
 
 
+def _figures(metrics: dict) -> dict:
+    """A round's figures but its cost (the bytes received, the memory measured)."""
+    return {k: v for k, v in metrics.items() if k not in COST_KEYS}
+
+
 def _evaluate(strategy, api, rnd, hostile):
     """One evaluation round; the first node's reply is ``hostile`` metrics (None: it fails)."""
     if api == "message":
@@ -177,7 +183,9 @@ def test_every_method_leaves_out_a_hostile_evaluation_reply_as_if_the_client_had
             list(strategy.configure_train(1, strategy._arrays_for_test, ConfigRecord({}), fb.FakeGrid(NODES)))
         caplog.clear()
         got = _evaluate(strategy, api, 1, EVALUATION_CASES[case])
-        assert got == _evaluate(strategy, api, 1, None) and got["clients-evaluated"] == len(NODES) - 1, entry.label
+        failed = _evaluate(strategy, api, 1, None)
+        assert got[BYTES_UP] > failed[BYTES_UP], entry.label  # the hostile reply crossed; nothing else counts it
+        assert _figures(got) == _figures(failed) and got["clients-evaluated"] == len(NODES) - 1, entry.label
         assert any("evaluation of client" in r.getMessage() and "left out" in r.getMessage() for r in caplog.records), entry.label
 
 

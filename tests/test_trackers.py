@@ -11,6 +11,7 @@ import json
 import sys
 import types
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 
 import fabricate as fb
@@ -59,12 +60,12 @@ def mlflow_series(client, run) -> dict[str, list[tuple[int, float]]]:
     return {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)) for key in run.data.metrics}
 
 
-def expected_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """What ``metrics.jsonl`` says each tracker series must hold."""
+def expected_series(run_dir: Path, leave_out: Collection[str] = ()) -> dict[str, list[tuple[int, float]]]:
+    """What ``metrics.jsonl`` says each tracker series must hold (but the keys ``leave_out``)."""
     out: dict[str, list[tuple[int, float]]] = {}
     for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
         for key, value in row.items():
-            if key not in ("round", "phase", "elapsed_s") and isinstance(value, int | float):
+            if key not in ("round", "phase", "elapsed_s", *leave_out) and isinstance(value, int | float):
                 out.setdefault(f"{row['phase']}/{key}", []).append((row["round"], float(value)))
     return out
 
