@@ -94,3 +94,9 @@ def test_tables_show_the_evaluation_columns_only_where_runs_have_them():
     lead = table_md(rows, "val_selected_accuracy").splitlines()
     assert lead[0].startswith("| Setting | Method | chosen on validation % | BMTA % |")
     assert "| s | m0 | — | 80.00 ± 0.00 |" in lead[2] and "| s | m1 | 75.00 ± 0.00 | 80.00 ± 0.00 |" in lead[3]
+
+
+def test_cost_columns_are_in_their_own_units():
+    summary = {"bmta": 0.8, "bytes_total": 2_500_000.0, "train_time_per_client_round_s": 0.012}
+    table = table_md(_runs(summary)).splitlines()
+    assert "MB sent" in table[0] and "| 2.50 ± 0.00 | 0.01 ± 0.00 |" in table[2]

@@ -63,7 +63,12 @@ EVALUATION_COLUMNS: tuple[tuple[str, str], ...] = (
     ("bottom10_accuracy", "bottom decile %"),
     ("unseen_accuracy", "new clients %"),
     ("participation_gap", "participation gap %"),
+    ("bytes_total", "MB sent"),
+    ("train_time_per_client_round_s", "s of training per client-round"),
+    ("peak_memory_node_mib", "node peak MiB"),
 )
+#: the figures shown in their own unit, not in % (the factor from the summary's value to the column's)
+UNITS: dict[str, float] = {"bytes_total": 1e-6, "train_time_per_client_round_s": 1.0, "peak_memory_node_mib": 1.0}
 #: the figures a table can lead with (``--figure``): BMTA is chosen on the test data, the other on validation
 FIGURES = ("bmta", "val_selected_accuracy")
 
@@ -100,10 +105,10 @@ class Row:
         return [float(r.summary[key]) for r in self.runs if isinstance(r.summary.get(key), (int, float))]
 
 
-def fmt(values: Iterable[float]) -> str:
-    """``mean ± std`` in percent (population std), ``—`` for no value."""
+def fmt(values: Iterable[float], scale: float = 100.0) -> str:
+    """``mean ± std`` of the values times ``scale`` (default: in percent; population std), ``—`` for no value."""
     v = [x for x in values if not math.isnan(x)]
-    return f"{100 * np.mean(v):.2f} ± {100 * np.std(v):.2f}" if v else "—"
+    return f"{scale * np.mean(v):.2f} ± {scale * np.std(v):.2f}" if v else "—"
 
 
 def completed(summary: Mapping[str, Any]) -> bool:
@@ -228,22 +233,24 @@ def table_md(rows: Sequence[Row], figure: str = "bmta") -> str:
     header = "| Setting | Method | " + " | ".join(title for _, title in shown) + " | seeds |"
     lines = [header, "|---|---|" + "---|" * len(shown) + "---|"]
     for row in rows:
-        cells = [fmt(row.values(key)) for key, _ in shown]
+        cells = [fmt(row.values(key), UNITS.get(key, 100.0)) for key, _ in shown]
         lines.append(f"| {row.setting} | {row.method} | " + " | ".join(cells) + f" | {len(row.runs)} |")
     return "\n".join(lines)
 
 
 def write_csv(rows: Sequence[Row], path: Path, figure: str = "bmta") -> None:
-    """One line per row: each figure's mean and std over seeds in %, and the number of seeds."""
+    """One line per row: each figure's mean and std over seeds (in %, or in its own unit: ``UNITS``), and the
+    number of seeds."""
     shown = columns(rows, figure)
     with path.open("w", newline="") as fh:
         out = csv.writer(fh)
-        out.writerow(["setting", "method", *(f"{key}_{s}_pct" for key, _ in shown for s in ("mean", "std")), "seeds"])
+        unit = lambda key: "pct" if key not in UNITS else "mb" if key == "bytes_total" else "value"
+        out.writerow(["setting", "method", *(f"{key}_{s}_{unit(key)}" for key, _ in shown for s in ("mean", "std")), "seeds"])
         for row in rows:
             figures: list[float | str] = []
             for key, _ in shown:
-                v = row.values(key)
-                figures += [100 * float(np.mean(v)), 100 * float(np.std(v))] if v else ["", ""]
+                v, scale = row.values(key), UNITS.get(key, 100.0)
+                figures += [scale * float(np.mean(v)), scale * float(np.std(v))] if v else ["", ""]
             out.writerow([row.setting, row.method, *figures, len(row.runs)])
 
 
