@@ -78,12 +78,12 @@ def spread(values: Sequence[float], key: str) -> dict[str, float]:
     ``<key>-min``, and its fairness: ``<key>-bottom10``, the mean of the ``ceil(0.1 · n)`` lowest values (at
     least one client; pFL-Bench's bottom decile), and ``<key>-p10``, their 10th percentile (linear
     interpolation, numpy's default)."""
-    arr = np.sort(np.asarray(values, dtype=np.float64))
+    arr = np.asarray(values, dtype=np.float64)  # in the clients' order: the sums of earlier versions, to the bit
     if arr.size == 0:
         raise ValueError(f"no client value of '{key}'")
-    worst = max(1, math.ceil(BOTTOM_SHARE * arr.size - 1e-9))
-    return {f"{key}-mean": float(arr.mean()), f"{key}-std": float(arr.std()), f"{key}-min": float(arr[0]),
-            f"{key}-bottom10": float(arr[:worst].mean()), f"{key}-p10": float(np.percentile(arr, PERCENTILE))}
+    worst = max(1, -(-arr.size // round(1 / BOTTOM_SHARE)))  # ceil(n / 10) in integers
+    return {f"{key}-mean": float(arr.mean()), f"{key}-std": float(arr.std()), f"{key}-min": float(arr.min()),
+            f"{key}-bottom10": float(np.sort(arr)[:worst].mean()), f"{key}-p10": float(np.percentile(arr, PERCENTILE))}
 
 
 def round_metrics(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], accuracy_key: str = "accuracy",
