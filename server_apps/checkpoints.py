@@ -22,14 +22,14 @@ from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarra
 from flwr.common.logger import log
 
 from flower_pfl.engine.sampling import Sampler
-from flower_pfl.experiment.config import ConfigError, current_values
+from flower_pfl.experiment.config import ConfigError, ExperimentConfig, current_values
 from flower_pfl.run import tensor_files
 from flower_pfl.run.results import CHECKPOINT, RunRecorder
 from server_apps.guard import ReplyGuard
 
 #: run-config keys that may differ between a run and its resumption
 MAY_DIFFER = ("resume-from", "device", "output-dir", "verbose", "client-state-dir", "allow-empty-client-state",
-              "tracker", "tracker-experiment", "tracker-uri", "tracker-group")
+              "tracker", "tracker-experiment", "tracker-uri", "tracker-group", "target-accuracy")
 #: inner state of Flower's own strategies (both APIs), by attribute name
 FLOWER_STATE = ("current_arrays", "momentum_vector", "m_t", "v_t", "current_weights", "initial_parameters")
 
@@ -106,7 +106,7 @@ class Resumption:
 
     def check(self, run_config: Mapping[str, Any], layout: Mapping[str, list[int]]) -> None:
         """Refuse a run config or model that differs from the checkpointed run's, naming what differs."""
-        saved = current_values(self.meta["config"])
+        saved = {**ExperimentConfig().to_run_config(), **current_values(self.meta["config"])}  # keys it predates: defaults
         differ = sorted(k for k in set(saved) | set(run_config) if k not in MAY_DIFFER and saved.get(k) != run_config.get(k))
         if differ:
             what = ", ".join(f"'{k}' = {run_config.get(k)!r} (checkpoint: {saved.get(k)!r})" for k in differ)

@@ -48,7 +48,8 @@ SWEEP = "sweep.json"
 BENCHMARK = "results.json"
 #: keys that never tell settings apart (bookkeeping, paths, where the run ran)
 IGNORED = frozenset({"seed", "output-dir", "resume-from", "data-dir", "device", "download", "checkpoint-every",
-                     "node-wait-timeout", "store", "method", "aggregation", "client-state-dir", "allow-empty-client-state"})
+                     "node-wait-timeout", "store", "method", "aggregation", "client-state-dir", "allow-empty-client-state",
+                     "target-accuracy"})
 #: the table's figures: (summary key, column title)
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("bmta", "BMTA %"),
