@@ -28,6 +28,7 @@ from flower_pfl.engine.disk_store import DiskClientModelStore
 from flower_pfl.engine.extras import MissingExtra
 from flower_pfl.engine.memory import in_blocks
 from flower_pfl.engine.method_server import MethodServer
+from flower_pfl.engine.new_clients import NewClients
 from flower_pfl.engine.params import param_specs
 from flower_pfl.engine.reply_checks import ReplyBounds
 from flower_pfl.engine.sampling import Sampler
@@ -66,7 +67,6 @@ from server_apps.cluster import check_cluster_paths
 from server_apps.console import divert_client_failures, quiet_round_loop
 from server_apps.factory import build_legacy_strategy, build_message_strategy, participants
 from server_apps.guard import ReplyGuard
-from server_apps.new_clients import NewClients
 from server_apps.node_order import QUERY_TIMEOUT, RankedGrid, ask, query_nodes
 from server_apps.recording import RecordedLegacyStrategy, RecordedStrategy
 from server_apps.seeded import SeededClientManager

@@ -41,7 +41,7 @@ LR, LOCAL_STEPS, BATCH_SIZE, SERVER_ROUND = "lr", "local-steps", "batch-size", "
 #: instruction entries of the package's ServerApp: the results folder's name (clients keep their state
 #: under it) and, in a resumed run, the round of the checkpoint it continues from
 RUN_KEY, RESUMED_AFTER = "run-key", "resumed-after"
-#: evaluation-instruction entries of a client that never trains (``MethodServer.unseen``): that it is one, and
+#: evaluation-instruction entries of a client that never trains (``flower_pfl.engine.new_clients``): that it is one, and
 #: the local steps it takes on its own training data before it evaluates (FL-bench's ``finetune_epoch``)
 NEW_CLIENT, FINETUNE_STEPS = "new-client", "finetune-steps"
 #: proximal weight μ in ``min f_i(w) + μ/2 ||w − a||²`` (the key of Flower's Message-API FedProx;

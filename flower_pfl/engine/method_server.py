@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, FINETUNE_STEPS, NEW_CLIENT, ClientAlgorithm
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, ClientAlgorithm
 from flower_pfl.engine.client_contract import (
     ignored_algorithm_message,
     missing_algorithm_message,
@@ -25,6 +25,7 @@ from flower_pfl.engine.client_metrics import is_finite_number
 from flower_pfl.engine.layout import ParamLayout
 from flower_pfl.engine.memory import CHUNK_BYTES
 from flower_pfl.engine.model_facts import ModelFacts
+from flower_pfl.engine.new_clients import NewClients
 from flower_pfl.engine.reply_checks import (
     RawReply,
     Reply,
@@ -85,8 +86,8 @@ class MethodServer:
         self.sampler = Sampler(seed)
         #: the metric under which clients report their rank (None: ranks are only set, never learned)
         self.rank_key = rank_key
-        #: the ranks (partition ids) of the clients that never train, and the local steps they take before evaluating
-        self.unseen, self.finetune_steps = frozenset(int(r) for r in unseen), finetune_steps
+        #: the clients that never train, by rank (partition id), and the local steps they take before evaluating
+        self.new = NewClients(self.sampler, frozenset(int(r) for r in unseen), finetune_steps)
         self._claims: dict[int, ClientId] = {}  # rank -> the first client that has it
         self._rank_asked: set[ClientId] = set()
         self._duplicate_reported = self._unranked_reported = self._rank_query_unanswered = False
@@ -238,19 +239,15 @@ class MethodServer:
 
     def is_unseen(self, client_id: ClientId) -> bool:
         """Whether ``client_id`` is one of the clients that never train (by its rank)."""
-        rank = self.sampler.rank.get(client_id)
-        return rank is not None and rank in self.unseen
+        return self.new.is_new(client_id)
 
-    def trainers(self, available: Iterable[ClientId]) -> list[ClientId]:
-        """The available clients that may train (the unseen ones left out), in rank order."""
-        return [c for c in self.sampler.order(available) if not self.is_unseen(c)]
 
     def plan_training(self, server_round: int, available: Iterable[ClientId]) -> list[Instruction]:
         """Sample the round's participants (never an unseen client) and return the method's training
         instructions; none when no client is available (the method is not asked: a round without participants
         changes nothing)."""
         self._require()
-        pool = self.trainers(available)
+        pool = self.new.trainers(available)
         sampled = self.last_participants = self.sample(pool, self.participants(len(pool)))
         chosen = set(sampled)
         others = [c for c in pool if c not in chosen]
@@ -283,11 +280,9 @@ class MethodServer:
         for start in range(0, len(seen), step):
             for ins in on_host(self.method.evaluation_instructions(server_round, seen[start:start + step])):
                 yield named(ins, algorithm)
-        new = [c for c in ids if self.is_unseen(c)]
-        settings = {NEW_CLIENT: True, **({FINETUNE_STEPS: self.finetune_steps} if self.finetune_steps else {})}
-        for start in range(0, len(new), step):
-            for ins in on_host(self.method.new_client_instructions(server_round, new[start:start + step])):
-                yield named(replace(ins, config={**ins.config, **settings}), algorithm)
+        if new := [c for c in ids if self.is_unseen(c)]:  # all at once: what a new client gets is the federation's
+            for ins in on_host(self.method.new_client_instructions(server_round, new)):
+                yield named(replace(ins, config={**ins.config, **self.new.settings()}), algorithm)
 
     def check(self, raw: RawReply) -> Reply:
         """One reply checked on its own (model, sample count, extras), or ``UpdateRejected``."""

@@ -1,7 +1,8 @@
-"""Clients that never train, where Flower's own strategies (FedAvg, FedProx, FedAvgM, FedAdam) run: they are left
-out of every training draw, evaluate the global model Flower's strategy sends everyone (a new client's model
-under any global-model method), first fine-tuned where the run asks, and are reported apart. The package's own
-strategies do this in ``MethodServer``; this is the same for a strategy that is not theirs."""
+"""Clients that never train (``unseen-fraction``, ``unseen-domains``): who they are by rank, the clients that may
+train, and what a new client's evaluation instruction adds. ``MethodServer`` leaves them out of its draws with it;
+where Flower's own strategies (FedAvg, FedProx, FedAvgM, FedAdam) run, the ServerApp's recording wrappers and
+seeded client manager do the same with it (those strategies send every client the global model: a new client's
+model under any global-model method)."""
 
 from __future__ import annotations
 

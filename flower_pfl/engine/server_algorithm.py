@@ -81,8 +81,9 @@ class ServerAlgorithm:
         raise NotImplementedError
 
     def new_client_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
-        """What each of ``ids`` (at least one), clients that never train, evaluates (``new_client_rule``): by
-        default what ``evaluation_instructions`` sends a client that has not trained yet."""
+        """What each of ``ids`` (at least one), clients that never train, evaluates (``new_client_rule``), asked
+        for all of a round's new clients at once; by default what ``evaluation_instructions`` sends a client that
+        has not trained yet."""
         return self.evaluation_instructions(server_round, ids)
 
     def common_tensors(self) -> frozenset[int]:
