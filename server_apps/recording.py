@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -17,6 +18,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy as MessageStrategy
 
 from flower_pfl.engine.client_metrics import NEW_CLIENT_ROW
+from flower_pfl.engine.new_clients import NewClients
 from flower_pfl.engine.reply_checks import UpdateRejected, check_evaluation
 from flower_pfl.engine.sampling import Sampler
 from flower_pfl.engine.wording import agreeing, counted
@@ -24,8 +26,7 @@ from flower_pfl.run.cost import BYTES_DOWN, BYTES_UP, MEASURED, PEAK_MEMORY, pea
 from flower_pfl.run.results import RunFailed, RunRecorder
 from server_apps.checkpoints import Checkpointer
 from server_apps.guard import ReplyGuard
-from server_apps.new_clients import NewClients
-from server_apps.seeded import SampledGrid, in_rank_order, node_id
+from server_apps.seeded import SampledGrid, SeededClientManager, in_rank_order, node_id
 from strategies.aggregated_metrics import ACCURACY, PersonalizedMetrics
 from strategies.arrays import record_numpy
 from strategies.failures import RAY_ACTOR_LOSSES, NodeFailures
@@ -297,7 +298,8 @@ class RecordedLegacyStrategy(LegacyStrategy, _Schedule):
         server_round += self.offset
         self.arrays = parameters_to_ndarrays(parameters) if parameters is not None else None
         self.before_round(server_round, self.named())
-        return self._measured(self.inner.configure_fit(server_round, parameters, client_manager))
+        with client_manager.drawing_trainers() if isinstance(client_manager, SeededClientManager) else nullcontext():
+            return self._measured(self.inner.configure_fit(server_round, parameters, client_manager))
 
     def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
         server_round += self.offset

@@ -10,7 +10,8 @@ API: a grid that lists just them; legacy API: a client manager that samples with
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from flwr.server.client_manager import SimpleClientManager
@@ -18,8 +19,8 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.criterion import Criterion
 from flwr.serverapp import Grid
 
+from flower_pfl.engine.new_clients import NewClients
 from flower_pfl.engine.sampling import Sampler
-from server_apps.new_clients import NewClients
 
 
 class SampledGrid:
@@ -42,18 +43,31 @@ class SeededClientManager(SimpleClientManager):
     def __init__(self, sampler: Sampler, new: NewClients | None = None) -> None:
         super().__init__()
         self.sampler, self.new = sampler, new or NewClients(sampler)
+        #: the strategy draws a training round's clients (``training``): never a new client, even when all are asked
+        self.training = False
         self._lock = threading.Lock()
+
+    @contextmanager
+    def drawing_trainers(self) -> Iterator[None]:
+        """Within: every draw is a training round's."""
+        self.training = True
+        try:
+            yield
+        finally:
+            self.training = False
 
     def sample(self, num_clients: int, min_num_clients: int | None = None, criterion: Criterion | None = None) -> list[ClientProxy]:
         self.wait_for(min_num_clients if min_num_clients is not None else num_clients)
         with self._lock:
             clients = dict(self.clients)
         available = [node_id(cid) for cid, proxy in clients.items() if criterion is None or criterion.select(proxy)]
+        if self.training:
+            available = self.new.trainers(available)  # type: ignore[assignment]  # the ids it was given
         if num_clients > len(available):
             return []
         if num_clients == len(available):  # every client (e.g. evaluation): no draw, so training's sample stays put
             return [clients[str(n)] for n in self.sampler.order(available)]
-        return [clients[str(n)] for n in self.sampler.sample(self.new.trainers(available), num_clients)]
+        return [clients[str(n)] for n in self.sampler.sample(available, num_clients)]
 
 
 def node_id(cid: str) -> int | str:

@@ -51,11 +51,16 @@ def checked_evaluations(rows: Iterable[tuple[Hashable, Mapping[str, Any]]], accu
     return good, refused
 
 
-def split_new_clients(is_new: Callable[[Hashable], bool], rows: Sequence[tuple[Hashable, dict[str, Any]]]
-                      ) -> tuple[list[tuple[Hashable, dict[str, Any]]], list[tuple[Hashable, dict[str, Any]]]]:
-    """``(client, metrics)`` rows of the participating clients and of the clients that never train (``is_new``):
-    the server knows which are which, whatever a reply says."""
-    return [r for r in rows if not is_new(r[0])], [r for r in rows if is_new(r[0])]
+def checked_groups(is_new: Callable[[Hashable], bool], rows: Iterable[tuple[Hashable, Mapping[str, Any]]], accuracy_key: str,
+                   max_weight_ratio: float) -> tuple[list[tuple[Hashable, dict[str, Any]]], list[tuple[Hashable, dict[str, Any]]],
+                                                     list[tuple[Hashable, str]]]:
+    """``checked_evaluations`` of the participating clients' rows and, apart, of the clients that never train
+    (``is_new``: the server knows which are which, whatever a reply says), each group's sample counts capped
+    by its own median; returns both groups' usable rows and every refusal."""
+    rows = list(rows)
+    kept, refused = checked_evaluations([r for r in rows if not is_new(r[0])], accuracy_key, max_weight_ratio)
+    new, refused_new = checked_evaluations([r for r in rows if is_new(r[0])], accuracy_key, max_weight_ratio)
+    return kept, new, refused + refused_new
 
 
 def log_refused_evaluations(server_round: int | None, refused: list[tuple[Hashable, str]]) -> None:

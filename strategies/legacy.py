@@ -50,11 +50,10 @@ from strategies.aggregated_metrics import (
     IDENTITIES,
     NUM_EXAMPLES,
     PersonalizedMetrics,
-    checked_evaluations,
+    checked_groups,
     log_refused_evaluations,
     reply_counts,
     round_replies_metrics,
-    split_new_clients,
 )
 from strategies.failures import LOST_AFTER, UNNAMED, NodeFailures
 from strategies.nodes import NODE_WAIT_TIMEOUT
@@ -364,9 +363,8 @@ class LegacyMethodStrategy(PerMethodDocs, Strategy):
         self._account(server_round, results, failures, "evaluate")
         rows = ranked_rows(self.server, [(client_id(proxy), {**res.metrics, NUM_EXAMPLES: res.num_examples}) for proxy, res in results])
         losses = {client_id(proxy): res.loss for proxy, res in results}
-        kept_rows, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
+        kept_rows, new, refused = checked_groups(self.server.is_unseen, rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
-        kept_rows, new = split_new_clients(self.server.is_unseen, kept_rows)
         if not kept_rows and not new:
             return None, {}
         weighted = [(row[NUM_EXAMPLES], float(losses[cid])) for cid, row in kept_rows  # type: ignore[index]

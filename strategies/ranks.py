@@ -49,8 +49,8 @@ def ranked_rows(server: MethodServer, rows: Sequence[Row]) -> list[Row]:
 def prepare_draw(server: MethodServer, available: Sequence[ClientId], k: int, ask: Ask | None, advice: str) -> None:
     """Before ``k`` of ``available`` are drawn: ask the nodes without a rank that were not asked yet
     (``ask``; ``None``: nobody is asked), and warn once when some still have none. Nothing when all of
-    them are taken (no draw)."""
-    if k >= len(available):
+    them are taken (no draw), unless some clients never train: they are known by their rank."""
+    if k >= len(available) and not server.new:
         return
     if ask is not None and (unasked := server.unasked(available)):
         probe = list(ask(unasked[:1]))  # one node first: an app that does not answer is asked once, not once per node

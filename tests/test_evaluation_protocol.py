@@ -289,3 +289,61 @@ def test_a_resumed_run_keeps_its_new_clients_and_gives_the_uninterrupted_numbers
     assert _numbers(resumed) == _numbers(whole)
     assert json.loads((resumed / "summary.json").read_text())["unseen_partition_ids"] == \
         json.loads((whole / "summary.json").read_text())["unseen_partition_ids"]
+
+
+def test_flowers_own_legacy_draw_never_trains_a_new_client_even_when_it_takes_every_trainer():
+    """Four clients available, one of them new, a training draw of four (lost nodes left exactly four): the three
+    that may train, never the new one; an evaluation draw of all takes all."""
+    from flwr.server.client_proxy import ClientProxy
+
+    from flower_pfl.engine.new_clients import NewClients
+    from flower_pfl.engine.sampling import Sampler
+    from server_apps.seeded import SeededClientManager
+
+    class Proxy(ClientProxy):
+        def get_properties(self, *a: Any) -> Any: ...
+        def get_parameters(self, *a: Any) -> Any: ...
+        def fit(self, *a: Any) -> Any: ...
+        def evaluate(self, *a: Any) -> Any: ...
+        def reconnect(self, *a: Any) -> Any: ...
+
+    sampler = Sampler(0, {n: n for n in range(4)})
+    manager = SeededClientManager(sampler, NewClients(sampler, frozenset({2})))
+    for n in range(4):
+        manager.register(Proxy(str(n)))
+    with manager.drawing_trainers():
+        assert [p.cid for p in manager.sample(4)] == [] and [p.cid for p in manager.sample(3)] == ["0", "1", "3"]
+    assert [p.cid for p in manager.sample(4)] == ["0", "1", "2", "3"]
+
+
+def test_a_strategy_in_an_app_of_ones_own_asks_the_ranks_before_any_draw_when_some_clients_never_train():
+    from strategies.ranks import prepare_draw
+
+    server = MethodServer(FedPer(), 3, unseen=[1], rank_key="partition-id")
+    asked: list[Any] = []
+    prepare_draw(server, [10, 11, 12], 3, lambda ids: asked.extend(ids) or [(i, {"partition-id": i - 10}) for i in ids], "{key}")
+    assert sorted(asked) == [10, 11, 12] and server.is_unseen(11) and not server.is_unseen(10)
+
+
+def test_new_clients_have_their_own_weight_cap_and_the_participants_mean_keeps_its_order():
+    from strategies.aggregated_metrics import checked_groups
+
+    rows = [(0, {"accuracy": 0.5, "num-examples": 10}), (1, {"accuracy": 1.0, "num-examples": 10}),
+            (2, {"accuracy": 0.0, "num-examples": 10_000})]
+    kept, new, refused = checked_groups(lambda c: c == 2, rows, "accuracy", max_weight_ratio=2.0)
+    assert [r["num-examples"] for _, r in kept] == [10, 10] and new[0][1]["num-examples"] == 10_000 and not refused
+    values = [0.9, 0.1, 0.7, 0.3, 0.55, 0.2, 0.8]
+    assert new_client_metrics([{"accuracy": v} for v in values], [1.0] * 7)["unseen-accuracy-mean"] == float(np.mean(values))
+
+
+def test_a_checkpoint_written_before_these_keys_resumes():
+    from server_apps.checkpoints import Resumption
+
+    resumption = Resumption.__new__(Resumption)
+    resumption.folder, resumption.meta = Path("."), {"layout": {"w": [2]}}
+    today = ExperimentConfig().to_run_config()
+    resumption.meta["config"] = {k: v for k, v in today.items() if k not in ("val-fraction", "unseen-fraction", "unseen-domains",
+                                                                              "new-client-finetune-steps", "target-accuracy")}
+    resumption.check(today, {"w": [2]})  # the keys it predates read as their defaults
+    with pytest.raises(ConfigError, match="'val-fraction' = 0.2 \\(checkpoint: 0.0\\)"):
+        resumption.check({**today, "val-fraction": 0.2}, {"w": [2]})

@@ -35,11 +35,10 @@ from strategies.aggregated_metrics import (
     IDENTITIES,
     NUM_EXAMPLES,
     PersonalizedMetrics,
-    checked_evaluations,
+    checked_groups,
     log_refused_evaluations,
     reply_counts,
     round_replies_metrics,
-    split_new_clients,
 )
 from strategies.arrays import array_numpy, numpy_array, numpy_record, record_numpy
 from strategies.failures import LOST_AFTER
@@ -313,9 +312,8 @@ class MethodStrategy(PerMethodDocs, Strategy):
         left out with a logged reason."""
         good, _ = split_replies(server_round, replies, self._outbox, self.nodes.failures)
         rows = ranked_rows(self.server, [(node_id, _metrics(msg, self.weighted_by_key)) for node_id, msg in good])
-        kept, refused = checked_evaluations(rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
+        kept, new, refused = checked_groups(self.server.is_unseen, rows, self.accuracy_key, self.server.bounds.max_weight_ratio)
         log_refused_evaluations(server_round, refused)
-        kept, new = split_new_clients(self.server.is_unseen, kept)
         if not kept and not new:
             return None
         records = [RecordDict({"metrics": MetricRecord({**{k: v for k, v in row.items() if k != NUM_EXAMPLES},
