@@ -225,8 +225,10 @@ class Node:
 
     def _val_data(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The client's validation part (``val-fraction``), or ``None`` without one."""
+        if not self.data.has_validation:
+            return None
         data = on_device(self.data, self.device)
-        return (data.x_val, data.y_val) if data.has_validation else None  # type: ignore[return-value]
+        return data.x_val, data.y_val  # type: ignore[return-value]
 
     def _test(self, model: torch.nn.Module) -> EvalResult:
         return evaluate_model(model, *self._test_data())

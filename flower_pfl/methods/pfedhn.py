@@ -99,11 +99,10 @@ class PFedHN(Method, ServerAlgorithm):
 
     def new_client_instructions(self, server_round: int, ids: Sequence[ClientId]) -> list[Instruction]:
         """``h(v̄; φ)``, ``v̄`` the mean embedding of the participating clients (a new client's own would be
-        untrained: the paper learns one for a novel client, which evaluation alone cannot)."""
-        if not self.embeddings:
-            return self.evaluation_instructions(server_round, ids)
+        untrained: the paper learns one for a novel client, which evaluation alone cannot); none is stored."""
+        known = list(self.embeddings.values()) or [torch.zeros(self.embed_dim)]  # none yet: the embeddings' mean, 0
         with torch.no_grad():
-            model = self.hnet(torch.stack(list(self.embeddings.values())).mean(0)[None])[0]
+            model = self.hnet(torch.stack(known).mean(0)[None])[0]
         return [Instruction(cid, model, self.evaluation_config()) for cid in ids]
 
     def aggregate(self, server_round: int, replies: Sequence[Reply]) -> None:
