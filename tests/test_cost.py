@@ -1,6 +1,7 @@
 """A run's cost (``flower_pfl.run.cost``, ``strategies.traffic``): the bytes of the messages both APIs' strategies
-send and receive, checked by hand against the arrays sent; what crosses to nodes hosting several clients; the
-clients' training time and the peak memory in a real run's rows; the summary's totals."""
+send and receive, checked by hand against the arrays sent (SCAFFOLD's control variates, IFCA's cluster models);
+what crosses to nodes hosting several clients; the clients' training time and the peak memory in a real run's
+rows; the summary's totals."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import strategies
 import strategies.message
 from flower_pfl.engine.server_algorithm import GlobalModelAlgorithm
 from flower_pfl.engine.wire import encode_vector
+from flower_pfl.methods.ifca import CLUSTER, MODELS
 from flower_pfl.methods.scaffold import CONTROL, CONTROL_DELTA
 from flower_pfl.run.cost import (
     BYTES_DOWN,
@@ -141,6 +143,33 @@ def test_scaffold_sends_its_control_variate_beside_the_model_both_ways():
     assert scaffold[BYTES_UP_PER_CLIENT] == sent["fedavg"][0][BYTES_UP_PER_CLIENT] + len(delta) == MODEL + 16 + 4 * dim
     assert scaffold[BYTES_DOWN_PER_CLIENT] >= sent["fedavg"][0][BYTES_DOWN_PER_CLIENT] + 4 * dim
     assert sent["ditto"][0][BYTES_UP_PER_CLIENT] == sent["fedavg"][0][BYTES_UP_PER_CLIENT]
+
+
+def test_ifca_sends_every_cluster_model_to_each_client_in_both_apis():
+    """IFCA's k cluster models travel down in each client's config (k times the model's values, once per client),
+    and each reply carries the client's one-hot cluster choice (k float32) beside its model."""
+    k, clients = 3, 2
+    dim = sum(a.size for a in fb.model_arrays(0.0).values())
+    choice = encode_vector(torch.tensor([0.0, 1.0, 0.0]))
+    message = strategies.message.IFCA(num_clusters=k, clients_per_round=clients, min_available_nodes=1)
+    msgs, _, metrics = _message_round(message, fb.FakeGrid(range(4)),
+                                      lambda m: fb.train_reply(m, fb.model_arrays(0.5), extras={CLUSTER: choice}))
+    assert metrics["clients-accepted"] == clients
+    configs = [m.content["config"] for m in msgs]
+    assert all(len(c[MODELS]) == k * 4 * dim for c in configs)  # float32, every cluster's model
+    # each message's arrays (the model its client was last assigned) and its config, the cluster models in it
+    assert metrics[BYTES_DOWN] == clients * MODEL + sum(_values(c) for c in configs)
+    assert metrics[BYTES_DOWN_PER_CLIENT] >= MODEL + k * 4 * dim
+    assert metrics[BYTES_UP] == clients * (MODEL + 16 + len(choice)) and len(choice) == 4 * k
+
+    legacy = strategies.IFCA(num_clusters=k, initial_parameters=fb.model_arrays(0.0), clients_per_round=clients,
+                             min_available_clients=1, on_fit_config_fn=lambda _: dict(CONFIG))
+    ins = legacy.configure_fit(1, legacy.initial_parameters, fb.client_manager([str(i) for i in range(4)]))
+    assert all(len(fit.config[MODELS]) == k * 4 * dim for _, fit in ins)
+    results = [(p, fb.fit_res(list(fb.model_arrays(0.5).values()), extras={CLUSTER: choice})) for p, _ in ins]
+    _, legacy_metrics = legacy.aggregate_fit(1, results, [])
+    assert legacy_metrics[BYTES_DOWN] == clients * MODEL + sum(_values(fit.config) for _, fit in ins)
+    assert legacy_metrics[BYTES_UP] == metrics[BYTES_UP]  # the model, train-loss, the cluster choice, num-examples
 
 
 class _Nodes:
