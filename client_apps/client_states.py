@@ -28,6 +28,8 @@ from flower_pfl.engine.client_algorithm import RESUMED_AFTER, SERVER_ROUND
 
 #: a node's record of its clients' latest state files: client id (text) -> round
 ROUNDS = "pfl.state-rounds"
+#: a client's entry under ``ROUNDS`` once its folder was found to hold no state
+NONE_KEPT = -1
 _PREFIX = "c{}/"
 
 
@@ -58,10 +60,12 @@ class ClientStates:
         else:
             state = RecordDict()
             known = self._rounds().get(str(client))
-            last = int(known) if isinstance(known, int) else None
-            if last is None and phase != MessageType.QUERY:  # the client's first message in this node's Context
+            last = int(known) if isinstance(known, int) and known != NONE_KEPT else None
+            if known is None and phase != MessageType.QUERY:  # the client's first message in this node's Context
                 after = int(config[RESUMED_AFTER]) if RESUMED_AFTER in config else None
                 last = persisted_state.latest(folder, after)
+                if last is None:  # looked once: a method that keeps no state has its folder never read again
+                    self._remember(client, NONE_KEPT)
             if last is not None:
                 persisted_state.load(state, folder, last)
         if not self.hosted and phase != MessageType.QUERY:
@@ -89,9 +93,13 @@ class ClientStates:
                 node.state[prefix + name] = record
         elif phase == MessageType.TRAIN and persisted_state.write(state, self.node_config, config, client, server_round,
                                                                    self.checkpoint_every):
-            rounds = self._rounds()
-            rounds[str(client)] = server_round
-            node.state[ROUNDS] = rounds
+            self._remember(client, server_round)
+
+    def _remember(self, client: int, server_round: int) -> None:
+        """The round of ``client``'s latest file (``NONE_KEPT``: it has none)."""
+        rounds = self._rounds()
+        rounds[str(client)] = server_round
+        self.node.state[ROUNDS] = rounds
 
     def _rounds(self) -> ConfigRecord:
         rounds = self.node.state.get(ROUNDS)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,13 @@ CLIENT_STATE = "client-state"
 
 def state_dir(node_config: Mapping[str, Any]) -> Path:
     """The node's folder for persisted client state."""
-    default = os.environ.get("FLOWER_PFL_CLIENT_STATE_DIR") or Path.home() / ".cache" / "flower-pfl" / "client-state"
-    return Path(str(node_config.get("client-state-dir", default))).expanduser()
+    return _state_dir(str(node_config.get("client-state-dir", "")), os.environ.get("FLOWER_PFL_CLIENT_STATE_DIR", ""))
+
+
+@lru_cache(maxsize=16)
+def _state_dir(configured: str, environment: str) -> Path:
+    """``state_dir`` of a node config's and the environment's folders (made once: every client's every message asks)."""
+    return Path(configured or environment or Path.home() / ".cache" / "flower-pfl" / "client-state").expanduser()
 
 
 def missing(node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int, needed: int) -> str | None:
@@ -75,9 +81,12 @@ def folder(node_config: Mapping[str, Any], config: Mapping[str, Any], partition_
     """The folder of ``partition_id``'s client state in the run ``config``'s run key names (``None``: no run
     key, as from a user's own strategy, or one that is not a plain folder name)."""
     run = str(config.get(RUN_KEY, ""))
-    if not re.fullmatch(r"[A-Za-z0-9._+-]+", run) or run in (".", ".."):
+    if not _PLAIN.fullmatch(run) or run in (".", ".."):
         return None
     return state_dir(node_config) / run / f"partition-{partition_id}"
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9._+-]+")
 
 
 def latest(state_folder: Path, after: int | None) -> int | None:
