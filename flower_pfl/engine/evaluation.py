@@ -52,41 +52,57 @@ def evaluate_together(model: nn.Module, states: Sequence[Sequence[torch.Tensor]]
                       tests: Sequence[tuple[torch.Tensor, torch.Tensor]], batch_size: int = 4096) -> list[EvalResult]:
     """``evaluate`` of each client's model (``states[i]``: its ``state_dict``'s tensors, on ``model``'s
     architecture) on its own test split ``tests[i]``, the clients as one computation. Clients holding the same
-    model (a global model's) share its forward passes. Each step runs every model with samples left on its next
-    samples, about ``batch_size`` samples in all (a model's last chunk padded with its first sample, the padding
-    left out of the sums)."""
+    model (a global model's; one state object given for several clients is fingerprinted once) share its
+    forward passes. Each step runs every model with samples left on its next samples, about ``batch_size``
+    samples in all (a model's last chunk padded with its first sample, the padding left out of the sums); one
+    model runs on its clients' samples in order, ``batch_size`` at a time, without ``vmap``."""
     if not states:
         return []
-    forward = vmap(Functional(model))
     model.eval()
     device = tests[0][1].device
+    prints: dict[int, int] = {}  # by the id of a state object: its fingerprint, computed once
     models: dict[int, list[int]] = {}  # a model's fingerprint -> the clients holding it
     for i, state in enumerate(states):
-        models.setdefault(fingerprint(state), []).append(i)
+        if (crc := prints.get(id(state))) is None:
+            crc = prints[id(state)] = fingerprint(state)
+        models.setdefault(crc, []).append(i)
     members = list(models.values())
-    stacked = [torch.stack([states[m[0]][k] for m in members]) for k in range(len(states[0]))]
-    owners = torch.cat([torch.full((len(tests[i][1]),), i, dtype=torch.int64) for m in members for i in m]).to(device)
-    x_all = torch.cat([tests[i][0] for m in members for i in m])
-    y_all = torch.cat([tests[i][1] for m in members for i in m])
-    sizes = torch.tensor([sum(len(tests[i][1]) for i in m) for m in members], device=device)
-    starts = torch.cumsum(sizes, 0) - sizes
+    order = [i for m in members for i in m]
+    counts = [len(tests[i][1]) for i in order]
+    owners = torch.repeat_interleave(torch.tensor(order, device=device), torch.tensor(counts, device=device))
+    x_all = torch.cat([tests[i][0] for i in order])
+    y_all = torch.cat([tests[i][1] for i in order])
     losses = torch.zeros(len(states), dtype=torch.float64, device=device)
     correct = torch.zeros(len(states), dtype=torch.int64, device=device)
-    position, active = 0, torch.arange(len(members), device=device)
-    while True:
-        active = active[sizes[active] > position]  # the models with samples left
-        if len(active) == 0:
-            break
-        chunk = max(1, batch_size // len(active))
-        offsets = position + torch.arange(chunk, device=device)
-        keep = offsets[None, :] < sizes[active, None]
-        rows = torch.where(keep, starts[active, None] + offsets[None, :], starts[active, None])
-        x, y, owner = x_all[rows], y_all[rows], owners[rows].flatten()
-        logits = forward([t[active] for t in stacked], x)
-        each = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(len(active), chunk)
-        losses.index_add_(0, owner, torch.where(keep, each, 0).flatten().to(torch.float64))
-        correct.index_add_(0, owner, ((logits.argmax(-1) == y) & keep).flatten().to(torch.int64))
-        position += chunk
+
+    def add(logits: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        each = F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction="none").view(y.shape)
+        hits = logits.argmax(-1) == y
+        if keep is not None:
+            each, hits = torch.where(keep, each, 0), hits & keep
+        losses.index_add_(0, owner, each.flatten().to(torch.float64))
+        correct.index_add_(0, owner, hits.flatten().to(torch.int64))
+
+    if len(members) == 1:  # one model for every client: contiguous chunks of its clients' samples
+        run, state = Functional(model), states[members[0][0]]
+        for start in range(0, len(y_all), batch_size):
+            add(run(state, x_all[start:start + batch_size]), y_all[start:start + batch_size], owners[start:start + batch_size])
+    else:
+        forward = vmap(Functional(model))
+        stacked = [torch.stack([states[m[0]][k] for m in members]) for k in range(len(states[0]))]
+        sizes = torch.tensor([sum(len(tests[i][1]) for i in m) for m in members], device=device)
+        starts = torch.cumsum(sizes, 0) - sizes
+        position, active = 0, torch.arange(len(members), device=device)
+        while True:
+            active = active[sizes[active] > position]  # the models with samples left
+            if len(active) == 0:
+                break
+            chunk = max(1, batch_size // len(active))
+            offsets = position + torch.arange(chunk, device=device)
+            keep = offsets[None, :] < sizes[active, None]
+            rows = torch.where(keep, starts[active, None] + offsets[None, :], starts[active, None])
+            add(forward([t[active] for t in stacked], x_all[rows]), y_all[rows], owners[rows].flatten(), keep)
+            position += chunk
     sizes_each = [len(y) for _, y in tests]
     return [EvalResult(loss=loss / max(n, 1), accuracy=c / max(n, 1), num_examples=n)
             for loss, c, n in zip(losses.tolist(), correct.tolist(), sizes_each)]
