@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from logging import WARNING
 from typing import Any, cast
 
@@ -118,7 +118,7 @@ class Node:
     def arrays(self) -> list[np.ndarray]:
         return [t.detach().cpu().numpy() for t in self.model.state_dict().values()]
 
-    @property
+    @cached_property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
@@ -336,7 +336,7 @@ def train(msg: Message, context: Context) -> Message:
 def _train(content: RecordDict, context: Context) -> RecordDict:
     """One client's reply to its training instruction ``content``."""
     node = Node.from_context(context)
-    received = content.array_records["arrays"]
+    received = _arrays(content)
     node.load(record_numpy(received))
     metrics, payload = node.fit(content["config"])
     return _train_reply(list(received.keys()), node.arrays(), metrics, payload)
@@ -401,7 +401,7 @@ def train_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> 
         part = range(start, min(start + chunk, len(contents)))
         rounds, names = [], []
         for i in part:
-            received = contents[i].array_records["arrays"]
+            received = _arrays(contents[i])
             nodes[i].load(decoded(received))
             rounds.append(nodes[i].start_fit(configs[i]))
             names.append(list(received.keys()))
@@ -429,7 +429,7 @@ def evaluate_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) 
 
 def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model: torch.nn.Module,
                     why: str | None) -> tuple[list[RecordDict], list[str | None]]:
-    configs = [_evaluation_config(c) for c in contents]
+    configs = [_config(c) for c in contents]
     evaluations: list[Evaluation] = []
     results: list[EvalResult | None] = []
     validations: list[EvalResult | None] = []  # on the validation parts (``None``: a client without one)
@@ -444,7 +444,7 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
 
     decoded = Decoded()
     for node, content, config in zip(nodes, contents, configs):
-        received = content.array_records["arrays"]
+        received = _arrays(content)
         node.load(decoded(received))
         evaluation = node.start_evaluate(config, decoded.fingerprint(received))
         evaluations.append(evaluation)
@@ -480,10 +480,6 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
     return replies, reasons
 
 
-def _evaluation_config(content: RecordDict) -> Mapping[str, Any]:
-    return content.config_records["config"] if "config" in content.config_records else {}
-
-
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     if is_legacy(msg):
@@ -494,8 +490,8 @@ def evaluate(msg: Message, context: Context) -> Message:
 def _evaluate(content: RecordDict, context: Context) -> RecordDict:
     """One client's reply to its evaluation instruction ``content``."""
     node = Node.from_context(context)
-    node.load(record_numpy(content.array_records["arrays"]))
-    return RecordDict({"metrics": MetricRecord(node.evaluate(_evaluation_config(content)))})
+    node.load(record_numpy(_arrays(content)))
+    return RecordDict({"metrics": MetricRecord(node.evaluate(_config(content)))})
 
 
 @app.query()
@@ -521,7 +517,7 @@ def _query(content: RecordDict, context: Context) -> RecordDict:
     reply = RecordDict({"metrics": MetricRecord(info)})
     if node.data.group:
         reply[CLIENT_GROUP] = ConfigRecord({CLIENT_GROUP: node.data.group})
-    config: Mapping[str, Any] = content.config_records.get("config", {})
+    config = _config(content)
     if RESUMED_AFTER in config:
         needed = dict(zip(config[STATE_PARTITIONS], config[STATE_ROUNDS]))
         if node.partition_id in needed and (problem := persisted_state.missing(
@@ -575,6 +571,14 @@ def _states(context: Context, hosted: bool) -> ClientStates:
 def _config(content: RecordDict) -> Mapping[str, Any]:
     config = content.get("config")
     return config if isinstance(config, ConfigRecord) else {}
+
+
+def _arrays(content: RecordDict) -> ArrayRecord:
+    """An instruction's model (not ``content.array_records[...]``: that builds a checked copy of the records)."""
+    arrays = content["arrays"]
+    if not isinstance(arrays, ArrayRecord):
+        raise TypeError(f"the instruction's 'arrays' is a {type(arrays).__name__}, not an ArrayRecord")
+    return arrays
 
 
 @dataclass

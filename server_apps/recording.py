@@ -32,6 +32,7 @@ from strategies.arrays import record_numpy
 from strategies.failures import RAY_ACTOR_LOSSES, NodeFailures
 from strategies.legacy import record_failures
 from strategies.nodes import NodeWatch, split_replies
+from strategies.records import merged, records
 from strategies.traffic import content_bytes, legacy_bytes
 
 
@@ -77,7 +78,7 @@ class WireMeter:
 
 
 def _reply_metrics(replies: Iterable[Message]) -> list[dict[str, Any]]:
-    return [{k: v for rec in msg.content.metric_records.values() for k, v in rec.items()}
+    return [merged(msg.content, MetricRecord)
             for msg in replies if not msg.has_error()]
 
 
@@ -232,7 +233,7 @@ class RecordedStrategy(MessageStrategy, _Schedule):
     def _told_new(self, msg: Message) -> Message:
         """``msg`` with the entries of a new client's instruction (``NewClients.settings``) in its config."""
         content = RecordDict({key: record for key, record in msg.content.items()})
-        for key, record in msg.content.config_records.items():
+        for key, record in records(msg.content, ConfigRecord).items():
             content[key] = ConfigRecord({**record, **self.new.settings()})
         return Message(content=content, dst_node_id=msg.metadata.dst_node_id, message_type=msg.metadata.message_type)
 
@@ -244,8 +245,8 @@ class RecordedStrategy(MessageStrategy, _Schedule):
             replies = [msg for _, msg in good]
         received = replies
         replies = self._ordered(replies)
-        usable = {id(msg): row for msg in replies if not msg.has_error() and (records := msg.content.metric_records)
-                  and (row := _usable(next(iter(records.values())))) is not None}
+        usable = {id(msg): row for msg in replies if not msg.has_error() and (found := records(msg.content, MetricRecord))
+                  and (row := _usable(next(iter(found.values())))) is not None}
         self.recorder.on_client_evaluations(server_round, [
             self.client_row(msg.metadata.src_node_id, usable[id(msg)]) for msg in replies if id(msg) in usable])
         new: dict[str, Any] = {}

@@ -28,6 +28,7 @@ from flower_pfl.engine.reply_checks import (
     is_finite_number,
 )
 from flower_pfl.run.cost import NOT_WEIGHTED, reply_cost
+from strategies.records import merged
 
 ACCURACY, LOSS, NUM_EXAMPLES = "accuracy", "loss", "num-examples"
 #: evaluation metrics that name rather than measure (a node's partition, a CRC of its model): never averaged
@@ -117,7 +118,7 @@ class PersonalizedMetrics:
 
     def __call__(self, records: list[RecordDict], weighted_by_key: str = NUM_EXAMPLES) -> MetricRecord:
         """Message API (``evaluate_metrics_aggr_fn``)."""
-        rows: list[dict[str, Any]] = [{k: v for rec in rd.metric_records.values() for k, v in rec.items()} for rd in records]
+        rows: list[dict[str, Any]] = [merged(rd, MetricRecord) for rd in records]
         rows = [r for r in rows if is_finite_number(r.get(weighted_by_key)) and r[weighted_by_key] > 0]
         return MetricRecord(self.aggregate(rows, [float(r[weighted_by_key]) for r in rows], weighted_by_key))
 

@@ -47,6 +47,7 @@ from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
 from strategies.per_method import SHARED_OPTION_DOCS, PerMethodDocs
 from strategies.privacy import check_privacy_mechanisms
 from strategies.ranks import MESSAGE_ADVICE, learn_ranks, prepare_draw, ranked_rows
+from strategies.records import merged, records
 from strategies.replies import log_trainers, receive_round
 from strategies.tracking import StrategyTracking, TrackerArg
 from strategies.traffic import content_bytes
@@ -330,7 +331,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
 
 def _metrics(msg: Message, weighted_by_key: str = NUM_EXAMPLES) -> dict[str, Any]:
     """The reply's metrics (all its MetricRecords together), its sample count as ``num-examples``."""
-    metrics = {k: v for rec in msg.content.metric_records.values() for k, v in rec.items()}
+    metrics = merged(msg.content, MetricRecord)
     if weighted_by_key in metrics:
         metrics[NUM_EXAMPLES] = metrics[weighted_by_key]
     return metrics
@@ -343,13 +344,13 @@ def _plain(metrics: Any) -> dict[str, Any]:
 def raw_reply(node_id: int, msg: Message, weighted_by_key: str = NUM_EXAMPLES) -> RawReply:
     """A training reply's parts; ``UpdateRejected`` when its records are not what the contract says."""
     content = msg.content
-    array_records, metric_records = content.array_records, content.metric_records  # each a new view: read once
+    array_records, metric_records = records(content, ArrayRecord), records(content, MetricRecord)
     if len(array_records) != 1 or len(metric_records) != 1:
         raise UpdateRejected("a reply must hold exactly one ArrayRecord and one MetricRecord")
     record = next(iter(array_records.values()))
     metrics = dict(next(iter(metric_records.values())))
     if weighted_by_key not in metrics:
         raise UpdateRejected(f"MetricRecord lacks '{weighted_by_key}'")
-    extras = {k: v for rec in content.config_records.values() for k, v in rec.items()}
+    extras = merged(content, ConfigRecord)
     arrays = [decoded(f"array '{name}'", partial(array_numpy, array)) for name, array in record.items()]
     return RawReply(node_id, arrays, list(record.keys()), metrics[weighted_by_key], metrics, extras)
