@@ -40,7 +40,7 @@ from strategies.aggregated_metrics import (
     reply_counts,
     round_replies_metrics,
 )
-from strategies.arrays import array_numpy, numpy_array, numpy_record, record_numpy
+from strategies.arrays import array_numpy, array_record, numpy_array, numpy_record, record_numpy
 from strategies.failures import LOST_AFTER
 from strategies.final_results import compact_final_results, log_final_results
 from strategies.nodes import NODE_WAIT_TIMEOUT, NodeWatch, query, split_replies
@@ -245,7 +245,7 @@ class MethodStrategy(PerMethodDocs, Strategy):
         for ins in plan:
             encoded = made(ins.model)
             if last is None or last[0] is not encoded:  # one record for the clients sent one model
-                last = (encoded, ArrayRecord(dict(zip(names, encoded))))
+                last = (encoded, array_record(dict(zip(names, encoded))))
             arrays = last[1]
             record = ConfigRecord({**config, **ins.config, SERVER_ROUND: server_round})
             out.append(Message(content=RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: record}),
