@@ -4,14 +4,18 @@ One FedAvg round on a federation held in memory: sample the round's clients, tra
 global model with plain SGD on fresh minibatches, average the models weighted by their examples, and
 every ``eval_every`` rounds evaluate the global model on every client's test split (loss and accuracy). Two loops:
 
-- ``sequential_round``: client after client, an ``nn.Module`` and ``torch.optim.SGD`` each;
+- ``sequential_round``: client after client, an ``nn.Module`` and ``torch.optim.SGD`` each; ``evaluate``:
+  the global model on each client's test split in turn;
 - ``batched_round``: the round's clients as one computation, ``torch.func.vmap`` of one client's
   loss over their stacked parameters, then one gradient step for all (the same minibatches). A
   model's buffers (batch normalization's running statistics) are each client's own, stacked like
   the parameters and updated in place by the training-mode forward passes (``functional_call``);
   the round averages them with the parameters, as the sequential loop averages the ``state_dict``.
 
-Both train in training mode; ``evaluate`` runs in evaluation mode.
+  ``batched_evaluate``: the global model on every client's test split as one computation (one forward
+  pass over their samples, the sums split by client).
+
+Both train in training mode; evaluation runs in evaluation mode.
 
 ``benchmarks.client_speed`` times them beside the package's own paths.
 """
@@ -61,6 +65,22 @@ def evaluate(model: nn.Module, fed: Federation) -> tuple[float, float]:
             accuracy += float((logits.argmax(1) == y).float().mean())
     model.train()
     return loss / len(fed.x_test), accuracy / len(fed.x_test)
+
+
+def batched_evaluate(model: nn.Module, fed: Federation) -> tuple[float, float]:
+    """``evaluate``'s figures, every client's test split in one forward pass: each sample's loss and hit
+    summed into its client's by ``index_add``."""
+    sizes = torch.tensor([len(y) for y in fed.y_test])
+    owner = torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(fed.y_test[0].device)
+    model.eval()
+    with torch.no_grad():
+        logits, y = model(torch.cat(fed.x_test)), torch.cat(fed.y_test)
+        losses = torch.zeros(len(sizes), dtype=torch.float64, device=y.device).index_add_(
+            0, owner, F.cross_entropy(logits, y, reduction="none").double())
+        hits = torch.zeros(len(sizes), dtype=torch.float64, device=y.device).index_add_(0, owner, (logits.argmax(1) == y).double())
+    model.train()
+    n = sizes.to(losses.device)
+    return float((losses / n).mean()), float((hits / n).mean())
 
 
 def sequential_round(fed: Federation, model: nn.Module, clients: list[int], *, steps: int, batch: int, lr: float,

@@ -14,7 +14,8 @@ Fashion-MNIST's files, 40,000 + 10,000 of them), ``cnn-cifar100`` (the same CNN:
 ``FedAvgCNN``) and ResNet-18 (``model = "resnet18"``: batch normalization, the CIFAR stem) on 32x32x3
 images of 100 classes (random pixels in CIFAR-100's files, its 50,000 + 10,000), written to a temporary
 folder (``--images`` writes fewer), Dirichlet(0.5) label skew. It prints the steady seconds per round
-(rounds 3 to ``--rounds``; the package's from its ``metrics.jsonl``), the median of ``--repeats`` runs
+(rounds 3 to ``--rounds``; the package's from its ``metrics.jsonl``) and the seconds of an evaluation of every
+client (the bare batched one: one forward pass over every client's test split), the median of ``--repeats`` runs
 of each way taken in turn, and clients trained per second, with one torch thread on the CPU. ``--out DIR`` writes ``table.md``
 and ``results.json`` (every run's figure) there.
 """
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.client_floor import Federation, batched_round, evaluate, sequential_round
+from benchmarks.client_floor import Federation, batched_evaluate, batched_round, evaluate, sequential_round
 from flower_pfl.experiment.build import load_client_data, make_model
 from flower_pfl.experiment.config import ExperimentConfig
 from server_apps.inprocess import run_in_process
@@ -124,45 +125,59 @@ def federation(config: dict[str, Any], device: str, nodes: int = NODES) -> Feder
                       lambda: make_model(cfg).to(device))
 
 
-def bare(fed: Federation, rounds: int, batched: bool, per_round: int = PER_ROUND, steps: int = STEPS) -> float:
-    """Steady seconds per round of a bare loop (rounds 3 to ``rounds``)."""
+def bare(fed: Federation, rounds: int, batched: bool, per_round: int = PER_ROUND, steps: int = STEPS) -> tuple[float, float]:
+    """Steady seconds per round of a bare loop (rounds 3 to ``rounds``), and the median seconds of its
+    evaluations of every client (``evaluate``; batched: ``batched_evaluate``)."""
     model, generator = fed.make_model(), torch.Generator().manual_seed(0)
-    train = batched_round if batched else sequential_round
-    times = []
+    train, check = (batched_round, batched_evaluate) if batched else (sequential_round, evaluate)
+    times, evaluations = [], []
     for r in range(1, rounds + 1):
         start = time.perf_counter()
         clients = torch.randperm(len(fed.y_train), generator=generator)[:per_round].tolist()
         train(fed, model, clients, steps=steps, batch=BATCH, lr=LR, generator=generator)
         if r == 1 or r % EVAL_EVERY == 0 or r == rounds:
-            evaluate(model, fed)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return float(np.mean(times[2:]))
+            began = _synced()
+            check(model, fed)
+            evaluations.append(_synced() - began)
+        times.append(_synced() - start)
+    return float(np.mean(times[2:])), float(np.median(evaluations[1:] or evaluations))
 
 
-def package(config: dict[str, Any], rounds: int, batched: bool, out: Path, nodes: int = NODES) -> float:
-    """Steady seconds per round of the package's in-process run (from its ``metrics.jsonl``)."""
+def _synced() -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def package(config: dict[str, Any], rounds: int, batched: bool, out: Path, nodes: int = NODES) -> tuple[float, float]:
+    """Steady seconds per round of the package's in-process run, and the median seconds of its evaluations of
+    every client after round 2 (a round's evaluation row's time less its training row's), from its ``metrics.jsonl``."""
     folder = run_in_process({**config, "num-rounds": rounds, "batch-clients": batched, "output-dir": str(out)}, num_clients=nodes)
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     ends = {r["round"]: r["elapsed_s"] for r in rows}  # the last row of each round
-    return (ends[rounds] - ends[2]) / (rounds - 2)
+    trained = {r["round"]: r["elapsed_s"] for r in rows if r.get("phase") == "train"}
+    evaluations = [r["elapsed_s"] - trained[r["round"]] for r in rows
+                   if r.get("phase") == "evaluate" and r["round"] > 2 and r["round"] in trained]
+    return (ends[rounds] - ends[2]) / (rounds - 2), float(np.median(evaluations)) if evaluations else float("nan")
 
 
 def measure(config: dict[str, Any], device: str, rounds: int, repeats: int, runs: Path, nodes: int = NODES) -> dict[str, Any]:
-    """The four ways' median steady seconds per round (``all``: every run's), ``repeats`` runs of each
-    taken in turn, so that a change in the machine's load hits all four."""
+    """The four ways' median steady seconds per round and seconds of an evaluation of every client
+    (``<way>_evaluation``; ``all``: every run's), ``repeats`` runs of each taken in turn, so that a change in the
+    machine's load hits all four."""
     fed = federation(config, device, nodes)
     per_round, steps = config["clients-per-round"], config["local-steps"]
     ways = {"bare_sequential": lambda: bare(fed, rounds, False, per_round, steps),
             "bare_batched": lambda: bare(fed, rounds, True, per_round, steps),
             "package_sequential": lambda: package(config, rounds, False, runs, nodes),
             "package_batched": lambda: package(config, rounds, True, runs, nodes)}
-    times: dict[str, list[float]] = {way: [] for way in ways}
+    times: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}
     for _ in range(repeats):
         for way, run in ways.items():
             times[way].append(run())
-    return {**{way: float(np.median(t)) for way, t in times.items()}, "all": times}
+    medians = {way: float(np.median([t[0] for t in runs_])) for way, runs_ in times.items()}
+    evaluations = {f"{way}_evaluation": float(np.median([t[1] for t in runs_])) for way, runs_ in times.items()}
+    return {**medians, **evaluations, "all": times}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -204,14 +219,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 HEADER = ("| model | device | bare sequential s/round | bare batched | package one by one (× bare sequential) | "
-          "package batched (× bare batched) | package batched: clients/s | speed-up of batching |\n|---|---|---:|---:|---:|---:|---:|---:|")
+          "package batched (× bare batched) | package batched: clients/s | speed-up of batching | "
+          "evaluation of every client: bare one by one | bare batched | package batched (× bare batched) |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def line(r: dict[str, Any]) -> str:
+    evaluation = (f" {r['bare_sequential_evaluation']:.4f} | {r['bare_batched_evaluation']:.4f} | "
+                  f"{r['package_batched_evaluation']:.4f} ({r['package_batched_evaluation'] / r['bare_batched_evaluation']:.2f}×) |")
     return (f"| {r['model']} | {r['device']} | {r['bare_sequential']:.4f} | {r['bare_batched']:.4f} | "
             f"{r['package_sequential']:.4f} ({r['package_sequential'] / r['bare_sequential']:.2f}×) | "
             f"{r['package_batched']:.4f} ({r['package_batched'] / r['bare_batched']:.2f}×) | "
-            f"{rate(r['per_round'] / r['package_batched'])} | {r['package_sequential'] / r['package_batched']:.2f}× |")
+            f"{rate(r['per_round'] / r['package_batched'])} | {r['package_sequential'] / r['package_batched']:.2f}× |" + evaluation)
 
 
 def rate(clients_per_second: float) -> str:

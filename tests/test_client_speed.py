@@ -11,15 +11,16 @@ import torch
 from torch import nn
 
 from benchmarks import client_speed
-from benchmarks.client_floor import Federation, batched_round, evaluate, sequential_round
+from benchmarks.client_floor import Federation, batched_evaluate, batched_round, evaluate, sequential_round
 
 
 def test_the_four_ways_are_timed_and_tabled(tmp_path):
     result = client_speed.main(["--models", "mlr", "--devices", "cpu", "--rounds", "3", "--repeats", "2", "--out", str(tmp_path)])
     (row,) = result["rows"]
     ways = ("bare_sequential", "bare_batched", "package_sequential", "package_batched")
-    assert all(row[w] > 0 and len(row["all"][w]) == 2 for w in ways)
+    assert all(row[w] > 0 and row[f"{w}_evaluation"] > 0 and len(row["all"][w]) == 2 for w in ways)
     table = (tmp_path / "table.md").read_text()
+    assert f"| {row['bare_batched_evaluation']:.4f} | {row['package_batched_evaluation']:.4f} (" in table
     assert f"| mlr | cpu | {row['bare_sequential']:.4f} | {row['bare_batched']:.4f} |" in table
     assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["package_batched"] == row["package_batched"]
 
@@ -50,3 +51,17 @@ def test_the_bare_batched_round_keeps_each_clients_batch_norm_buffers():
     assert int(together.state_dict()["1.num_batches_tracked"]) == 3
     assert not torch.equal(together.state_dict()["1.running_mean"], torch.zeros(4))
     assert evaluate(one_by_one, fed) == pytest.approx(evaluate(together, fed))
+
+
+def test_the_bare_batched_evaluation_gives_the_one_by_one_figures():
+    g = torch.Generator().manual_seed(0)
+    sizes = (7, 3, 12)
+    xs, ys = [torch.randn(n, 5, generator=g) for n in sizes], [torch.randint(0, 4, (n,), generator=g) for n in sizes]
+    torch.manual_seed(2)
+    model = nn.Linear(5, 4)
+    fed = Federation(xs, ys, xs, ys, lambda: model)
+    loss, accuracy = batched_evaluate(model, fed)
+    assert (loss, accuracy) == pytest.approx(evaluate(model, fed))
+    hits = [float((model(x).argmax(1) == y).float().mean()) for x, y in zip(xs, ys)]
+    assert accuracy == pytest.approx(sum(hits) / 3)  # a mean over clients, not over samples
+    assert model.training
