@@ -70,14 +70,20 @@ class FlwrRunEngine:
                                          FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port))
         self._starting = threading.Lock()  # the first cell starts the SuperLink; the others wait for it
 
-    def run_cell(self, cell: Cell) -> dict[str, Any]:
+    def start(self) -> None:
+        """Start this engine's SuperLink unless it answers, and name it in the home's configuration
+        (``superlink.start``, ``superlink.pin``); raises ``superlink.StartError``. The first cell calls it;
+        a caller running ``command`` lines itself calls it first."""
         with self._starting:
             if not superlink.answers(self.port):
-                try:
-                    superlink.start(self.home, (self.port, self.control_port), env=self.env)
-                except superlink.StartError as err:
-                    return {"status": "failed", "error": f"the sweep's SuperLink: {err}"}
+                superlink.start(self.home, (self.port, self.control_port), env=self.env)
                 superlink.pin(self.home, self.port)
+
+    def run_cell(self, cell: Cell) -> dict[str, Any]:
+        try:
+            self.start()
+        except superlink.StartError as err:
+            return {"status": "failed", "error": f"the sweep's SuperLink: {err}"}
         return self._run(cell)
 
     def command(self, cell: Cell) -> list[str]:
