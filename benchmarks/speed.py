@@ -84,18 +84,22 @@ def in_process(method: str, work: Path, nodes: int = 1) -> dict[str, Any]:
     return speed_probe.analyse(speed_probe.read(timings), *WINDOW)
 
 
-def timed_app(work: Path) -> Path:
-    """A Flower app running the package's apps inside ``speed_probe``'s timers: the project's
-    ``pyproject.toml`` (its run config) with the components pointed at the probe."""
-    app = work / "timed_app"
+def module_app(app: Path, module: Path) -> Path:
+    """A Flower app folder ``app`` running the ``serverapp`` and ``clientapp`` of the file ``module`` (copied
+    in): the project's ``pyproject.toml`` (its run config) with the components pointed at them."""
     app.mkdir(parents=True, exist_ok=True)
     text = (PROJECT / "pyproject.toml").read_text()
-    text = re.sub(r'serverapp = ".*"', 'serverapp = "speed_probe:serverapp"', text)
-    text = re.sub(r'clientapp = ".*"', 'clientapp = "speed_probe:clientapp"', text)
-    text = re.sub(r"fab-include = \[.*\]", 'fab-include = ["speed_probe.py"]', text)  # the package comes installed
+    text = re.sub(r'serverapp = ".*"', f'serverapp = "{module.stem}:serverapp"', text)
+    text = re.sub(r'clientapp = ".*"', f'clientapp = "{module.stem}:clientapp"', text)
+    text = re.sub(r"fab-include = \[.*\]", f'fab-include = ["{module.name}"]', text)  # the package comes installed
     (app / "pyproject.toml").write_text(text)
-    shutil.copy(Path(__file__).with_name("speed_probe.py"), app / "speed_probe.py")
+    shutil.copy(module, app / module.name)
     return app
+
+
+def timed_app(work: Path) -> Path:
+    """A Flower app running the package's apps inside ``speed_probe``'s timers (``module_app``)."""
+    return module_app(work / "timed_app", Path(__file__).with_name("speed_probe.py"))
 
 
 def timed_engine(home: Path, app: Path, federation: Mapping[str, Any]) -> FlwrRunEngine:
