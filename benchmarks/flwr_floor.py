@@ -157,14 +157,14 @@ def schedule_floor(train: float, train_eval: float, every: int = EVAL_EVERY) -> 
     return train + (train_eval - train) / every
 
 
-def in_process(config: Mapping[str, Any], first: int, last: int) -> dict[str, Any]:
-    """The package's apps in this process on ``NODES`` nodes (one torch thread): steady seconds per round
-    from the run's ``metrics.jsonl``."""
+def in_process(config: Mapping[str, Any], first: int, last: int, threads: int = 1) -> dict[str, Any]:
+    """The package's apps in this process on ``NODES`` nodes (``threads`` torch threads): steady seconds per
+    round from the run's ``metrics.jsonl``."""
     import torch
 
     from server_apps.inprocess import run_in_process
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     t0 = time.time()
     folder = run_in_process(config, num_clients=config["num-clients"], num_nodes=NODES)
     ends = metrics_ends(folder)
@@ -202,15 +202,15 @@ def render(results: Mapping[str, Any]) -> str:
              "| run | pull interval | s/round | round ms: min / median / max | messages: train / evaluate |",
              "|---|---:|---:|---:|---:|"]
     for name, run in fl["runs"].items():
-        lines.append(f"| {name} | {run['pull_interval']} s | {run['seconds_per_round']:.3f} | {_ms(run)} | "
+        lines.append(f"| {name} | {run['pull_interval']} s | {run['seconds_per_round']:.3f} | {ms(run)} | "
                      f"{run['messages']['train']} / {run['messages']['evaluate']} |")
     for pull, value in fl["schedule"].items():
         lines.append(f"| floor of the package's schedule (train every round, evaluate every {EVAL_EVERY}th) | {pull} s | {value:.3f} | | |")
     pk = results["package"]
     lines += ["", f"The package: the quick start ({METHOD}, MLR on Synthetic, 100 clients on {NODES} nodes), steady rounds {first}-{last}", "",
               "| | s/round | round ms: min / median / max |", "|---|---:|---:|",
-              f"| in process | {pk['in process']['seconds_per_round']:.3f} | {_ms(pk['in process'])} |",
-              f"| `flwr run` | {pk['flwr run']['seconds_per_round']:.3f} | {_ms(pk['flwr run'])} |",
+              f"| in process | {pk['in process']['seconds_per_round']:.3f} | {ms(pk['in process'])} |",
+              f"| `flwr run` | {pk['flwr run']['seconds_per_round']:.3f} | {ms(pk['flwr run'])} |",
               f"| `flwr run` / in process | {pk['ratio']:.2f}× | |",
               f"| Flower's floor for the same schedule | {pk['floor']:.3f} | |",
               f"| the package on top of the floor | {pk['above_floor']:.3f} ({100 * pk['above_floor_share']:.0f}% of its `flwr run` round) | |"]
@@ -219,16 +219,17 @@ def render(results: Mapping[str, Any]) -> str:
         lines += ["", f"Compute-heavy: FedAvg, 4-layer CNN on CIFAR-100 files ({cnn['images']} random images), Dirichlet(0.5), "
                   f"100 clients on {NODES} nodes, 20 a round, 20 steps of 20, evaluation every 5, steady rounds 3-{cnn['rounds']}", "",
                   "| run | s/round | × in process | round ms: min / median / max |", "|---|---:|---:|---:|",
-                  f"| in process (one torch thread) | {cnn['in process']['seconds_per_round']:.3f} | 1.00 | {_ms(cnn['in process'])} |",
-                  f"| `flwr run` | {cnn['flwr run']['seconds_per_round']:.3f} | {cnn['ratio']:.2f} | {_ms(cnn['flwr run'])} |"]
+                  f"| in process (one torch thread) | {cnn['in process']['seconds_per_round']:.3f} | 1.00 | {ms(cnn['in process'])} |",
+                  f"| `flwr run` | {cnn['flwr run']['seconds_per_round']:.3f} | {cnn['ratio']:.2f} | {ms(cnn['flwr run'])} |"]
     lines += ["", f"Machine at the start: {results['machine']['start']}", f"Machine at the end: {results['machine']['end']}",
               f"`flwr run` federation: num-supernodes={NODES}, {results['federation']}"]
     return "\n".join(lines)
 
 
-def _ms(run: Mapping[str, Any]) -> str:
-    ms = run["round_ms"]
-    return f"{ms['min']:.0f} / {ms['median']:.0f} / {ms['max']:.0f}"
+def ms(run: Mapping[str, Any]) -> str:
+    """A run's shortest, median and longest round in ms."""
+    spread = run["round_ms"]
+    return f"{spread['min']:.0f} / {spread['median']:.0f} / {spread['max']:.0f}"
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
