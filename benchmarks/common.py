@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -63,6 +64,18 @@ def save(out: Path, table: str, payload: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
+
+
+def publish(table: str, payload: dict, out: Path | None, work: Path, keep: bool, kept: str) -> None:
+    """Print ``table``, ``save`` it with ``payload`` in ``out`` (where given), and keep the runs' folder
+    ``work`` (printed as ``kept``) or remove it."""
+    print("\n" + table)
+    if out:
+        save(out, table, payload)
+    if keep:
+        print(f"\n{kept}: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 #: run-config keys that say where a run ran, not what it did (left out of figure captions)

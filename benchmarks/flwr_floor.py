@@ -51,7 +51,7 @@ from flower_pfl.tools.sweep_flwr import RESOURCES, FlwrRunEngine
 from server_apps.app import PULL_INTERVAL
 
 from . import client_speed, speed
-from .common import save
+from .common import publish
 
 NODES = 2
 FLOOR_ROUNDS = 26
@@ -287,13 +287,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         engine.stop()
     results["machine"]["end"] = client_speed.machine()
     table = render(results)
-    print("\n" + table)
-    if args.out:
-        save(args.out, table, results)
-    if args.keep:
-        print(f"\nruns' folders: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    publish(table, results, args.out, work, args.keep, "runs' folders")
     return results
 
 

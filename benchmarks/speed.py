@@ -42,7 +42,7 @@ from flower_pfl.tools.sweep import Cell
 from flower_pfl.tools.sweep_flwr import PROJECT, RESOURCES, FlwrRunEngine
 
 from . import speed_probe
-from .common import save
+from .common import publish
 
 #: the setting of every measurement (the quick start's default experiment, 26 rounds)
 SETTING = {"dataset": "synthetic", "model": "mlr", "clients-per-round": 20, "local-steps": 20, "batch-size": 20,
@@ -216,13 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = render(results)
     end_load = os.getloadavg()[0]
     table += f"\n\n{os.cpu_count()} cores; load {load:.2f} at the start, {end_load:.2f} at the end; flwr run federation {federation or 'defaults'}"
-    print("\n" + table)
-    if args.out:
-        save(args.out, table, results)
-    if args.keep:
-        print(f"\ntimings, logs and results: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    publish(table, results, args.out, work, args.keep, "timings, logs and results")
     return 0
 
 
