@@ -292,3 +292,27 @@ def test_a_transformer_batches_to_the_same_models_as_one_by_one():
         for x, y in zip(a, b):
             assert_same_math(y, x)
         assert loss_b == same_math(loss_a)
+
+
+def test_the_batched_cross_entropy_is_torch_s_to_the_bit_and_falls_back_where_it_differs():
+    """``cross_entropy`` gives ``F.cross_entropy``'s bits under vmap, values and gradients alike; other
+    arguments, shapes and soft targets go to ``F.cross_entropy`` itself."""
+    import torch.nn.functional as F
+    from torch.func import vmap
+
+    from flower_pfl.engine.batched import cross_entropy
+
+    g = torch.Generator().manual_seed(3)
+    for clients_, batch, classes, features in ((1, 1, 2, 1), (7, 20, 10, 60), (4, 33, 62, 8)):
+        w = (3 * torch.randn(clients_, classes, features, generator=g)).requires_grad_(True)
+        x, y = torch.randn(clients_, batch, features, generator=g), torch.randint(0, classes, (clients_, batch), generator=g)
+        ours = vmap(lambda w, x, y: cross_entropy(x @ w.T, y))(w, x, y)
+        torch_s = vmap(lambda w, x, y: F.cross_entropy(x @ w.T, y))(w, x, y)
+        assert torch.equal(ours, torch_s)
+        assert torch.equal(torch.autograd.grad(ours.sum(), w)[0], torch.autograd.grad(torch_s.sum(), w)[0])
+    logits, labels = torch.randn(5, 3, generator=g), torch.tensor([0, 2, 1, 1, 0])
+    assert cross_entropy(logits, labels) == pytest.approx(float(F.cross_entropy(logits, labels)))
+    soft = torch.softmax(torch.randn(5, 3, generator=g), 1)
+    assert torch.equal(cross_entropy(logits, soft), F.cross_entropy(logits, soft))  # probabilities as targets
+    assert torch.equal(cross_entropy(logits, labels, reduction="sum"), F.cross_entropy(logits, labels, reduction="sum"))
+    assert torch.equal(cross_entropy(logits, labels, label_smoothing=0.1), F.cross_entropy(logits, labels, label_smoothing=0.1))
