@@ -48,6 +48,7 @@ from flower_pfl.experiment.footprint import DEPLOYMENT, IN_PROCESS, SIMULATION, 
 from flower_pfl.experiment.unseen import unseen_clients
 from flower_pfl.reports.diagnostics import save_run_diagnostics
 from flower_pfl.reports.figures import data_title, run_title
+from flower_pfl.run.heap import frozen_heap
 from flower_pfl.run.quiet import DivertRecords, silence_runtime_noise
 from flower_pfl.run.results import (
     FAILURES,
@@ -149,7 +150,8 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         if cfg.figures:  # each client's training labels, as the nodes reported them at start
             draw_partition(run.out, run.info, data_title(cfg), log=lambda msg: log(WARNING, "%s", msg))
         strategy, sampler = _build(run)
-        final = _train(run, strategy, sampler)
+        with frozen_heap():
+            final = _train(run, strategy, sampler)
         return _finish(run, strategy, final)
 
 
