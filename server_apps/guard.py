@@ -12,7 +12,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 from flwr.common import parameters_to_ndarrays
 
 from flower_pfl.engine.layout import ParamLayout
@@ -30,9 +30,11 @@ from flower_pfl.engine.reply_checks import (
     screen,
 )
 from strategies.aggregated_metrics import reply_counts
+from strategies.arrays import DecodedArray
 from strategies.failures import NodeFailures
 from strategies.message.method_strategy import raw_reply
 from strategies.nodes import split_replies
+from strategies.records import records
 from strategies.replies import log_rejected
 
 
@@ -70,7 +72,9 @@ class ReplyGuard:
             except UpdateRejected as err:
                 batch.reject(node, str(err))
         self._screen(server_round, sent_arrays, [m.metadata.dst_node_id for m in outbox], raws, batch)
-        return [by_node[r.client_id] for r in batch.accepted], reply_counts(batch)  # type: ignore[index]  # ids are node ids here
+        read = {raw.client_id: raw for raw in raws}
+        accepted = [_with_decoded(by_node[r.client_id], read[r.client_id]) for r in batch.accepted]  # type: ignore[index]
+        return accepted, reply_counts(batch)
 
     def results(self, server_round: int, results: Sequence[tuple[Any, Any]], sent: Sequence[np.ndarray],
                 failures: Sequence[Any]) -> tuple[list[tuple[Any, Any]], dict[str, float]]:
@@ -86,3 +90,11 @@ class ReplyGuard:
         self._screen(server_round, {str(i): a for i, a in enumerate(sent)}, [proxy.cid for proxy, _ in results], raws, batch)
         return [by_cid[r.client_id] for r in batch.accepted], reply_counts(batch)
 
+
+
+def _with_decoded(msg: Message, raw: RawReply) -> Message:
+    """``msg`` with its arrays as the checks read them (``DecodedArray``): the strategy does not decode them again."""
+    record = next(iter(records(msg.content, ArrayRecord).values()))
+    for name, value in zip(record.keys(), raw.arrays, strict=True):
+        record[name] = DecodedArray.of(record[name], value)
+    return msg

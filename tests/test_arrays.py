@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import Array
 
-from strategies.arrays import array_numpy, numpy_array, numpy_record, record_numpy
+from strategies.arrays import DecodedArray, array_numpy, numpy_array, numpy_record, record_numpy
 
 ARRAYS = {
     "matrix": np.arange(600, dtype=np.float32).reshape(10, 60) / 7,
@@ -46,6 +46,25 @@ def test_malformed_bytes_are_refused_by_flowers_own_reader():
     short = Array(dtype=good.dtype, shape=tuple(good.shape), stype=good.stype, data=good.data[:-4])
     with pytest.raises(ValueError):
         array_numpy(short)
+
+
+def test_a_shape_that_cannot_be_read_goes_to_flowers_own_reader():
+    good = numpy_array(ARRAYS["matrix"])
+    odd = Array(dtype=good.dtype, shape=tuple(good.shape), stype=good.stype, data=good.data)
+    odd.shape = [[10], [60]]  # type: ignore[assignment]  # what a hostile reply's decoded metadata may hold
+    assert np.array_equal(array_numpy(odd), odd.numpy())  # Flower's reader: the .npy header's shape
+
+
+def test_a_decoded_array_is_the_array_it_stands_for_and_hands_out_copies():
+    a = ARRAYS["matrix"]
+    plain = numpy_array(a)
+    kept = DecodedArray.of(plain, array_numpy(plain))
+    assert kept == plain and plain == kept and not kept != plain  # either way round, as two equal Arrays
+    assert kept != numpy_array(a + 1) and (kept.dtype, kept.shape, kept.stype, kept.data) == (plain.dtype, plain.shape, plain.stype, plain.data)
+    first = kept.numpy()
+    assert np.array_equal(first, plain.numpy()) and first.dtype == a.dtype and first.flags.writeable
+    first[:] = -1  # a reader that writes into what it got changes nothing the next reader gets
+    assert np.array_equal(kept.numpy(), a)
 
 
 # --- a round's instruction models made into arrays, each array once ------------------------------------------------

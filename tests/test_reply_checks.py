@@ -303,6 +303,32 @@ def test_flowers_own_fedavg_is_guarded_in_the_package_app(tmp_path, monkeypatch)
     assert [r["clients-rejected"] for r in rows if r["phase"] == "train"] == [1, 1, 1]
 
 
+def test_flowers_fedavg_behind_the_guard_aggregates_the_checked_arrays_without_decoding_them_again(monkeypatch):
+    """The guard hands Flower's FedAvg the arrays it read (``DecodedArray``): the same global model to the bit,
+    and no reply array is decoded a second time."""
+    from copy import deepcopy
+
+    from flwr.app import Array
+    from flwr.serverapp.strategy import FedAvg
+
+    from server_apps.guard import ReplyGuard
+    from strategies.arrays import DecodedArray, numpy_record, record_numpy
+
+    fb.set_task_identity()
+    initial = {"w": np.arange(6, dtype=np.float32).reshape(2, 3) / 7, "b": np.ones(2, np.float32)}
+    strategy = FedAvg(fraction_train=1.0, min_train_nodes=3, min_available_nodes=3)
+    msgs = list(strategy.configure_train(1, numpy_record(initial), ConfigRecord({}), fb.FakeGrid([21, 22, 23])))
+    replies = [fb.train_reply(m, {k: v + 0.1 * i for k, v in initial.items()}, num_examples=10 + i) for i, m in enumerate(msgs)]
+    expected, _ = strategy.aggregate_train(1, deepcopy(replies))
+    accepted, _ = ReplyGuard(ReplyBounds()).messages(1, replies, initial, msgs)
+    assert len(accepted) == 3 and all(isinstance(a, DecodedArray) for m in accepted for a in m.content["arrays"].values())
+    monkeypatch.setattr(Array, "numpy", lambda self: pytest.fail("a reply's array decoded again"))
+    got, _ = strategy.aggregate_train(1, accepted)
+    monkeypatch.undo()
+    want, have = record_numpy(expected), record_numpy(got)
+    assert list(have) == list(want) and all(np.array_equal(have[k], want[k]) and have[k].dtype == want[k].dtype for k in want)
+
+
 def test_a_run_in_which_no_update_is_accepted_fails_with_a_clear_reason(tmp_path):
     with pytest.raises(RunFailed, match="accepted no client update.*max-idle-rounds"):
         run_in_process({"method": "fedavg", "num-rounds": 4, "clients-per-round": 4, "local-steps": 2, "lr": 1e30,
