@@ -12,7 +12,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -351,13 +351,17 @@ def _train_reply(names: list[str], arrays: list[np.ndarray], metrics: dict[str, 
 
 class Decoded:
     """``record_numpy`` once per array: a node's clients that received one model (a global model's) or one part of
-    it (FedPer's base, made once by the server: ``flower_pfl.engine.wire.RoundArrays``) decode it once."""
+    it (FedPer's base, made once by the server: ``flower_pfl.engine.wire.RoundArrays``) decode it once, and load it
+    into the node's model once while the model holds it (``load``); a model's state is copied once while it stays
+    the same (``state``)."""
 
     def __init__(self) -> None:
         #: by ``id``: each record and array is held, so no other object takes its id while this lives
         self._seen: dict[int, tuple[ArrayRecord, dict[str, np.ndarray]]] = {}
         self._arrays: dict[int, tuple[bytes, np.ndarray]] = {}  # by the ``id`` of an array's (immutable) bytes
         self._prints: dict[int, int] = {}
+        self._loaded: tuple[Any, ...] | None = None  # the arrays last loaded, and the model's tensors as they were left
+        self._states: dict[int, tuple[torch.nn.Module, tuple[Any, ...], list[torch.Tensor]]] = {}  # by the model's id
 
     def __call__(self, record: ArrayRecord) -> dict[str, np.ndarray]:
         if (seen := self._seen.get(id(record))) is None:
@@ -374,12 +378,41 @@ class Decoded:
             seen = self._arrays[id(data)] = (data, array_numpy(array))
         return seen[1]
 
+    def load(self, node: Node, record: ArrayRecord) -> None:
+        """``node.load(self(record))``, unless the node's model holds those arrays already: this message loaded
+        them last, and none of its tensors has been replaced or written since (``_marks``)."""
+        arrays, model = self(record), node.model
+        if self._loaded == (model, id(arrays), _marks(model)):
+            return
+        node.load(arrays)
+        self._loaded = (model, id(arrays), _marks(model))
+
+    def state(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        """A copy of ``model``'s state (its ``state_dict``'s tensors), the one made before while none of them has
+        been replaced or written since: clients evaluating one model share one copy."""
+        entries = model.state_dict()
+        marks = _tensor_marks(entries.values())
+        kept = self._states.get(id(model))
+        if kept is None or kept[0] is not model or kept[1] != marks:
+            kept = self._states[id(model)] = (model, marks, [t.detach().clone() for t in entries.values()])
+        return kept[2]
+
     def fingerprint(self, record: ArrayRecord) -> int:
         """``fingerprint`` of the record's arrays, the model a client received (once per record)."""
         arrays = self(record)
         if (crc := self._prints.get(id(record))) is None:
             crc = self._prints[id(record)] = fingerprint(arrays.values())
         return crc
+
+
+def _marks(model: torch.nn.Module) -> tuple[tuple[int, int], ...]:
+    return _tensor_marks(model.state_dict().values())
+
+
+def _tensor_marks(tensors: Iterable[torch.Tensor]) -> tuple[tuple[int, int], ...]:
+    """What changes when a tensor is replaced or written in place: its storage and its version (which every
+    in-place operation raises, through ``detach``ed views too)."""
+    return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
 def train_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> tuple[list[RecordDict] | None, str]:
@@ -402,7 +435,7 @@ def train_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> 
         rounds, names = [], []
         for i in part:
             received = _arrays(contents[i])
-            nodes[i].load(decoded(received))
+            decoded.load(nodes[i], received)
             rounds.append(nodes[i].start_fit(configs[i]))
             names.append(list(received.keys()))
         with nodes[0].computing():
@@ -445,7 +478,7 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
     decoded = Decoded()
     for node, content, config in zip(nodes, contents, configs):
         received = _arrays(content)
-        node.load(decoded(received))
+        decoded.load(node, received)
         evaluation = node.start_evaluate(config, decoded.fingerprint(received))
         evaluations.append(evaluation)
         evaluated = evaluation.model
@@ -454,7 +487,7 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
             entries = evaluated.state_dict()
             kind = (type(evaluated), tuple((k, tuple(v.shape), v.dtype) for k, v in entries.items()))
             _, places, states, tests = kinds.setdefault(kind, (evaluated, [], [], []))
-            state = [t.detach().clone() for t in entries.values()]
+            state = decoded.state(evaluated)
             places.append((results, len(results)))
             states.append(state)
             tests.append(node._test_data())

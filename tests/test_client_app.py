@@ -116,3 +116,55 @@ def test_arrays_several_clients_hold_are_decoded_once():
     assert a["base"] is b["base"] and np.array_equal(a["base"], np.arange(6))
     assert a["head"] is not b["head"] and np.array_equal(b["head"], np.ones(2))
     assert decoded(first) is a
+
+
+def _own_model(node: Node) -> Node:
+    """``node`` with a model of its own (a process's nodes share one): the tests below write into it."""
+    from copy import deepcopy
+    from dataclasses import replace
+
+    return replace(node, model=deepcopy(node.model))
+
+
+def test_a_message_loads_its_model_again_only_when_the_node_model_changed(monkeypatch):
+    """Clients of one message that received one model load it once, while nothing writes the node's model; a
+    write in place (a client's fine-tuning) or a replaced tensor makes the next client load it again."""
+    from flwr.app import ArrayRecord
+
+    from client_apps.app import Decoded
+    from strategies.arrays import numpy_record
+
+    node = _own_model(_node(RecordDict()))
+    sent = {k: np.full(v.shape, 0.25, np.float32) for k, v in node.model.state_dict().items()}
+    record = numpy_record(sent)
+    loads = []
+    honest = Node.__dict__["load"]
+    monkeypatch.setattr(Node, "load", lambda self, arrays: (loads.append(1), honest(self, arrays))[1])
+    decoded = Decoded()
+    decoded.load(node, record)
+    decoded.load(node, record)
+    assert len(loads) == 1 and all(np.array_equal(p.detach().numpy(), sent[k]) for k, p in node.model.state_dict().items())
+    with torch.no_grad():
+        next(node.model.parameters()).add_(1.0)  # written in place
+    decoded.load(node, record)
+    assert len(loads) == 2 and all(np.array_equal(p.detach().numpy(), sent[k]) for k, p in node.model.state_dict().items())
+    first = next(iter(node.model._modules.values()))
+    first.weight = torch.nn.Parameter(torch.zeros_like(first.weight))  # replaced
+    decoded.load(node, record)
+    assert len(loads) == 3 and np.array_equal(first.weight.detach().numpy(), sent[next(iter(sent))])
+    decoded.load(node, ArrayRecord(dict(record)))  # another record: loaded
+    assert len(loads) == 4
+
+
+def test_clients_evaluating_an_unchanged_model_share_one_copy_of_its_state():
+    from client_apps.app import Decoded
+
+    node, decoded = _own_model(_node(RecordDict())), Decoded()
+    first = decoded.state(node.model)
+    assert decoded.state(node.model) is first
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, node.model.state_dict().values()))  # a copy
+    with torch.no_grad():
+        next(node.model.parameters()).mul_(2.0)
+    second = decoded.state(node.model)
+    assert second is not first and torch.equal(second[0], next(node.model.parameters()))
+    assert not torch.equal(first[0], second[0])  # the earlier copy is as it was
