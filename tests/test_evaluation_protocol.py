@@ -90,6 +90,16 @@ def test_splits_are_the_same_whoever_loads_them():
         assert torch.equal(getattr(first, name), getattr(again, name))
 
 
+def test_a_config_makes_its_data_request_once_and_another_config_its_own():
+    cfg = ExperimentConfig.from_mapping({"num-clients": 8, "dirichlet-alpha": 0.3, "partition": "dirichlet"})
+    same = ExperimentConfig.from_mapping({"num-clients": 8, "dirichlet-alpha": 0.3, "partition": "dirichlet"})
+    other = ExperimentConfig.from_mapping({"num-clients": 8, "dirichlet-alpha": 0.7, "partition": "dirichlet"})
+    first = data_request(cfg)
+    assert data_request(cfg) is first and data_request(same) == first  # an equal config: an equal request
+    assert data_request(other) != first and dict(data_request(other).scheme_options)["alpha"] == 0.7
+    assert data_request(cfg) == first
+
+
 def test_validation_share_is_checked_against_the_training_part():
     with pytest.raises(ConfigError, match="'val-fraction' = 0.8 is invalid: must be a number in \\[0, train-fraction = 0.75\\)"):
         ExperimentConfig.from_mapping({"val-fraction": 0.8})

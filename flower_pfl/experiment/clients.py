@@ -66,6 +66,21 @@ def data_set(cfg: ExperimentConfig) -> DataSet:
 
 
 def data_request(cfg: ExperimentConfig) -> DataRequest:
+    """What decides every client's data under ``cfg`` (the request last made is kept for the config it was made
+    for: a node's clients, one after another, ask with one config)."""
+    last = _LAST_REQUEST
+    if last and last[0] is cfg:
+        return last[1]
+    request = _data_request(cfg)
+    _LAST_REQUEST[:] = [cfg, request]
+    return request
+
+
+#: the last config ``data_request`` was asked for and its request (a config cannot change)
+_LAST_REQUEST: list[Any] = []
+
+
+def _data_request(cfg: ExperimentConfig) -> DataRequest:
     own_keys = () if is_import_path(cfg.dataset) else registry.keys_of(cfg.dataset)
     options = tuple((key, cfg.options[key]) for key in own_keys)
     where = Where(cfg.data_source, cfg.data_dir, cfg.download, cfg.hub_dataset)
