@@ -91,7 +91,6 @@ class ReplyGuard:
         return [by_cid[r.client_id] for r in batch.accepted], reply_counts(batch)
 
 
-
 def _with_decoded(msg: Message, raw: RawReply) -> Message:
     """``msg`` with its arrays as the checks read them (``DecodedArray``): the strategy does not decode them again."""
     record = next(iter(records(msg.content, ArrayRecord).values()))

@@ -47,8 +47,8 @@ def _npy_layout(header: bytes, dtype: str, shape: tuple[int, ...]) -> tuple[np.d
 class DecodedArray(Array):
     """A received ``Array`` with what it decodes to: ``numpy()`` returns a copy of that instead of reading the
     bytes again (Flower's own strategies read every reply's arrays with ``np.load``, some 50 µs each, after the
-    ServerApp's checks have read them). It lives in the server's own copy of a reply and is equal to the
-    ``Array`` it stands for."""
+    ServerApp's checks have read them). It lives in the server's own copy of a reply, which is never sent on
+    (Flower names a sent object's type by its class), and is equal to the ``Array`` it stands for."""
 
     _value: np.ndarray
 
