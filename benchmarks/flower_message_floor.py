@@ -107,9 +107,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
     import torch
 
     torch.set_num_threads(1)
-    logging.getLogger("flwr").setLevel(logging.WARNING)  # FedAvg logs each aggregation
-    evaluation, _ = evaluation_floor(args.clients, args.repeats)
-    training, _ = training_floor(args.clients, args.per_round, args.repeats)
+    flower, level = logging.getLogger("flwr"), logging.getLogger("flwr").level
+    flower.setLevel(logging.WARNING)  # FedAvg logs each aggregation
+    try:
+        evaluation, _ = evaluation_floor(args.clients, args.repeats)
+        training, _ = training_floor(args.clients, args.per_round, args.repeats)
+    finally:
+        flower.setLevel(level)
     print(f"# Flower's FedAvg alone, ms: {machine()}\n")
     print("| round | configure | replies | aggregate | total |\n|---|---:|---:|---:|---:|")
     for name, row in ((f"evaluation of {args.clients} clients", evaluation), (f"training of {args.per_round} clients", training)):

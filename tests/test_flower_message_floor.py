@@ -3,6 +3,8 @@ instructs, gets and aggregates every client's reply."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from benchmarks.flower_message_floor import DNN_SHAPES, evaluation_floor, main, training_floor
@@ -22,8 +24,11 @@ def test_flowers_fedavg_alone_trains_the_sampled_clients_and_averages_their_arra
     assert {k: tuple(a.shape) for k, a in arrays.items()} == DNN_SHAPES and metrics["train-loss"] == pytest.approx(0.5)
 
 
-def test_the_table_names_both_rounds(capsys):
+def test_the_table_names_both_rounds_and_flowers_log_is_left_as_it_was(capsys):
+    flower = logging.getLogger("flwr")
+    level = flower.level
     result = main(["--clients", "6", "--per-round", "3", "--repeats", "1"])
+    assert flower.level == level
     assert set(result) == {"evaluation", "training"}
     out = capsys.readouterr().out
     assert "| evaluation of 6 clients |" in out and "| training of 3 clients |" in out
