@@ -380,17 +380,18 @@ class Decoded:
 
     def load(self, node: Node, record: ArrayRecord) -> None:
         """``node.load(self(record))``, unless the node's model holds those arrays already: this message loaded
-        them last, and none of its tensors has been replaced or written since (``_marks``)."""
+        them last, and none of its tensors has been replaced or written since (``_tensor_marks``)."""
         arrays, model = self(record), node.model
-        if self._loaded == (model, id(arrays), _marks(model)):
+        tensors = list(model.state_dict().values())  # views that see the load's writes
+        if self._loaded == (model, id(arrays), _tensor_marks(tensors)):
             return
         node.load(arrays)
-        self._loaded = (model, id(arrays), _marks(model))
+        self._loaded = (model, id(arrays), _tensor_marks(tensors))
 
-    def state(self, model: torch.nn.Module) -> list[torch.Tensor]:
-        """A copy of ``model``'s state (its ``state_dict``'s tensors), the one made before while none of them has
-        been replaced or written since: clients evaluating one model share one copy."""
-        entries = model.state_dict()
+    def state(self, model: torch.nn.Module, entries: Mapping[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """A copy of ``model``'s state (its ``state_dict``'s tensors, ``entries`` where already read), the one made
+        before while none of them has been replaced or written since: clients evaluating one model share one copy."""
+        entries = model.state_dict() if entries is None else entries
         marks = _tensor_marks(entries.values())
         kept = self._states.get(id(model))
         if kept is None or kept[0] is not model or kept[1] != marks:
@@ -403,10 +404,6 @@ class Decoded:
         if (crc := self._prints.get(id(record))) is None:
             crc = self._prints[id(record)] = fingerprint(arrays.values())
         return crc
-
-
-def _marks(model: torch.nn.Module) -> tuple[tuple[int, int], ...]:
-    return _tensor_marks(model.state_dict().values())
 
 
 def _tensor_marks(tensors: Iterable[torch.Tensor]) -> tuple[tuple[int, int], ...]:
@@ -487,7 +484,7 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
             entries = evaluated.state_dict()
             kind = (type(evaluated), tuple((k, tuple(v.shape), v.dtype) for k, v in entries.items()))
             _, places, states, tests = kinds.setdefault(kind, (evaluated, [], [], []))
-            state = decoded.state(evaluated)
+            state = decoded.state(evaluated, entries)
             places.append((results, len(results)))
             states.append(state)
             tests.append(node._test_data())
