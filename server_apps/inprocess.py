@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from copy import deepcopy
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_apps.flower_internals import TaskIdentity
@@ -59,11 +59,58 @@ class InProcessGrid:
     def _one(self, msg: Message) -> Message:
         """The node's reply to its own copy of ``msg`` (a message may be one object for several nodes), copied
         back. Copies share the arrays' bytes, which nobody can change."""
-        received = deepcopy(msg)
+        received = transported(msg)
         try:
-            return deepcopy(self.client_app(received, self.contexts[msg.metadata.dst_node_id]))
+            return transported(self.client_app(received, self.contexts[msg.metadata.dst_node_id]))
         except Exception as err:  # a failing node must not stop the round
             return Message(Error(code=CLIENT_APP_EXCEPTION, reason=repr(err)), reply_to=received)
+
+
+#: Flower's records whose values are scalars, strings, bytes or lists of them
+_VALUE_RECORDS = (MetricRecord, ConfigRecord)
+
+
+def transported(msg: Message) -> Message:
+    """``deepcopy(msg)``, taken apart directly (several times faster): what the transport delivers. Records
+    shared within the message are shared within the copy (a node's clients that were sent one model receive
+    one), and arrays share their bytes, which nobody can change. What is not one of Flower's records goes
+    through ``deepcopy``."""
+    made = _shallow(msg)
+    for name in ("_metadata", "_error"):
+        if made.__dict__.get(name) is not None:
+            made.__dict__[name] = _shallow(made.__dict__[name])  # scalars and strings only
+    if (content := made.__dict__.get("_content")) is not None:
+        memo: dict[int, Any] = {}
+        copied = made.__dict__["_content"] = _shallow(content)
+        copied.__dict__["_data"] = {name: _record(record, memo) for name, record in content.items()}
+    return made
+
+
+def _record(record: Any, memo: dict[int, Any]) -> Any:
+    if (known := memo.get(id(record))) is not None:
+        return known
+    kind = type(record)
+    if kind is ArrayRecord:
+        made = _shallow(record)
+        made.__dict__["_data"] = {name: _shallow(array) if type(array) is Array else deepcopy(array)
+                                  for name, array in record.items()}
+    elif kind in _VALUE_RECORDS:
+        made = _shallow(record)
+        made.__dict__["_data"] = {name: list(value) if type(value) is list else value for name, value in record.items()}
+    else:
+        made = deepcopy(record)
+    memo[id(record)] = made
+    return made
+
+
+T = TypeVar("T")
+
+
+def _shallow(obj: T) -> T:
+    """A new ``obj`` with the same attributes (Flower's message parts hold everything in their ``__dict__``)."""
+    made = object.__new__(type(obj))
+    made.__dict__.update(vars(obj))
+    return made
 
 
 def in_process_grid(client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],

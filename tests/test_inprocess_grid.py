@@ -37,3 +37,31 @@ def test_every_node_gets_its_own_copy_of_a_shared_message_and_the_server_its_own
     assert dict(content["config"]) == {"stage": "setup", "other": 1}  # the mod edited the nodes' copies only
     replies[0].content["metrics"]["keys"] = 99  # the server edits a reply (as Flower's central-DP wrappers do)
     assert grid.contexts[grid.get_node_ids()[0]].state["kept"]["keys"] == 1
+
+
+def test_a_transported_message_equals_a_deep_copy_and_shares_only_what_cannot_change():
+    import copy
+
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    from server_apps.inprocess import transported
+
+    fb.set_task_identity()
+    model = ArrayRecord({"w": Array(np.arange(6, dtype=np.float32).reshape(2, 3))})
+    content = RecordDict({"a.arrays": model, "b.arrays": model,  # one model for two clients of a pack
+                          "a.config": ConfigRecord({"lr": 0.1, "ids": [1, 2], "name": "x", "raw": b"\x00"}),
+                          "metrics": MetricRecord({"loss": [1.0, 2.0], "n": 3})})
+    sent = Message(content=content, dst_node_id=7, message_type=MessageType.TRAIN)
+    copied = transported(sent)
+    assert copied.content == copy.deepcopy(sent).content and vars(copied.metadata) == vars(sent.metadata)
+    assert copied.content["a.arrays"] is copied.content["b.arrays"]  # shared in the message, shared in the copy
+    assert copied.content["a.arrays"] is not model and copied.content["a.arrays"]["w"] is not model["w"]
+    assert copied.content["a.arrays"]["w"].data is model["w"].data  # bytes, which nobody can change
+    copied.content["metrics"]["loss"].append(3.0)
+    copied.content["a.config"]["ids"][0] = 9
+    copied.content["a.arrays"]["w"].shape = (3, 2)
+    copied.metadata.ttl = 1.0
+    del copied.content["b.arrays"]
+    assert sent.content["metrics"]["loss"] == [1.0, 2.0] and sent.content["a.config"]["ids"] == [1, 2]
+    assert model["w"].shape == (2, 3) and "b.arrays" in sent.content and sent.metadata.ttl != 1.0
