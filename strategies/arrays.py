@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -79,27 +80,35 @@ def record_numpy(record: Mapping[str, Array]) -> dict[str, np.ndarray]:
 
 
 @lru_cache(maxsize=1024)
-def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+def _npy_start(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, dict[str, Any]] | None:
+    """The ``.npy`` header (format 1.0) of a C-ordered array of ``dtype`` and ``shape``, and the fields of an
+    ``Array`` of it but its data; ``None`` where ``np.save`` would write another format (a header too long for
+    1.0, a dtype without a plain description)."""
+    descr = np.lib.format.dtype_to_descr(dtype)
+    if not isinstance(descr, str):
+        return None
     buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
-    return buffer.getvalue()
+    try:
+        np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
+    except ValueError:  # too long for format 1.0
+        return None
+    return buffer.getvalue(), vars(Array(dtype=str(dtype), shape=shape, stype="numpy.ndarray", data=b""))
 
 
 def numpy_array(a: np.ndarray) -> Array:
-    """``Array(a)``: the same dtype, shape and ``np.save`` bytes, with the ``.npy`` header made once per
-    dtype and shape (``np.save`` writes it through a buffer every time: most of a small array's cost).
-    Arrays that are not C-contiguous, of object or structured dtypes, or with a header too long for
-    format 1.0 go through ``Array(a)``."""
+    """``Array(a)``: the same dtype, shape and ``np.save`` bytes, with the ``.npy`` header and the ``Array``'s
+    checked fields made once per dtype and shape (``np.save`` writes the header through a buffer every time,
+    and ``Array()`` checks its arguments every time: most of a small array's cost). Arrays that are not
+    C-contiguous, of object or structured dtypes, or whose header is not format 1.0's go through ``Array(a)``."""
     if not a.flags.c_contiguous or a.dtype.hasobject or a.dtype.fields is not None:
         return Array(a)
-    descr = np.lib.format.dtype_to_descr(a.dtype)
-    if not isinstance(descr, str):
+    start = _npy_start(a.dtype, a.shape)
+    if start is None:
         return Array(a)
-    try:
-        header = _npy_header(descr, tuple(a.shape))
-    except ValueError:  # too long for format 1.0: np.save writes another
-        return Array(a)
-    return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype="numpy.ndarray", data=header + a.tobytes())
+    made = Array.__new__(Array)
+    made.__dict__.update(start[1])
+    made.__dict__["data"] = start[0] + a.tobytes()
+    return made
 
 
 def numpy_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:

@@ -30,6 +30,7 @@ def test_an_array_is_what_flower_makes_of_it_and_reads_back(name):
     a = ARRAYS[name]
     ours, flowers = numpy_array(a), Array(a)
     assert (ours.dtype, tuple(ours.shape), ours.stype, ours.data) == (flowers.dtype, tuple(flowers.shape), flowers.stype, flowers.data)
+    assert type(ours) is Array and vars(ours) == vars(flowers)  # every field Flower's own would hold, no more
     back = array_numpy(ours)
     assert back.dtype == a.dtype and back.shape == a.shape and np.array_equal(back, a)
     assert back.flags.writeable  # a copy, not a view of the message's bytes
