@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from logging import WARNING
@@ -201,9 +201,11 @@ class Node:
         takes the instruction's ``finetune-steps`` on its training part (``finetune``)."""
         if received is None:
             received = fingerprint(self.model.state_dict().values())  # before any personalization
-        algorithm = client_algorithm_for(config)
-        with self.seeded_draws(config, "evaluate"):
-            if steps := int(config.get(FINETUNE_STEPS, 0)):
+        algorithm, steps = client_algorithm_for(config), int(config.get(FINETUNE_STEPS, 0))
+        # the received model as it is, or the one the client's state keeps, takes no draws: nothing to seed
+        draws = steps or algorithm.evaluation_model.__func__ is not ClientAlgorithm.evaluation_model.__func__  # type: ignore[attr-defined]
+        with self.seeded_draws(config, "evaluate") if draws else nullcontext():
+            if steps:
                 self.finetune(config, steps)
             model, extra = algorithm.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
         return Evaluation(model, {"partition-id": self.partition_id, MODEL_FINGERPRINT: received, **extra})

@@ -6,7 +6,7 @@ from flwr.app import Context, RecordDict
 
 from client_apps.app import Node
 from client_apps.own_loop import RecordState
-from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, PROXIMAL_MU, Proximal
+from flower_pfl.engine.client_algorithm import CLIENT_ALGORITHM, FINETUNE_STEPS, PROXIMAL_MU, Proximal
 from flower_pfl.experiment.config import ExperimentConfig
 from flower_pfl.methods.all_clients_train import ANCHOR, ANCHOR_STATE, AnchoredProximal
 
@@ -99,6 +99,29 @@ def test_a_clients_dropout_draws_repeat_whatever_its_process_drew_before():
     assert all(np.array_equal(a, b) for a, b in zip(trained[0], trained[1]))  # another history, the same draws
     assert not all(np.array_equal(a, b) for a, b in zip(trained[0], trained[2]))  # another round, other draws
 
+
+def test_a_new_clients_finetuning_draws_repeat_and_a_plain_evaluation_leaves_the_random_state_alone():
+    """A client that never trained takes ``finetune-steps`` before it evaluates: its dropout draws are seeded as
+    a training's are. Evaluating the received model as it is draws nothing, and seeds nothing."""
+    run_config = ExperimentConfig(dataset="tests.family_data:tokens", model="textcnn", partition="iid", dropout=0.5,
+                                  model_width=0.1, batch_size=8, options={"text-embed-dim": 8}).to_run_config()
+    node = _own_model(Node.from_context(Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 3},
+                                                state=RecordDict(), run_config=run_config)))
+    start = [t.clone() for t in node.model.state_dict().values()]
+    finetuned = []
+    for history in (1, 2):
+        node.load([t.numpy() for t in start])
+        torch.manual_seed(history)
+        finetuned.append(node.evaluate({"server-round": 4, FINETUNE_STEPS: 2, "lr": 0.5, "batch-size": 8}))
+        assert torch.initial_seed() == history
+    node.load([t.numpy() for t in start])
+    plain = node.evaluate({"server-round": 4})
+    assert finetuned[0]["loss"] == finetuned[1]["loss"] != plain["loss"]  # the same draws, and they changed the model
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
+    node.evaluate({"server-round": 4})
+    assert torch.equal(torch.rand(2), expected)
 
 def test_arrays_several_clients_hold_are_decoded_once():
     """FedPer's clients get one base and their own heads: records copy ``Array`` objects but share their bytes,
