@@ -69,6 +69,7 @@ from flower_pfl.run.quiet import silence_runtime_noise
 from strategies.arrays import array_numpy, numpy_record, record_numpy
 from strategies.client_packs import Tally, is_pack, pack, unpack
 from strategies.failures import listed
+from strategies.records import config_record, metric_record, record_dict
 
 silence_runtime_noise()  # loaded before Ray starts in a simulation, and in every Ray actor (flower_pfl.run.quiet)
 app = ClientApp()
@@ -345,10 +346,11 @@ def _train(content: RecordDict, context: Context) -> RecordDict:
 
 
 def _train_reply(names: list[str], arrays: list[np.ndarray], metrics: dict[str, Any], payload: Extras) -> RecordDict:
-    reply = RecordDict({"arrays": numpy_record(dict(zip(names, arrays))), "metrics": MetricRecord(metrics)})
+    reply: dict[str, ArrayRecord | ConfigRecord | MetricRecord] = {"arrays": numpy_record(dict(zip(names, arrays))),
+                                                                    "metrics": metric_record(metrics)}
     if payload:
-        reply["payload"] = ConfigRecord(dict[str, Any](payload))
-    return reply
+        reply["payload"] = config_record(payload)
+    return record_dict(reply)
 
 
 class Decoded:
@@ -507,7 +509,7 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
                                   "client (not a Personalization: what differs between clients is not all in its state_dict)")
     for kind in list(kinds):
         run(kind)
-    replies = [RecordDict({"metrics": MetricRecord(e.metrics(r, v))})
+    replies = [record_dict({"metrics": metric_record(e.metrics(r, v))})
                for e, r, v in zip(evaluations, cast(list[EvalResult], results), validations)]  # every result is in
     return replies, reasons
 

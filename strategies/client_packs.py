@@ -22,6 +22,8 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from strategies.records import config_record, record_dict
+
 #: the pack's table of contents
 PACK = "pfl.pack"
 #: a reply pack's failed clients: reason by client id
@@ -43,7 +45,7 @@ def pack(contents: Mapping[int, RecordDict], errors: Mapping[int, str] | None = 
     """One ``RecordDict`` holding each client's ``contents`` (by client id), the reasons of the clients in
     ``errors`` and the node's ``report``; a record several clients hold (the same object) is stored once."""
     table: dict[str, Any] = {"clients": [int(c) for c in contents]}
-    out = RecordDict()
+    out: dict[str, Record] = {}
     stored: dict[int, int] = {}
     for client, content in contents.items():
         names, places = [], []
@@ -54,12 +56,12 @@ def pack(contents: Mapping[int, RecordDict], errors: Mapping[int, str] | None = 
             names.append(name)
             places.append(place)
         table[f"{client}.names"], table[f"{client}.records"] = names, places
-    out[PACK] = ConfigRecord(table)
+    out[PACK] = config_record(table)
     if errors:
-        out[ERRORS] = ConfigRecord({str(c): str(why) for c, why in errors.items()})
+        out[ERRORS] = config_record({str(c): str(why) for c, why in errors.items()})
     if report is not None:
         out[REPORT] = report
-    return out
+    return record_dict(out)
 
 
 def unpack(content: RecordDict) -> tuple[dict[int, RecordDict], dict[int, str]]:
@@ -74,7 +76,7 @@ def unpack(content: RecordDict) -> tuple[dict[int, RecordDict], dict[int, str]]:
         if len(names) != len(places):
             raise ValueError(f"malformed pack: client {client} has {len(names)} record names and {len(places)} records")
         try:
-            contents[client] = RecordDict({str(n): content[_RECORD.format(int(p))] for n, p in zip(names, places)})
+            contents[client] = record_dict({str(n): content[_RECORD.format(int(p))] for n, p in zip(names, places)})
         except KeyError as err:
             raise ValueError(f"malformed pack: client {client}'s record {err} is missing") from None
         except (TypeError, ValueError) as err:  # a place that is not a number; a record of no record type
