@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array
+from flwr.app import Array, ArrayRecord
 
-from strategies.arrays import DecodedArray, array_numpy, numpy_array, numpy_record, record_numpy
+from strategies.arrays import DecodedArray, array_numpy, array_record, numpy_array, numpy_record, record_numpy
 
 ARRAYS = {
     "matrix": np.arange(600, dtype=np.float32).reshape(10, 60) / 7,
@@ -117,3 +117,14 @@ def test_fedpers_evaluation_messages_share_the_base_and_are_made_a_chunk_at_a_ti
     arrays = [made(ins.model) for ins in chunked]
     assert server.method.common_tensors() == frozenset({0, 1})  # fc1, the base
     assert all(a[0] is arrays[0][0] and a[1] is arrays[0][1] for a in arrays)
+
+
+def test_a_record_holds_the_arrays_given_as_flowers_does_and_refuses_what_flower_refuses():
+    arrays = {"w": numpy_array(np.ones((2, 2), np.float32)), "b": numpy_array(np.zeros(2, np.float32))}
+    ours, flowers = array_record(arrays), ArrayRecord()
+    for name, array in arrays.items():
+        flowers[name] = array
+    assert ours == flowers and list(ours) == ["w", "b"] and all(ours[n] is a for n, a in arrays.items())
+    assert vars(ours).keys() == vars(flowers).keys() and ours.is_dirty
+    with pytest.raises(TypeError):
+        array_record({"w": np.ones(2)})  # an ndarray, not an Array
