@@ -19,7 +19,8 @@ client's state; ``keep`` makes it the client's once the client answered):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 from flwr.app import ConfigRecord, Context, MessageType, RecordDict
 
@@ -54,7 +55,7 @@ class ClientStates:
         node = self.node
         if not self.hosted:
             state = RecordDict(dict(node.state.items()))
-        elif (folder := persisted_state.folder(self.node_config, config, client)) is None:
+        elif not persisted_state.keyed(config):
             prefix = _PREFIX.format(client)
             state = RecordDict({k[len(prefix):]: r for k, r in node.state.items() if k.startswith(prefix)})
         else:
@@ -63,11 +64,11 @@ class ClientStates:
             last = int(known) if isinstance(known, int) and known != NONE_KEPT else None
             if known is None and phase != MessageType.QUERY:  # the client's first message in this node's Context
                 after = int(config[RESUMED_AFTER]) if RESUMED_AFTER in config else None
-                last = persisted_state.latest(folder, after)
+                last = persisted_state.latest(self._folder(config, client), after)
                 if last is None:  # looked once: a method that keeps no state has its folder never read again
                     self._remember(client, NONE_KEPT)
             if last is not None:
-                persisted_state.load(state, folder, last)
+                persisted_state.load(state, self._folder(config, client), last)
         if not self.hosted and phase != MessageType.QUERY:
             persisted_state.restore(state, self.node_config, config, client)
         return Context(run_id=node.run_id, node_id=node.node_id,
@@ -85,7 +86,7 @@ class ClientStates:
             node.state.update(state)
             if phase == MessageType.TRAIN:
                 persisted_state.persist(state, self.node_config, config, client, server_round, self.checkpoint_every)
-        elif persisted_state.folder(self.node_config, config, client) is None:
+        elif not persisted_state.keyed(config):
             prefix = _PREFIX.format(client)
             for key in [k for k in node.state if k.startswith(prefix)]:
                 del node.state[key]
@@ -94,6 +95,10 @@ class ClientStates:
         elif phase == MessageType.TRAIN and persisted_state.write(state, self.node_config, config, client, server_round,
                                                                    self.checkpoint_every):
             self._remember(client, server_round)
+
+    def _folder(self, config: Mapping[str, Any], client: int) -> Path:
+        """``client``'s state folder under a ``config`` that is ``persisted_state.keyed``."""
+        return cast(Path, persisted_state.folder(self.node_config, config, client))
 
     def _remember(self, client: int, server_round: int) -> None:
         """The round of ``client``'s latest file (``NONE_KEPT``: it has none)."""

@@ -79,11 +79,16 @@ def _versions(folder: Path) -> dict[int, Path]:
 
 def folder(node_config: Mapping[str, Any], config: Mapping[str, Any], partition_id: int) -> Path | None:
     """The folder of ``partition_id``'s client state in the run ``config``'s run key names (``None``: no run
-    key, as from a user's own strategy, or one that is not a plain folder name)."""
-    run = str(config.get(RUN_KEY, ""))
-    if not _PLAIN.fullmatch(run) or run in (".", ".."):
+    key, as from a user's own strategy, or one that is not a plain folder name: ``keyed``)."""
+    if not keyed(config):
         return None
-    return state_dir(node_config) / run / f"partition-{partition_id}"
+    return state_dir(node_config) / str(config[RUN_KEY]) / f"partition-{partition_id}"
+
+
+def keyed(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` names a run key that can be a folder's name (its clients' states have a ``folder``)."""
+    run = str(config.get(RUN_KEY, ""))
+    return bool(_PLAIN.fullmatch(run)) and run not in (".", "..")
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9._+-]+")
