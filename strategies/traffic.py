@@ -15,9 +15,14 @@ from typing import Any
 from flwr.app import ArrayRecord, RecordDict
 from flwr.common import Parameters
 
+#: the exact types of the numbers a value counts 8 bytes for (``bool``, a subclass of ``int``, counts 1)
+_NUMBERS = frozenset({int, float})
+
 
 def value_bytes(value: Any) -> int:
     """The payload of one config or metric value."""
+    if type(value) in _NUMBERS:  # most values: checked first
+        return 8
     if isinstance(value, (bytes, bytearray)):
         return len(value)
     if isinstance(value, str):
