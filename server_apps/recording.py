@@ -196,7 +196,8 @@ class RecordedStrategy(MessageStrategy, _Schedule):
         where it counts them (``WireMeter``)."""
         out = dict(metrics)
         if self.guard is not None:
-            out = flower_cost(out, [content_bytes(m.content) for m in self._outbox],
+            sizes: dict[int, int] = {}  # a record the instructions share (the global model) is measured once
+            out = flower_cost(out, [content_bytes(m.content, sizes) for m in self._outbox],
                               [content_bytes(m.content) for m in received if not m.has_error()], _reply_metrics(aggregated))
         return self._meters[kind].read(out)
 
