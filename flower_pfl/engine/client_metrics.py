@@ -51,7 +51,12 @@ def weighted_means(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], 
 
 def is_number(value: Any) -> TypeGuard[float]:
     """A real number (Python or numpy, not a bool)."""
+    if type(value) in _PLAIN_NUMBERS:  # most values: checked first
+        return True
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+_PLAIN_NUMBERS = frozenset({int, float})
 
 
 def is_finite_number(value: Any) -> TypeGuard[float]:
@@ -95,7 +100,7 @@ def round_metrics(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], a
     metrics that name rather than measure."""
     out = weighted_means(rows, weights, skip=skip)
     for key in (accuracy_key, *also):
-        values = [float(r[key]) for r in rows if numbers(r.get(key)) is not None and np.ndim(r[key]) == 0]
+        values = [value for r in rows if isinstance(value := numbers(r.get(key)), float)]  # finite, one number
         if values:
             out.update(spread(values, key))
         if key == accuracy_key:
