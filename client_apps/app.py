@@ -12,10 +12,11 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from logging import WARNING
 from typing import Any, cast
 
@@ -119,9 +120,9 @@ class Node:
     def arrays(self) -> list[np.ndarray]:
         return [t.detach().cpu().numpy() for t in self.model.state_dict().values()]
 
-    @cached_property
+    @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return _device(self.model)
 
     def _train_data(self) -> TrainData:
         data = on_device(self.data, self.device)  # kept on the device for the run when it fits
@@ -279,6 +280,17 @@ def _model(cfg: ExperimentConfig, thread: int) -> torch.nn.Module:
     """One model per configuration and thread: every message overwrites all of its tensors
     (``Node.load``) before using it, so nodes can share it."""
     return make_model(cfg).to(resolve_device(cfg.device))
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    """Where ``model`` lives, looked up once per model: a node's model is made on its device and stays there
+    (``_model``), and a message's clients, each a ``Node`` of its own, share it."""
+    if (device := _DEVICES.get(model)) is None:
+        device = _DEVICES[model] = next(model.parameters()).device
+    return device
+
+
+_DEVICES: weakref.WeakKeyDictionary[torch.nn.Module, torch.device] = weakref.WeakKeyDictionary()
 
 
 def is_legacy(msg: Message) -> bool:
