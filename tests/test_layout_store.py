@@ -44,6 +44,17 @@ def test_flatten_rejects_wrong_shapes():
         layout.unflatten(torch.zeros(5))
 
 
+def test_a_replys_float32_arrays_flatten_as_tensors_do_into_a_vector_of_their_own():
+    layout = ParamLayout(("w", "b"), ((2, 3), (3,)))
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3) / 7, np.array([1e-30, -0.0, 3.5], np.float32)]
+    vector = layout.flatten(arrays)
+    assert vector.dtype == torch.float32 and torch.equal(vector, layout.flatten([torch.from_numpy(a) for a in arrays]))
+    vector[0] = 99.0
+    assert arrays[0][0, 0] == 0.0  # a copy, not a view of the reply's arrays
+    with pytest.raises(ValueError, match="shapes"):
+        layout.flatten([arrays[0].reshape(3, 2), arrays[1]])
+
+
 def test_store_lazy_rows_put_get_and_growth():
     store = ClientModelStore(torch.tensor([1.0, 2.0]))
     assert store.get(["a", "b"]).tolist() == [[1, 2], [1, 2]]

@@ -91,6 +91,11 @@ class ParamLayout:
 
     def flatten(self, arrays: Iterable[np.ndarray | torch.Tensor]) -> torch.Tensor:
         """Concatenate arrays (in layout order) into one float32 vector."""
+        arrays = list(arrays)
+        if arrays and all(type(a) is np.ndarray and a.dtype == np.float32 for a in arrays):  # a reply's: NumPy's own concatenation
+            if tuple(a.shape for a in arrays) != self.shapes:
+                raise ValueError(f"shapes {tuple(a.shape for a in arrays)} do not match the layout {self.shapes}")
+            return torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays]))
         parts = [torch.as_tensor(np.asarray(a) if not torch.is_tensor(a) else a) for a in arrays]
         shapes = tuple(tuple(p.shape) for p in parts)
         if shapes != self.shapes:
