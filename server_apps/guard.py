@@ -30,7 +30,7 @@ from flower_pfl.engine.reply_checks import (
     screen,
 )
 from strategies.aggregated_metrics import reply_counts
-from strategies.arrays import DecodedArray
+from strategies.arrays import DecodedArray, put_arrays
 from strategies.failures import NodeFailures
 from strategies.message.method_strategy import raw_reply
 from strategies.nodes import split_replies
@@ -94,6 +94,5 @@ class ReplyGuard:
 def _with_decoded(msg: Message, raw: RawReply) -> Message:
     """``msg`` with its arrays as the checks read them (``DecodedArray``): the strategy does not decode them again."""
     record = next(iter(records(msg.content, ArrayRecord).values()))
-    for name, value in zip(record.keys(), raw.arrays, strict=True):
-        record[name] = DecodedArray.of(record[name], value)
+    put_arrays(record, {name: DecodedArray.of(array, value) for (name, array), value in zip(record.items(), raw.arrays, strict=True)})
     return msg

@@ -118,9 +118,13 @@ def numpy_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
 
 def array_record(arrays: Mapping[str, Array]) -> ArrayRecord:
     """An ``ArrayRecord`` holding ``arrays`` themselves: ``ArrayRecord(arrays)`` makes a new ``Array`` of each (a
-    quarter of the time; an ``Array``'s bytes cannot change, so records may share one), and Flower's check of each
-    entry is a tenth of the rest (``strategies.records``)."""
-    record = ArrayRecord()
+    quarter of the time; an ``Array``'s bytes cannot change, so records may share one)."""
+    return put_arrays(ArrayRecord(), arrays)
+
+
+def put_arrays(record: ArrayRecord, arrays: Mapping[str, Array]) -> ArrayRecord:
+    """``record[name] = array`` for each of ``arrays``, with Flower's check of each entry (a tenth of the rest of
+    the cost: ``strategies.records``) made once for all; ``record``."""
     if all(type(name) is str and isinstance(array, Array) for name, array in arrays.items()):
         vars(record)["_data"].update(arrays)  # where Flower's ``TypedDict`` keeps its entries
         record.is_dirty = True  # as Flower's setting of an entry marks it
@@ -128,4 +132,3 @@ def array_record(arrays: Mapping[str, Array]) -> ArrayRecord:
     for name, array in arrays.items():
         record[name] = array  # Flower's check says what is wrong
     return record
-
