@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
@@ -158,12 +158,14 @@ class Node:
                     torch.cuda.manual_seed(int(seed))
             yield
 
-    def start_fit(self, config: Mapping[str, Any]) -> ClientRound:
+    def start_fit(self, config: Mapping[str, Any], copied: Callable[[torch.nn.Module], list[torch.Tensor]] | None = None) -> ClientRound:
         """What this node's training for ``config`` is (the model holds the received one): its client
-        algorithm, data and settings."""
+        algorithm, data and settings. ``copied``: how the received model is copied (``Decoded.state``: one copy
+        for the clients that received one model), else it is cloned."""
         algorithm = client_algorithm_for(config)(self.model, config, RecordState(self.state))
+        received = copied(self.model) if copied is not None else [t.detach().clone() for t in self.model.state_dict().values()]
         return ClientRound(algorithm, self._train_data(), **training_settings(config, self.cfg.seed, self.partition_id),
-                           received=[t.detach().clone() for t in self.model.state_dict().values()])
+                           received=received)
 
     def end_fit(self, result: LocalResult, seconds: float) -> dict[str, Any]:
         """The training metrics of ``result``, which took ``seconds`` of training (``train-time-s``), and the
@@ -449,7 +451,7 @@ def train_round(contents: Sequence[RecordDict], contexts: Sequence[Context]) -> 
         for i in part:
             received = _arrays(contents[i])
             decoded.load(nodes[i], received)
-            rounds.append(nodes[i].start_fit(configs[i]))
+            rounds.append(nodes[i].start_fit(configs[i], decoded.state))
             names.append(list(received.keys()))
         with nodes[0].computing():
             began = time.perf_counter()

@@ -151,10 +151,10 @@ def test_a_client_that_fails_after_training_counts_as_one_that_failed_before(tmp
             raise RuntimeError("reply lost")  # ... and no reply
         return out
 
-    def fail_first(self, config):
+    def fail_first(self, config, *args):
         if fails.get("before") == (self.partition_id, int(config[SERVER_ROUND])):
             raise RuntimeError("reply lost")
-        return start_fit(self, config)
+        return start_fit(self, config, *args)
 
     monkeypatch.setattr(capp.Node, "fit", fit_then_fail)
     monkeypatch.setattr(capp.Node, "start_fit", fail_first)

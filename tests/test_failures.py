@@ -177,10 +177,10 @@ def test_in_process_a_client_that_always_fails_is_lost_and_the_run_goes_on_or_st
 
     fit, evaluate = capp.Node.start_fit, capp.Node.evaluate
 
-    def flaky_fit(self, config):
+    def flaky_fit(self, config, *args):
         if self.partition_id == 0:
             raise RuntimeError("device lost")
-        return fit(self, config)
+        return fit(self, config, *args)
 
     def flaky_evaluate(self, *args, **kwargs):
         if self.partition_id == 0:

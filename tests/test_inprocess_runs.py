@@ -72,10 +72,10 @@ def test_failing_client_does_not_stop_the_round(tmp_path, monkeypatch):
 
     original = capp.Node.start_fit
 
-    def flaky(self, config):
+    def flaky(self, config, *args):
         if self.partition_id == 0:
             raise RuntimeError("device lost")
-        return original(self, config)
+        return original(self, config, *args)
 
     monkeypatch.setattr(capp.Node, "start_fit", flaky)
     out = run_in_process({**SMALL, "num-rounds": 2, "clients-per-round": 4, "output-dir": str(tmp_path)}, num_clients=4)
