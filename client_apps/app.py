@@ -207,8 +207,7 @@ class Node:
             received = fingerprint(self.model.state_dict().values())  # before any personalization
         algorithm, steps = client_algorithm_for(config), int(config.get(FINETUNE_STEPS, 0))
         # the received model as it is, or the one the client's state keeps, takes no draws: nothing to seed
-        draws = steps or algorithm.evaluation_model.__func__ is not ClientAlgorithm.evaluation_model.__func__  # type: ignore[attr-defined]
-        with self.seeded_draws(config, "evaluate") if draws else nullcontext():
+        with self.seeded_draws(config, "evaluate") if steps or _own_evaluation_model(algorithm) else nullcontext():
             if steps:
                 self.finetune(config, steps)
             model, extra = algorithm.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
@@ -282,6 +281,18 @@ def _model(cfg: ExperimentConfig, thread: int) -> torch.nn.Module:
     """One model per configuration and thread: every message overwrites all of its tensors
     (``Node.load``) before using it, so nodes can share it."""
     return make_model(cfg).to(resolve_device(cfg.device))
+
+
+def as_received(config: Mapping[str, Any]) -> bool:
+    """Whether a client evaluates the model its instruction ``config`` sent as it is: no fine-tuning first, and a
+    client algorithm whose evaluation model is the received one (``ClientAlgorithm.evaluation_model``'s, without an
+    ``evaluated_state``)."""
+    algorithm = client_algorithm_for(config)
+    return not int(config.get(FINETUNE_STEPS, 0)) and algorithm.evaluated_state is None and not _own_evaluation_model(algorithm)
+
+
+def _own_evaluation_model(algorithm: type[ClientAlgorithm]) -> bool:
+    return algorithm.evaluation_model.__func__ is not ClientAlgorithm.evaluation_model.__func__  # type: ignore[attr-defined]
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -491,18 +502,20 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
             target[i] = result
 
     decoded = Decoded()
+    held: Held | None = None  # the last client's model as it received it
     for node, content, config in zip(nodes, contents, configs):
-        received = _arrays(content)
-        decoded.load(node, received)
-        evaluation = node.start_evaluate(config, decoded.fingerprint(received))
+        received, plain = _arrays(content), why is None and as_received(config)
+        evaluation, kind, state = _started(node, received, config, held if plain else None, decoded)
         evaluations.append(evaluation)
         evaluated = evaluation.model
         if why is None and (evaluated is model or isinstance(evaluated, Personalization)):
             # the received model, or a personalization of it: its tensors join those of its kind
-            entries = evaluated.state_dict()
-            kind = (type(evaluated), tuple((k, tuple(v.shape), v.dtype) for k, v in entries.items()))
+            if state is None:
+                entries = evaluated.state_dict()
+                kind = (type(evaluated), tuple((k, tuple(v.shape), v.dtype) for k, v in entries.items()))
+                state = decoded.state(evaluated, entries)
+            held = (received, evaluation.extra[MODEL_FINGERPRINT], kind, state) if plain else None
             _, places, states, tests = kinds.setdefault(kind, (evaluated, [], [], []))
-            state = decoded.state(evaluated, entries)
             places.append((results, len(results)))
             states.append(state)
             tests.append(node._test_data())
@@ -526,6 +539,21 @@ def _evaluate_nodes(nodes: Sequence[Node], contents: Sequence[RecordDict], model
     replies = [record_dict({"metrics": metric_record(e.metrics(r, v))})
                for e, r, v in zip(evaluations, cast(list[EvalResult], results), validations)]  # every result is in
     return replies, reasons
+
+
+#: a client's received model, its fingerprint, kind and copy (``_evaluate_nodes``)
+Held = tuple[ArrayRecord, int, Any, list[torch.Tensor]]
+
+
+def _started(node: Node, received: ArrayRecord, config: Mapping[str, Any], held: Held | None,
+             decoded: Decoded) -> tuple[Evaluation, Any, list[torch.Tensor] | None]:
+    """A client's evaluation before its forward pass, and the kind and copy of its model where ``held`` (the last
+    client's, ``as_received``) is the model it evaluates: no load, no copy."""
+    if held is not None and held[0] is received:
+        _, crc, kind, state = held
+        return Evaluation(node.model, {"partition-id": node.partition_id, MODEL_FINGERPRINT: crc}), kind, state
+    decoded.load(node, received)
+    return node.start_evaluate(config, decoded.fingerprint(received)), None, None
 
 
 @app.evaluate()

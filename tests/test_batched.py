@@ -127,6 +127,37 @@ def test_a_round_s_clients_evaluate_as_one_computation_as_one_by_one(model):
     assert len({r.accuracy for r in together}) > 1
 
 
+def test_a_node_s_clients_evaluated_together_get_what_each_gets_on_its_own():
+    """Clients that evaluate one received model as it is share its load and copy; a new client between them
+    fine-tunes it first, and the client after it evaluates the model as received again."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from client_apps.app import MODEL_FINGERPRINT, Node, _evaluate, evaluate_round
+    from flower_pfl.engine.client_algorithm import BATCH_SIZE, FINETUNE_STEPS, NEW_CLIENT, SERVER_ROUND
+    from flower_pfl.experiment.config import ExperimentConfig
+    from flower_pfl.run.cost import NODE_PEAK_MEMORY
+    from strategies.arrays import numpy_record
+
+    run_config = ExperimentConfig(model="dnn", val_fraction=0.25).to_run_config()
+    contexts = [Context(run_id=1, node_id=1, node_config={"partition-id": i, "num-partitions": 5}, state=RecordDict(),
+                        run_config=run_config) for i in range(5)]
+    model = Node.from_context(contexts[0]).model
+    torch.manual_seed(3)
+    sent = numpy_record({k: (v + 0.3 * torch.randn_like(v)).numpy() for k, v in model.state_dict().items()})
+    plain = ConfigRecord({SERVER_ROUND: 4})
+    new = ConfigRecord({SERVER_ROUND: 4, NEW_CLIENT: True, FINETUNE_STEPS: 3, LR: 0.5, BATCH_SIZE: 8})
+    contents = [RecordDict({"arrays": sent, "config": config}) for config in (plain, plain, new, plain, plain)]
+    replies, why = evaluate_round(contents, contexts)
+    assert why == [None] * 5
+    got = [dict(r["metrics"]) for r in replies]
+    alone = [dict(_evaluate(c, x)["metrics"]) for c, x in zip(contents, contexts)]
+    for g, a in zip(got, alone):
+        assert g.pop("loss") == same_math(a.pop("loss")) and g.pop("val-loss") == same_math(a.pop("val-loss"))
+        del g[NODE_PEAK_MEMORY], a[NODE_PEAK_MEMORY]
+        assert g == a
+    assert len({g[MODEL_FINGERPRINT] for g in got}) == 1 and [g["partition-id"] for g in got] == [0, 1, 2, 3, 4]
+
+
 def test_a_round_s_evaluation_stacks_a_bounded_share_of_the_models_at_once(tmp_path, monkeypatch):
     import client_apps.app as capp
     from flower_pfl.engine import evaluation
