@@ -48,6 +48,7 @@ from flower_pfl.engine.client_algorithm import (
 )
 from flower_pfl.engine.evaluation import STACKED_BYTES, EvalResult, Personalization, evaluate_together
 from flower_pfl.engine.evaluation import evaluate as evaluate_model
+from flower_pfl.engine.last_call import LastCall
 from flower_pfl.engine.memory import available_bytes, budget_bytes, clients_per_computation, model_bytes, shown, training_bytes
 from flower_pfl.engine.precision import computing_in
 from flower_pfl.engine.wire import fingerprint
@@ -105,7 +106,7 @@ class Node:
         cfg = run_settings(context.run_config)
         pid = int(context.node_config["partition-id"])
         data = load_client_data(cfg, pid, int(context.node_config["num-partitions"]))
-        return cls(cfg, pid, data, _model(cfg, threading.get_ident()), context.state,
+        return cls(cfg, pid, data, _thread_model(cfg), context.state,
                    state_node_config(context.node_config, cfg.client_state_dir))
 
     def load(self, arrays: Mapping[str, Any] | list[np.ndarray]) -> None:
@@ -259,15 +260,7 @@ class Evaluation:
 def run_settings(run_config: Mapping[str, Any]) -> ExperimentConfig:
     """The run config, parsed and checked once per process (``ExperimentConfig.from_mapping``); the clients of
     one message, which share their node's run config, look it up once."""
-    last = _LAST_SETTINGS
-    if last and last[0] is run_config:
-        return last[1]
-    cfg = _parsed(tuple(sorted(run_config.items())))
-    _LAST_SETTINGS[:] = [run_config, cfg]
-    return cfg
-
-
-_LAST_SETTINGS: list[Any] = []  # the run config last parsed (the object) and its settings
+    return _settings(run_config)
 
 
 @lru_cache(maxsize=4)
@@ -276,11 +269,18 @@ def _parsed(items: tuple[tuple[str, Any], ...]) -> ExperimentConfig:
     return ExperimentConfig.from_mapping(dict(items), ignore_unknown=True)
 
 
+_settings: LastCall[Mapping[str, Any], ExperimentConfig] = LastCall(lambda run_config: _parsed(tuple(sorted(run_config.items()))))
+
+
 @lru_cache(maxsize=8)
 def _model(cfg: ExperimentConfig, thread: int) -> torch.nn.Module:
     """One model per configuration and thread: every message overwrites all of its tensors
     (``Node.load``) before using it, so nodes can share it."""
     return make_model(cfg).to(resolve_device(cfg.device))
+
+
+#: this thread's model for a config: a message's clients ask with one config, hashed once
+_thread_model: LastCall[ExperimentConfig, torch.nn.Module] = LastCall(lambda cfg: _model(cfg, threading.get_ident()))
 
 
 def as_received(config: Mapping[str, Any]) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from flower_pfl.engine.last_call import LastCall
 from flower_pfl.experiment.config import ConfigError, ExperimentConfig
 from flower_pfl.experiment.data import ClientData
 from flower_pfl.experiment.data.client_data import smallest_share, split_indices, validation_indices
@@ -68,16 +69,7 @@ def data_set(cfg: ExperimentConfig) -> DataSet:
 def data_request(cfg: ExperimentConfig) -> DataRequest:
     """What decides every client's data under ``cfg`` (the request last made is kept for the config it was made
     for: a node's clients, one after another, ask with one config)."""
-    last = _LAST_REQUEST
-    if last and last[0] is cfg:
-        return last[1]
-    request = _data_request(cfg)
-    _LAST_REQUEST[:] = [cfg, request]
-    return request
-
-
-#: the last config ``data_request`` was asked for and its request (a config cannot change)
-_LAST_REQUEST: list[Any] = []
+    return _last_request(cfg)
 
 
 def _data_request(cfg: ExperimentConfig) -> DataRequest:
@@ -88,6 +80,9 @@ def _data_request(cfg: ExperimentConfig) -> DataRequest:
     return DataRequest(cfg.dataset, options, where, cfg.partition, schemes, cfg.paired_clients, cfg.train_fraction,
                        cfg.train_samples_per_client, cfg.data_rng_seed, cfg.min_test_samples, cfg.val_fraction)
 
+
+
+_last_request = LastCall(_data_request)
 
 def data_info(cfg: ExperimentConfig) -> DataInfo:
     """One sample's shape and kind and the classes of the configured data (a data set of the researcher's own
