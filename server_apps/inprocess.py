@@ -24,6 +24,7 @@ from flwr.clientapp import ClientApp
 
 from client_apps.flower_internals import TaskIdentity
 from flower_pfl.experiment.config import ExperimentConfig
+from strategies.records import filled
 
 CLIENT_APP_EXCEPTION = 1  # error code in replies of a ClientApp that raised
 
@@ -81,22 +82,19 @@ def transported(msg: Message) -> Message:
             made.__dict__[name] = _shallow(made.__dict__[name])  # scalars and strings only
     if (content := made.__dict__.get("_content")) is not None:
         memo: dict[int, Any] = {}
-        copied = made.__dict__["_content"] = _shallow(content)
-        copied.__dict__["_data"] = {name: _record(record, memo) for name, record in content.items()}
+        made.__dict__["_content"] = filled(RecordDict(), {name: _record(record, memo) for name, record in content.items()})
     return made
 
 
 def _record(record: Any, memo: dict[int, Any]) -> Any:
+    """A copy of one of a message's records (the one made before, for a record the message holds twice)."""
     if (known := memo.get(id(record))) is not None:
         return known
     kind = type(record)
     if kind is ArrayRecord:
-        made = _shallow(record)
-        made.__dict__["_data"] = {name: _shallow(array) if type(array) is Array else deepcopy(array)
-                                  for name, array in record.items()}
+        made = filled(ArrayRecord(), {name: _shallow(array) if type(array) is Array else deepcopy(array) for name, array in record.items()})
     elif kind in _VALUE_RECORDS:
-        made = _shallow(record)
-        made.__dict__["_data"] = {name: list(value) if type(value) is list else value for name, value in record.items()}
+        made = filled(kind(), {name: list(value) if type(value) is list else value for name, value in record.items()})
     else:
         made = deepcopy(record)
     memo[id(record)] = made
