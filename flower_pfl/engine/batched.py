@@ -92,10 +92,15 @@ def train_together(model: nn.Module, rounds: Sequence[ClientRound]) -> list[tupl
         return []
     starts, datas = [], []
     for r in rounds:  # ``begin`` on each client's received model, as ``train_locally`` does
+        if not _own(r.algorithm, "begin"):  # the base class's: the data as it is, the model as received
+            datas.append(r.data)
+            starts.append(r.received)
+            continue
         _load(model, r.received)
         model.train()
         datas.append(r.algorithm.begin(model, r.data))
         starts.append([t.detach().clone() for t in model.state_dict().values()])
+    model.train()
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (r, d) in enumerate(zip(rounds, datas)):
         groups.setdefault((min(r.batch_size, len(d.y)), r.steps, r.lr, _settings(r.algorithm)), []).append(i)
@@ -110,11 +115,20 @@ def train_together(model: nn.Module, rounds: Sequence[ClientRound]) -> list[tupl
             trained[i], losses[i] = [t[j] for t in states], mean_losses[j]
     out = []
     for r, d, state, loss in zip(rounds, datas, trained, losses):  # ``finish`` on each client's trained model
-        _load(model, state)
         r.algorithm.steps = r.steps
-        extras = r.algorithm.finish(model, d.x)
-        out.append(([t.detach().clone() for t in model.state_dict().values()], LocalResult(loss=loss, steps=r.steps), extras))
+        if _own(r.algorithm, "finish") or _own(r.algorithm, "end_round"):
+            _load(model, state)
+            extras = r.algorithm.finish(model, d.x)
+            state = [t.detach().clone() for t in model.state_dict().values()]
+        else:  # the base class's finish reads nothing of the model: the trained state as it is
+            extras = r.algorithm.finish(model, d.x)
+        out.append((state, LocalResult(loss=loss, steps=r.steps), extras))
     return out
+
+
+def _own(algorithm: ClientAlgorithm, hook: str) -> bool:
+    """Whether ``algorithm``'s ``hook`` is its own, not ``ClientAlgorithm``'s (which reads nothing of the model)."""
+    return getattr(type(algorithm), hook) is not getattr(ClientAlgorithm, hook)
 
 
 def _load(model: nn.Module, tensors: Sequence[torch.Tensor]) -> None:
