@@ -158,6 +158,28 @@ def test_a_node_s_clients_evaluated_together_get_what_each_gets_on_its_own():
     assert len({g[MODEL_FINGERPRINT] for g in got}) == 1 and [g["partition-id"] for g in got] == [0, 1, 2, 3, 4]
 
 
+def test_one_model_evaluated_alone_runs_in_chunks_its_activations_bound(monkeypatch):
+    """A small model's samples go through in one forward pass, a model whose activations would pass
+    ``CHUNK_BYTES`` in chunks of ``batch_size``: the same figures either way."""
+    from flower_pfl.engine import evaluation
+    from flower_pfl.engine.memory import activation_bytes
+
+    built = build_model("dnn", (6,), 3)
+    state = [t.clone() for t in built.state_dict().values()]
+    tests = [(torch.randn(n, 6), torch.randint(0, 3, (n,))) for n in (9, 30, 17)]
+    passes: list[int] = []
+    forward = evaluation.Functional.__call__
+    monkeypatch.setattr(evaluation.Functional, "__call__", lambda self, st, x: passes.append(len(x)) or forward(self, st, x))
+    whole = evaluation.evaluate_together(built, [state] * 3, tests, batch_size=8)
+    assert passes == [56]  # 56 samples of a few hundred bytes each: one pass
+    passes.clear()
+    monkeypatch.setattr(evaluation, "CHUNK_BYTES", 10 * (6 * 4 + activation_bytes(built, tests[0][0][0])))
+    chunked = evaluation.evaluate_together(built, [state] * 3, tests, batch_size=8)
+    assert passes == [10] * 5 + [6]  # as many samples as CHUNK_BYTES holds, more than batch_size
+    assert [(r.accuracy, r.num_examples) for r in chunked] == [(r.accuracy, r.num_examples) for r in whole]
+    assert [r.loss for r in chunked] == [same_math(r.loss) for r in whole]
+
+
 def test_a_round_s_evaluation_stacks_a_bounded_share_of_the_models_at_once(tmp_path, monkeypatch):
     import client_apps.app as capp
     from flower_pfl.engine import evaluation

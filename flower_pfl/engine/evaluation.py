@@ -13,10 +13,13 @@ from torch import nn
 from torch.func import vmap
 
 from flower_pfl.engine.functional import Functional
+from flower_pfl.engine.memory import activation_bytes
 from flower_pfl.engine.wire import fingerprint
 
 #: a round's evaluation stacks at most about this many bytes of the clients' models at once (then evaluates them)
 STACKED_BYTES = 256 * 2**20
+#: one forward pass of a model evaluated alone may take up to about this many bytes of inputs and activations
+CHUNK_BYTES = 64 * 2**20
 
 
 class Personalization(nn.Module):
@@ -84,9 +87,9 @@ def evaluate_together(model: nn.Module, states: Sequence[Sequence[torch.Tensor]]
         correct.index_add_(0, owner, hits.flatten().to(torch.int64))
 
     if len(members) == 1:  # one model for every client: contiguous chunks of its clients' samples
-        run, state = Functional(model), states[members[0][0]]
-        for start in range(0, len(y_all), batch_size):
-            add(run(state, x_all[start:start + batch_size]), y_all[start:start + batch_size], owners[start:start + batch_size])
+        run, state, step = Functional(model), states[members[0][0]], _chunk(model, x_all, batch_size)
+        for start in range(0, len(y_all), step):
+            add(run(state, x_all[start:start + step]), y_all[start:start + step], owners[start:start + step])
     else:
         forward = vmap(Functional(model))
         stacked = [torch.stack([states[m[0]][k] for m in members]) for k in range(len(states[0]))]
@@ -106,3 +109,13 @@ def evaluate_together(model: nn.Module, states: Sequence[Sequence[torch.Tensor]]
     sizes_each = [len(y) for _, y in tests]
     return [EvalResult(loss=loss / max(n, 1), accuracy=c / max(n, 1), num_examples=n)
             for loss, c, n in zip(losses.tolist(), correct.tolist(), sizes_each)]
+
+
+def _chunk(model: nn.Module, x: torch.Tensor, batch_size: int) -> int:
+    """The samples of one forward pass of ``model`` evaluated alone: ``batch_size``, or as many as keep their
+    inputs and every module's outputs (``activation_bytes``) within ``CHUNK_BYTES`` where that is more (a small
+    model's forward passes cost more in calls than in arithmetic)."""
+    if not len(x):
+        return batch_size
+    per_sample = x[0].numel() * x[0].element_size() + activation_bytes(model, x[0])
+    return max(batch_size, CHUNK_BYTES // max(per_sample, 1))
