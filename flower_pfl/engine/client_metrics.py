@@ -32,6 +32,9 @@ def weighted_means(rows: Sequence[Mapping[str, Any]], weights: Sequence[float], 
                 continue
             if key in sums:
                 total, weight = sums[key]
+                if type(total) is float and type(vec) is float:  # most metrics: Python's arithmetic, which warns of nothing
+                    sums[key] = (total + w * vec, weight + w)
+                    continue
                 if np.shape(total) != np.shape(vec):
                     bad.add(key)
                     continue
