@@ -52,15 +52,11 @@ def bare_rows(models: Sequence[str], rounds: int, repeats: int, work: Path) -> l
     arrays, one message each (``flower_message_floor``), which no in-process evaluation can go below."""
     import torch
 
-    from flower_pfl.experiment.build import make_model
-    from flower_pfl.experiment.config import ExperimentConfig
-
     torch.set_num_threads(1)
     rows = []
     for model in models:
         config = client_speed.run_config(model, "cpu", work / "data")
-        built = make_model(ExperimentConfig.from_mapping({**ExperimentConfig().to_run_config(), **config}))
-        shapes = {name: tuple(t.shape) for name, t in built.state_dict().items()}
+        shapes = {name: tuple(t.shape) for name, t in client_speed.federation(config, "cpu").make_model().state_dict().items()}
         rows.append({"model": model, "device": "cpu", "clients": client_speed.NODES, "per_round": client_speed.PER_ROUND,
                      **client_speed.measure(config, "cpu", rounds, repeats, work / "runs"),
                      "flower_evaluation": flower_message_floor.evaluation_floor(client_speed.NODES, 30, shapes)[0]["total"]})

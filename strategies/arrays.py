@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from strategies.records import entries
+from strategies.records import filled
 
 #: the start of the ``.npy`` bytes a Flower ``Array`` of stype ``numpy.ndarray`` holds (format 1.0)
 _NPY_V1 = b"\x93NUMPY\x01\x00"
@@ -128,8 +128,7 @@ def put_arrays(record: ArrayRecord, arrays: Mapping[str, Array]) -> ArrayRecord:
     """``record[name] = array`` for each of ``arrays``, with Flower's check of each entry (a tenth of the rest of
     the cost: ``strategies.records``) made once for all; ``record``."""
     if all(type(name) is str and isinstance(array, Array) for name, array in arrays.items()):
-        entries(record).update(arrays)
-        record.is_dirty = True  # as Flower's setting of an entry marks it
+        filled(record, arrays).is_dirty = True  # as Flower's setting of an entry marks it
         return record
     for name, array in arrays.items():
         record[name] = array  # Flower's check says what is wrong
