@@ -8,7 +8,12 @@ as one computation, ``client_apps.hosting``); only the transport is left out, so
 same seed and layout give the same numbers as ``flwr run``. As the transport does, each
 node gets its own copy of its message and the server its own copy of the reply: a mod
 that edits what it receives (``secaggplus_mod``) changes nothing another node or the
-server sees. Benchmarks use it for long runs; tests use it for fast end-to-end checks.
+server sees. Nodes take their messages one at a time, also when Flower's legacy server
+sends them from several threads: on ``flwr run`` every node has a process of its own,
+and nodes sharing one process at once would share its state (the global RNGs; in CPython
+before 3.11.8, ``ast.parse`` run in two threads at once, as ``np.load`` does, can raise
+``SystemError``, python/cpython#106905). Benchmarks use it for long runs; tests use it for
+fast end-to-end checks.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from copy import deepcopy
 from pathlib import Path
+from threading import Lock
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -46,6 +52,7 @@ class InProcessGrid:
         configs = list(node_configs) if node_configs is not None else [{"partition-id": i, "num-partitions": num_nodes}
                                                                        for i in range(num_nodes)]
         self.client_app = client_app
+        self._one_at_a_time = Lock()
         self.run = SimpleNamespace(run_id=1)  # what Flower's legacy ``start_grid`` reads
         self.contexts = {nid: Context(run_id=1, node_id=nid, node_config=dict(config), state=RecordDict(),
                                       run_config=dict(run_config))
@@ -62,7 +69,9 @@ class InProcessGrid:
         back. Copies share the arrays' bytes, which nobody can change."""
         received = transported(msg)
         try:
-            return transported(self.client_app(received, self.contexts[msg.metadata.dst_node_id]))
+            with self._one_at_a_time:
+                reply = self.client_app(received, self.contexts[msg.metadata.dst_node_id])
+            return transported(reply)
         except Exception as err:  # a failing node must not stop the round
             return Message(Error(code=CLIENT_APP_EXCEPTION, reason=repr(err)), reply_to=received)
 

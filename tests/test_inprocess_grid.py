@@ -1,7 +1,12 @@
 """The in-process grid delivers messages as the transport does: each node its own copy, the server its own
-copy of each reply, so mods that edit what they receive behave as under ``flwr run``."""
+copy of each reply, so mods that edit what they receive behave as under ``flwr run``; and nodes take their
+messages one at a time, as nodes with a process each do not share one."""
 
 from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import fabricate as fb
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
@@ -65,3 +70,27 @@ def test_a_transported_message_equals_a_deep_copy_and_shares_only_what_cannot_ch
     del copied.content["b.arrays"]
     assert sent.content["metrics"]["loss"] == [1.0, 2.0] and sent.content["a.config"]["ids"] == [1, 2]
     assert model["w"].shape == (2, 3) and "b.arrays" in sent.content and sent.metadata.ttl != 1.0
+
+
+def test_nodes_take_their_messages_one_at_a_time_when_the_server_sends_from_several_threads():
+    """Flower's legacy server asks every client from a thread of its own (``fit_clients``)."""
+    fb.set_task_identity()
+    app, lock, active, most = ClientApp(), threading.Lock(), [0], [0]
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.02)  # lets another thread in, were it allowed
+        with lock:
+            active[0] -= 1
+        return Message(RecordDict({"metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    grid = InProcessGrid(app, 6, {})
+    sent = [Message(content=RecordDict(), dst_node_id=nid, message_type=MessageType.TRAIN) for nid in grid.get_node_ids()]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        replies = list(pool.map(lambda m: grid.send_and_receive([m])[0], sent))
+    assert [r.has_error() for r in replies] == [False] * 6
+    assert [r.metadata.src_node_id for r in replies] == grid.get_node_ids()
+    assert most[0] == 1
