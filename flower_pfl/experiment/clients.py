@@ -81,8 +81,8 @@ def _data_request(cfg: ExperimentConfig) -> DataRequest:
                        cfg.train_samples_per_client, cfg.data_rng_seed, cfg.min_test_samples, cfg.val_fraction)
 
 
-
 _last_request = LastCall(_data_request)
+
 
 def data_info(cfg: ExperimentConfig) -> DataInfo:
     """One sample's shape and kind and the classes of the configured data (a data set of the researcher's own
