@@ -44,6 +44,7 @@ from flower_pfl.engine.client_algorithm import (
     Extras,
     LocalResult,
     TrainData,
+    overrides,
     train_locally,
 )
 from flower_pfl.engine.evaluation import STACKED_BYTES, EvalResult, Personalization, evaluate_together
@@ -208,7 +209,7 @@ class Node:
             received = fingerprint(self.model.state_dict().values())  # before any personalization
         algorithm, steps = client_algorithm_for(config), int(config.get(FINETUNE_STEPS, 0))
         # the received model as it is, or the one the client's state keeps, takes no draws: nothing to seed
-        with self.seeded_draws(config, "evaluate") if steps or _own_evaluation_model(algorithm) else nullcontext():
+        with self.seeded_draws(config, "evaluate") if steps or overrides(algorithm, "evaluation_model") else nullcontext():
             if steps:
                 self.finetune(config, steps)
             model, extra = algorithm.evaluation_model(self.model, config, RecordState(self.state), self._train_data(), self._test)
@@ -288,11 +289,7 @@ def as_received(config: Mapping[str, Any]) -> bool:
     client algorithm whose evaluation model is the received one (``ClientAlgorithm.evaluation_model``'s, without an
     ``evaluated_state``)."""
     algorithm = client_algorithm_for(config)
-    return not int(config.get(FINETUNE_STEPS, 0)) and algorithm.evaluated_state is None and not _own_evaluation_model(algorithm)
-
-
-def _own_evaluation_model(algorithm: type[ClientAlgorithm]) -> bool:
-    return algorithm.evaluation_model.__func__ is not ClientAlgorithm.evaluation_model.__func__  # type: ignore[attr-defined]
+    return not int(config.get(FINETUNE_STEPS, 0)) and algorithm.evaluated_state is None and not overrides(algorithm, "evaluation_model")
 
 
 def _device(model: torch.nn.Module) -> torch.device:

@@ -25,7 +25,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import vmap
 
-from flower_pfl.engine.client_algorithm import ClientAlgorithm, Extras, LocalResult, TrainData, changes_gradients, has_own_step
+from flower_pfl.engine.client_algorithm import (
+    ClientAlgorithm,
+    Extras,
+    LocalResult,
+    TrainData,
+    changes_gradients,
+    has_own_step,
+    overrides,
+)
 from flower_pfl.engine.functional import Functional
 from flower_pfl.engine.minibatches import MinibatchStream
 
@@ -62,7 +70,7 @@ def unbatched(algorithm: type[ClientAlgorithm], model: nn.Module) -> str | None:
     (``unbatched_evaluation``)."""
     if algorithm.unbatched_because is not None:
         return algorithm.unbatched_because
-    if algorithm.train_step is not ClientAlgorithm.train_step:
+    if overrides(algorithm, "train_step"):
         return "its train_step is its own (not a step of the user's loop, nor a step written with torch.func)"
     why = unbatched_evaluation(model)  # a recurrent layer first, then dropout, then convolutions on the CPU
     if why != RECURRENT and any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
@@ -92,7 +100,7 @@ def train_together(model: nn.Module, rounds: Sequence[ClientRound]) -> list[tupl
         return []
     starts, datas = [], []
     for r in rounds:  # ``begin`` on each client's received model, as ``train_locally`` does
-        if not _own(r.algorithm, "begin"):  # the base class's: the data as it is, the model as received
+        if not overrides(type(r.algorithm), "begin"):  # the base class's: the data as it is, the model as received
             datas.append(r.data)
             starts.append(r.received)
             continue
@@ -116,7 +124,7 @@ def train_together(model: nn.Module, rounds: Sequence[ClientRound]) -> list[tupl
     out = []
     for r, d, state, loss in zip(rounds, datas, trained, losses):  # ``finish`` on each client's trained model
         r.algorithm.steps = r.steps
-        if _own(r.algorithm, "finish") or _own(r.algorithm, "end_round"):
+        if overrides(type(r.algorithm), "finish") or overrides(type(r.algorithm), "end_round"):
             _load(model, state)
             extras = r.algorithm.finish(model, d.x)
             state = [t.detach().clone() for t in model.state_dict().values()]
@@ -124,11 +132,6 @@ def train_together(model: nn.Module, rounds: Sequence[ClientRound]) -> list[tupl
             extras = r.algorithm.finish(model, d.x)
         out.append((state, LocalResult(loss=loss, steps=r.steps), extras))
     return out
-
-
-def _own(algorithm: ClientAlgorithm, hook: str) -> bool:
-    """Whether ``algorithm``'s ``hook`` is its own, not ``ClientAlgorithm``'s (which reads nothing of the model)."""
-    return getattr(type(algorithm), hook) is not getattr(ClientAlgorithm, hook)
 
 
 def _load(model: nn.Module, tensors: Sequence[torch.Tensor]) -> None:

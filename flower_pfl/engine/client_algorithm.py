@@ -351,14 +351,20 @@ def proximal_terms(mu: float, params: Sequence[torch.Tensor], anchor: Sequence[t
     return [mu * (p - a) for p, a in zip(params, anchor)]
 
 
+def overrides(cls: type[ClientAlgorithm], hook: str) -> bool:
+    """Whether ``cls``'s ``hook`` is its own, not ``ClientAlgorithm``'s (told by the class that defines it, as a
+    classmethod is a new bound method at every lookup)."""
+    return next(klass for klass in cls.__mro__ if hook in vars(klass)) is not ClientAlgorithm
+
+
 def has_own_step(cls: type[ClientAlgorithm]) -> bool:
     """Whether ``cls`` has its own ``step`` (a step that is not one of the user's loop)."""
-    return cls.step is not ClientAlgorithm.step
+    return overrides(cls, "step")
 
 
 def changes_gradients(cls: type[ClientAlgorithm]) -> bool:
     """Whether ``cls``'s step changes the loss's gradient (plain SGD's does not: nothing to compute)."""
-    return cls.gradients is not ClientAlgorithm.gradients or cls.gradient_terms is not ClientAlgorithm.gradient_terms
+    return overrides(cls, "gradients") or overrides(cls, "gradient_terms")
 
 
 class Proximal(ClientAlgorithm):
